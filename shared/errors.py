@@ -1,0 +1,26 @@
+"""Errors a user can act on. Each names the problem; none is raised across a process boundary
+(there, errors travel as data in the pydantic messages)."""
+
+
+class SharetuneError(Exception):
+    """Base of every error this project raises on purpose."""
+
+
+class ModelError(SharetuneError):
+    """The model cannot be taken in: corrupt file, unsupported operator, no tunable operator."""
+
+
+class ShareError(SharetuneError, ValueError):
+    """A GPU/CPU share outside 1..100 %, or no lane serves it."""
+
+
+class TargetError(SharetuneError, ValueError):
+    """A target that TVM does not know or this service cannot tune for."""
+
+
+class MessageError(SharetuneError, ValueError):
+    """A message on a queue that is not valid JSON for its contract."""
+
+
+class JobError(SharetuneError):
+    """A job failed; the message says where and why."""
