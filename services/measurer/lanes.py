@@ -1,0 +1,38 @@
+"""What a lane is on this host: its share, the environment it must have before TVM or CUDA start, and
+the target it builds for. Pure apart from reading the host's core count."""
+from __future__ import annotations
+
+import os
+
+from shared.names import LaneName
+
+
+def host_cores() -> int:
+    return os.cpu_count() or 1
+
+
+def lane_share(lane: LaneName, total_cores: int | None = None) -> int:
+    """A lane's share in percent: its MPS percentage on a GPU, its fraction of the cores on a CPU."""
+    if lane.kind == "gpu":
+        return int(lane.percent)
+    total = total_cores or host_cores()
+    return max(1, round(100 * len(lane.cores) / total))
+
+
+def lane_environment(lane: LaneName, gpu_uuid: str | None = None) -> dict[str, str]:
+    """Variables that must be set before the lane's process initialises TVM's thread pool or CUDA."""
+    if lane.kind == "cpu":
+        n = str(len(lane.cores))
+        return {"TVM_NUM_THREADS": n, "OMP_NUM_THREADS": n, "CUDA_VISIBLE_DEVICES": ""}
+    if not gpu_uuid:
+        raise ValueError(f"GPU lane {lane.queue} needs the GPU's full UUID")
+    return {"CUDA_VISIBLE_DEVICES": gpu_uuid, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": str(lane.percent)}
+
+
+def pin_to_lane(lane: LaneName) -> None:
+    """Pin this process (and what it execs) to the lane's cores; a no-op for GPU lanes."""
+    if lane.kind == "cpu":
+        missing = set(lane.cores) - set(range(host_cores()))
+        if missing:
+            raise ValueError(f"lane {lane.queue} names cores {sorted(missing)} this host does not have")
+        os.sched_setaffinity(0, set(lane.cores))

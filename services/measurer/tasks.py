@@ -1,0 +1,128 @@
+"""The measurer's only Celery boundary: one lane per worker process, one queue per lane.
+
+The process is started by `python -m services.measurer --lane QUEUE`, which sets the lane's environment
+and CPU affinity before this module (and TVM) load, then runs a solo-pool worker: the same warm process
+builds and times every batch the lane ever receives."""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import threading
+import time
+
+from celery import signals
+
+from shared import names, store
+from shared.celery_app import make_celery
+from shared.errors import MessageError
+from shared.messages import LaneInfo, MeasureBatch, MeasureResult
+from shared.settings import LaneSettings
+from services.measurer.lanes import lane_share
+
+log = logging.getLogger("sharetune.lane")
+settings = LaneSettings()
+app = make_celery("measurer", settings.redis_url)
+LANE = names.LaneName.parse(settings.lane)
+
+
+class _LaneState:
+    """What this worker process keeps warm: the Redis connection, the lane's target and counters."""
+
+    def __init__(self):
+        self.redis = store.connect(settings.redis_url)
+        self.target = None
+        self.info: LaneInfo | None = None
+        self.lock = threading.Lock()
+        self.stop = threading.Event()
+
+    def start(self) -> None:
+        from services.measurer.metaschedule import evaluate
+
+        if LANE.kind == "cpu":
+            self.target = evaluate.cpu_target(len(LANE.cores))
+        else:
+            raise NotImplementedError("GPU lanes arrive with the GPU issue")
+        warm_s = evaluate.warm_up(self.target) if settings.warmup else 0.0
+        self.info = LaneInfo(
+            queue=LANE.queue,
+            kind=LANE.kind,
+            share=lane_share(LANE),
+            cores=list(LANE.cores),
+            gpu_uuid=settings.gpu_uuid,
+            target=str(self.target),
+            host=socket.gethostname(),
+            pid=os.getpid(),
+            started_at=time.time(),
+        )
+        self.announce()
+        threading.Thread(target=self._heartbeat, name="lane-heartbeat", daemon=True).start()
+        log.info("lane %s ready (share %s %%, warm-up %.2f s, target %s)", LANE.queue, self.info.share, warm_s, self.target)
+
+    def announce(self) -> None:
+        with self.lock:
+            store.announce_lane(self.redis, self.info)
+
+    def _heartbeat(self) -> None:
+        while not self.stop.wait(names.LANE_TTL_S / 3):
+            try:
+                self.announce()
+            except Exception:  # noqa: BLE001 - Redis may be restarting; the next beat retries
+                log.warning("lane heartbeat failed", exc_info=True)
+
+
+STATE = _LaneState()
+
+
+@signals.worker_ready.connect
+def _on_ready(**_):
+    STATE.start()
+
+
+@signals.worker_shutdown.connect
+def _on_shutdown(**_):
+    STATE.stop.set()
+    try:
+        store.retire_lane(STATE.redis, LANE.queue)
+    except Exception:  # noqa: BLE001
+        pass
+
+
+@app.task(name=names.MEASURE_TASK, acks_late=True)
+def measure_batch(payload):
+    """Build and time a batch of candidates; write one MeasureResult per candidate to Redis."""
+    from services.measurer.metaschedule import evaluate
+
+    try:
+        batch = MeasureBatch.parse(payload)
+    except MessageError as err:
+        _answer_malformed(payload, str(err))
+        return {"error": str(err)}
+    store.mark_batch_started(STATE.redis, batch.batch_id, LANE.queue)
+    target = evaluate.target_from_json(batch.target) if batch.target else STATE.target
+    ok = 0
+    for cand in batch.candidates:
+        res = evaluate.measure(cand, target, batch.timing)
+        res.lane, res.share = LANE.queue, STATE.info.share if STATE.info else None
+        res.device = {"host": socket.gethostname(), "cores": list(LANE.cores)}
+        store.put_result(STATE.redis, batch.batch_id, res)
+        ok += res.error is None
+    with STATE.lock:
+        STATE.info.batches += 1
+        STATE.info.candidates += len(batch.candidates)
+    STATE.announce()
+    return {"batch_id": batch.batch_id, "measured": len(batch.candidates), "ok": ok}
+
+
+def _answer_malformed(payload, why: str) -> None:
+    """A message that fails validation is kept in the dead-letter list, and if it names a batch and
+    candidates, each gets an error result, so whoever waits on them is not left hanging."""
+    body = payload if isinstance(payload, str) else json.dumps(payload, default=str)
+    store.dead_letter(STATE.redis, LANE.queue, why, body)
+    log.error("rejected message on %s: %s", LANE.queue, why)
+    if isinstance(payload, dict) and isinstance(payload.get("batch_id"), str):
+        for cand in payload.get("candidates") or []:
+            cid = cand.get("candidate_id") if isinstance(cand, dict) else None
+            if isinstance(cid, str):
+                store.put_result(STATE.redis, payload["batch_id"], MeasureResult(candidate_id=cid, error=why, lane=LANE.queue))

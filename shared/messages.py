@@ -1,0 +1,243 @@
+"""The wire contracts: every message on a queue and every value in Redis is JSON validated by one of
+these pydantic models. Never pickle. A message that fails validation is answered as data (an error
+result, a failed job, a dead-letter entry), not by a lost message."""
+from __future__ import annotations
+
+import json
+import time
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from shared.errors import ShareError, TargetError
+
+SUPPORTED_TARGET_KINDS = ("llvm", "cuda")
+MAX_MESSAGE_BYTES = 64 * 1024 * 1024  # larger payloads are refused before parsing
+
+
+class Contract(BaseModel):
+    """Base of every message: unknown fields are an error, so a typo is caught at the boundary."""
+
+    model_config = ConfigDict(extra="forbid", frozen=False)
+
+    @classmethod
+    def parse(cls, data: Any):
+        """Validate a decoded dict, a JSON string or bytes; raise MessageError naming the contract."""
+        from pydantic import ValidationError
+
+        from shared.errors import MessageError
+
+        if isinstance(data, (bytes, bytearray)):
+            if len(data) > MAX_MESSAGE_BYTES:
+                raise MessageError(f"{cls.__name__}: message of {len(data)} bytes exceeds {MAX_MESSAGE_BYTES}")
+            data = data.decode()
+        try:
+            if isinstance(data, str):
+                if len(data) > MAX_MESSAGE_BYTES:
+                    raise MessageError(f"{cls.__name__}: message of {len(data)} bytes exceeds {MAX_MESSAGE_BYTES}")
+                return cls.model_validate_json(data)
+            return cls.model_validate(data)
+        except ValidationError as err:
+            raise MessageError(f"malformed {cls.__name__}: {_brief(err)}") from None
+        except (ShareError, TargetError) as err:  # raised by validators, already clear
+            raise MessageError(f"malformed {cls.__name__}: {err}") from None
+
+
+def _brief(err) -> str:
+    parts = []
+    for e in err.errors()[:5]:
+        loc = ".".join(str(p) for p in e.get("loc", ())) or "(message)"
+        parts.append(f"{loc}: {e.get('msg')}")
+    return "; ".join(parts)
+
+
+def check_share(share: int) -> int:
+    if not isinstance(share, int) or isinstance(share, bool) or not 1 <= share <= 100:
+        raise ShareError(f"share must be a whole percentage in 1..100, got {share!r}")
+    return share
+
+
+def target_kind(target: str | dict) -> str:
+    """The kind of a target given as a name ("llvm"), a dict, or a target's JSON text."""
+    if isinstance(target, dict):
+        kind = target.get("kind")
+    elif isinstance(target, str):
+        text = target.strip()
+        kind = json.loads(text).get("kind") if text.startswith("{") else text.split()[0] if text else ""
+    else:
+        kind = None
+    if kind not in SUPPORTED_TARGET_KINDS:
+        raise TargetError(
+            f"unknown target {target!r}: supported target kinds are {', '.join(SUPPORTED_TARGET_KINDS)}"
+        )
+    return kind
+
+
+# ---- jobs -------------------------------------------------------------------------------------------
+
+JobState = Literal["queued", "planning", "tuning", "compiling", "done", "failed", "cancelled"]
+
+
+class JobSpec(Contract):
+    job_id: str
+    name: str = "model"
+    target: str  # a target kind ("llvm", "cuda") or a target's JSON; the planner resolves it per lane
+    share: int = 100  # percent of the device a lane of this job holds (CPU: of the machine's cores)
+    trials: int = Field(ge=1, le=100_000)
+    trials_per_iter: int = Field(default=16, ge=1, le=1024)
+    max_trials_per_task: int | None = Field(default=None, ge=1)
+    seed: int | None = None
+    submitted_at: float = Field(default_factory=time.time)
+
+    @field_validator("share")
+    @classmethod
+    def _share(cls, v):
+        return check_share(v)
+
+    @field_validator("target")
+    @classmethod
+    def _target(cls, v):
+        target_kind(v)
+        return v
+
+
+class JobRef(Contract):
+    """The body of plan/tune requests: the job's state lives in Redis, the message only names it."""
+
+    job_id: str
+
+
+class JobTask(Contract):
+    task_id: str  # = workload key: one task per distinct workload at a target and share
+    name: str
+    weight: int
+    wkey: str
+    flops: float = 0.0
+
+
+class TaskProgress(Contract):
+    task_id: str
+    name: str
+    trials: int = 0
+    errors: int = 0
+    best_us: float | None = None
+    reused_trials: int = 0  # records found in the store before this job (identical workloads)
+
+
+class TaskBest(Contract):
+    task_id: str
+    name: str
+    weight: int
+    trials: int
+    best_us: float | None
+
+
+class JobResult(Contract):
+    job_id: str
+    tasks: list[TaskBest]
+    trials: int
+    tuned_module_path: str | None = None
+    untuned_module_path: str | None = None
+    database_dir: str | None = None
+    target: str
+    wall_s: float
+    time_split_s: dict[str, float] = {}
+
+
+# ---- lanes and measurement -----------------------------------------------------------------------------
+
+
+class LaneInfo(Contract):
+    queue: str
+    kind: Literal["cpu", "gpu"]
+    share: int  # percent of the device
+    cores: list[int] = []
+    gpu_uuid: str | None = None
+    target: str  # the target JSON this lane builds for
+    host: str
+    pid: int
+    started_at: float
+    batches: int = 0
+    candidates: int = 0
+
+
+class TimingConfig(Contract):
+    """Timing hygiene as MetaSchedule's EvaluatorConfig: number x repeat with a floor in ms."""
+
+    number: int = Field(default=3, ge=1)
+    repeat: int = Field(default=1, ge=1)
+    min_repeat_ms: int = Field(default=100, ge=0)
+    timeout_s: float = Field(default=60.0, gt=0)
+
+
+class Candidate(Contract):
+    candidate_id: str
+    mod: str  # packed TVM JSON of the scheduled IRModule (shared.codec)
+    args_info: list[Any]  # ArgInfo.as_json() of each argument: ["TENSOR", dtype, shape]
+
+
+class MeasureBatch(Contract):
+    batch_id: str
+    job_id: str
+    target: str  # target JSON the candidates were scheduled for
+    timing: TimingConfig = TimingConfig()
+    candidates: list[Candidate]
+
+
+class MeasureResult(Contract):
+    candidate_id: str
+    run_secs: list[float] | None = None
+    error: str | None = None
+    build_s: float = 0.0
+    run_s: float = 0.0
+    lane: str = ""
+    share: int | None = None
+    device: dict[str, Any] = {}
+
+
+class Record(Contract):
+    """A measured candidate: exportable to TVM's JSON database (trace + run_secs + target + args)."""
+
+    candidate_key: str
+    wkey: str
+    trace: Any  # trace.as_json() with IntImm made plain numbers
+    run_secs: list[float] | None
+    error: str | None = None
+    target: str
+    args_info: list[Any]
+    share: int
+    lane: str = ""
+    device: dict[str, Any] = {}
+    job_id: str = ""
+    measured_at: float = Field(default_factory=time.time)
+
+
+class Workload(Contract):
+    wkey: str
+    name: str
+    target: str
+    share: int
+    mod: str  # packed TVM JSON
+
+
+# ---- cost model -------------------------------------------------------------------------------------
+
+
+class TrainingRow(Contract):
+    group: str  # workload key: costs are normalised within a group
+    features: list[float]
+    cost_s: float  # mean run time; infinite costs (errors) are not sent
+
+
+class TrainingBatch(Contract):
+    target_key: str
+    rows: list[TrainingRow]
+
+
+class CostModelSnapshot(Contract):
+    target_key: str
+    version: int
+    n_rows: int
+    feature_dim: int
+    model: str  # base64 of the XGBoost model in its own JSON format
+    trained_at: float

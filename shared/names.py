@@ -1,0 +1,132 @@
+"""Every queue name and Redis key of the system, in one place (arq's lesson).
+
+A lane is one unit of spatial share: a GPU at an MPS percentage, or a set of CPU cores. Each lane has
+its own Celery queue, so a measurement sent to a lane runs only under that lane's share.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+PREFIX = "st"
+
+# Celery queues of the services other than the lanes.
+PLAN_QUEUE = "plan"
+TUNE_QUEUE = "tune"
+COSTMODEL_QUEUE = "costmodel"
+
+# Celery task names: the planner and tuner send work by name and never import measurer code.
+PLAN_TASK = "sharetune.plan_job"
+TUNE_TASK = "sharetune.tune_job"
+MEASURE_TASK = "sharetune.measure_batch"
+INGEST_TASK = "sharetune.ingest_results"
+
+LANE_TTL_S = 30  # a lane's liveness key expires unless refreshed this often
+
+_GPU_LANE = re.compile(r"^measure\.(?P<gpu>[0-9a-f]{8})\.p(?P<pct>\d{1,3})$")
+_CPU_LANE = re.compile(r"^measure\.cpu\.c(?P<first>\d+)(?:-(?P<last>\d+))?$")
+
+
+@dataclass(frozen=True)
+class LaneName:
+    """A lane's identity, parsed from or rendered to its queue name."""
+
+    kind: str  # "gpu" | "cpu"
+    gpu: str | None = None  # first 8 hex digits of the GPU UUID (after "GPU-")
+    percent: int | None = None  # MPS active thread percentage
+    cores: tuple[int, ...] = ()  # CPU cores, contiguous
+
+    @property
+    def queue(self) -> str:
+        if self.kind == "gpu":
+            return f"measure.{self.gpu}.p{self.percent}"
+        first, last = self.cores[0], self.cores[-1]
+        return f"measure.cpu.c{first}" if first == last else f"measure.cpu.c{first}-{last}"
+
+    @classmethod
+    def for_gpu(cls, uuid: str, percent: int) -> "LaneName":
+        if not 1 <= int(percent) <= 100:
+            from shared.errors import ShareError
+
+            raise ShareError(f"GPU share {percent} % is outside 1..100 %")
+        hexdigits = uuid.lower().removeprefix("gpu-").replace("-", "")
+        if len(hexdigits) < 8 or not re.fullmatch(r"[0-9a-f]+", hexdigits[:8]):
+            raise ValueError(f"not a GPU UUID: {uuid!r}")
+        return cls("gpu", gpu=hexdigits[:8], percent=int(percent))
+
+    @classmethod
+    def for_cpu(cls, cores) -> "LaneName":
+        cores = tuple(sorted(int(c) for c in cores))
+        if not cores or cores != tuple(range(cores[0], cores[-1] + 1)):
+            raise ValueError(f"a CPU lane is a contiguous, non-empty core range, not {cores}")
+        return cls("cpu", cores=cores)
+
+    @classmethod
+    def parse(cls, queue: str) -> "LaneName":
+        m = _GPU_LANE.match(queue)
+        if m:
+            return cls.for_gpu(m["gpu"], int(m["pct"]))
+        m = _CPU_LANE.match(queue)
+        if m:
+            first = int(m["first"])
+            last = int(m["last"]) if m["last"] is not None else first
+            return cls.for_cpu(range(first, last + 1))
+        raise ValueError(f"not a lane queue name: {queue!r}")
+
+
+def lane_key(queue: str) -> str:
+    """Liveness + description of a lane (JSON LaneInfo), with a TTL."""
+    return f"{PREFIX}:lane:{queue}"
+
+
+LANES_PATTERN = f"{PREFIX}:lane:*"
+
+
+def job_key(job_id: str) -> str:
+    """Hash: spec, status, error, timestamps, result."""
+    return f"{PREFIX}:job:{job_id}"
+
+
+def job_model_key(job_id: str) -> str:
+    return f"{PREFIX}:job:{job_id}:model"
+
+
+def job_tasks_key(job_id: str) -> str:
+    """Hash task_id -> JobTask JSON (name, weight, workload key)."""
+    return f"{PREFIX}:job:{job_id}:tasks"
+
+
+def job_progress_key(job_id: str) -> str:
+    """Hash task_id -> TaskProgress JSON."""
+    return f"{PREFIX}:job:{job_id}:progress"
+
+
+JOBS_KEY = f"{PREFIX}:jobs"  # sorted set of job ids by submit time
+
+
+def workload_key(wkey: str) -> str:
+    """One tuning workload (a task's IRModule at a target and share): packed TVM JSON + metadata."""
+    return f"{PREFIX}:wl:{wkey}"
+
+
+def records_key(wkey: str) -> str:
+    """Hash candidate_key -> Record JSON: every measured candidate of a workload (idempotent)."""
+    return f"{PREFIX}:rec:{wkey}"
+
+
+def batch_results_key(batch_id: str) -> str:
+    """Hash candidate_id -> MeasureResult JSON, written by the lane that measured the batch."""
+    return f"{PREFIX}:batch:{batch_id}"
+
+
+def training_rows_key(target_key: str) -> str:
+    """List of cost-model training rows (JSON) for one target family."""
+    return f"{PREFIX}:cm:rows:{target_key}"
+
+
+def snapshot_key(target_key: str) -> str:
+    """Newest cost-model snapshot (JSON CostModelSnapshot) for one target family."""
+    return f"{PREFIX}:cm:snap:{target_key}"
+
+
+DEADLETTER_KEY = f"{PREFIX}:deadletter"  # list of rejected messages, with why

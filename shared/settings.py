@@ -1,0 +1,36 @@
+"""Configuration through environment variables (pydantic-settings), one class per role.
+Every variable is listed in README.md's configuration table."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import AliasChoices, Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class CommonSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="SHARETUNE_", extra="ignore")
+
+    redis_url: str = Field(
+        default="redis://127.0.0.1:6379/0", validation_alias=AliasChoices("REDIS_URL", "SHARETUNE_REDIS_URL")
+    )
+    work_dir: Path = Path("runs")  # tuned modules, exported databases, logs
+    log_level: str = "INFO"
+
+
+class LaneSettings(CommonSettings):
+    """One measurer lane: its queue name says what it is (measure.cpu.c0-1, measure.<gpu8>.p25)."""
+
+    lane: str = "measure.cpu.c0"
+    gpu_uuid: str | None = None  # full UUID of the lane's GPU (GPU lanes only)
+    warmup: bool = True  # build a trivial kernel at start, so the first candidate pays nothing
+
+
+class TunerSettings(CommonSettings):
+    lane_wait_s: float = 120.0  # how long the planner waits for a lane of the job's share to appear
+    batch_grace_s: float = 120.0  # extra time a started batch gets before its candidates count as lost
+
+
+class UpdaterSettings(CommonSettings):
+    warmup_rows: int = 32  # fewer rows than this: no snapshot, the tuner samples at random (as XGBModel)
+    boost_rounds: int = 100

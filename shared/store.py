@@ -1,0 +1,198 @@
+"""Redis is the only shared state. These helpers read and write it through the contracts in
+shared.messages; every write is idempotent (keys derive from content), so a re-delivered message or a
+restarted process cannot duplicate or lose what is already recorded."""
+from __future__ import annotations
+
+import json
+import time
+
+import redis
+
+from shared import names
+from shared.errors import JobError
+from shared.messages import (
+    JobResult,
+    JobSpec,
+    JobTask,
+    LaneInfo,
+    MeasureResult,
+    Record,
+    TaskProgress,
+    Workload,
+)
+
+RESULT_TTL_S = 24 * 3600
+
+
+def connect(url: str) -> redis.Redis:
+    return redis.Redis.from_url(url, decode_responses=False, health_check_interval=30)
+
+
+def _s(v) -> str | None:
+    return v.decode() if isinstance(v, bytes) else v
+
+
+# ---- jobs --------------------------------------------------------------------------------------------
+
+
+def create_job(r: redis.Redis, spec: JobSpec, model_blob: bytes) -> None:
+    with r.pipeline() as p:
+        p.set(names.job_model_key(spec.job_id), model_blob)
+        p.hset(
+            names.job_key(spec.job_id),
+            mapping={"spec": spec.model_dump_json(), "state": "queued", "updated_at": time.time()},
+        )
+        p.zadd(names.JOBS_KEY, {spec.job_id: spec.submitted_at})
+        p.execute()
+
+
+def job_spec(r: redis.Redis, job_id: str) -> JobSpec:
+    raw = r.hget(names.job_key(job_id), "spec")
+    if raw is None:
+        raise JobError(f"no job {job_id!r} in the store")
+    return JobSpec.parse(raw)
+
+
+def job_model(r: redis.Redis, job_id: str) -> bytes:
+    blob = r.get(names.job_model_key(job_id))
+    if blob is None:
+        raise JobError(f"job {job_id!r} has no model in the store")
+    return blob
+
+
+def set_state(r: redis.Redis, job_id: str, state: str, error: str | None = None, **extra) -> None:
+    mapping = {"state": state, "updated_at": time.time(), **{k: str(v) for k, v in extra.items()}}
+    if error is not None:
+        mapping["error"] = error
+    r.hset(names.job_key(job_id), mapping=mapping)
+
+
+def job_state(r: redis.Redis, job_id: str) -> dict:
+    raw = r.hgetall(names.job_key(job_id))
+    if not raw:
+        raise JobError(f"no job {job_id!r} in the store")
+    return {_s(k): _s(v) for k, v in raw.items()}
+
+
+def set_result(r: redis.Redis, result: JobResult) -> None:
+    r.hset(names.job_key(result.job_id), mapping={"result": result.model_dump_json()})
+
+
+def job_result(r: redis.Redis, job_id: str) -> JobResult | None:
+    raw = r.hget(names.job_key(job_id), "result")
+    return JobResult.parse(raw) if raw else None
+
+
+def put_tasks(r: redis.Redis, job_id: str, tasks: list[JobTask], reused: dict[str, int]) -> None:
+    with r.pipeline() as p:
+        p.delete(names.job_tasks_key(job_id))
+        for t in tasks:
+            p.hset(names.job_tasks_key(job_id), t.task_id, t.model_dump_json())
+            prog = TaskProgress(task_id=t.task_id, name=t.name, reused_trials=reused.get(t.wkey, 0))
+            p.hsetnx(names.job_progress_key(job_id), t.task_id, prog.model_dump_json())
+        p.execute()
+
+
+def job_tasks(r: redis.Redis, job_id: str) -> list[JobTask]:
+    raw = r.hgetall(names.job_tasks_key(job_id))
+    tasks = [JobTask.parse(v) for v in raw.values()]
+    return sorted(tasks, key=lambda t: t.name + t.task_id)
+
+
+def job_progress(r: redis.Redis, job_id: str) -> dict[str, TaskProgress]:
+    raw = r.hgetall(names.job_progress_key(job_id))
+    return {_s(k): TaskProgress.parse(v) for k, v in raw.items()}
+
+
+def put_progress(r: redis.Redis, job_id: str, prog: TaskProgress) -> None:
+    r.hset(names.job_progress_key(job_id), prog.task_id, prog.model_dump_json())
+
+
+# ---- workloads and records ------------------------------------------------------------------------------
+
+
+def put_workload(r: redis.Redis, wl: Workload) -> bool:
+    """Store a workload once; True when it was new."""
+    return bool(r.set(names.workload_key(wl.wkey), wl.model_dump_json(), nx=True))
+
+
+def workload(r: redis.Redis, wkey: str) -> Workload:
+    raw = r.get(names.workload_key(wkey))
+    if raw is None:
+        raise JobError(f"workload {wkey} is not in the store")
+    return Workload.parse(raw)
+
+
+def put_record(r: redis.Redis, rec: Record) -> bool:
+    """Idempotent: the candidate key is a hash of workload + trace, so a re-measured candidate keeps
+    its first record. True when the record was new."""
+    return bool(r.hsetnx(names.records_key(rec.wkey), rec.candidate_key, rec.model_dump_json()))
+
+
+def records(r: redis.Redis, wkey: str) -> list[Record]:
+    return [Record.parse(v) for v in r.hvals(names.records_key(wkey))]
+
+
+def record_count(r: redis.Redis, wkey: str) -> int:
+    return int(r.hlen(names.records_key(wkey)))
+
+
+# ---- lanes -------------------------------------------------------------------------------------------
+
+
+def announce_lane(r: redis.Redis, info: LaneInfo) -> None:
+    r.set(names.lane_key(info.queue), info.model_dump_json(), ex=names.LANE_TTL_S)
+
+
+def retire_lane(r: redis.Redis, queue: str) -> None:
+    r.delete(names.lane_key(queue))
+
+
+def live_lanes(r: redis.Redis) -> list[LaneInfo]:
+    lanes = []
+    for key in r.scan_iter(match=names.LANES_PATTERN, count=500):
+        raw = r.get(key)
+        if raw:
+            lanes.append(LaneInfo.parse(raw))
+    return sorted(lanes, key=lambda l: l.queue)
+
+
+def lane_alive(r: redis.Redis, queue: str) -> bool:
+    return bool(r.exists(names.lane_key(queue)))
+
+
+# ---- measurement results -----------------------------------------------------------------------------
+
+
+def mark_batch_started(r: redis.Redis, batch_id: str, lane: str) -> None:
+    key = names.batch_results_key(batch_id)
+    with r.pipeline() as p:
+        p.hset(key, "_started", json.dumps({"at": time.time(), "lane": lane}))
+        p.expire(key, RESULT_TTL_S)
+        p.execute()
+
+
+def put_result(r: redis.Redis, batch_id: str, res: MeasureResult) -> None:
+    key = names.batch_results_key(batch_id)
+    with r.pipeline() as p:
+        p.hset(key, res.candidate_id, res.model_dump_json())
+        p.expire(key, RESULT_TTL_S)
+        p.execute()
+
+
+def batch_results(r: redis.Redis, batch_id: str) -> tuple[dict | None, dict[str, MeasureResult]]:
+    raw = r.hgetall(names.batch_results_key(batch_id))
+    started = None
+    out = {}
+    for k, v in raw.items():
+        k = _s(k)
+        if k == "_started":
+            started = json.loads(v)
+        else:
+            out[k] = MeasureResult.parse(v)
+    return started, out
+
+
+def dead_letter(r: redis.Redis, source: str, why: str, body: str) -> None:
+    entry = json.dumps({"at": time.time(), "source": source, "why": why, "body": body[:4096]})
+    r.rpush(names.DEADLETTER_KEY, entry)
