@@ -69,7 +69,6 @@ def _is_instance_of(obj: Any, module: str, dotted: str) -> bool:
 
 def _main_inputs(mod: "tvm.IRModule", what: str) -> list[tuple[tuple[int, ...], str]]:
     """(shape, dtype) of each input of ``mod['main']``; ModelError unless all are static tensors."""
-    import tvm
     from tvm import relax
 
     names = sorted(g.name_hint for g in mod.get_global_vars())
@@ -86,27 +85,36 @@ def _main_inputs(mod: "tvm.IRModule", what: str) -> list[tuple[tuple[int, ...], 
     if num_input is not None:
         params = params[: int(num_input)]
 
+    # TVM 0.27 calls a Var's annotation ``ty`` (TensorType); older releases ``struct_info``.
+    tensor_cls = getattr(relax, "TensorType", None) or getattr(relax, "TensorStructInfo")
     inputs: list[tuple[tuple[int, ...], str]] = []
     for p in params:
-        sinfo = p.struct_info
-        if not isinstance(sinfo, relax.TensorStructInfo):
+        pname = getattr(p, "name", None) or getattr(p, "name_hint", "?")
+        ann = getattr(p, "ty", None)
+        if ann is None:
+            ann = getattr(p, "struct_info", None)
+        if not isinstance(ann, tensor_cls):
             raise ModelError(
-                f"{what}: input {p.name_hint!r} is a {type(sinfo).__name__}, not a tensor; "
+                f"{what}: input {pname!r} is a {type(ann).__name__}, not a tensor; "
                 "only tensor inputs are supported"
             )
-        if sinfo.shape is None or not isinstance(sinfo.shape, relax.ShapeExpr):
+        shape = ann.shape
+        if shape is None or not isinstance(shape, relax.ShapeExpr):
             raise ModelError(
-                f"{what}: input {p.name_hint!r} has unknown shape; tuning needs static shapes"
+                f"{what}: input {pname!r} has unknown shape; tuning needs static shapes"
             )
         dims = []
-        for d in sinfo.shape.values:
-            if not isinstance(d, tvm.tir.IntImm):
+        for d in shape.values:
+            if isinstance(d, int):
+                dims.append(int(d))
+            elif type(d).__name__ == "IntImm":
+                dims.append(int(d.value))
+            else:
                 raise ModelError(
-                    f"{what}: input {p.name_hint!r} has dynamic shape {list(sinfo.shape.values)}; "
+                    f"{what}: input {pname!r} has dynamic shape {list(shape.values)}; "
                     "tuning needs static shapes"
                 )
-            dims.append(int(d.value))
-        inputs.append((tuple(dims), str(sinfo.dtype)))
+        inputs.append((tuple(dims), str(ann.dtype)))
     return inputs
 
 
@@ -195,7 +203,7 @@ def _load_onnx(model: Any) -> tuple[Any, str]:
         return proto, what
 
     if isinstance(model, (bytes, bytearray, memoryview)):
-        data, what = bytes(model), f"the given {len(model)} bytes"
+        data, what = bytes(model), f"the given data ({len(model)} bytes)"
     else:
         path = Path(model)
         what = f"ONNX file {str(path)!r}"
