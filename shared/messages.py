@@ -73,6 +73,11 @@ def target_kind(target: str | dict) -> str:
     return kind
 
 
+def lane_kind(target: str | dict) -> str:
+    """Which lanes measure for a target: CPU lanes for llvm, GPU lanes for cuda."""
+    return {"llvm": "cpu", "cuda": "gpu"}[target_kind(target)]
+
+
 # ---- jobs -------------------------------------------------------------------------------------------
 
 JobState = Literal["queued", "planning", "tuning", "compiling", "done", "failed", "cancelled"]

@@ -1,0 +1,76 @@
+"""MetaSchedule cost model backed by the central updater: the tuner extracts features (MetaSchedule's
+PerStoreFeature), sends (features, cost) rows to the updater, and predicts with the newest snapshot
+the updater published in Redis."""
+from __future__ import annotations
+
+import numpy as np
+from tvm.ir.utils import derived_object
+from tvm.s_tir.meta_schedule.cost_model import PyCostModel
+from tvm.s_tir.meta_schedule.feature_extractor import PerStoreFeature
+
+from shared import names
+from shared.messages import TrainingBatch, TrainingRow
+from services.tuner import updater
+
+
+def candidate_vectors(extractor, context, candidates) -> np.ndarray:
+    """One fixed-length vector per candidate: sum and max over its stores' feature rows."""
+    feats = extractor.extract_from(context, candidates)
+    out = []
+    for f in feats:
+        m = f.numpy()
+        if m.size == 0:
+            out.append(None)
+            continue
+        out.append(np.concatenate([m.sum(axis=0), m.max(axis=0)]))
+    dim = next((len(v) for v in out if v is not None), 0)
+    return np.array([v if v is not None else np.zeros(dim) for v in out], dtype="float32")
+
+
+@derived_object
+class SnapshotCostModel(PyCostModel):
+    def __init__(self, celery_app, redis, target_key: str, groups: dict[str, str], seed: int | None = None):
+        """groups: task name -> workload key (costs are normalised per workload)."""
+        super().__init__()
+        self.app, self.redis, self.target_key, self.groups = celery_app, redis, target_key, groups
+        self.extractor = PerStoreFeature(extract_workload=True)
+        self.rng = np.random.default_rng(seed)
+        self.version = 0
+        self.booster = None
+        self.rows_sent = 0
+
+    def load(self, path: str) -> None:  # the store is the model's home; nothing on disk
+        pass
+
+    def save(self, path: str) -> None:
+        pass
+
+    def update(self, context, candidates, results) -> None:
+        vecs = candidate_vectors(self.extractor, context, candidates)
+        group = self.groups.get(context.task_name, context.task_name)
+        rows = []
+        for vec, res in zip(vecs, results):
+            if res.run_secs is None or len(res.run_secs) == 0:
+                continue
+            cost = float(np.mean([float(s) for s in res.run_secs]))
+            rows.append(TrainingRow(group=group, features=vec.tolist(), cost_s=cost))
+        if rows:
+            batch = TrainingBatch(target_key=self.target_key, rows=rows)
+            self.app.send_task(names.INGEST_TASK, args=[batch.model_dump(mode="json")], queue=names.COSTMODEL_QUEUE)
+            self.rows_sent += len(rows)
+
+    def predict(self, context, candidates) -> np.ndarray:
+        self._refresh()
+        if self.booster is None:
+            return self.rng.uniform(size=len(candidates)).astype("float64")
+        import xgboost as xgb
+
+        vecs = candidate_vectors(self.extractor, context, candidates)
+        return self.booster.predict(xgb.DMatrix(vecs)).astype("float64")
+
+    def _refresh(self) -> None:
+        version = updater.latest_version(self.redis, self.target_key)
+        if version > self.version:
+            snap = updater.latest_snapshot(self.redis, self.target_key)
+            if snap is not None:
+                self.booster, self.version = updater.load_booster(snap), snap.version

@@ -1,0 +1,215 @@
+"""MetaSchedule's builder and runner, backed by the measurer lanes (its Py* hooks, no fork of TVM).
+
+The builder does not build: it serialises each scheduled module and hands back a handle, so the lanes
+build and time in their warm processes. The runner splits a batch of candidates over the live lanes of
+the job's share, one Celery message per lane, and returns a future per candidate that resolves from the
+results the lanes write to Redis. A lane that vanishes or a batch that overruns resolves to an error
+result, never to a hang."""
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+
+from tvm.ir.utils import derived_object
+from tvm.s_tir.meta_schedule.builder import BuilderInput, BuilderResult, PyBuilder
+from tvm.s_tir.meta_schedule.runner import PyRunner, PyRunnerFuture, RunnerFuture, RunnerInput, RunnerResult
+
+from shared import names, store
+from shared.codec import dump_ir
+from shared.messages import Candidate, LaneInfo, MeasureBatch, MeasureResult, TimingConfig
+
+HANDLE_PREFIX = "lane-candidate:"
+
+
+@dataclass
+class TimeSplit:
+    """Where the tuner's time goes, in seconds (lanes report build and run; the rest is ours)."""
+
+    serialize: float = 0.0
+    wait: float = 0.0  # blocked on lane results
+    queue: float = 0.0  # from send until a lane started the batch
+    build: float = 0.0  # summed over candidates (lanes work in parallel)
+    run: float = 0.0
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def as_dict(self) -> dict[str, float]:
+        return {k: round(getattr(self, k), 3) for k in ("serialize", "wait", "queue", "build", "run")}
+
+
+class CandidateStash:
+    """Scheduled modules waiting between build() and run(), by handle, in the tuner process."""
+
+    def __init__(self):
+        self._items: dict[str, str] = {}
+
+    def put(self, packed_mod: str) -> str:
+        handle = HANDLE_PREFIX + uuid.uuid4().hex
+        self._items[handle] = packed_mod
+        return handle
+
+    def take(self, handle: str) -> str:
+        return self._items.pop(handle)
+
+
+@derived_object
+class DeferredBuilder(PyBuilder):
+    def __init__(self, stash: CandidateStash, split: TimeSplit):
+        super().__init__()
+        self.stash = stash
+        self.split = split
+
+    def build(self, build_inputs: list[BuilderInput]) -> list[BuilderResult]:
+        t0 = time.perf_counter()
+        out = []
+        for bi in build_inputs:
+            try:
+                out.append(BuilderResult(self.stash.put(dump_ir(bi.mod)), None))
+            except Exception as err:  # noqa: BLE001 - reported as a build error for this candidate
+                out.append(BuilderResult(None, f"cannot serialise candidate: {type(err).__name__}: {err}"))
+        self.split.serialize += time.perf_counter() - t0
+        return out
+
+
+class BatchWatch:
+    """The tuner's view of one batch sent to one lane."""
+
+    def __init__(self, redis, batch_id: str, lane: str, n: int, sent_at: float, grace_s: float, timeout_s: float):
+        self.redis, self.batch_id, self.lane, self.n = redis, batch_id, lane, n
+        self.sent_at, self.grace_s, self.timeout_s = sent_at, grace_s, timeout_s
+        self.results: dict[str, MeasureResult] = {}
+        self.started_at: float | None = None
+        self.failed: str | None = None
+        self._lane_missing_since: float | None = None
+
+    def poll(self) -> None:
+        if self.failed or len(self.results) >= self.n:
+            return
+        started, results = store.batch_results(self.redis, self.batch_id)
+        self.results.update(results)
+        if started and self.started_at is None:
+            self.started_at = started["at"]
+        if len(self.results) >= self.n:
+            return
+        now = time.time()
+        if self.started_at is not None and now - self.started_at > self.n * self.timeout_s + self.grace_s:
+            self.failed = f"lane {self.lane} did not finish batch {self.batch_id} in time"
+        elif not store.lane_alive(self.redis, self.lane):
+            self._lane_missing_since = self._lane_missing_since or now
+            if now - self._lane_missing_since > names.LANE_TTL_S:
+                self.failed = f"lane {self.lane} is gone (no heartbeat for {names.LANE_TTL_S} s)"
+        else:
+            self._lane_missing_since = None
+
+    def result_for(self, candidate_id: str) -> MeasureResult | None:
+        if candidate_id in self.results:
+            return self.results[candidate_id]
+        if self.failed:
+            return MeasureResult(candidate_id=candidate_id, error=self.failed, lane=self.lane)
+        return None
+
+
+@derived_object
+class LaneFuture(PyRunnerFuture):
+    def __init__(self, runner: "LaneRunner", watch: BatchWatch, candidate_id: str):
+        super().__init__()
+        self.runner, self.watch, self.candidate_id = runner, watch, candidate_id
+
+    def done(self) -> bool:
+        self.watch.poll()
+        return self.watch.result_for(self.candidate_id) is not None
+
+    def result(self) -> RunnerResult:
+        t0 = time.perf_counter()
+        while True:
+            self.watch.poll()
+            res = self.watch.result_for(self.candidate_id)
+            if res is not None:
+                break
+            time.sleep(0.01)
+        self.runner.on_result(self.watch, res, time.perf_counter() - t0)
+        if res.error is not None:
+            return RunnerResult(None, res.error)
+        return RunnerResult(res.run_secs, None)
+
+
+@derived_object
+class LaneRunner(PyRunner):
+    """Sends candidates to the lanes that serve (kind, share); `lanes()` is re-read on every batch, so
+    lanes that start or stop while a job runs are used or avoided."""
+
+    def __init__(self, celery_app, redis, job_id: str, kind: str, share: int, target_json: str,
+                 stash: CandidateStash, split: TimeSplit, timing: TimingConfig, grace_s: float = 120.0):
+        super().__init__()
+        self.app, self.redis, self.job_id = celery_app, redis, job_id
+        self.kind, self.share, self.target_json = kind, share, target_json
+        self.stash, self.split, self.timing, self.grace_s = stash, split, timing, grace_s
+        self.measured: dict[str, MeasureResult] = {}  # candidate handle -> result, for the record callback
+        self._rr = 0
+
+    def lanes(self) -> list[LaneInfo]:
+        return [l for l in store.live_lanes(self.redis) if l.kind == self.kind and l.share == self.share]
+
+    def run(self, runner_inputs: list[RunnerInput]) -> list[RunnerFuture]:
+        lanes = self.lanes()
+        if not lanes:
+            lanes = self._wait_for_lanes()
+        groups: dict[str, list[tuple[int, Candidate]]] = {l.queue: [] for l in lanes}
+        queues = list(groups)
+        for i, ri in enumerate(runner_inputs):
+            cand = Candidate(
+                candidate_id=ri.artifact_path,
+                mod=self.stash.take(ri.artifact_path),
+                args_info=[_plain(a.as_json()) for a in ri.args_info],
+            )
+            groups[queues[(self._rr + i) % len(queues)]].append((i, cand))
+        self._rr += len(runner_inputs)
+        futures: list[RunnerFuture | None] = [None] * len(runner_inputs)
+        for queue, items in groups.items():
+            if not items:
+                continue
+            batch = MeasureBatch(
+                batch_id=uuid.uuid4().hex, job_id=self.job_id, target=self.target_json, timing=self.timing,
+                candidates=[c for _, c in items],
+            )
+            watch = BatchWatch(self.redis, batch.batch_id, queue, len(items), time.time(), self.grace_s, self.timing.timeout_s)
+            self.app.send_task(names.MEASURE_TASK, args=[batch.model_dump(mode="json")], queue=queue)
+            for i, cand in items:
+                futures[i] = LaneFuture(self, watch, cand.candidate_id)
+        return futures
+
+    def _wait_for_lanes(self, timeout_s: float = 60.0) -> list[LaneInfo]:
+        deadline = time.time() + timeout_s
+        while time.time() < deadline:
+            lanes = self.lanes()
+            if lanes:
+                return lanes
+            time.sleep(0.5)
+        raise RuntimeError(f"no live measurer lane serves {self.kind} at {self.share} %")
+
+    def on_result(self, watch: BatchWatch, res: MeasureResult, waited_s: float) -> None:
+        with self.split.lock:
+            self.measured[res.candidate_id] = res
+            self.split.wait += waited_s
+            self.split.build += res.build_s
+            self.split.run += res.run_s
+            if watch.started_at is not None and not getattr(watch, "_queued_counted", False):
+                watch._queued_counted = True
+                self.split.queue += max(0.0, watch.started_at - watch.sent_at)
+
+
+def _plain(obj):
+    """ArgInfo.as_json() holds TVM containers and IntImm; make plain JSON values of them."""
+    if isinstance(obj, (str, bool)) or obj is None:
+        return obj
+    if isinstance(obj, (int, float)):
+        return obj
+    if hasattr(obj, "value") and not isinstance(obj, (list, tuple, dict)):
+        return obj.value
+    if isinstance(obj, dict) or hasattr(obj, "items"):
+        return {str(k): _plain(v) for k, v in obj.items()}
+    try:
+        return [_plain(x) for x in obj]
+    except TypeError:
+        return str(obj)

@@ -1,0 +1,119 @@
+"""Tuning records between MetaSchedule and the store: a measure callback that writes every measured
+candidate to Redis (idempotent keys, lane and share attached), a MemoryDatabase seeded from the store
+(so identical workloads reuse what earlier jobs measured), and the export to TVM's JSON database."""
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+
+import tvm
+from tvm.ir.utils import derived_object
+from tvm.s_tir import meta_schedule as ms
+from tvm.s_tir.meta_schedule.measure_callback import PyMeasureCallback
+
+from shared import store
+from shared.codec import load_ir, pack_json_text, unpack_json_text
+from shared.messages import Record, TaskProgress
+
+
+def record_json(rec: ms.database.TuningRecord) -> str:
+    return pack_json_text(tvm.ir.save_json(rec.as_json()))
+
+
+def tuning_record(packed: str, workload: ms.database.Workload) -> ms.database.TuningRecord:
+    return ms.database.TuningRecord.from_json(tvm.ir.load_json(unpack_json_text(packed)), workload)
+
+
+def valid(rec: Record) -> bool:
+    return rec.error is None and bool(rec.run_secs)
+
+
+def seed_database(redis, wkeys: list[str]) -> tuple[ms.database.MemoryDatabase, dict[str, int]]:
+    """A MemoryDatabase holding every valid record the store has for these workloads."""
+    db = ms.database.MemoryDatabase(module_equality="structural")
+    reused = {}
+    for wkey in wkeys:
+        wl = db.commit_workload(load_ir(store.workload(redis, wkey).mod))
+        recs = [r for r in store.records(redis, wkey) if valid(r)]
+        for r in recs:
+            db.commit_tuning_record(tuning_record(r.trace, wl))
+        reused[wkey] = len(recs)
+    return db, reused
+
+
+def export_json_database(redis, wkeys: list[str], out_dir: str) -> tuple[str, int]:
+    """Write database_workload.json + database_tuning_record.json (stock TVM's JSONDatabase) for these
+    workloads; returns the directory and the number of records written."""
+    os.makedirs(out_dir, exist_ok=True)
+    for name in ("database_workload.json", "database_tuning_record.json"):
+        path = os.path.join(out_dir, name)
+        if os.path.exists(path):
+            os.remove(path)
+    db = ms.database.JSONDatabase(work_dir=out_dir, module_equality="structural")
+    n = 0
+    for wkey in wkeys:
+        wl = db.commit_workload(load_ir(store.workload(redis, wkey).mod))
+        for r in store.records(redis, wkey):
+            if valid(r):
+                db.commit_tuning_record(tuning_record(r.trace, wl))
+                n += 1
+    return out_dir, n
+
+
+@derived_object
+class StoreRecords(PyMeasureCallback):
+    """Replaces MetaSchedule's AddToDatabase: commits valid records to the in-process database the
+    search reads, and every record (errors too) to Redis, with the job's progress per task."""
+
+    def __init__(self, redis, job_id: str, share: int, wkeys: dict[str, str], task_ids: dict[str, str],
+                 runner, database: ms.database.Database):
+        super().__init__()
+        self.redis, self.job_id, self.share = redis, job_id, share
+        self.wkeys, self.task_ids = wkeys, task_ids  # task name -> workload key / task id
+        self.runner, self.database = runner, database
+        self.workloads: dict[str, ms.database.Workload] = {}
+        self.progress = store.job_progress(redis, job_id)
+
+    def apply(self, task_scheduler, task_id, measure_candidates, builder_results, runner_results) -> None:
+        ctx = task_scheduler.tasks_[task_id].ctx
+        name = ctx.task_name
+        wkey = self.wkeys[name]
+        if name not in self.workloads:
+            self.workloads[name] = self.database.commit_workload(ctx.mod)
+        workload = self.workloads[name]
+        target = str(ctx.target)
+        prog = self.progress.get(self.task_ids[name]) or TaskProgress(task_id=self.task_ids[name], name=name)
+        for cand, built, ran in zip(measure_candidates, builder_results, runner_results):
+            run_secs = [float(s) for s in ran.run_secs] if ran.run_secs is not None else None
+            error = built.error_msg or ran.error_msg
+            rec = ms.database.TuningRecord(cand.sch.trace, workload, run_secs, ctx.target, cand.args_info)
+            if error is None and run_secs:
+                self.database.commit_tuning_record(rec)
+            packed = record_json(rec)
+            measured = self.runner.measured.pop(built.artifact_path, None) if built.artifact_path else None
+            store.put_record(
+                self.redis,
+                Record(
+                    candidate_key=hashlib.sha1(f"{wkey}|{tvm.ir.save_json(cand.sch.trace.as_json())}".encode()).hexdigest()[:24],
+                    wkey=wkey,
+                    trace=packed,
+                    run_secs=run_secs,
+                    error=error,
+                    target=target,
+                    args_info=[],
+                    share=self.share,
+                    lane=measured.lane if measured else "",
+                    device=measured.device if measured else {},
+                    job_id=self.job_id,
+                    measured_at=time.time(),
+                ),
+            )
+            prog.trials += 1
+            if error is not None or not run_secs:
+                prog.errors += 1
+            else:
+                us = 1e6 * sum(run_secs) / len(run_secs)
+                prog.best_us = us if prog.best_us is None else min(prog.best_us, us)
+        self.progress[prog.task_id] = prog
+        store.put_progress(self.redis, self.job_id, prog)

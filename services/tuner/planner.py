@@ -1,0 +1,56 @@
+"""The planner's core: turn a submitted job's model into tasks in the store, then hand it to a tuner.
+A job names a target kind and a share; the lanes that serve (kind, share) say which exact target
+(cores, CPU model; later GPU arch) the tasks are tuned for."""
+from __future__ import annotations
+
+import json
+import time
+
+from shared import store
+from shared.errors import ShareError
+from shared.messages import JobTask, LaneInfo, Workload, lane_kind
+
+
+def lanes_for(redis, kind: str, share: int) -> list[LaneInfo]:
+    return [l for l in store.live_lanes(redis) if l.kind == kind and l.share == share]
+
+
+def wait_for_lanes(redis, kind: str, share: int, wait_s: float) -> list[LaneInfo]:
+    deadline = time.time() + wait_s
+    while True:
+        lanes = lanes_for(redis, kind, share)
+        if lanes or time.time() >= deadline:
+            break
+        time.sleep(0.5)
+    if not lanes:
+        live = ", ".join(f"{l.queue} ({l.kind} {l.share} %)" for l in store.live_lanes(redis)) or "none"
+        raise ShareError(f"no live measurer lane serves {kind} at {share} % (waited {wait_s:.0f} s); live lanes: {live}")
+    return lanes
+
+
+def plan(redis, job_id: str, lane_wait_s: float) -> list[JobTask]:
+    """Extract the job's tasks, store workloads (once per distinct workload), and record the job's
+    tasks with how many records the store already holds for each."""
+    import tvm
+
+    from shared.codec import dump_ir, load_ir
+    from services.tuner.metaschedule.extract import extract, workload_key
+
+    spec = store.job_spec(redis, job_id)
+    store.set_state(redis, job_id, "planning")
+    kind = lane_kind(spec.target)
+    lanes = wait_for_lanes(redis, kind, spec.share, lane_wait_s)
+    target = tvm.target.Target(json.loads(lanes[0].target))
+    mod = load_ir(store.job_model(redis, job_id).decode())
+    tasks: list[JobTask] = []
+    reused: dict[str, int] = {}
+    for t in extract(mod, target):
+        wkey = workload_key(t.mod, target, spec.share)
+        store.put_workload(
+            redis, Workload(wkey=wkey, name=t.name, target=str(target), share=spec.share, mod=dump_ir(t.mod))
+        )
+        reused[wkey] = store.record_count(redis, wkey)
+        tasks.append(JobTask(task_id=wkey, name=t.name, weight=t.weight, wkey=wkey, flops=t.flops))
+    store.put_tasks(redis, job_id, tasks, reused)
+    store.set_state(redis, job_id, "planned", target_json=str(target), lanes=json.dumps([l.queue for l in lanes]))
+    return tasks

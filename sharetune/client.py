@@ -1,0 +1,98 @@
+"""Programmatic submission: `Client(redis_url).submit(model, target="llvm", share=50, trials=64)`.
+
+The client converts the model to a Relax IRModule here (so torch never has to be installed beside the
+services), stores it in Redis with the job's spec, and sends the job to the planner by name."""
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+from shared import names, store
+from shared.celery_app import make_celery
+from shared.codec import dump_ir
+from shared.errors import JobError
+from shared.messages import JobRef, JobResult, JobSpec, TaskProgress, check_share, target_kind
+
+FINAL_STATES = ("done", "failed", "cancelled")
+
+
+class Job:
+    def __init__(self, client: "Client", job_id: str):
+        self.client, self.job_id = client, job_id
+
+    def __repr__(self) -> str:
+        return f"Job({self.job_id!r})"
+
+    def state(self) -> dict:
+        return store.job_state(self.client.redis, self.job_id)
+
+    def status(self) -> dict:
+        """State, and per task: trials, errors, best latency (µs) so far."""
+        st = self.state()
+        tasks = {t.task_id: t for t in store.job_tasks(self.client.redis, self.job_id)}
+        progress = store.job_progress(self.client.redis, self.job_id)
+        rows = []
+        for tid, t in tasks.items():
+            p = progress.get(tid) or TaskProgress(task_id=tid, name=t.name)
+            rows.append({"task": t.name, "weight": t.weight, "trials": p.trials, "errors": p.errors,
+                         "best_us": p.best_us, "reused_trials": p.reused_trials})
+        spec = store.job_spec(self.client.redis, self.job_id)
+        return {"job_id": self.job_id, "state": st.get("state"), "error": st.get("error"), "budget": spec.trials,
+                "trials": sum(r["trials"] for r in rows), "tasks": rows}
+
+    def wait(self, timeout_s: float | None = None, poll_s: float = 0.5, on_progress=None) -> dict:
+        deadline = None if timeout_s is None else time.time() + timeout_s
+        while True:
+            st = self.status() if on_progress else self.state()
+            if on_progress:
+                on_progress(st)
+            if st.get("state") in FINAL_STATES:
+                return st
+            if deadline is not None and time.time() > deadline:
+                raise TimeoutError(f"job {self.job_id} still {st.get('state')} after {timeout_s} s")
+            time.sleep(poll_s)
+
+    def result(self) -> JobResult:
+        st = self.state()
+        if st.get("state") == "failed":
+            raise JobError(f"job {self.job_id} failed: {st.get('error')}")
+        res = store.job_result(self.client.redis, self.job_id)
+        if res is None:
+            raise JobError(f"job {self.job_id} has no result yet (state {st.get('state')})")
+        return res
+
+
+class Client:
+    def __init__(self, redis_url: str):
+        self.redis_url = redis_url
+        self.redis = store.connect(redis_url)
+        self.app = make_celery("client", redis_url)
+
+    def submit(self, model: Any, target: str = "llvm", share: int = 100, trials: int = 64, *,
+               example_inputs=None, name: str | None = None, trials_per_iter: int = 16,
+               max_trials_per_task: int | None = None, seed: int | None = None) -> Job:
+        """Submit a model (torch nn.Module + example_inputs, ONNX path/bytes/ModelProto, Relax IRModule,
+        or a zoo name) for tuning at `share` % of a device of kind `target`. Bad input raises a clear
+        error here, before anything is queued."""
+        from sharetune.intake import to_relax
+
+        check_share(share)
+        target_kind(target)
+        relax_model = to_relax(model, example_inputs)
+        job_id = uuid.uuid4().hex[:12]
+        spec = JobSpec(
+            job_id=job_id, name=name or (model if isinstance(model, str) else type(model).__name__),
+            target=target, share=share, trials=trials, trials_per_iter=trials_per_iter,
+            max_trials_per_task=max_trials_per_task, seed=seed,
+        )
+        store.create_job(self.redis, spec, dump_ir(relax_model.mod).encode())
+        self.app.send_task(names.PLAN_TASK, args=[JobRef(job_id=job_id).model_dump(mode="json")], queue=names.PLAN_QUEUE)
+        return Job(self, job_id)
+
+    def job(self, job_id: str) -> Job:
+        store.job_state(self.redis, job_id)  # raises JobError if unknown
+        return Job(self, job_id)
+
+    def lanes(self):
+        return store.live_lanes(self.redis)

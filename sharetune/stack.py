@@ -1,0 +1,118 @@
+"""The whole topology as local processes: an embedded Redis (unless REDIS_URL is given), the planner,
+tuner client(s), the cost-model updater and the measurer lanes, each its own process (group). Stops
+only what it started, by PID."""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from shared import names, store
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def default_cpu_lanes(cores: int | None = None) -> list[str]:
+    """One single-core lane per core: two lanes of 50 % each on a 2-core machine."""
+    n = cores or os.cpu_count() or 1
+    return [names.LaneName.for_cpu([c]).queue for c in range(n)]
+
+
+class Stack:
+    def __init__(self, work_dir: Path, redis_url: str | None = None, lanes: list[str] | None = None,
+                 tuners: int = 1, log_level: str = "INFO"):
+        self.work_dir = Path(work_dir).resolve()
+        self.redis_url = redis_url or os.environ.get("REDIS_URL")
+        self.lanes = lanes if lanes is not None else default_cpu_lanes()
+        self.tuners = tuners
+        self.log_level = log_level
+        self.redis_server = None
+        self.procs: dict[str, subprocess.Popen] = {}
+
+    # ---- processes ---------------------------------------------------------------------------------
+
+    def _env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env["REDIS_URL"] = self.redis_url
+        env["SHARETUNE_WORK_DIR"] = str(self.work_dir)
+        env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+        env.setdefault("TVM_NUM_THREADS", "1")
+        return env
+
+    def _spawn(self, name: str, args: list[str], env: dict | None = None) -> subprocess.Popen:
+        logs = self.work_dir / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        out = open(logs / f"{name}.log", "ab")
+        proc = subprocess.Popen(args, cwd=REPO, env=env or self._env(), stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+        self.procs[name] = proc
+        return proc
+
+    def _worker(self, name: str, queue: str, module: str) -> subprocess.Popen:
+        return self._spawn(name, [sys.executable, "-m", "celery", "-A", module, "worker", "-Q", queue, "-P", "solo",
+                                  "-c", "1", "--prefetch-multiplier", "1", "-n", f"{name}.{os.getpid()}@{socket.gethostname()}",
+                                  "--loglevel", self.log_level, "--without-gossip", "--without-mingle"])
+
+    def start_lane(self, queue: str) -> subprocess.Popen:
+        return self._spawn(f"lane-{queue}", [sys.executable, "-m", "services.measurer", "--lane", queue,
+                                             "--loglevel", self.log_level])
+
+    def start(self, wait_lanes_s: float = 300.0) -> "Stack":
+        if not self.redis_url:
+            from services.broker.server import EmbeddedRedis
+
+            self.redis_server = EmbeddedRedis(self.work_dir / "redis").start()
+            self.redis_url = self.redis_server.url
+        self._worker("planner", names.PLAN_QUEUE, "services.tuner.tasks")
+        for i in range(self.tuners):
+            self._worker(f"tuner{i}", names.TUNE_QUEUE, "services.tuner.tasks")
+        self._worker("updater", names.COSTMODEL_QUEUE, "services.tuner.tasks")
+        for lane in self.lanes:
+            self.start_lane(lane)
+        if wait_lanes_s:
+            self.wait_for_lanes(self.lanes, wait_lanes_s)
+        return self
+
+    def wait_for_lanes(self, queues: list[str], timeout_s: float) -> None:
+        r = store.connect(self.redis_url)
+        deadline = time.time() + timeout_s
+        while time.time() < deadline:
+            live = {l.queue for l in store.live_lanes(r)}
+            if set(queues) <= live:
+                return
+            dead = [n for n, p in self.procs.items() if p.poll() is not None]
+            if dead:
+                raise RuntimeError(f"processes exited during start-up: {dead}; see {self.work_dir / 'logs'}")
+            time.sleep(0.2)
+        raise TimeoutError(f"lanes {queues} did not come up in {timeout_s} s; see {self.work_dir / 'logs'}")
+
+    def stop_process(self, name: str, sig=signal.SIGTERM, timeout_s: float = 20.0) -> None:
+        proc = self.procs.pop(name, None)
+        if proc is None or proc.poll() is not None:
+            return
+        try:
+            os.killpg(proc.pid, sig)  # its own session: the group is what we started
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+    def stop(self) -> None:
+        for name in list(self.procs):
+            self.stop_process(name)
+        if self.redis_server:
+            self.redis_server.stop()
+            self.redis_server = None
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc):
+        self.stop()
