@@ -1,0 +1,25 @@
+# Two commands for a newcomer: `make demo` (tune a built-in model on this CPU) and `make test`.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+
+.PHONY: demo test install bench clean
+install: $(VENV)/.installed
+
+$(VENV)/.installed: requirements.txt pyproject.toml
+	python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -r requirements.txt
+	$(PY) -m pip install -q --no-deps -e .
+	touch $@
+
+demo: install
+	$(PY) -m sharetune demo
+
+test: install
+	$(PY) -m pytest -q -m "not gpu" tests
+
+bench: install
+	$(PY) bench/cpu_tuning.py
+
+clean:
+	rm -rf runs .pytest_cache

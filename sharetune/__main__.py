@@ -1,0 +1,5 @@
+import sys
+
+from sharetune.cli import main
+
+sys.exit(main())
