@@ -1,0 +1,473 @@
+"""Stock MetaSchedule `tune_relax` against sharetune, same model, same trial budget, same 2 cores.
+
+    python bench/cpu_tuning.py [--model small_cnn] [--trials 32] [--per-iter 16] [--out bench/results/cpu_tuning.json]
+
+One run does, in order:
+
+1. stock: a FRESH Python subprocess (`bench/cpu_tuning.py --stock-only ...`) runs
+   `tvm.s_tir.meta_schedule.tune_relax` with LocalBuilder(max_workers=2, timeout_sec=120) and
+   LocalRunner(), seed 0, under `ms.Profiler`, then compiles with `compile_relax` and exports the
+   library. Nothing of sharetune's process-level set-up (e.g. the partial tensor-intrinsic import of
+   services.tuner.metaschedule.intrinsics) is loaded there; the subprocess checks and reports that.
+   Wall = the whole tune_relax call, including building the LocalBuilder/LocalRunner (their pool
+   start-ups and sanity checks) and task extraction.
+2. ours: a fresh local Stack (embedded Redis in a new directory, so no records or cost-model rows are
+   reused; planner, tuner, updater, one single-core lane per core), then
+   `Client.submit(model, share=50, trials=N, trials_per_iter=K, seed=0)`. Wall = submit -> result
+   (planning, tuning and compiling the tuned + untuned library); the stack start-up (lanes warming)
+   is reported separately as `ours_startup_s`.
+3. latency: in this process, after both have finished, pinned to one core with TVM_NUM_THREADS=1:
+   the stock tuned library, our tuned library, the untuned library (tvm.compile, no database) and
+   PyTorch eager (torch.set_num_threads(1)); each TVM library checked against PyTorch's output.
+
+Both sides tune for the same target, the lanes' target:
+Target({"kind": "llvm", "num-cores": 1, "mcpu": <host cpu>}).
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+STOCK_BUILDER_TIMEOUT_S = 120.0
+NOTES = [
+    "stock LocalBuilder gets timeout_sec=120: its default 30 s fails every build on this machine, because "
+    "each build() starts a fresh worker pool whose first build imports tvm.s_tir.tensor_intrin (~40-70 s "
+    "on a 2-core host).",
+    "stock: LocalBuilder(max_workers=2) builds on both cores; LocalRunner() times on one worker process "
+    "(not pinned). ours: two single-core lanes (50 % share each), each builds and times its own candidates.",
+    "both sides run with TVM_NUM_THREADS=1 (the target says num-cores 1; the lanes set it themselves).",
+    "stock time split comes from ms.Profiler around tune_relax: build = SendToBuilder, run = SendToRunner + "
+    "JoinRunnerFutures (LocalRunner times inside run(), so this is wall time of timing incl. its worker "
+    "round trips), search = sum of EvoSearch/* scopes, cost_model = MeasureCallback/UpdateCostModel, "
+    "other = wall - those (task extraction, TuneContext set-up incl. the tensor-intrinsic import, "
+    "builder/runner pool start-ups, database writes). stock has no queue.",
+    "ours time split is the tuner's own (JobResult.time_split_s): build and run are SUMMED over candidates "
+    "across both lanes (they work in parallel, so build + run can exceed the wall share spent waiting); "
+    "queue = summed send->lane-start per batch; search = tune_total - wait - serialize (the tuner process's "
+    "own time: evolutionary search, feature extraction, cost-model predictions, callbacks).",
+    "ours wall includes compiling the tuned AND the untuned library (compile_s in the breakdown); stock wall "
+    "does not include its compile (stock_compile_s). speedup_tune_only compares stock wall with ours wall "
+    "minus that compile.",
+]
+
+
+# ---------------------------------------------------------------------------------------------------
+# helpers shared by both modes
+# ---------------------------------------------------------------------------------------------------
+
+
+def lane_target():
+    import tvm
+
+    return tvm.target.Target({"kind": "llvm", "num-cores": 1, "mcpu": tvm.target.codegen.llvm_get_system_cpu()})
+
+
+def target_dict(target) -> dict:
+    return json.loads(str(target))
+
+
+def _r(x, nd=3):
+    return None if x is None else round(float(x), nd)
+
+
+# ---------------------------------------------------------------------------------------------------
+# stock: runs in its own fresh process
+# ---------------------------------------------------------------------------------------------------
+
+
+def stock_main(args) -> None:
+    t_proc = time.time()
+    import tvm
+    from tvm.s_tir import meta_schedule as ms
+
+    from services.tuner.metaschedule.extract import fuse
+    from sharetune.intake import to_relax
+
+    import_s = time.time() - t_proc
+    work_dir = Path(args.work_dir)
+    work_dir.mkdir(parents=True, exist_ok=True)
+    t_conv = time.time()
+    rm = to_relax(args.model)
+    fused = fuse(rm.mod)
+    convert_s = time.time() - t_conv
+    target = lane_target()
+
+    with ms.Profiler() as prof:
+        t0 = time.time()
+        db = ms.relax_integration.tune_relax(
+            mod=fused,
+            params={},
+            target=target,
+            work_dir=str(work_dir / "ms"),
+            max_trials_global=args.trials,
+            num_trials_per_iter=args.per_iter,
+            builder=ms.builder.LocalBuilder(max_workers=2, timeout_sec=STOCK_BUILDER_TIMEOUT_S),
+            runner=ms.runner.LocalRunner(),
+            seed=0,
+        )
+        wall_s = time.time() - t0
+    profile = {str(k): float(v) for k, v in prof.get().items()}
+
+    t1 = time.time()
+    ex = ms.relax_integration.compile_relax(db, rm.mod, target, params=None)
+    lib_path = str(work_dir / "stock_tuned.so")
+    ex.export_library(lib_path)
+    compile_s = time.time() - t1
+
+    # Per task: trials and best, from the database tune_relax returned (outside the timed region).
+    records = list(db.get_all_tuning_records())
+    tasks = []
+    matched = 0
+    for t in ms.relax_integration.extract_tasks(fused, target):
+        mod = t.dispatched[0]
+        mine = [r for r in records if tvm.ir.structural_equal(r.workload.mod, mod)]
+        matched += len(mine)
+        costs = [_mean_s(r) for r in mine]
+        ok = [c for c in costs if c is not None]
+        tasks.append({"name": t.task_name, "weight": int(t.weight), "trials": len(mine),
+                      "errors": len(mine) - len(ok), "best_us": _r(1e6 * min(ok)) if ok else None})
+    errors = sum(1 for r in records if _mean_s(r) is None)
+
+    out = {
+        "wall_s": _r(wall_s),
+        "trials": len(records),
+        "errors": errors,
+        "unmatched_records": len(records) - matched,
+        "profile_s": {k: _r(v, 4) for k, v in sorted(profile.items())},
+        "breakdown_s": stock_breakdown(profile, wall_s),
+        "compile_s": _r(compile_s),
+        "import_s": _r(import_s),
+        "convert_s": _r(convert_s),
+        "tuned_module_path": lib_path,
+        "target": target_dict(target),
+        "tasks": tasks,
+        # what sharetune set-up this process saw: none of it must have been loaded
+        "sharetune_intrinsics_loaded": "services.tuner.metaschedule.intrinsics" in sys.modules,
+        "tensor_intrin_is_stock_package": bool(getattr(sys.modules.get("tvm.s_tir.tensor_intrin"), "__file__", None)),
+        "process_s": _r(time.time() - t_proc),
+    }
+    Path(args.stock_out).write_text(json.dumps(out, indent=2))
+
+
+def _mean_s(rec) -> float | None:
+    """Mean measured seconds of a record; None for a failed candidate (MetaSchedule stores 1e10 s)."""
+    if rec.run_secs is None or len(rec.run_secs) == 0:
+        return None
+    vals = [float(getattr(s, "value", s)) for s in rec.run_secs]
+    mean = sum(vals) / len(vals)
+    return None if mean >= 1e9 else mean
+
+
+def stock_breakdown(profile: dict[str, float], wall_s: float) -> dict:
+    build = profile.get("SendToBuilder", 0.0)
+    run = profile.get("SendToRunner", 0.0) + profile.get("JoinRunnerFutures", 0.0)
+    evo = {k: v for k, v in profile.items() if k.startswith("EvoSearch/")}
+    # scopes nest (EvoSearch/Evolve/Misc/CopyMeasuredWorkloads lies inside EvoSearch/Evolve/Misc): sum the outermost
+    search = sum(v for k, v in evo.items() if not any(k.startswith(p + "/") for p in evo if p != k))
+    cost_model = profile.get("MeasureCallback/UpdateCostModel", 0.0)
+    return {
+        "search": _r(search),
+        "build": _r(build),
+        "queue": None,
+        "run": _r(run),
+        "cost_model": _r(cost_model),
+        "other": _r(wall_s - search - build - run - cost_model),
+        "profiler_total": _r(profile.get("Total")),
+    }
+
+
+def run_stock(args, work_dir: Path) -> dict:
+    import importlib.util
+
+    if importlib.util.find_spec("cloudpickle") is None:  # TVM's PopenPool (LocalBuilder/LocalRunner) needs it
+        raise SystemExit("stock MetaSchedule's LocalBuilder/LocalRunner need cloudpickle: pip install cloudpickle")
+    out_path = work_dir / "stock_result.json"
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--stock-only", "--model", args.model,
+           "--trials", str(args.trials), "--per-iter", str(args.per_iter), "--work-dir", str(work_dir / "stock"),
+           "--stock-out", str(out_path)]
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    env["TVM_NUM_THREADS"] = "1"
+    log_path = work_dir / "stock.log"
+    print(f"[stock] fresh subprocess, log {log_path}", flush=True)
+    t0 = time.time()
+    with open(log_path, "wb") as log:
+        proc = subprocess.run(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=args.timeout)
+    if proc.returncode != 0 or not out_path.exists():
+        tail = log_path.read_text(errors="replace")[-3000:]
+        raise RuntimeError(f"stock subprocess failed (rc {proc.returncode}); log tail:\n{tail}")
+    res = json.loads(out_path.read_text())
+    res["subprocess_s"] = _r(time.time() - t0)
+    print(f"[stock] tune_relax {res['wall_s']} s, {res['trials']} trials, subprocess {res['subprocess_s']} s", flush=True)
+    return res
+
+
+# ---------------------------------------------------------------------------------------------------
+# ours
+# ---------------------------------------------------------------------------------------------------
+
+
+def run_ours(args, work_dir: Path, relax_mod) -> dict:
+    from services.measurer.lanes import lane_share
+    from shared.names import LaneName
+    from sharetune.client import Client
+    from sharetune.stack import Stack, default_cpu_lanes
+
+    lanes = default_cpu_lanes()
+    share = lane_share(LaneName.parse(lanes[0]))
+    stack = Stack(work_dir / "ours", lanes=lanes)
+    print(f"[ours] starting stack, lanes {lanes} ({share} % each), logs {work_dir / 'ours' / 'logs'}", flush=True)
+    t0 = time.time()
+    try:
+        stack.start()
+        startup_s = time.time() - t0
+        client = Client(stack.redis_url)
+        t1 = time.time()
+        job = client.submit(relax_mod, target="llvm", share=share, trials=args.trials, name=args.model,
+                            trials_per_iter=args.per_iter, seed=0)
+        job.wait(timeout_s=args.timeout)
+        res = job.result()
+        wall_s = time.time() - t1
+        status = job.status()
+    finally:
+        stack.stop()
+    split = dict(res.time_split_s)
+    print(f"[ours] start-up {startup_s:.1f} s, submit->result {wall_s:.1f} s, {res.trials} trials", flush=True)
+    return {
+        "wall_s": _r(wall_s),
+        "startup_s": _r(startup_s),
+        "trials": res.trials,
+        "errors": sum(t["errors"] for t in status["tasks"]),
+        "reused_trials": sum(t["reused_trials"] for t in status["tasks"]),
+        "tuner_wall_s": _r(res.wall_s),
+        "plan_and_queue_s": _r(wall_s - res.wall_s),
+        "time_split_s": split,
+        "breakdown_s": {
+            "search": _r(split.get("search")),
+            "build": _r(split.get("build")),
+            "queue": _r(split.get("queue")),
+            "run": _r(split.get("run")),
+            "serialize": _r(split.get("serialize")),
+            "wait": _r(split.get("wait")),
+            "compile": _r(split.get("compile")),
+        },
+        "compile_s": _r(split.get("compile")),
+        "lanes": lanes,
+        "share": share,
+        "job_id": res.job_id,
+        "tuned_module_path": res.tuned_module_path,
+        "untuned_module_path": res.untuned_module_path,
+        "target": json.loads(res.target),
+        "tasks": [{"name": t.name, "weight": t.weight, "trials": t.trials, "best_us": _r(t.best_us)}
+                  for t in res.tasks],
+    }
+
+
+# ---------------------------------------------------------------------------------------------------
+# latency, in this process, after tuning
+# ---------------------------------------------------------------------------------------------------
+
+
+def measure_latency(lib_path: str, inputs_np, ref, number: int, repeat: int) -> dict:
+    import numpy as np
+    import tvm
+    from tvm import relax
+
+    dev = tvm.cpu(0)
+    vm = relax.VirtualMachine(tvm.runtime.load_module(lib_path), dev)
+    args = [tvm.runtime.tensor(a, dev) for a in inputs_np]
+    out = vm["main"](*args)
+    while not isinstance(out, tvm.runtime.Tensor):
+        out = out[0]
+    err = float(np.max(np.abs(out.numpy().astype("float64") - ref.astype("float64"))))
+    timer = vm.time_evaluator("main", dev, number=number, repeat=repeat)
+    res = timer(*args)
+    return {"median_us": _r(res.median * 1e6), "mean_us": _r(res.mean * 1e6), "std_us": _r(res.std * 1e6),
+            "max_abs_err": err}
+
+
+def torch_eager_latency(module, inputs, number: int, repeat: int) -> float:
+    import torch
+
+    torch.set_num_threads(1)
+    module.eval()
+    with torch.no_grad():
+        module(*inputs)
+        times = []
+        for _ in range(repeat):
+            t0 = time.perf_counter()
+            for _ in range(number):
+                module(*inputs)
+            times.append((time.perf_counter() - t0) / number)
+    return _r(statistics.median(times) * 1e6)
+
+
+def latencies(args, stock: dict, ours: dict) -> dict:
+    from sharetune import zoo
+    from sharetune.intake import reference_output
+
+    core = min(os.sched_getaffinity(0))
+    os.sched_setaffinity(0, {core})
+    module, inputs = zoo.get(args.model).build()
+    if not isinstance(inputs, (tuple, list)):
+        inputs = (inputs,)
+    ref = reference_output(module, inputs)
+    inputs_np = [x.detach().cpu().numpy() for x in inputs]
+    n, r = args.number, args.repeat
+    out = {
+        "pinned_core": core,
+        "tvm_num_threads": os.environ.get("TVM_NUM_THREADS"),
+        "number": n,
+        "repeat": r,
+        "stock": measure_latency(stock["tuned_module_path"], inputs_np, ref, n, r),
+        "ours": measure_latency(ours["tuned_module_path"], inputs_np, ref, n, r),
+        "untuned": measure_latency(ours["untuned_module_path"], inputs_np, ref, n, r),
+        "torch_eager_us": torch_eager_latency(module, inputs, n, r),
+    }
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------
+# report
+# ---------------------------------------------------------------------------------------------------
+
+
+def table(rep: dict) -> str:
+    cols = ["", "wall s", "trials", "trials/min", "search s", "build s", "queue s", "run s", "tuned lat us",
+            "max abs err"]
+
+    def row(name, side, lat):
+        b = side["breakdown_s"]
+        tpm = 60.0 * side["trials"] / side["wall_s"] if side["wall_s"] else None
+        cells = [name, side["wall_s"], side["trials"], tpm, b.get("search"), b.get("build"), b.get("queue"),
+                 b.get("run"), lat["median_us"], lat["max_abs_err"]]
+        return [_fmt(c) for c in cells]
+
+    rows = [cols, row("stock", rep["stock"], rep["latency"]["stock"]), row("ours", rep["ours"], rep["latency"]["ours"])]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(cols))]
+    lines = ["  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths))) for r in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    lat = rep["latency"]
+    lines += [
+        "",
+        f"model {rep['model']}, target {json.dumps(rep['target'])}, budget {rep['trials']} trials, {rep['per_iter']} per iter",
+        f"speedup (stock wall / ours wall) {rep['speedup']:.2f}x; tune-only (ours wall - compile) "
+        f"{rep['speedup_tune_only']:.2f}x; latency ratio (ours / stock) {rep['latency_ratio']:.3f}",
+        f"ours stack start-up {rep['ours_startup_s']} s (not in wall); ours compile (tuned + untuned, in wall) "
+        f"{rep['ours']['compile_s']} s; stock compile (not in wall) {rep['stock']['compile_s']} s",
+        f"stock other (extraction, contexts + tensor_intrin import, pool start-ups) {rep['stock']['breakdown_s']['other']} s, "
+        f"cost model {rep['stock']['breakdown_s']['cost_model']} s",
+        f"untuned {lat['untuned']['median_us']} us (err {_fmt(lat['untuned']['max_abs_err'])}); "
+        f"PyTorch eager 1 thread {lat['torch_eager_us']} us",
+    ]
+    return "\n".join(lines)
+
+
+def _fmt(x) -> str:
+    if x is None:
+        return "-"
+    if isinstance(x, str):
+        return x
+    if isinstance(x, int):
+        return str(x)
+    if abs(x) != 0 and (abs(x) < 1e-3 or abs(x) >= 1e6):
+        return f"{x:.2e}"
+    return f"{x:.1f}" if abs(x) >= 10 else f"{x:.3f}" if abs(x) < 1 else f"{x:.2f}"
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default="small_cnn")
+    ap.add_argument("--trials", type=int, default=32)
+    ap.add_argument("--per-iter", type=int, default=16)
+    ap.add_argument("--out", default=str(REPO / "bench" / "results" / "cpu_tuning.json"))
+    ap.add_argument("--work-dir", default=None, help="scratch directory (default: a new temp dir, removed unless --keep)")
+    ap.add_argument("--keep", action="store_true", help="keep the scratch directory (libraries, logs, databases)")
+    ap.add_argument("--timeout", type=float, default=3600.0, help="per side, seconds")
+    ap.add_argument("--number", type=int, default=20, help="latency: runs per repeat")
+    ap.add_argument("--repeat", type=int, default=30, help="latency: repeats (median reported)")
+    ap.add_argument("--stock-only", action="store_true", help=argparse.SUPPRESS)  # the fresh stock subprocess
+    ap.add_argument("--stock-out", default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+
+    os.environ["TVM_NUM_THREADS"] = "1"  # before tvm starts its thread pool, here and in every child
+    if args.stock_only:
+        stock_main(args)
+        return
+
+    if os.environ.pop("REDIS_URL", None):
+        print("REDIS_URL ignored: ours uses a fresh embedded Redis so no earlier records are reused", flush=True)
+    scratch = Path(args.work_dir or tempfile.mkdtemp(prefix="cpu_tuning_")).resolve()
+    scratch.mkdir(parents=True, exist_ok=True)
+    keep_note = str(scratch) if (args.keep or args.work_dir) else None
+    load_start = os.getloadavg()
+    t_all = time.time()
+    # on a failure the scratch directory stays, with its logs
+    from sharetune.intake import to_relax
+
+    relax_mod = to_relax(args.model).mod  # converted once here, so ours' submit->result excludes torch export
+    target = target_dict(lane_target())
+    stock = run_stock(args, scratch)
+    ours = run_ours(args, scratch, relax_mod)
+    lat = latencies(args, stock, ours)
+    rep = {
+        "timestamp": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "model": args.model,
+        "target": target,
+        "trials": args.trials,
+        "per_iter": args.per_iter,
+        "host": {"cpus": os.cpu_count(), "machine": platform.machine(), "python": platform.python_version(),
+                 "loadavg_start": load_start, "loadavg_end": os.getloadavg()},
+        "stock_wall_s": stock["wall_s"],
+        "ours_wall_s": ours["wall_s"],
+        "ours_startup_s": ours["startup_s"],
+        "stock_trials": stock["trials"],
+        "ours_trials": ours["trials"],
+        "stock_latency_us": lat["stock"]["median_us"],
+        "ours_latency_us": lat["ours"]["median_us"],
+        "untuned_latency_us": lat["untuned"]["median_us"],
+        "torch_eager_latency_us": lat["torch_eager_us"],
+        "stock_max_abs_err": lat["stock"]["max_abs_err"],
+        "ours_max_abs_err": lat["ours"]["max_abs_err"],
+        "speedup": _r(stock["wall_s"] / ours["wall_s"]),
+        "speedup_tune_only": _r(stock["wall_s"] / (ours["wall_s"] - (ours["compile_s"] or 0.0))),
+        "latency_ratio": _r(lat["ours"]["median_us"] / lat["stock"]["median_us"], 4),
+        "stock_breakdown_s": stock["breakdown_s"],
+        "ours_breakdown_s": ours["breakdown_s"],
+        "stock_compile_s": stock["compile_s"],
+        "stock": stock,
+        "ours": ours,
+        "latency": lat,
+        "bench_total_s": _r(time.time() - t_all),
+        "command": " ".join([Path(sys.executable).name, "bench/cpu_tuning.py"] + (argv if argv is not None else sys.argv[1:])),
+        "notes": NOTES,
+        "scratch_dir": keep_note,
+    }
+    print()
+    print(table(rep))
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(rep, indent=2) + "\n")
+    print(f"\nwrote {out}")
+    if keep_note is None:
+        shutil.rmtree(scratch, ignore_errors=True)
+    else:
+        print(f"scratch kept in {scratch}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,53 @@
+"""Session fixtures: a real Redis server and real worker processes (planner, tuner, updater, two
+one-core measurer lanes), started once for the whole run and stopped at the end, by PID."""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+os.environ.setdefault("TVM_NUM_THREADS", "1")
+
+LANES = ["measure.cpu.c0", "measure.cpu.c1"] if (os.cpu_count() or 1) >= 2 else ["measure.cpu.c0"]
+
+
+@pytest.fixture(scope="session")
+def stack(tmp_path_factory):
+    from sharetune.stack import Stack
+
+    work = tmp_path_factory.mktemp("stack")
+    os.environ.pop("REDIS_URL", None)  # the tests always use their own embedded Redis
+    st = Stack(work, lanes=LANES, log_level="INFO")
+    try:
+        st.start(wait_lanes_s=300)
+        yield st
+    finally:
+        st.stop()
+
+
+@pytest.fixture(scope="session")
+def redis_conn(stack):
+    from shared import store
+
+    return store.connect(stack.redis_url)
+
+
+@pytest.fixture(scope="session")
+def client(stack):
+    from sharetune.client import Client
+
+    return Client(stack.redis_url)
+
+
+@pytest.fixture(scope="session")
+def lane_share(client):
+    return client.lanes()[0].share
+
+
+@pytest.fixture(scope="session")
+def tuned_tiny(client, lane_share):
+    """One real tuning job of the tiny model (conv + matmul), shared by the end-to-end tests."""
+    job = client.submit("tiny", target="llvm", share=lane_share, trials=24, trials_per_iter=8, seed=0)
+    final = job.wait(timeout_s=900)
+    assert final["state"] == "done", final
+    return job
