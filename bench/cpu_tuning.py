@@ -30,6 +30,7 @@ import datetime as _dt
 import json
 import os
 import platform
+import re
 import shutil
 import statistics
 import subprocess
@@ -122,44 +123,44 @@ def stock_main(args) -> None:
         wall_s = time.time() - t0
     profile = {str(k): float(v) for k, v in prof.get().items()}
 
+    out = {
+        "wall_s": _r(wall_s),
+        "profile_s": {k: _r(v, 4) for k, v in sorted(profile.items())},
+        "breakdown_s": stock_breakdown(profile, wall_s),
+        "import_s": _r(import_s),
+        "convert_s": _r(convert_s),
+        "target": target_dict(target),
+        # what sharetune set-up this process saw: none of it must have been loaded
+        "sharetune_intrinsics_loaded": "services.tuner.metaschedule.intrinsics" in sys.modules,
+        "tensor_intrin_is_stock_package": bool(getattr(sys.modules.get("tvm.s_tir.tensor_intrin"), "__file__", None)),
+    }
+    Path(args.stock_out).write_text(json.dumps(out, indent=2))  # kept even if what follows fails
+
     t1 = time.time()
     ex = ms.relax_integration.compile_relax(db, rm.mod, target, params=None)
     lib_path = str(work_dir / "stock_tuned.so")
     ex.export_library(lib_path)
-    compile_s = time.time() - t1
+    out["compile_s"] = _r(time.time() - t1)
+    out["tuned_module_path"] = lib_path
 
     # Per task: trials and best, from the database tune_relax returned (outside the timed region).
+    from tvm_ffi import structural_equal
+
     records = list(db.get_all_tuning_records())
     tasks = []
     matched = 0
     for t in ms.relax_integration.extract_tasks(fused, target):
         mod = t.dispatched[0]
-        mine = [r for r in records if tvm.ir.structural_equal(r.workload.mod, mod)]
+        mine = [r for r in records if structural_equal(r.workload.mod, mod)]
         matched += len(mine)
-        costs = [_mean_s(r) for r in mine]
-        ok = [c for c in costs if c is not None]
-        tasks.append({"name": t.task_name, "weight": int(t.weight), "trials": len(mine),
-                      "errors": len(mine) - len(ok), "best_us": _r(1e6 * min(ok)) if ok else None})
-    errors = sum(1 for r in records if _mean_s(r) is None)
-
-    out = {
-        "wall_s": _r(wall_s),
-        "trials": len(records),
-        "errors": errors,
-        "unmatched_records": len(records) - matched,
-        "profile_s": {k: _r(v, 4) for k, v in sorted(profile.items())},
-        "breakdown_s": stock_breakdown(profile, wall_s),
-        "compile_s": _r(compile_s),
-        "import_s": _r(import_s),
-        "convert_s": _r(convert_s),
-        "tuned_module_path": lib_path,
-        "target": target_dict(target),
-        "tasks": tasks,
-        # what sharetune set-up this process saw: none of it must have been loaded
-        "sharetune_intrinsics_loaded": "services.tuner.metaschedule.intrinsics" in sys.modules,
-        "tensor_intrin_is_stock_package": bool(getattr(sys.modules.get("tvm.s_tir.tensor_intrin"), "__file__", None)),
-        "process_s": _r(time.time() - t_proc),
-    }
+        ok = [c for c in (_mean_s(r) for r in mine) if c is not None]
+        tasks.append({"name": t.task_name, "weight": int(t.weight), "records": len(mine),
+                      "valid": len(ok), "best_us": _r(1e6 * min(ok)) if ok else None})
+    out["records"] = len(records)
+    out["valid_records"] = sum(1 for r in records if _mean_s(r) is not None)
+    out["unmatched_records"] = len(records) - matched
+    out["tasks"] = tasks
+    out["process_s"] = _r(time.time() - t_proc)
     Path(args.stock_out).write_text(json.dumps(out, indent=2))
 
 
@@ -212,6 +213,12 @@ def run_stock(args, work_dir: Path) -> dict:
         raise RuntimeError(f"stock subprocess failed (rc {proc.returncode}); log tail:\n{tail}")
     res = json.loads(out_path.read_text())
     res["subprocess_s"] = _r(time.time() - t0)
+    # MetaSchedule's task scheduler logs every batch; trials = candidates sent to the builder (as ours
+    # counts every measured candidate, failed ones included)
+    text = log_path.read_text(errors="replace")
+    res["trials"] = sum(int(n) for n in re.findall(r"Sending (\d+) sample\(s\) to builder", text))
+    res["build_errors"] = sum(int(n) for n in re.findall(r"Build errors: (\d+) sample", text))
+    res["errors"] = res["trials"] - res.get("valid_records", 0)
     print(f"[stock] tune_relax {res['wall_s']} s, {res['trials']} trials, subprocess {res['subprocess_s']} s", flush=True)
     return res
 
@@ -371,6 +378,8 @@ def table(rep: dict) -> str:
         f"{rep['ours']['compile_s']} s; stock compile (not in wall) {rep['stock']['compile_s']} s",
         f"stock other (extraction, contexts + tensor_intrin import, pool start-ups) {rep['stock']['breakdown_s']['other']} s, "
         f"cost model {rep['stock']['breakdown_s']['cost_model']} s",
+        f"failed candidates: stock {rep['stock']['errors']} of {rep['stock']['trials']} (build errors/timeouts "
+        f"{rep['stock']['build_errors']}), ours {rep['ours']['errors']} of {rep['ours']['trials']}",
         f"untuned {lat['untuned']['median_us']} us (err {_fmt(lat['untuned']['max_abs_err'])}); "
         f"PyTorch eager 1 thread {lat['torch_eager_us']} us",
     ]
@@ -437,6 +446,8 @@ def main(argv=None) -> None:
         "ours_startup_s": ours["startup_s"],
         "stock_trials": stock["trials"],
         "ours_trials": ours["trials"],
+        "stock_errors": stock["errors"],
+        "ours_errors": ours["errors"],
         "stock_latency_us": lat["stock"]["median_us"],
         "ours_latency_us": lat["ours"]["median_us"],
         "untuned_latency_us": lat["untuned"]["median_us"],

@@ -28,7 +28,7 @@ def _progress_printer():
     return show
 
 
-def run_demo(model: str = "small_cnn", trials: int = 32, per_iter: int = 16, work_dir: str = "runs/demo",
+def run_demo(model: str = "small_cnn", trials: int = 40, per_iter: int = 8, work_dir: str = "runs/demo",
              timeout_s: float = 900) -> int:
     from sharetune.client import Client
     from sharetune.stack import Stack
