@@ -44,7 +44,7 @@ def tune(app, redis, job_id: str, work_dir: Path, grace_s: float = 120.0) -> Job
             search_strategy="evolutionary",
             task_name=t.name,
             rand_state=spec.seed if spec.seed is not None else -1,
-            num_threads=int(target.attrs.get("num-cores", 1)) if kind == "llvm" else "physical",
+            num_threads="physical",  # the search runs on the tuner's host cores, as in stock tune_relax
         ).clone()
         for t in tasks
     ]
