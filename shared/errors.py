@@ -24,3 +24,8 @@ class MessageError(SharetuneError, ValueError):
 
 class JobError(SharetuneError):
     """A job failed; the message says where and why."""
+
+
+class LaneError(SharetuneError):
+    """A lane cannot run as asked on this host: MPS missing for a partial GPU share, or its control
+    daemon will not start or stop."""

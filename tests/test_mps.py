@@ -1,0 +1,289 @@
+"""The MPS lane manager without a GPU: daemon command lines and environment through a fake runner that
+plays the control daemon, the refusal without MPS, and lane plans on recorded inventories."""
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from services.measurer.mps import (
+    CommandResult,
+    GpuInfo,
+    MpsDaemon,
+    find_gpu,
+    gpu_for_lane,
+    parse_share_spec,
+    plan_gpu_lanes,
+    run_command,
+)
+from shared.errors import LaneError, ShareError
+from shared.names import LaneName
+
+BIN = "nvidia-cuda-mps-control"
+
+# Recorded from `nvidia-smi -L` / NVML on H200 hosts (UUIDs as reported).
+H200 = GpuInfo(0, "GPU-3f2a1c9b-5d7e-4a10-9c21-6b8e0f4d2a17", "NVIDIA H200", 143771, 132, (9, 0))
+FOUR_H200 = [
+    H200,
+    GpuInfo(1, "GPU-b7c40e52-19af-4c3d-8e60-2d5f7a9b1c08", "NVIDIA H200", 143771, 132, (9, 0)),
+    GpuInfo(2, "GPU-0e9d6a31-7b24-4f8c-a5d3-91c2e4f60b7a", "NVIDIA H200", 143771, 132, (9, 0)),
+    GpuInfo(3, "GPU-c15f8b07-3e62-4d9a-b0f4-58a7d3e2c916", "NVIDIA H200", 143771, 132, (9, 0)),
+]
+
+
+class FakeControl:
+    """Plays nvidia-cuda-mps-control: '-d' creates the control pipe, 'get_server_list' answers while the
+    daemon runs, 'quit' ends it. Records every call (argv, env, stdin)."""
+
+    def __init__(self, pipe_dir, running=False, start_rc=0, honours_quit=True):
+        self.pipe_dir = pipe_dir
+        self.calls: list[tuple[list[str], dict, str | None]] = []
+        self.start_rc = start_rc
+        self.honours_quit = honours_quit
+        if running:
+            self._up()
+
+    alive = False  # a daemon answers (its control pipe may exist without one: a stale pipe)
+
+    @property
+    def running(self):
+        return self.alive and (self.pipe_dir / "control").exists()
+
+    def _up(self):
+        self.pipe_dir.mkdir(parents=True, exist_ok=True)
+        (self.pipe_dir / "control").write_text("")
+        self.alive = True
+
+    def __call__(self, argv, env, input, timeout):
+        self.calls.append((list(argv), dict(env), input))
+        assert argv[0] == BIN and timeout > 0
+        assert env["CUDA_MPS_PIPE_DIRECTORY"] == str(self.pipe_dir)
+        if argv[1:] == ["-d"]:
+            if self.start_rc:
+                return CommandResult(self.start_rc, "", "An instance of this daemon is already running")
+            self._up()
+            return CommandResult(0)
+        if input == "get_server_list\n":
+            return CommandResult(0 if self.running else 1, "", "" if self.running else "Cannot find MPS control daemon process")
+        if input == "quit\n":
+            if self.honours_quit:
+                (self.pipe_dir / "control").unlink()
+                self.alive = False
+            return CommandResult(0)
+        raise AssertionError(f"unexpected call {argv} {input!r}")
+
+    def commands(self):
+        return [(argv, stdin) for argv, _, stdin in self.calls]
+
+
+def daemon(tmp_path, fake, found=True, **kw):
+    return MpsDaemon(tmp_path / "pipe", tmp_path / "log", runner=fake,
+                     which=lambda b: f"/usr/bin/{b}" if found else None, poll_s=0.001, **kw)
+
+
+def test_commands_and_environment(tmp_path):
+    d = MpsDaemon(tmp_path / "pipe", tmp_path / "log")
+    assert d.environment() == {"CUDA_MPS_PIPE_DIRECTORY": str(tmp_path / "pipe"),
+                               "CUDA_MPS_LOG_DIRECTORY": str(tmp_path / "log")}
+    assert d.start_command() == [BIN, "-d"]
+    assert d.quit_command() == ([BIN], "quit\n")
+    custom = MpsDaemon(tmp_path / "p", tmp_path / "l", control_binary="/opt/cuda/bin/nvidia-cuda-mps-control")
+    assert custom.start_command() == ["/opt/cuda/bin/nvidia-cuda-mps-control", "-d"]
+
+
+def test_lane_gets_the_daemon_variables(tmp_path):
+    d = MpsDaemon(tmp_path / "pipe", tmp_path / "log")
+    env = d.client_environment(LaneName.for_gpu(H200.uuid, 25), H200.uuid)
+    assert env == {"CUDA_VISIBLE_DEVICES": H200.uuid, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "25", **d.environment()}
+
+
+def test_start_when_none_runs_then_stop_what_it_started(tmp_path):
+    fake = FakeControl(tmp_path / "pipe")
+    d = daemon(tmp_path, fake)
+    assert not d.is_running()
+    assert fake.calls == []  # no control pipe: no need to ask the control binary
+    assert d.start() is True and d.started
+    assert (tmp_path / "pipe").is_dir() and (tmp_path / "log").is_dir()
+    assert fake.commands() == [([BIN, "-d"], None), ([BIN], "get_server_list\n")]
+    assert all(env == d.environment() for _, env, _ in fake.calls)
+    assert d.is_running()
+    fake.calls.clear()
+    assert d.stop() is True and not d.started
+    assert fake.commands()[0] == ([BIN], "quit\n")
+    assert not (tmp_path / "pipe" / "control").exists()
+    assert d.stop() is False  # nothing left to stop
+
+
+def test_a_running_daemon_is_used_and_never_stopped(tmp_path):
+    fake = FakeControl(tmp_path / "pipe", running=True)
+    d = daemon(tmp_path, fake)
+    assert d.start() is False and not d.started
+    assert fake.commands() == [([BIN], "get_server_list\n")]
+    assert d.stop() is False
+    assert ([BIN], "quit\n") not in fake.commands()
+    assert fake.running
+
+
+def test_stale_control_pipe_is_not_a_running_daemon(tmp_path):
+    fake = FakeControl(tmp_path / "pipe")
+    (tmp_path / "pipe").mkdir()
+    (tmp_path / "pipe" / "control").write_text("")  # left over by a daemon that died; nothing answers
+    d = daemon(tmp_path, fake)
+    assert not d.is_running()
+    fake.calls.clear()
+    assert d.start() is True and d.started
+    assert fake.commands() == [([BIN], "get_server_list\n"), ([BIN, "-d"], None), ([BIN], "get_server_list\n")]
+
+
+def test_start_failure_and_start_timeout_are_refused(tmp_path):
+    fake = FakeControl(tmp_path / "pipe", start_rc=1)
+    with pytest.raises(LaneError, match="did not start .exit 1.: An instance"):
+        daemon(tmp_path, fake).start()
+
+    silent = lambda argv, env, input, timeout: CommandResult(0 if input is None else 1)  # noqa: E731
+    clock = iter(range(1000))
+    d = MpsDaemon(tmp_path / "pipe2", tmp_path / "log2", runner=silent, which=lambda b: b,
+                  timeout_s=3, sleep=lambda s: None, clock=lambda: next(clock))
+    with pytest.raises(LaneError, match="does not answer"):
+        d.start()
+    assert not d.started
+
+
+def test_stop_times_out_when_the_daemon_stays(tmp_path):
+    fake = FakeControl(tmp_path / "pipe", honours_quit=False)
+    clock = iter(range(1000))
+    d = daemon(tmp_path, fake, timeout_s=3, sleep=lambda s: None, clock=lambda: next(clock))
+    d.start()
+    with pytest.raises(LaneError, match="still runs 3 s after 'quit'"):
+        d.stop()
+    assert d.started  # still ours to stop
+
+
+def test_refusal_without_mps(tmp_path):
+    fake = FakeControl(tmp_path / "pipe")
+    d = daemon(tmp_path, fake, found=False)
+    assert not d.available()
+    plan = plan_gpu_lanes([H200], "4x25")
+    with pytest.raises(LaneError) as e:
+        d.ensure_for(plan)
+    assert str(e.value) == ("MPS is not available (nvidia-cuda-mps-control not found): "
+                            "refusing to run GPU lanes at 25 % unshared")
+    with pytest.raises(LaneError, match=r"at 25 %, 50 % unshared"):
+        d.require_for(plan_gpu_lanes([H200], "25,25,50"))
+    with pytest.raises(LaneError, match="not found"):
+        d.start()
+    with pytest.raises(LaneError, match="at 25 % unshared"):
+        d.check_lane(LaneName.for_gpu(H200.uuid, 25))
+    # a whole GPU needs no MPS, CPU lanes neither
+    assert d.ensure_for(plan_gpu_lanes([H200], "1x100")) is False
+    d.check_lane(LaneName.for_gpu(H200.uuid, 100))
+    d.check_lane(LaneName.for_cpu([0]))
+    assert fake.calls == []
+
+
+def test_ensure_starts_the_daemon_for_partial_lanes_only(tmp_path):
+    fake = FakeControl(tmp_path / "pipe")
+    d = daemon(tmp_path, fake)
+    assert d.ensure_for(plan_gpu_lanes([H200], "1x100")) is False and not d.started
+    with pytest.raises(LaneError, match="no MPS control daemon answers"):
+        d.check_lane(LaneName.for_gpu(H200.uuid, 50))
+    assert d.ensure_for(plan_gpu_lanes([H200], "2x50")) is True and d.started
+    d.check_lane(LaneName.for_gpu(H200.uuid, 50))
+    with d:
+        pass
+    assert not d.started and not fake.running
+
+
+def test_real_runner_passes_env_and_stdin_and_does_not_wait_for_forked_children():
+    res = run_command(["sh", "-c", 'cat; echo "$CUDA_MPS_PIPE_DIRECTORY"'], {"CUDA_MPS_PIPE_DIRECTORY": "/tmp/p"}, "quit\n", 10)
+    assert (res.returncode, res.stdout) == (0, "quit\n/tmp/p\n")
+    assert run_command(["/nonexistent/nvidia-cuda-mps-control", "-d"], {}, None, 10).returncode == 127
+    t0 = time.monotonic()
+    res = run_command(["sh", "-c", "sleep 3 & echo forked"], {}, None, 10)  # like `-d`: a child keeps stdout
+    assert res.stdout == "forked\n" and time.monotonic() - t0 < 2.5
+    assert run_command(["sleep", "5"], {}, None, 0.2).returncode == 124
+
+
+# ------------------------------------------------------------------------------------ lane plans
+def queues(plan):
+    return [(lane.queue, n) for lane, n in plan]
+
+
+def test_plans_on_one_gpu():
+    assert queues(plan_gpu_lanes([H200], "4x25")) == [("measure.3f2a1c9b.p25", 4)]
+    assert queues(plan_gpu_lanes([H200], "2x50")) == [("measure.3f2a1c9b.p50", 2)]
+    assert queues(plan_gpu_lanes([H200], "1x100")) == [("measure.3f2a1c9b.p100", 1)]
+    assert queues(plan_gpu_lanes([H200], "25,25,50")) == [("measure.3f2a1c9b.p25", 2), ("measure.3f2a1c9b.p50", 1)]
+    assert queues(plan_gpu_lanes([H200], " 2x25, 50% ")) == [("measure.3f2a1c9b.p25", 2), ("measure.3f2a1c9b.p50", 1)]
+    assert queues(plan_gpu_lanes([H200], {0: "4x25"})) == [("measure.3f2a1c9b.p25", 4)]
+    lane, n = plan_gpu_lanes([H200], "1x100")[0]
+    assert gpu_for_lane([H200], lane) is H200 and LaneName.parse(lane.queue) == lane
+
+
+def test_plans_on_four_gpus():
+    plan = plan_gpu_lanes(FOUR_H200, "4x25")
+    assert queues(plan) == [(f"measure.{g.uuid8}.p25", 4) for g in FOUR_H200]
+    assert sum(n for _, n in plan) == 16
+    assert queues(plan_gpu_lanes(FOUR_H200, "2x50"))[1] == ("measure.b7c40e52.p50", 2)
+    # dict form: by index, by UUID prefix (with or without "GPU-"), a digit string is an index
+    plan = plan_gpu_lanes(FOUR_H200, {"GPU-c15f": "1x100", 1: "4x25", "0e9d6a31": "25,25,50", "0": 50})
+    assert queues(plan) == [
+        ("measure.3f2a1c9b.p50", 1),
+        ("measure.b7c40e52.p25", 4),
+        ("measure.0e9d6a31.p25", 2), ("measure.0e9d6a31.p50", 1),
+        ("measure.c15f8b07.p100", 1),
+    ]
+    assert find_gpu(FOUR_H200, "b7c4") is FOUR_H200[1]
+
+
+def test_sums_past_the_limit_are_refused_naming_the_gpu():
+    with pytest.raises(ShareError) as e:
+        plan_gpu_lanes([H200], "25,25,50,25")
+    assert "GPU 0 (GPU-3f2a1c9b-5d7e-4a10-9c21-6b8e0f4d2a17, NVIDIA H200)" in str(e.value)
+    assert "25 + 25 + 50 + 25 = 125 %" in str(e.value) and "limit of 100 %" in str(e.value)
+    with pytest.raises(ShareError, match=r"GPU 2 \(GPU-0e9d6a31.*\): shares 50 \+ 50 \+ 50 = 150 %"):
+        plan_gpu_lanes(FOUR_H200, {1: "2x50", 2: "3x50"})
+    with pytest.raises(ShareError, match="= 200 %"):
+        plan_gpu_lanes(FOUR_H200, "2x100")
+    # a lower limit (leave room for others), or a higher one (MPS percentages are caps, not reservations)
+    with pytest.raises(ShareError, match="= 100 % exceed the limit of 75 %"):
+        plan_gpu_lanes([H200], "4x25", max_total_percent=75)
+    assert queues(plan_gpu_lanes([H200], "3x50", max_total_percent=150)) == [("measure.3f2a1c9b.p50", 3)]
+
+
+@pytest.mark.parametrize("spec", ["1x0", "0", "150", "1x150", "25,0", "-5", {0: "150"}])
+def test_percent_outside_range_is_refused(spec):
+    with pytest.raises(ShareError, match=r"GPU 0 \(GPU-3f2a1c9b.*outside 1..100 %"):
+        plan_gpu_lanes([H200], spec)
+
+
+@pytest.mark.parametrize("key", [4, "7", "GPU-deadbeef", "ffff"])
+def test_unknown_gpu_is_refused(key):
+    with pytest.raises(ShareError, match=r"not in this host's inventory \(GPUs: 0: GPU-3f2a1c9b"):
+        plan_gpu_lanes(FOUR_H200, {key: "1x100"})
+
+
+def test_bad_plans_are_refused():
+    with pytest.raises(ShareError, match="empty GPU lane plan: the inventory has no GPU"):
+        plan_gpu_lanes([], "4x25")
+    with pytest.raises(ShareError, match="empty GPU lane plan"):
+        plan_gpu_lanes(FOUR_H200, {})
+    with pytest.raises(ShareError, match="named twice"):
+        plan_gpu_lanes(FOUR_H200, {0: "1x50", "GPU-3f2a": "1x50"})
+    with pytest.raises(ShareError, match="ambiguous"):
+        find_gpu(FOUR_H200 + [GpuInfo(4, "GPU-3f2a0000-0000-0000-0000-000000000000", "NVIDIA H200", 143771)], "3f2a")
+    with pytest.raises(ShareError, match="UUID prefix 3f2a1c9b"):
+        plan_gpu_lanes([H200, GpuInfo(1, "GPU-3f2a1c9b-ffff-0000-0000-000000000000", "NVIDIA H200", 143771)], "1x100")
+    for bad in ["", "4x", "x25", "four", "4x25x2", "0x25"]:
+        with pytest.raises(ShareError):
+            plan_gpu_lanes([H200], bad)
+    with pytest.raises(ShareError, match="max_total_percent"):
+        plan_gpu_lanes([H200], "1x100", max_total_percent=0)
+
+
+def test_parse_share_spec():
+    assert parse_share_spec("4x25") == [25] * 4
+    assert parse_share_spec("25,25,50") == [25, 25, 50]
+    assert parse_share_spec(100) == [100]
+    assert parse_share_spec([50, 50]) == [50, 50]
+    assert parse_share_spec("2X50") == [50, 50]
