@@ -92,6 +92,7 @@ class JobSpec(Contract):
     trials_per_iter: int = Field(default=16, ge=1, le=1024)
     max_trials_per_task: int | None = Field(default=None, ge=1)
     seed: int | None = None
+    only_tasks: list[str] | None = None  # tune only the tasks with these names (as tune_relax's op_names)
     submitted_at: float = Field(default_factory=time.time)
 
     @field_validator("share")
@@ -163,6 +164,10 @@ class LaneInfo(Contract):
     pid: int
     started_at: float
     batches: int = 0
+
+    @property
+    def worker(self) -> str:
+        return f"{self.host}.{self.pid}"
     candidates: int = 0
 
 

@@ -74,12 +74,21 @@ class LaneName:
         raise ValueError(f"not a lane queue name: {queue!r}")
 
 
-def lane_key(queue: str) -> str:
-    """Liveness + description of a lane (JSON LaneInfo), with a TTL."""
-    return f"{PREFIX}:lane:{queue}"
+def lane_key(queue: str, worker: str = "*") -> str:
+    """Liveness + description of one worker of a lane (JSON LaneInfo), with a TTL. Several workers
+    (on one host or several) may serve the same lane queue; each has its own key."""
+    return f"{PREFIX}:lane:{queue}:{worker}"
 
 
 LANES_PATTERN = f"{PREFIX}:lane:*"
+
+
+def tuner_key(worker: str) -> str:
+    """Liveness of a tuner client that has finished its warm-up, with a TTL."""
+    return f"{PREFIX}:tuner:{worker}"
+
+
+TUNERS_PATTERN = f"{PREFIX}:tuner:*"
 
 
 def job_key(job_id: str) -> str:

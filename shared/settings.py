@@ -29,6 +29,7 @@ class LaneSettings(CommonSettings):
 class TunerSettings(CommonSettings):
     lane_wait_s: float = 120.0  # how long the planner waits for a lane of the job's share to appear
     batch_grace_s: float = 120.0  # extra time a started batch gets before its candidates count as lost
+    warm_kinds: str = "llvm"  # target kinds whose tensor intrinsics a tuner loads before taking work
 
 
 class UpdaterSettings(CommonSettings):

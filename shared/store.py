@@ -141,11 +141,11 @@ def record_count(r: redis.Redis, wkey: str) -> int:
 
 
 def announce_lane(r: redis.Redis, info: LaneInfo) -> None:
-    r.set(names.lane_key(info.queue), info.model_dump_json(), ex=names.LANE_TTL_S)
+    r.set(names.lane_key(info.queue, info.worker), info.model_dump_json(), ex=names.LANE_TTL_S)
 
 
-def retire_lane(r: redis.Redis, queue: str) -> None:
-    r.delete(names.lane_key(queue))
+def retire_lane(r: redis.Redis, info: LaneInfo) -> None:
+    r.delete(names.lane_key(info.queue, info.worker))
 
 
 def live_lanes(r: redis.Redis) -> list[LaneInfo]:
@@ -158,7 +158,8 @@ def live_lanes(r: redis.Redis) -> list[LaneInfo]:
 
 
 def lane_alive(r: redis.Redis, queue: str) -> bool:
-    return bool(r.exists(names.lane_key(queue)))
+    """True while at least one worker of the lane keeps its liveness key."""
+    return next(iter(r.scan_iter(match=names.lane_key(queue), count=500)), None) is not None
 
 
 # ---- measurement results -----------------------------------------------------------------------------

@@ -24,13 +24,17 @@ def default_cpu_lanes(cores: int | None = None) -> list[str]:
 
 class Stack:
     def __init__(self, work_dir: Path, redis_url: str | None = None, lanes: list[str] | None = None,
-                 tuners: int = 1, log_level: str = "INFO"):
+                 tuners: int = 1, log_level: str = "INFO", warm_kinds: str | None = None):
         self.work_dir = Path(work_dir).resolve()
         self.redis_url = redis_url or os.environ.get("REDIS_URL")
         self.lanes = lanes if lanes is not None else default_cpu_lanes()
         self.tuners = tuners
         self.log_level = log_level
+        gpu = any(names.LaneName.parse(q).kind == "gpu" for q in self.lanes)
+        self.warm_kinds = warm_kinds or ("cuda" if gpu else "llvm")
         self.redis_server = None
+        self.mps = None  # the MPS daemon, when this stack started one
+        self.gpu_uuids: dict[str, str] = {}  # uuid8 -> full UUID
         self.procs: dict[str, subprocess.Popen] = {}
 
     # ---- processes ---------------------------------------------------------------------------------
@@ -41,6 +45,9 @@ class Stack:
         env["SHARETUNE_WORK_DIR"] = str(self.work_dir)
         env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
         env.setdefault("TVM_NUM_THREADS", "1")
+        env["SHARETUNE_WARM_KINDS"] = self.warm_kinds
+        if self.mps is not None:
+            env.update(self.mps.environment())
         return env
 
     def _spawn(self, name: str, args: list[str], env: dict | None = None) -> subprocess.Popen:
@@ -57,9 +64,24 @@ class Stack:
                                   "-c", "1", "--prefetch-multiplier", "1", "-n", f"{name}.{os.getpid()}@{socket.gethostname()}",
                                   "--loglevel", self.log_level, "--without-gossip", "--without-mingle"])
 
-    def start_lane(self, queue: str) -> subprocess.Popen:
-        return self._spawn(f"lane-{queue}", [sys.executable, "-m", "services.measurer", "--lane", queue,
-                                             "--loglevel", self.log_level])
+    def start_lane(self, queue: str, instance: int = 0) -> subprocess.Popen:
+        lane = names.LaneName.parse(queue)
+        args = [sys.executable, "-m", "services.measurer", "--lane", queue, "--loglevel", self.log_level]
+        if lane.kind == "gpu":
+            if lane.gpu not in self.gpu_uuids:
+                raise RuntimeError(f"lane {queue}: no GPU with UUID starting {lane.gpu} on this host")
+            args += ["--gpu-uuid", self.gpu_uuids[lane.gpu]]
+        return self._spawn(f"lane-{queue}-{instance}" if instance else f"lane-{queue}", args)
+
+    def _start_gpu_support(self) -> None:
+        """Name GPUs by UUID, and start an MPS daemon (own pipe and log dirs) unless one answers."""
+        from services.measurer.mps import MpsDaemon
+        from services.measurer.observers import make_observer
+
+        self.gpu_uuids = {g.uuid.lower().removeprefix("gpu-")[:8]: g.uuid for g in make_observer().inventory()}
+        mps = MpsDaemon(self.work_dir / "mps" / "pipe", self.work_dir / "mps" / "log")
+        mps.start()
+        self.mps = mps
 
     def start(self, wait_lanes_s: float = 300.0) -> "Stack":
         if not self.redis_url:
@@ -67,22 +89,34 @@ class Stack:
 
             self.redis_server = EmbeddedRedis(self.work_dir / "redis").start()
             self.redis_url = self.redis_server.url
+        if any(names.LaneName.parse(q).kind == "gpu" for q in self.lanes):
+            self._start_gpu_support()
         self._worker("planner", names.PLAN_QUEUE, "services.tuner.tasks")
         for i in range(self.tuners):
             self._worker(f"tuner{i}", names.TUNE_QUEUE, "services.tuner.tasks")
         self._worker("updater", names.COSTMODEL_QUEUE, "services.tuner.tasks")
-        for lane in self.lanes:
-            self.start_lane(lane)
+        for i, lane in enumerate(self.lanes):
+            self.start_lane(lane, instance=self.lanes[:i].count(lane))
         if wait_lanes_s:
             self.wait_for_lanes(self.lanes, wait_lanes_s)
+            self.wait_for_tuners(self.tuners, wait_lanes_s)
         return self
+
+    def wait_for_tuners(self, count: int, timeout_s: float) -> None:
+        r = store.connect(self.redis_url)
+        deadline = time.time() + timeout_s
+        while time.time() < deadline:
+            if len(list(r.scan_iter(match=names.TUNERS_PATTERN))) >= count:
+                return
+            time.sleep(0.2)
+        raise TimeoutError(f"{count} tuner client(s) did not warm up in {timeout_s} s; see {self.work_dir / 'logs'}")
 
     def wait_for_lanes(self, queues: list[str], timeout_s: float) -> None:
         r = store.connect(self.redis_url)
         deadline = time.time() + timeout_s
         while time.time() < deadline:
-            live = {l.queue for l in store.live_lanes(r)}
-            if set(queues) <= live:
+            live = [l.queue for l in store.live_lanes(r)]
+            if all(live.count(q) >= queues.count(q) for q in set(queues)):
                 return
             dead = [n for n, p in self.procs.items() if p.poll() is not None]
             if dead:
@@ -110,6 +144,9 @@ class Stack:
         if self.redis_server:
             self.redis_server.stop()
             self.redis_server = None
+        if self.mps is not None:
+            self.mps.stop()  # only if this stack started it
+            self.mps = None
 
     def __enter__(self):
         return self.start()

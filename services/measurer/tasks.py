@@ -43,7 +43,7 @@ class _LaneState:
         if LANE.kind == "cpu":
             self.target = evaluate.cpu_target(len(LANE.cores))
         else:
-            raise NotImplementedError("GPU lanes arrive with the GPU issue")
+            self.target = evaluate.gpu_target()
         warm_s = evaluate.warm_up(self.target) if settings.warmup else 0.0
         self.info = LaneInfo(
             queue=LANE.queue,
@@ -84,7 +84,8 @@ def _on_ready(**_):
 def _on_shutdown(**_):
     STATE.stop.set()
     try:
-        store.retire_lane(STATE.redis, LANE.queue)
+        if STATE.info is not None:
+            store.retire_lane(STATE.redis, STATE.info)
     except Exception:  # noqa: BLE001
         pass
 
@@ -105,7 +106,7 @@ def measure_batch(payload):
     for cand in batch.candidates:
         res = evaluate.measure(cand, target, batch.timing)
         res.lane, res.share = LANE.queue, STATE.info.share if STATE.info else None
-        res.device = {"host": socket.gethostname(), "cores": list(LANE.cores)}
+        res.device = {"host": socket.gethostname(), "cores": list(LANE.cores), "gpu_uuid": settings.gpu_uuid}
         store.put_result(STATE.redis, batch.batch_id, res)
         ok += res.error is None
     with STATE.lock:

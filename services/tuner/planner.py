@@ -7,7 +7,7 @@ import json
 import time
 
 from shared import store
-from shared.errors import ShareError
+from shared.errors import ModelError, ShareError
 from shared.messages import JobTask, LaneInfo, Workload, lane_kind
 
 
@@ -44,7 +44,13 @@ def plan(redis, job_id: str, lane_wait_s: float) -> list[JobTask]:
     mod = load_ir(store.job_model(redis, job_id).decode())
     tasks: list[JobTask] = []
     reused: dict[str, int] = {}
-    for t in extract(mod, target):
+    extracted = extract(mod, target)
+    if spec.only_tasks:
+        extracted = [t for t in extracted if t.name in set(spec.only_tasks)]
+        missing = set(spec.only_tasks) - {t.name for t in extracted}
+        if missing:
+            raise ModelError(f"the model has no task named {', '.join(sorted(missing))}")
+    for t in extracted:
         wkey = workload_key(t.mod, target, spec.share)
         store.put_workload(
             redis, Workload(wkey=wkey, name=t.name, target=str(target), share=spec.share, mod=dump_ir(t.mod))

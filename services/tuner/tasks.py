@@ -6,7 +6,13 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import socket
+import threading
+import time
 import traceback
+
+from celery import signals
 
 from shared import names, store
 from shared.celery_app import make_celery
@@ -25,6 +31,29 @@ def redis():
     if _redis is None:
         _redis = store.connect(settings.redis_url)
     return _redis
+
+
+@signals.worker_ready.connect
+def _warm_up(sender=None, **_):
+    """A tuner client loads TVM and its targets' tensor intrinsics once, before it takes work, then
+    keeps a liveness key (the stack waits for it; a later issue's reaper reads it)."""
+    consumer = getattr(sender, "task_consumer", None) or getattr(getattr(sender, "consumer", None), "task_consumer", None)
+    queues = {q.name for q in consumer.queues} if consumer is not None else set()
+    if names.TUNE_QUEUE not in queues:
+        return
+    from services.tuner.metaschedule.intrinsics import load_tensor_intrinsics
+
+    for kind in settings.warm_kinds.split(","):
+        if kind.strip():
+            load_tensor_intrinsics(kind.strip())
+    worker = f"{socket.gethostname()}.{os.getpid()}"
+
+    def beat():
+        while True:
+            redis().set(names.tuner_key(worker), "ready", ex=names.LANE_TTL_S)
+            time.sleep(names.LANE_TTL_S / 3)
+
+    threading.Thread(target=beat, name="tuner-heartbeat", daemon=True).start()
 
 
 def _job_ref(payload, source: str) -> JobRef | None:

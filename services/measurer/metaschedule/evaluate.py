@@ -43,7 +43,8 @@ def build(mod, target):
     from tvm.s_tir.transform import RemoveWeightLayoutRewriteBlock
 
     mod = RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True)(mod)
-    return tvm.build(mod, target=target)
+    with target:  # CUDA codegen reads the current target when it compiles to a cubin
+        return tvm.build(mod, target=target)
 
 
 def measure(candidate: Candidate, target, timing: TimingConfig) -> MeasureResult:
@@ -97,6 +98,27 @@ def warm_up(target) -> float:
     args = [tvm.runtime.empty((64,), "float32", dev) for _ in range(2)]
     rt_mod.time_evaluator(rt_mod.entry_name, dev, number=1)(*args)
     return time.perf_counter() - t0
+
+
+def gpu_target() -> tvm.target.Target:
+    """The CUDA target of the GPU this process sees (CUDA_VISIBLE_DEVICES=<uuid>), from the device
+    itself: arch, threads per block, shared memory per block, warp size (a bare {"kind": "cuda"}
+    extracts tasks but cannot be tuned)."""
+    import tvm.support.nvcc  # noqa: F401 - registers the CUDA compile callback (NVRTC or nvcc)
+
+    dev = tvm.cuda(0)
+    if not dev.exist:
+        raise RuntimeError("no CUDA device visible to this lane (check CUDA_VISIBLE_DEVICES and the MPS daemon)")
+    major, minor = dev.compute_version.split(".")
+    return tvm.target.Target(
+        {
+            "kind": "cuda",
+            "arch": f"sm_{major}{minor}",
+            "max_threads_per_block": int(dev.max_threads_per_block),
+            "max_shared_memory_per_block": int(dev.max_shared_memory_per_block),
+            "thread_warp_size": int(dev.warp_size),
+        }
+    )
 
 
 def cpu_target(cores: int) -> tvm.target.Target:

@@ -155,18 +155,20 @@ class LaneRunner(PyRunner):
         lanes = self.lanes()
         if not lanes:
             lanes = self._wait_for_lanes()
-        groups: dict[str, list[tuple[int, Candidate]]] = {l.queue: [] for l in lanes}
-        queues = list(groups)
+        # one slot per live worker: a lane queue served by two workers gets two sub-batches
+        slots = sorted(l.queue for l in lanes)
+        groups: dict[int, list[tuple[int, Candidate]]] = {k: [] for k in range(len(slots))}
         for i, ri in enumerate(runner_inputs):
             cand = Candidate(
                 candidate_id=ri.artifact_path,
                 mod=self.stash.take(ri.artifact_path),
                 args_info=[_plain(a.as_json()) for a in ri.args_info],
             )
-            groups[queues[(self._rr + i) % len(queues)]].append((i, cand))
+            groups[(self._rr + i) % len(slots)].append((i, cand))
         self._rr += len(runner_inputs)
         futures: list[RunnerFuture | None] = [None] * len(runner_inputs)
-        for queue, items in groups.items():
+        for slot, items in groups.items():
+            queue = slots[slot]
             if not items:
                 continue
             batch = MeasureBatch(

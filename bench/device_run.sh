@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# On the GPU machine, after ../shared/device/stage.sh's install step (PYTHONPATH=/tmp/site:$PWD):
+#   bash bench/device_run.sh smoke|stock|ours  -> writes under $OUT
+set -uo pipefail
+export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site:$PWD
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+case "${1:-smoke}" in
+  smoke)
+    nvidia-smi --query-gpu=index,uuid,name,clocks.sm,utilization.gpu --format=csv | tee "$OUT/nvidia-smi.csv"
+    which nvcc nvidia-cuda-mps-control; nproc
+    python3 - <<'PY' 2>&1 | tee "$OUT/smoke.log"
+import json, time, sys, os
+from pathlib import Path
+from services.measurer.observers import make_observer
+from sharetune.stack import Stack
+from sharetune.client import Client
+obs = make_observer(); inv = obs.inventory(); print("inventory", inv, flush=True)
+u8 = inv[0].uuid.lower().removeprefix("gpu-")[:8]
+t = time.time()
+with Stack(Path("/tmp/smoke"), lanes=[f"measure.{u8}.p50"] * 2, log_level="INFO") as st:
+    print("stack up", round(time.time() - t, 1), flush=True)
+    c = Client(st.redis_url)
+    for l in c.lanes(): print(l.model_dump_json(), flush=True)
+    job = c.submit("tiny", target="cuda", share=50, trials=16, trials_per_iter=8, seed=0)
+    print(job.wait(timeout_s=300, on_progress=None), flush=True)
+    print(json.dumps(job.status(), indent=1), flush=True)
+    try: print(job.result().model_dump_json(indent=1), flush=True)
+    except Exception as e: print("no result", e)
+PY
+    tar czf "$OUT/smoke_logs.tgz" -C /tmp/smoke logs mps 2>/dev/null
+    ;;
+  stock) timeout 570 python3 bench/gpu_tuning.py --part stock "${@:2}" 2>&1 | tail -40 ;;
+  ours) timeout 570 python3 bench/gpu_tuning.py --part ours "${@:2}" 2>&1 | tail -40
+        tar czf "$OUT/ours_logs.tgz" -C /tmp/gpu_bench/ours logs 2>/dev/null ;;
+esac

@@ -1,0 +1,252 @@
+"""GPU tuning benchmark (run on the H200 machine): stock MetaSchedule against this service with
+1 x 100 %, 2 x 50 % and 4 x 25 % MPS lanes, same model tasks, same trial budget.
+
+    python bench/gpu_tuning.py --part stock   # stock tune_tasks: LocalBuilder on all cores + LocalRunner
+    python bench/gpu_tuning.py --part ours    # this service, one configuration after another
+    python bench/gpu_tuning.py --merge A.json B.json --out bench/results/gpu_tuning_h200.json
+
+The workload is the k heaviest tasks (by FLOPs x weight) of the ResNet-18-like zoo model. Both sides
+compile the whole model with their records (stock compile_relax; untuned operators get DLight's
+default GPU schedules) and time it end to end on the GPU at 100 %, next to PyTorch eager."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+
+def gpu_target():
+    import tvm
+
+    dev = tvm.cuda(0)
+    major, minor = dev.compute_version.split(".")
+    return tvm.target.Target({"kind": "cuda", "arch": f"sm_{major}{minor}",
+                              "max_threads_per_block": int(dev.max_threads_per_block),
+                              "max_shared_memory_per_block": int(dev.max_shared_memory_per_block),
+                              "thread_warp_size": int(dev.warp_size)})
+
+
+def heaviest(model: str, k: int, target):
+    from services.tuner.metaschedule.extract import extract, fuse
+    from sharetune.intake import to_relax
+    from tvm.s_tir import meta_schedule as ms
+
+    mod = to_relax(model).mod
+    tasks = extract(mod, target)
+    tasks = sorted(tasks, key=lambda t: -t.flops * t.weight)[:k]
+    names = [t.name for t in tasks]
+    extracted = [t for t in ms.relax_integration.extract_tasks(fuse(mod), target) if t.task_name in names]
+    return mod, names, extracted
+
+
+def e2e_latency_us(ex_or_path, inputs) -> float:
+    import numpy as np
+    import tvm
+    from tvm import relax
+
+    lib = tvm.runtime.load_module(ex_or_path) if isinstance(ex_or_path, str) else ex_or_path
+    dev = tvm.cuda(0)
+    vm = relax.VirtualMachine(lib, dev)
+    args = [tvm.runtime.tensor(x, dev) for x in inputs]
+    vm["main"](*args)
+    timer = vm.time_evaluator("main", dev, number=10, repeat=20, min_repeat_ms=50)
+    return float(np.median(timer(*args).results)) * 1e6
+
+
+def torch_eager_us(model: str) -> float:
+    import torch
+
+    from sharetune.zoo import get
+
+    m, example = get(model).build()
+    m = m.cuda()
+    x = [t.cuda() for t in example]
+    with torch.no_grad():
+        for _ in range(10):
+            m(*x)
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        times = []
+        for _ in range(50):
+            start.record()
+            m(*x)
+            end.record()
+            torch.cuda.synchronize()
+            times.append(start.elapsed_time(end) * 1e3)
+    times.sort()
+    return times[len(times) // 2]
+
+
+def model_inputs(model: str):
+    from sharetune.zoo import get
+
+    _, example = get(model).build()
+    return [t.detach().numpy() for t in example]
+
+
+def run_stock(args) -> dict:
+    import tvm
+    from tvm.s_tir import meta_schedule as ms
+
+    from services.measurer.observers import make_observer
+
+    target = gpu_target()
+    mod, names, extracted = heaviest(args.model, args.tasks, target)
+    work = Path(args.work_dir) / "stock"
+    work.mkdir(parents=True, exist_ok=True)
+    obs = make_observer()
+    uuid = obs.inventory()[0].uuid if obs.inventory() else None
+    if uuid:
+        obs.start_window(uuid)
+    t0 = time.time()
+    with ms.Profiler() as prof:
+        contexts, weights = ms.relax_integration.extracted_tasks_to_tune_contexts(extracted, str(work), seed=0)
+        db = ms.tune_tasks(
+            tasks=contexts, task_weights=weights, work_dir=str(work), max_trials_global=args.trials,
+            num_trials_per_iter=args.per_iter,
+            builder=ms.builder.LocalBuilder(max_workers=os.cpu_count(), timeout_sec=120),
+            runner=ms.runner.LocalRunner(timeout_sec=60), database=ms.database.JSONDatabase(work_dir=str(work)),
+        )
+    wall = time.time() - t0
+    window = obs.stop_window() if uuid else None
+    profile = {k: round(float(v), 2) for k, v in prof.get().items()}
+    trials = sum(1 for _ in open(work / "database_tuning_record.json"))
+    ex = ms.relax_integration.compile_relax(db, mod, target, params=None)
+    lat = e2e_latency_us(ex, model_inputs(args.model))
+    return {"config": "stock", "lanes": 0, "wall_s": round(wall, 2), "trials": trials,
+            "trials_per_min": round(60 * trials / wall, 2),
+            "gpu_busy_frac": round(window.busy_fraction, 4) if window else None,
+            "tuned_latency_us": round(lat, 2), "tasks": names, "profile_s": profile,
+            "split_s": _stock_split(profile)}
+
+
+def _stock_split(profile: dict) -> dict:
+    def total(*keys):
+        return round(sum(v for k, v in profile.items() if any(key in k for key in keys)), 2)
+
+    return {"build": total("LocalBuilder", "Builder"), "run": total("LocalRunner", "Runner"),
+            "search": total("EvolutionarySearch", "GenerateMeasureCandidates", "SearchStrategy"),
+            "cost_model": total("XGBModel", "CostModel")}
+
+
+def run_ours(args) -> list[dict]:
+    from services.measurer.observers import make_observer
+    from sharetune.client import Client
+    from sharetune.stack import Stack
+
+    import tvm
+
+    obs = make_observer()
+    gpus = obs.inventory()
+    uuid = gpus[0].uuid
+    u8 = uuid.lower().removeprefix("gpu-")[:8]
+    target = gpu_target()
+    _, names, _ = heaviest(args.model, args.tasks, target)
+    inputs = model_inputs(args.model)
+    configs = [c for c in args.configs.split(",") if c != "stock"]
+    lanes = []
+    for c in configs:
+        n, pct = (int(x) for x in c.split("x"))
+        lanes += [f"measure.{u8}.p{pct}"] * n
+    out = []
+    t_up = time.time()
+    with Stack(Path(args.work_dir) / "ours", lanes=lanes, log_level="WARNING") as stack:
+        startup = time.time() - t_up
+        client = Client(stack.redis_url)
+        for c in configs:
+            n, pct = (int(x) for x in c.split("x"))
+            obs.start_window(uuid)
+            t0 = time.time()
+            job = client.submit(args.model, target="cuda", share=pct, trials=args.trials,
+                                trials_per_iter=args.per_iter, seed=0, only_tasks=names)
+            final = job.wait(timeout_s=args.timeout)
+            wall = time.time() - t0
+            window = obs.stop_window()
+            if final["state"] != "done":
+                out.append({"config": c, "error": final.get("error"), "state": final["state"]})
+                print(json.dumps(out[-1]), flush=True)
+                continue
+            res = job.result()
+            tune_wall = res.time_split_s.get("tune_total", wall)
+            lat = e2e_latency_us(res.tuned_module_path, inputs)
+            out.append({"config": c, "lanes": n, "share": pct, "wall_s": round(wall, 2),
+                        "tune_s": round(tune_wall, 2), "trials": res.trials,
+                        "trials_per_min": round(60 * res.trials / wall, 2),
+                        "gpu_busy_frac": round(window.busy_fraction, 4), "tuned_latency_us": round(lat, 2),
+                        "split_s": res.time_split_s, "stack_startup_s": round(startup, 2)})
+            print(json.dumps(out[-1]), flush=True)
+    return out
+
+
+def merge(paths: list[str], out_path: str, model: str) -> dict:
+    rows = []
+    extra = {}
+    for p in paths:
+        data = json.loads(Path(p).read_text())
+        rows += data["rows"]
+        extra.update({k: v for k, v in data.items() if k != "rows"})
+    stock = next((r for r in rows if r["config"] == "stock"), None)
+    for r in rows:
+        if stock and "wall_s" in r:
+            r["speedup_vs_stock"] = round(stock["wall_s"] / r["wall_s"], 3)
+    result = {**extra, "rows": rows, "model": model}
+    Path(out_path).parent.mkdir(parents=True, exist_ok=True)
+    Path(out_path).write_text(json.dumps(result, indent=1))
+    print_table(result)
+    return result
+
+
+def print_table(result: dict) -> None:
+    print(f"\nmodel {result.get('model')}, tasks {result.get('tasks')}, PyTorch eager {result.get('torch_eager_us')} us")
+    print(f"{'config':<8}{'lanes':>6}{'wall s':>9}{'trials':>8}{'tr/min':>9}{'gpu busy':>10}{'tuned us':>10}{'speedup':>9}")
+    for r in result["rows"]:
+        if "wall_s" not in r:
+            print(f"{r['config']:<8} failed: {r.get('error')}")
+            continue
+        print(f"{r['config']:<8}{r['lanes']:>6}{r['wall_s']:>9.1f}{r['trials']:>8}{r['trials_per_min']:>9.1f}"
+              f"{(r['gpu_busy_frac'] or 0):>10.3f}{r['tuned_latency_us']:>10.1f}{r.get('speedup_vs_stock', 1.0):>9.2f}")
+    for r in result["rows"]:
+        if "split_s" in r:
+            print(f"  {r['config']} time split (s): {r['split_s']}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--part", choices=["stock", "ours", "all"], default="all")
+    ap.add_argument("--model", default="resnet18")
+    ap.add_argument("--tasks", type=int, default=6)
+    ap.add_argument("--trials", type=int, default=48)
+    ap.add_argument("--per-iter", type=int, default=16)
+    ap.add_argument("--configs", default="1x100,2x50,4x25")
+    ap.add_argument("--timeout", type=float, default=540)
+    ap.add_argument("--work-dir", default="/tmp/gpu_bench")
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--merge", nargs="*")
+    args = ap.parse_args()
+    if args.merge:
+        merge(args.merge, args.out or "bench/results/gpu_tuning_h200.json", args.model)
+        return
+    rows = []
+    extra = {"trials_budget": args.trials, "per_iter": args.per_iter, "model": args.model}
+    if args.part in ("stock", "all"):
+        rows.append(run_stock(args))
+        print(json.dumps(rows[-1]), flush=True)
+    if args.part in ("ours", "all"):
+        rows += run_ours(args)
+        extra["torch_eager_us"] = round(torch_eager_us(args.model), 2)
+    import tvm
+
+    extra["tasks"] = heaviest(args.model, args.tasks, gpu_target())[1]
+    out = args.out or os.path.join(os.environ.get("OUT", "."), f"gpu_tuning_{args.part}.json")
+    Path(out).write_text(json.dumps({**extra, "rows": rows}, indent=1))
+    print_table({**extra, "rows": rows})
+
+
+if __name__ == "__main__":
+    main()
