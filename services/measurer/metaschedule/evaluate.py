@@ -87,13 +87,22 @@ def _clip(err: Exception, limit: int = 2000) -> str:
 
 
 def warm_up(target) -> float:
-    """Build and run a trivial kernel once so the first real candidate pays no start-up."""
+    """Build and run a trivial kernel once so the first real candidate pays no start-up. On a GPU the
+    kernel is bound to threads: an unbound one would run as host code on device memory and crash."""
     from tvm import te
 
     t0 = time.perf_counter()
     a = te.placeholder((64,), name="a")
     b = te.compute((64,), lambda i: a[i] + 1.0, name="b")
-    rt_mod = build(tvm.IRModule({"main": te.create_prim_func([a, b])}), target)
+    mod = tvm.IRModule({"main": te.create_prim_func([a, b])})
+    if target.kind.name == "cuda":
+        sch = tvm.s_tir.Schedule(mod)
+        (loop,) = sch.get_loops(sch.get_sblock("b"))
+        bx, tx = sch.split(loop, [None, 32])
+        sch.bind(bx, "blockIdx.x")
+        sch.bind(tx, "threadIdx.x")
+        mod = sch.mod
+    rt_mod = build(mod, target)
     dev = device_for(target)
     args = [tvm.runtime.empty((64,), "float32", dev) for _ in range(2)]
     rt_mod.time_evaluator(rt_mod.entry_name, dev, number=1)(*args)
