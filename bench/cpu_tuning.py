@@ -60,6 +60,11 @@ NOTES = [
     "across both lanes (they work in parallel, so build + run can exceed the wall share spent waiting); "
     "queue = summed send->lane-start per batch; search = tune_total - wait - serialize (the tuner process's "
     "own time: evolutionary search, feature extraction, cost-model predictions, callbacks).",
+    "which tasks get tuned: with a budget below (tasks x per-iter), MetaSchedule's gradient task scheduler "
+    "spends the whole budget in its first round-robin pass, so the tasks reached first are the only ones "
+    "tuned. stock goes in extraction order; ours in the order the tuner reads the job's tasks from the store "
+    "(sorted by name). latency_ratio then reflects which tasks were tuned as much as search quality; "
+    "common_tasks compares the tasks both sides tuned.",
     "ours wall includes compiling the tuned AND the untuned library (compile_s in the breakdown); stock wall "
     "does not include its compile (stock_compile_s). speedup_tune_only compares stock wall with ours wall "
     "minus that compile.",
@@ -69,6 +74,28 @@ NOTES = [
 # ---------------------------------------------------------------------------------------------------
 # helpers shared by both modes
 # ---------------------------------------------------------------------------------------------------
+
+
+def git_state() -> dict:
+    """The code that ran: HEAD and the tracked files that differed from it (the tree may be shared)."""
+    def git(*a):
+        try:
+            return subprocess.run(["git", *a], cwd=REPO, capture_output=True, text=True, timeout=30).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            return ""
+    return {"head": git("rev-parse", "HEAD"),
+            "modified": [l[3:] for l in git("status", "--porcelain", "--untracked-files=no").splitlines()]}
+
+
+def common_tasks(stock: dict, ours: dict) -> list[dict]:
+    mine = {t["name"]: t for t in ours["tasks"]}
+    out = []
+    for t in stock.get("tasks", []):
+        o = mine.get(t["name"])
+        if o and t["best_us"] is not None and o["best_us"] is not None:
+            out.append({"name": t["name"], "stock_trials": t["records"], "ours_trials": o["trials"],
+                        "stock_best_us": t["best_us"], "ours_best_us": o["best_us"]})
+    return out
 
 
 def lane_target():
@@ -83,6 +110,73 @@ def target_dict(target) -> dict:
 
 def _r(x, nd=3):
     return None if x is None else round(float(x), nd)
+
+
+class ForeignLoad:
+    """CPU seconds used, per phase, by processes OUTSIDE this benchmark's process tree (e.g. another
+    user's test run on the same 2 cores), sampled from /proc every `interval_s`. Processes that start and
+    end between two samples are missed, so this is a lower bound."""
+
+    def __init__(self, interval_s: float = 2.0):
+        import threading
+
+        self.interval_s = interval_s
+        self.tick = os.sysconf("SC_CLK_TCK")
+        self.phase = "setup"
+        self.cpu_s: dict[str, float] = {}
+        self.wall_s: dict[str, float] = {}
+        self._phase_t0 = time.time()
+        self._stop = threading.Event()
+        self._prev = self._snapshot()
+        self._thread = threading.Thread(target=self._loop, name="foreign-load", daemon=True)
+        self._thread.start()
+
+    @staticmethod
+    def _snapshot() -> dict[int, tuple[int, int]]:
+        procs = {}
+        for d in os.listdir("/proc"):
+            if not d.isdigit():
+                continue
+            try:
+                with open(f"/proc/{d}/stat") as f:
+                    text = f.read()
+            except OSError:
+                continue
+            fields = text[text.rindex(")") + 2:].split()
+            procs[int(d)] = (int(fields[1]), int(fields[11]) + int(fields[12]))  # ppid, utime + stime
+        return procs
+
+    def _sample(self) -> None:
+        now = self._snapshot()
+        mine, frontier = {os.getpid()}, [os.getpid()]
+        children: dict[int, list[int]] = {}
+        for pid, (ppid, _) in now.items():
+            children.setdefault(ppid, []).append(pid)
+        while frontier:
+            for c in children.get(frontier.pop(), []):
+                if c not in mine:
+                    mine.add(c)
+                    frontier.append(c)
+        ticks = sum(max(0, cpu - self._prev[pid][1]) for pid, (_, cpu) in now.items()
+                    if pid not in mine and pid in self._prev)
+        self.cpu_s[self.phase] = self.cpu_s.get(self.phase, 0.0) + ticks / self.tick
+        self._prev = now
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self._sample()
+
+    def set_phase(self, name: str) -> None:
+        self._sample()
+        self.wall_s[self.phase] = self.wall_s.get(self.phase, 0.0) + time.time() - self._phase_t0
+        self.phase, self._phase_t0 = name, time.time()
+
+    def report(self) -> dict:
+        self.set_phase("done")
+        self._stop.set()
+        return {p: {"foreign_cpu_s": _r(self.cpu_s.get(p, 0.0), 1), "wall_s": _r(w, 1),
+                    "foreign_cores": _r(self.cpu_s.get(p, 0.0) / w, 2) if w else None}
+                for p, w in self.wall_s.items()}
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -246,6 +340,7 @@ def run_ours(args, work_dir: Path, relax_mod) -> dict:
         t1 = time.time()
         job = client.submit(relax_mod, target="llvm", share=share, trials=args.trials, name=args.model,
                             trials_per_iter=args.per_iter, seed=0)
+        submit_s = time.time() - t1
         job.wait(timeout_s=args.timeout)
         res = job.result()
         wall_s = time.time() - t1
@@ -257,6 +352,7 @@ def run_ours(args, work_dir: Path, relax_mod) -> dict:
     return {
         "wall_s": _r(wall_s),
         "startup_s": _r(startup_s),
+        "submit_s": _r(submit_s),
         "trials": res.trials,
         "errors": sum(t["errors"] for t in status["tasks"]),
         "reused_trials": sum(t["reused_trials"] for t in status["tasks"]),
@@ -380,6 +476,15 @@ def table(rep: dict) -> str:
         f"cost model {rep['stock']['breakdown_s']['cost_model']} s",
         f"failed candidates: stock {rep['stock']['errors']} of {rep['stock']['trials']} (build errors/timeouts "
         f"{rep['stock']['build_errors']}), ours {rep['ours']['errors']} of {rep['ours']['trials']}",
+        "CPU used by processes outside this benchmark (cores, mean): "
+        + ", ".join(f"{p} {v['foreign_cores']}" for p, v in rep["host"]["foreign_load"].items() if p != "setup"),
+        "stock per task (measured / valid, best us): " + "; ".join(
+            f"{t['name']} {t['records']}/{t['valid']} {_fmt(t['best_us'])}" for t in rep["stock"].get("tasks", [])),
+        "ours per task (trials, best us): " + "; ".join(
+            f"{t['name']} {t['trials']} {_fmt(t['best_us'])}" for t in rep["ours"]["tasks"]),
+        "tasks both tuned (best us, each side's own measurement): " + ("; ".join(
+            f"{c['name']} stock {_fmt(c['stock_best_us'])} / ours {_fmt(c['ours_best_us'])}" for c in rep["common_tasks"])
+            or "none"),
         f"untuned {lat['untuned']['median_us']} us (err {_fmt(lat['untuned']['max_abs_err'])}); "
         f"PyTorch eager 1 thread {lat['torch_eager_us']} us",
     ]
@@ -428,11 +533,17 @@ def main(argv=None) -> None:
     # on a failure the scratch directory stays, with its logs
     from sharetune.intake import to_relax
 
+    code = git_state()
+    foreign = ForeignLoad()
     relax_mod = to_relax(args.model).mod  # converted once here, so ours' submit->result excludes torch export
     target = target_dict(lane_target())
+    foreign.set_phase("stock")
     stock = run_stock(args, scratch)
+    foreign.set_phase("ours")
     ours = run_ours(args, scratch, relax_mod)
+    foreign.set_phase("latency")
     lat = latencies(args, stock, ours)
+    load = foreign.report()
     rep = {
         "timestamp": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "model": args.model,
@@ -440,7 +551,8 @@ def main(argv=None) -> None:
         "trials": args.trials,
         "per_iter": args.per_iter,
         "host": {"cpus": os.cpu_count(), "machine": platform.machine(), "python": platform.python_version(),
-                 "loadavg_start": load_start, "loadavg_end": os.getloadavg()},
+                 "loadavg_start": load_start, "loadavg_end": os.getloadavg(),
+                 "foreign_load": load},
         "stock_wall_s": stock["wall_s"],
         "ours_wall_s": ours["wall_s"],
         "ours_startup_s": ours["startup_s"],
@@ -457,6 +569,7 @@ def main(argv=None) -> None:
         "speedup": _r(stock["wall_s"] / ours["wall_s"]),
         "speedup_tune_only": _r(stock["wall_s"] / (ours["wall_s"] - (ours["compile_s"] or 0.0))),
         "latency_ratio": _r(lat["ours"]["median_us"] / lat["stock"]["median_us"], 4),
+        "common_tasks": common_tasks(stock, ours),
         "stock_breakdown_s": stock["breakdown_s"],
         "ours_breakdown_s": ours["breakdown_s"],
         "stock_compile_s": stock["compile_s"],
@@ -465,14 +578,15 @@ def main(argv=None) -> None:
         "latency": lat,
         "bench_total_s": _r(time.time() - t_all),
         "command": " ".join([Path(sys.executable).name, "bench/cpu_tuning.py"] + (argv if argv is not None else sys.argv[1:])),
+        "code": code,
         "notes": NOTES,
         "scratch_dir": keep_note,
     }
-    print()
-    print(table(rep))
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(rep, indent=2) + "\n")
+    print()
+    print(table(rep))
     print(f"\nwrote {out}")
     if keep_note is None:
         shutil.rmtree(scratch, ignore_errors=True)

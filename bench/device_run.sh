@@ -31,5 +31,5 @@ PY
     ;;
   stock) timeout 570 python3 bench/gpu_tuning.py --part stock "${@:2}" 2>&1 | tail -40 ;;
   ours) timeout 570 python3 bench/gpu_tuning.py --part ours "${@:2}" 2>&1 | tail -40
-        tar czf "$OUT/ours_logs.tgz" -C /tmp/gpu_bench/ours logs 2>/dev/null ;;
+        tar czf "$OUT/ours_logs.tgz" -C /tmp/gpu_bench . --exclude='*.so' --exclude=redis --exclude=database 2>/dev/null ;;
 esac

@@ -150,37 +150,41 @@ def run_ours(args) -> list[dict]:
     _, names, _ = heaviest(args.model, args.tasks, target)
     inputs = model_inputs(args.model)
     configs = [c for c in args.configs.split(",") if c != "stock"]
-    lanes = []
-    for c in configs:
-        n, pct = (int(x) for x in c.split("x"))
-        lanes += [f"measure.{u8}.p{pct}"] * n
     out = []
-    t_up = time.time()
-    with Stack(Path(args.work_dir) / "ours", lanes=lanes, log_level="WARNING") as stack:
-        startup = time.time() - t_up
-        client = Client(stack.redis_url)
-        for c in configs:
-            n, pct = (int(x) for x in c.split("x"))
+    partial = Path(os.environ.get("OUT", ".")) / "gpu_tuning_ours_partial.json"
+    for c in configs:
+        # one fresh stack per configuration: each lane gets an equal part of the host's cores for its
+        # warm build pool, as a deployment of that configuration would
+        n, pct = (int(x) for x in c.split("x"))
+        lanes = [f"measure.{u8}.p{pct}"] * n
+        t_up = time.time()
+        with Stack(Path(args.work_dir) / f"ours-{c}", lanes=lanes, log_level="INFO") as stack:
+            startup = time.time() - t_up
+            client = Client(stack.redis_url)
             obs.start_window(uuid)
             t0 = time.time()
             job = client.submit(args.model, target="cuda", share=pct, trials=args.trials,
                                 trials_per_iter=args.per_iter, seed=0, only_tasks=names)
-            final = job.wait(timeout_s=args.timeout)
+            try:
+                final = job.wait(timeout_s=args.timeout)
+            except TimeoutError as err:
+                final = {"state": "timeout", "error": str(err), "trials": job.status()["trials"]}
             wall = time.time() - t0
             window = obs.stop_window()
             if final["state"] != "done":
-                out.append({"config": c, "error": final.get("error"), "state": final["state"]})
-                print(json.dumps(out[-1]), flush=True)
-                continue
-            res = job.result()
-            tune_wall = res.time_split_s.get("tune_total", wall)
-            lat = e2e_latency_us(res.tuned_module_path, inputs)
-            out.append({"config": c, "lanes": n, "share": pct, "wall_s": round(wall, 2),
-                        "tune_s": round(tune_wall, 2), "trials": res.trials,
-                        "trials_per_min": round(60 * res.trials / wall, 2),
-                        "gpu_busy_frac": round(window.busy_fraction, 4), "tuned_latency_us": round(lat, 2),
-                        "split_s": res.time_split_s, "stack_startup_s": round(startup, 2)})
+                out.append({"config": c, "error": final.get("error"), "state": final["state"],
+                            "wall_s_partial": round(wall, 1), "status": job.status()})
+            else:
+                res = job.result()
+                lat = e2e_latency_us(res.tuned_module_path, inputs)
+                out.append({"config": c, "lanes": n, "share": pct, "wall_s": round(wall, 2),
+                            "tune_s": res.time_split_s.get("tune_total"), "trials": res.trials,
+                            "trials_per_min": round(60 * res.trials / wall, 2),
+                            "gpu_busy_frac": round(window.busy_fraction, 4), "tuned_latency_us": round(lat, 2),
+                            "split_s": res.time_split_s, "stack_startup_s": round(startup, 2),
+                            "build_workers_per_lane": max(1, (os.cpu_count() or 1) // n)})
             print(json.dumps(out[-1]), flush=True)
+            partial.write_text(json.dumps({"rows": out}, indent=1))
     return out
 
 

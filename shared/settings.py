@@ -24,6 +24,7 @@ class LaneSettings(CommonSettings):
     lane: str = "measure.cpu.c0"
     gpu_uuid: str | None = None  # full UUID of the lane's GPU (GPU lanes only)
     warmup: bool = True  # build a trivial kernel at start, so the first candidate pays nothing
+    build_workers: int = 0  # 0: build in the lane process; N: a warm pool of N build processes beside it
 
 
 class TunerSettings(CommonSettings):

@@ -71,7 +71,13 @@ class Stack:
             if lane.gpu not in self.gpu_uuids:
                 raise RuntimeError(f"lane {queue}: no GPU with UUID starting {lane.gpu} on this host")
             args += ["--gpu-uuid", self.gpu_uuids[lane.gpu]]
-        return self._spawn(f"lane-{queue}-{instance}" if instance else f"lane-{queue}", args)
+        env = self._env()
+        if lane.kind == "gpu" and "SHARETUNE_BUILD_WORKERS" not in os.environ:
+            # GPU candidates take seconds to build and micro-seconds to time: give each GPU lane a warm
+            # build pool with an equal part of the host's cores
+            gpu_lanes = sum(1 for q in self.lanes if names.LaneName.parse(q).kind == "gpu")
+            env["SHARETUNE_BUILD_WORKERS"] = str(max(1, (os.cpu_count() or 1) // gpu_lanes))
+        return self._spawn(f"lane-{queue}-{instance}" if instance else f"lane-{queue}", args, env)
 
     def _start_gpu_support(self) -> None:
         """Name GPUs by UUID, and start an MPS daemon (own pipe and log dirs) unless one answers."""

@@ -36,15 +36,20 @@ class _LaneState:
         self.info: LaneInfo | None = None
         self.lock = threading.Lock()
         self.stop = threading.Event()
+        self.pool = None  # evaluate.BuildPool when the lane builds beside itself
 
     def start(self) -> None:
         from services.measurer.metaschedule import evaluate
 
+        if settings.build_workers > 0:  # spawned before this process touches CUDA
+            self.pool = evaluate.BuildPool(settings.build_workers)
         if LANE.kind == "cpu":
             self.target = evaluate.cpu_target(len(LANE.cores))
         else:
             self.target = evaluate.gpu_target()
         warm_s = evaluate.warm_up(self.target) if settings.warmup else 0.0
+        if self.pool is not None and settings.warmup:
+            warm_s += self.pool.warm_up(self.target)
         self.info = LaneInfo(
             queue=LANE.queue,
             kind=LANE.kind,
@@ -103,8 +108,11 @@ def measure_batch(payload):
     store.mark_batch_started(STATE.redis, batch.batch_id, LANE.queue)
     target = evaluate.target_from_json(batch.target) if batch.target else STATE.target
     ok = 0
-    for cand in batch.candidates:
-        res = evaluate.measure(cand, target, batch.timing)
+    if STATE.pool is not None:
+        results = STATE.pool.measure_batch(batch.candidates, target, batch.timing)
+    else:
+        results = (evaluate.measure(cand, target, batch.timing) for cand in batch.candidates)
+    for res in results:
         res.lane, res.share = LANE.queue, STATE.info.share if STATE.info else None
         res.device = {"host": socket.gethostname(), "cores": list(LANE.cores), "gpu_uuid": settings.gpu_uuid}
         store.put_result(STATE.redis, batch.batch_id, res)

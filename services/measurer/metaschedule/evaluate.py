@@ -56,24 +56,9 @@ def measure(candidate: Candidate, target, timing: TimingConfig) -> MeasureResult
         return MeasureResult(
             candidate_id=candidate.candidate_id, error=f"build failed: {_clip(err)}", build_s=time.perf_counter() - t0
         )
-    t1 = time.perf_counter()
-    try:
-        dev = device_for(target)
-        args = alloc_argument_common(_random_fill_fn(), dev, candidate.args_info, 1)
-        config = EvaluatorConfig(
-            number=timing.number, repeat=timing.repeat, min_repeat_ms=timing.min_repeat_ms, enable_cpu_cache_flush=False
-        )
-        costs = run_evaluator_common(rt_mod, dev, config, args)
-    except Exception as err:  # noqa: BLE001
-        return MeasureResult(
-            candidate_id=candidate.candidate_id,
-            error=f"run failed: {_clip(err)}",
-            build_s=t1 - t0,
-            run_s=time.perf_counter() - t1,
-        )
-    return MeasureResult(
-        candidate_id=candidate.candidate_id, run_secs=costs, build_s=t1 - t0, run_s=time.perf_counter() - t1
-    )
+    res = time_module(rt_mod, candidate, target, timing)
+    res.build_s = time.perf_counter() - t0 - res.run_s
+    return res
 
 
 def _random_fill_fn():
@@ -86,12 +71,11 @@ def _clip(err: Exception, limit: int = 2000) -> str:
     return text if len(text) <= limit else text[: limit // 2] + " ... " + text[-limit // 2 :]
 
 
-def warm_up(target) -> float:
-    """Build and run a trivial kernel once so the first real candidate pays no start-up. On a GPU the
-    kernel is bound to threads: an unbound one would run as host code on device memory and crash."""
+def trivial_kernel(target) -> tvm.IRModule:
+    """b = a + 1 over 64 floats; on a GPU bound to threads (an unbound kernel would run as host code
+    on device memory and crash)."""
     from tvm import te
 
-    t0 = time.perf_counter()
     a = te.placeholder((64,), name="a")
     b = te.compute((64,), lambda i: a[i] + 1.0, name="b")
     mod = tvm.IRModule({"main": te.create_prim_func([a, b])})
@@ -102,7 +86,13 @@ def warm_up(target) -> float:
         sch.bind(bx, "blockIdx.x")
         sch.bind(tx, "threadIdx.x")
         mod = sch.mod
-    rt_mod = build(mod, target)
+    return mod
+
+
+def warm_up(target) -> float:
+    """Build and run a trivial kernel once so the first real candidate pays no start-up."""
+    t0 = time.perf_counter()
+    rt_mod = build(trivial_kernel(target), target)
     dev = device_for(target)
     args = [tvm.runtime.empty((64,), "float32", dev) for _ in range(2)]
     rt_mod.time_evaluator(rt_mod.entry_name, dev, number=1)(*args)
@@ -132,3 +122,99 @@ def gpu_target() -> tvm.target.Target:
 
 def cpu_target(cores: int) -> tvm.target.Target:
     return tvm.target.Target({"kind": "llvm", "num-cores": int(cores), "mcpu": tvm.target.codegen.llvm_get_system_cpu()})
+
+
+# ---- a warm build pool beside the lane ---------------------------------------------------------------
+# Measured on the H200 host: a CUDA conv candidate takes seconds to build (NVRTC) but micro- to
+# milliseconds to time, so a lane that builds in its own process leaves the 16 cores idle and the GPU
+# waiting. The pool's processes are spawned once (before the lane touches CUDA), stay warm for the
+# lane's life, build and export each candidate to a shared library the lane loads and times.
+
+
+def _pool_init() -> None:
+    import tvm  # noqa: F401
+    import tvm.support.nvcc  # noqa: F401 - the CUDA compile callback
+
+
+def build_to_file(packed_mod: str, target_json: str, out_dir: str) -> tuple[str | None, str | None, float]:
+    """In a pool process: build one candidate and export it; returns (path, error, seconds)."""
+    import os
+    import uuid
+
+    t0 = time.perf_counter()
+    try:
+        target = target_from_json(target_json)
+        rt_mod = build(load_ir(packed_mod), target)
+        path = os.path.join(out_dir, f"cand-{uuid.uuid4().hex}.so")
+        rt_mod.export_library(path)
+        return path, None, time.perf_counter() - t0
+    except Exception as err:  # noqa: BLE001
+        return None, f"build failed: {_clip(err)}", time.perf_counter() - t0
+
+
+class BuildPool:
+    def __init__(self, workers: int):
+        import multiprocessing
+        import tempfile
+        from concurrent.futures import ProcessPoolExecutor
+
+        self.workers = workers
+        self.out_dir = tempfile.mkdtemp(prefix="sharetune-builds-")
+        self._ctx = multiprocessing.get_context("spawn")
+        self._make = lambda: ProcessPoolExecutor(workers, mp_context=self._ctx, initializer=_pool_init)
+        self.pool = self._make()
+
+    def warm_up(self, target) -> float:
+        """Build a trivial kernel in every worker, so each has paid its start-up before real work."""
+        from shared.codec import dump_ir
+
+        t0 = time.perf_counter()
+        packed = dump_ir(trivial_kernel(target))
+        futs = [self.pool.submit(build_to_file, packed, str(target), self.out_dir) for _ in range(self.workers)]
+        for f in futs:
+            path, _, _ = f.result()
+            if path:
+                import os
+
+                os.remove(path)
+        return time.perf_counter() - t0
+
+    def measure_batch(self, candidates: list[Candidate], target, timing: TimingConfig):
+        """Build all candidates in parallel; time each in this process as soon as it is built."""
+        import os
+        from concurrent.futures.process import BrokenProcessPool
+
+        futs = [self.pool.submit(build_to_file, c.mod, str(target), self.out_dir) for c in candidates]
+        for cand, fut in zip(candidates, futs):
+            try:
+                path, error, build_s = fut.result(timeout=timing.timeout_s)
+            except BrokenProcessPool:
+                self.pool = self._make()  # a build that killed its process; the next batch gets a fresh pool
+                path, error, build_s = None, "build failed: the build process died", 0.0
+            except Exception as err:  # noqa: BLE001 - e.g. a build past its timeout
+                path, error, build_s = None, f"build failed: {_clip(err)}", timing.timeout_s
+            if error is not None:
+                yield MeasureResult(candidate_id=cand.candidate_id, error=error, build_s=build_s)
+                continue
+            t1 = time.perf_counter()
+            try:
+                res = time_module(tvm.runtime.load_module(path), cand, target, timing)
+            finally:
+                os.remove(path)
+            res.build_s = build_s + (time.perf_counter() - t1 - res.run_s)
+            yield res
+
+
+def time_module(rt_mod, candidate: Candidate, target, timing: TimingConfig) -> MeasureResult:
+    t1 = time.perf_counter()
+    try:
+        dev = device_for(target)
+        args = alloc_argument_common(_random_fill_fn(), dev, candidate.args_info, 1)
+        config = EvaluatorConfig(
+            number=timing.number, repeat=timing.repeat, min_repeat_ms=timing.min_repeat_ms, enable_cpu_cache_flush=False
+        )
+        costs = run_evaluator_common(rt_mod, dev, config, args)
+    except Exception as err:  # noqa: BLE001
+        return MeasureResult(candidate_id=candidate.candidate_id, error=f"run failed: {_clip(err)}",
+                             run_s=time.perf_counter() - t1)
+    return MeasureResult(candidate_id=candidate.candidate_id, run_secs=costs, run_s=time.perf_counter() - t1)
