@@ -131,7 +131,8 @@ def _stock_split(profile: dict) -> dict:
         return round(sum(v for k, v in profile.items() if any(key in k for key in keys)), 2)
 
     return {"build": total("LocalBuilder", "Builder"), "run": total("LocalRunner", "Runner"),
-            "search": total("EvolutionarySearch", "GenerateMeasureCandidates", "SearchStrategy"),
+            "search": total("EvoSearch/SampleInitPopulation", "EvoSearch/Evolve/Mutation", "EvoSearch/Evolve/Misc",
+                            "EvoSearch/PickWithEpsGreedy", "EvoSearch/PickBestFromDatabase"),
             "cost_model": total("XGBModel", "CostModel")}
 
 
@@ -195,6 +196,9 @@ def merge(paths: list[str], out_path: str, model: str) -> dict:
         data = json.loads(Path(p).read_text())
         rows += data["rows"]
         extra.update({k: v for k, v in data.items() if k != "rows"})
+    for r in rows:
+        if "profile_s" in r:
+            r["split_s"] = _stock_split({k: v for k, v in r["profile_s"].items() if k != "EvoSearch/Evolve/Misc/CopyMeasuredWorkloads"})
     stock = next((r for r in rows if r["config"] == "stock"), None)
     for r in rows:
         if stock and "wall_s" in r:
