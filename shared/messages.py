@@ -80,7 +80,7 @@ def lane_kind(target: str | dict) -> str:
 
 # ---- jobs -------------------------------------------------------------------------------------------
 
-JobState = Literal["queued", "planning", "tuning", "compiling", "done", "failed", "cancelled"]
+JobState = Literal["queued", "planning", "planned", "tuning", "retiming", "compiling", "done", "failed", "cancelled"]
 
 
 class JobSpec(Contract):
@@ -93,6 +93,7 @@ class JobSpec(Contract):
     max_trials_per_task: int | None = Field(default=None, ge=1)
     seed: int | None = None
     only_tasks: list[str] | None = None  # tune only the tasks with these names (as tune_relax's op_names)
+    retime_top_k: int = Field(default=0, ge=0, le=32)  # re-time each task's k best with neighbours idle
     submitted_at: float = Field(default_factory=time.time)
 
     @field_validator("share")
@@ -148,6 +149,7 @@ class JobResult(Contract):
     target: str
     wall_s: float
     time_split_s: dict[str, float] = {}
+    retime: dict[str, Any] = {}  # re-timing of the top-k: how many, mean and max shared-vs-isolated gap
 
 
 # ---- lanes and measurement -----------------------------------------------------------------------------
@@ -210,8 +212,8 @@ class Record(Contract):
 
     candidate_key: str
     wkey: str
-    trace: Any  # trace.as_json() with IntImm made plain numbers
-    run_secs: list[float] | None
+    trace: str  # packed TVM JSON of TuningRecord.as_json() (trace, run_secs, target, args)
+    run_secs: list[float] | None  # the figures the record is ranked by (isolated ones once re-timed)
     error: str | None = None
     target: str
     args_info: list[Any]
@@ -220,6 +222,8 @@ class Record(Contract):
     device: dict[str, Any] = {}
     job_id: str = ""
     measured_at: float = Field(default_factory=time.time)
+    shared_run_secs: list[float] | None = None  # as measured while neighbouring lanes worked
+    retimed_at: float | None = None  # set when re-timed with the job's other lanes idle
 
 
 class Workload(Contract):

@@ -129,6 +129,11 @@ def put_record(r: redis.Redis, rec: Record) -> bool:
     return bool(r.hsetnx(names.records_key(rec.wkey), rec.candidate_key, rec.model_dump_json()))
 
 
+def replace_record(r: redis.Redis, rec: Record) -> None:
+    """Overwrite a record in place (re-timing adds figures; it never removes a record)."""
+    r.hset(names.records_key(rec.wkey), rec.candidate_key, rec.model_dump_json())
+
+
 def records(r: redis.Redis, wkey: str) -> list[Record]:
     return [Record.parse(v) for v in r.hvals(names.records_key(wkey))]
 

@@ -72,7 +72,7 @@ class Client:
     def submit(self, model: Any, target: str = "llvm", share: int = 100, trials: int = 64, *,
                example_inputs=None, name: str | None = None, trials_per_iter: int = 16,
                max_trials_per_task: int | None = None, seed: int | None = None,
-               only_tasks: list[str] | None = None) -> Job:
+               only_tasks: list[str] | None = None, retime_top_k: int = 0) -> Job:
         """Submit a model (torch nn.Module + example_inputs, ONNX path/bytes/ModelProto, Relax IRModule,
         or a zoo name) for tuning at `share` % of a device of kind `target`. Bad input raises a clear
         error here, before anything is queued."""
@@ -85,7 +85,7 @@ class Client:
         spec = JobSpec(
             job_id=job_id, name=name or (model if isinstance(model, str) else type(model).__name__),
             target=target, share=share, trials=trials, trials_per_iter=trials_per_iter,
-            max_trials_per_task=max_trials_per_task, seed=seed, only_tasks=only_tasks,
+            max_trials_per_task=max_trials_per_task, seed=seed, only_tasks=only_tasks, retime_top_k=retime_top_k,
         )
         store.create_job(self.redis, spec, dump_ir(relax_model.mod).encode())
         self.app.send_task(names.PLAN_TASK, args=[JobRef(job_id=job_id).model_dump(mode="json")], queue=names.PLAN_QUEUE)

@@ -47,7 +47,8 @@ def lane_share(client):
 @pytest.fixture(scope="session")
 def tuned_tiny(client, lane_share):
     """One real tuning job of the tiny model (conv + matmul), shared by the end-to-end tests."""
-    job = client.submit("tiny", target="llvm", share=lane_share, trials=24, trials_per_iter=8, seed=0)
+    job = client.submit("tiny", target="llvm", share=lane_share, trials=24, trials_per_iter=8, seed=0,
+                        retime_top_k=2)
     final = job.wait(timeout_s=900)
     assert final["state"] == "done", final
     return job

@@ -85,3 +85,20 @@ def test_identical_workloads_are_recognised_across_jobs(tuned_tiny, client, lane
     assert second == first  # same workloads, same keys
     reused = {t["task"]: t["reused_trials"] for t in job.status()["tasks"]}
     assert sum(reused.values()) >= tuned_tiny.result().trials - _errors(tuned_tiny)
+
+
+def test_top_candidates_are_retimed_and_both_figures_kept(tuned_tiny, redis_conn):
+    res = tuned_tiny.result()
+    assert res.retime["retimed"] >= 2
+    retimed = [r for t in store.job_tasks(redis_conn, tuned_tiny.job_id) for r in store.records(redis_conn, t.wkey)
+               if r.retimed_at is not None]
+    assert len(retimed) == res.retime["retimed"]
+    for r in retimed:
+        assert r.shared_run_secs and r.run_secs and r.error is None
+    # the task's reported best is one of the re-timed (isolated) figures or better than all of them
+    by_task = {t.task_id: t for t in res.tasks}
+    for t in store.job_tasks(redis_conn, tuned_tiny.job_id):
+        mine = [r for r in retimed if r.wkey == t.wkey]
+        if mine:
+            best_iso = min(1e6 * sum(r.run_secs) / len(r.run_secs) for r in mine)
+            assert by_task[t.task_id].best_us <= best_iso + 1e-9

@@ -37,6 +37,7 @@ class _LaneState:
         self.lock = threading.Lock()
         self.stop = threading.Event()
         self.pool = None  # evaluate.BuildPool when the lane builds beside itself
+        self.observer = None  # NVML observer of a GPU lane's device (NullObserver without NVML)
 
     def start(self) -> None:
         from services.measurer.metaschedule import evaluate
@@ -46,6 +47,13 @@ class _LaneState:
         if LANE.kind == "cpu":
             self.target = evaluate.cpu_target(len(LANE.cores))
         else:
+            from services.measurer.mps import MpsDaemon
+            from services.measurer.observers import make_observer
+
+            # a lane below 100 % must never measure unshared: refuse unless an MPS daemon answers
+            MpsDaemon(os.environ.get("CUDA_MPS_PIPE_DIRECTORY", "/tmp/nvidia-mps"),
+                      os.environ.get("CUDA_MPS_LOG_DIRECTORY", "/var/log/nvidia-mps")).check_lane(LANE)
+            self.observer = make_observer()
             self.target = evaluate.gpu_target()
         warm_s = evaluate.warm_up(self.target) if settings.warmup else 0.0
         if self.pool is not None and settings.warmup:
@@ -108,15 +116,29 @@ def measure_batch(payload):
     store.mark_batch_started(STATE.redis, batch.batch_id, LANE.queue)
     target = evaluate.target_from_json(batch.target) if batch.target else STATE.target
     ok = 0
+    window = STATE.observer is not None and settings.gpu_uuid and STATE.observer.inventory()
+    if window:
+        STATE.observer.start_window(settings.gpu_uuid)
     if STATE.pool is not None:
         results = STATE.pool.measure_batch(batch.candidates, target, batch.timing)
     else:
         results = (evaluate.measure(cand, target, batch.timing) for cand in batch.candidates)
+    measured = []
     for res in results:
         res.lane, res.share = LANE.queue, STATE.info.share if STATE.info else None
         res.device = {"host": socket.gethostname(), "cores": list(LANE.cores), "gpu_uuid": settings.gpu_uuid}
-        store.put_result(STATE.redis, batch.batch_id, res)
+        if window:
+            measured.append(res)  # sent when the window closes, with the device facts of the batch
+        else:
+            store.put_result(STATE.redis, batch.batch_id, res)
         ok += res.error is None
+    if window:
+        facts = STATE.observer.stop_window().summary()
+        sample = STATE.observer.sample(settings.gpu_uuid)
+        facts.update({"name": sample.name, "sm_clock_mhz": sample.sm_clock_mhz} if sample else {})
+        for res in measured:
+            res.device.update(facts)
+            store.put_result(STATE.redis, batch.batch_id, res)
     with STATE.lock:
         STATE.info.batches += 1
         STATE.info.candidates += len(batch.candidates)

@@ -28,7 +28,7 @@ def tune(app, redis, job_id: str, work_dir: Path, grace_s: float = 120.0) -> Job
 
     from services.tuner.metaschedule.cost_model import SnapshotCostModel
     from services.tuner.metaschedule.lanes import CandidateStash, DeferredBuilder, LaneRunner, TimeSplit
-    from services.tuner.metaschedule.records import StoreRecords, export_json_database, seed_database
+    from services.tuner.metaschedule.records import StoreRecords, export_json_database, retime_top_k, seed_database
 
     store.set_state(redis, job_id, "tuning")
     tasks = store.job_tasks(redis, job_id)
@@ -72,6 +72,12 @@ def tune(app, redis, job_id: str, work_dir: Path, grace_s: float = 120.0) -> Job
         task_scheduler="gradient",
     )
     tune_s = time.time() - t_tune
+    retime = {}
+    if spec.retime_top_k:
+        store.set_state(redis, job_id, "retiming")
+        t_retime = time.time()
+        retime = retime_top_k(redis, runner, job_id, [t.wkey for t in tasks], spec.retime_top_k)
+        retime["seconds"] = round(time.time() - t_retime, 3)
     store.set_state(redis, job_id, "compiling")
     t_compile = time.time()
     from services.tuner.metaschedule.compile import compile_tuned, compile_untuned
@@ -104,6 +110,7 @@ def tune(app, redis, job_id: str, work_dir: Path, grace_s: float = 120.0) -> Job
         target=str(target),
         wall_s=round(time.time() - t_start, 3),
         time_split_s=times,
+        retime=retime,
     )
     store.set_result(redis, result)
     store.set_state(redis, job_id, "done")

@@ -181,6 +181,29 @@ class LaneRunner(PyRunner):
                 futures[i] = LaneFuture(self, watch, cand.candidate_id)
         return futures
 
+    def measure_now(self, candidates: list[Candidate], one_lane: bool = False) -> dict[str, MeasureResult]:
+        """Measure candidates outside the search (e.g. re-timing) and wait for every result."""
+        lanes = self.lanes() or self._wait_for_lanes()
+        slots = sorted(l.queue for l in lanes)[:1] if one_lane else sorted(l.queue for l in lanes)
+        watches = []
+        for i, queue in enumerate(slots):
+            part = candidates[i :: len(slots)]
+            if not part:
+                continue
+            batch = MeasureBatch(batch_id=uuid.uuid4().hex, job_id=self.job_id, target=self.target_json,
+                                 timing=self.timing, candidates=part)
+            watch = BatchWatch(self.redis, batch.batch_id, queue, len(part), time.time(), self.grace_s, self.timing.timeout_s)
+            self.app.send_task(names.MEASURE_TASK, args=[batch.model_dump(mode="json")], queue=queue)
+            watches.append((watch, part))
+        out = {}
+        for watch, part in watches:
+            for cand in part:
+                while (res := watch.result_for(cand.candidate_id)) is None:
+                    watch.poll()
+                    time.sleep(0.02)
+                out[cand.candidate_id] = res
+        return out
+
     def _wait_for_lanes(self, timeout_s: float = 60.0) -> list[LaneInfo]:
         deadline = time.time() + timeout_s
         while time.time() < deadline:

@@ -117,3 +117,51 @@ class StoreRecords(PyMeasureCallback):
                 prog.best_us = us if prog.best_us is None else min(prog.best_us, us)
         self.progress[prog.task_id] = prog
         store.put_progress(self.redis, self.job_id, prog)
+
+
+def retime_top_k(redis, runner, job_id: str, wkeys: list[str], k: int) -> dict:
+    """Before a task's best is final: re-time its k best candidates at the same share with the job's
+    other lanes idle (tuning is over), keep the re-timed figures as the record's run_secs (the shared
+    ones stay in shared_run_secs), and return the gap between shared and isolated timings."""
+    from tvm.s_tir.meta_schedule.arg_info import ArgInfo
+
+    from shared.codec import dump_ir
+    from shared.messages import Candidate
+
+    picked: dict[str, tuple[Record, ms.database.TuningRecord]] = {}
+    candidates = []
+    for wkey in wkeys:
+        workload_mod = load_ir(store.workload(redis, wkey).mod)
+        wl = ms.database.Workload(workload_mod)
+        best = sorted((r for r in store.records(redis, wkey) if valid(r) and r.retimed_at is None),
+                      key=lambda r: sum(r.run_secs) / len(r.run_secs))[:k]
+        for rec in best:
+            trec = tuning_record(rec.trace, wl)
+            sch = tvm.s_tir.Schedule(workload_mod)
+            trec.trace.apply_to_schedule(sch, remove_postproc=False)
+            args = [a.as_json() for a in ArgInfo.from_prim_func(sch.mod["main"])]
+            candidates.append(Candidate(candidate_id=rec.candidate_key, mod=dump_ir(sch.mod),
+                                        args_info=[_plain_json(a) for a in args]))
+            picked[rec.candidate_key] = (rec, trec)
+    if not candidates:
+        return {"retimed": 0}
+    results = runner.measure_now(candidates, one_lane=True)
+    gaps = []
+    for key, res in results.items():
+        rec, trec = picked[key]
+        if res.error is not None or not res.run_secs:
+            continue
+        shared = rec.run_secs
+        new = ms.database.TuningRecord(trec.trace, trec.workload, res.run_secs, trec.target, trec.args_info)
+        rec.shared_run_secs, rec.run_secs, rec.retimed_at = shared, res.run_secs, time.time()
+        rec.trace = record_json(new)
+        store.replace_record(redis, rec)
+        gaps.append((sum(res.run_secs) / len(res.run_secs)) / (sum(shared) / len(shared)) - 1.0)
+    return {"retimed": len(gaps), "mean_gap": round(sum(gaps) / len(gaps), 4) if gaps else None,
+            "max_gap": round(max(gaps, key=abs), 4) if gaps else None}
+
+
+def _plain_json(obj):
+    from services.tuner.metaschedule.lanes import _plain
+
+    return _plain(obj)
