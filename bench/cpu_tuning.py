@@ -385,7 +385,8 @@ def run_ours(args, work_dir: Path, relax_mod) -> dict:
 # ---------------------------------------------------------------------------------------------------
 
 
-def measure_latency(lib_path: str, inputs_np, ref, number: int, repeat: int) -> dict:
+def load_vm(lib_path: str, inputs_np, ref) -> tuple:
+    """(timer, args, max abs error against PyTorch) for an exported Relax library."""
     import numpy as np
     import tvm
     from tvm import relax
@@ -397,10 +398,29 @@ def measure_latency(lib_path: str, inputs_np, ref, number: int, repeat: int) -> 
     while not isinstance(out, tvm.runtime.Tensor):
         out = out[0]
     err = float(np.max(np.abs(out.numpy().astype("float64") - ref.astype("float64"))))
-    timer = vm.time_evaluator("main", dev, number=number, repeat=repeat)
-    res = timer(*args)
-    return {"median_us": _r(res.median * 1e6), "mean_us": _r(res.mean * 1e6), "std_us": _r(res.std * 1e6),
-            "max_abs_err": err}
+    return vm.time_evaluator("main", dev, number=1, repeat=1), args, err
+
+
+def interleaved_latency(libs: dict[str, str], inputs_np, ref, number: int, repeat: int) -> dict:
+    """Median over `repeat` rounds of the mean of `number` runs; the libraries take turns in every
+    round, so a transient disturbance hits all of them alike."""
+    import tvm
+
+    loaded = {name: load_vm(path, inputs_np, ref) for name, path in libs.items()}
+    dev = tvm.cpu(0)
+    timers = {name: loaded[name][0] for name in libs}
+    for name, (_, args, _) in loaded.items():  # warm-up round
+        timers[name](*args)
+    samples: dict[str, list[float]] = {name: [] for name in libs}
+    for _ in range(repeat):
+        for name, (_, args, _) in loaded.items():
+            vm_timer = timers[name]
+            t = [vm_timer(*args).mean for _ in range(number)]
+            samples[name].append(sum(t) / len(t))
+    del dev
+    return {name: {"median_us": _r(statistics.median(v) * 1e6), "mean_us": _r(statistics.mean(v) * 1e6),
+                   "std_us": _r(statistics.pstdev(v) * 1e6), "max_abs_err": loaded[name][2]}
+            for name, v in samples.items()}
 
 
 def torch_eager_latency(module, inputs, number: int, repeat: int) -> float:
@@ -436,9 +456,9 @@ def latencies(args, stock: dict, ours: dict) -> dict:
         "tvm_num_threads": os.environ.get("TVM_NUM_THREADS"),
         "number": n,
         "repeat": r,
-        "stock": measure_latency(stock["tuned_module_path"], inputs_np, ref, n, r),
-        "ours": measure_latency(ours["tuned_module_path"], inputs_np, ref, n, r),
-        "untuned": measure_latency(ours["untuned_module_path"], inputs_np, ref, n, r),
+        "method": "VM time_evaluator, libraries interleaved: median over repeat rounds of the mean of number runs",
+        **interleaved_latency({"stock": stock["tuned_module_path"], "ours": ours["tuned_module_path"],
+                               "untuned": ours["untuned_module_path"]}, inputs_np, ref, n, r),
         "torch_eager_us": torch_eager_latency(module, inputs, n, r),
     }
     return out

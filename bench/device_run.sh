@@ -29,6 +29,7 @@ with Stack(Path("/tmp/smoke"), lanes=[f"measure.{u8}.p50"] * 2, log_level="INFO"
 PY
     tar czf "$OUT/smoke_logs.tgz" -C /tmp/smoke logs mps 2>/dev/null
     ;;
+  gputest) python3 -m pytest -q -m gpu tests/test_gpu.py -p no:cacheprovider 2>&1 | tail -30 ;;
   stock) timeout 570 python3 bench/gpu_tuning.py --part stock "${@:2}" 2>&1 | tail -40 ;;
   ours) timeout 570 python3 bench/gpu_tuning.py --part ours "${@:2}" 2>&1 | tail -40
         tar czf "$OUT/ours_logs.tgz" -C /tmp/gpu_bench . --exclude='*.so' --exclude=redis --exclude=database 2>/dev/null ;;

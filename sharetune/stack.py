@@ -22,6 +22,21 @@ def default_cpu_lanes(cores: int | None = None) -> list[str]:
     return [names.LaneName.for_cpu([c]).queue for c in range(n)]
 
 
+def gpu_lanes(spec, max_total_percent: int = 100, observer=None) -> list[str]:
+    """Lane queue names for a GPU lane spec ("4x25", "2x50", "25,25,50", or {gpu: spec}) on this host's
+    GPUs, one entry per worker process. Refuses (ShareError) shares on one GPU summing past
+    `max_total_percent`, percents outside 1..100 and GPUs this host lacks; LaneError without MPS."""
+    from services.measurer.mps import plan_gpu_lanes
+    from services.measurer.observers import make_observer
+
+    gpus = (observer or make_observer()).inventory()
+    if not gpus:
+        from shared.errors import LaneError
+
+        raise LaneError("no NVIDIA GPU found through NVML on this host: GPU lanes cannot start")
+    return [lane.queue for lane, count in plan_gpu_lanes(gpus, spec, max_total_percent) for _ in range(count)]
+
+
 class Stack:
     def __init__(self, work_dir: Path, redis_url: str | None = None, lanes: list[str] | None = None,
                  tuners: int = 1, log_level: str = "INFO", warm_kinds: str | None = None):
