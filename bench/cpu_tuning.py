@@ -385,7 +385,7 @@ def run_ours(args, work_dir: Path, relax_mod) -> dict:
 # ---------------------------------------------------------------------------------------------------
 
 
-def load_vm(lib_path: str, inputs_np, ref) -> tuple:
+def load_vm(lib_path: str, inputs_np, ref, number: int) -> tuple:
     """(timer, args, max abs error against PyTorch) for an exported Relax library."""
     import numpy as np
     import tvm
@@ -398,26 +398,20 @@ def load_vm(lib_path: str, inputs_np, ref) -> tuple:
     while not isinstance(out, tvm.runtime.Tensor):
         out = out[0]
     err = float(np.max(np.abs(out.numpy().astype("float64") - ref.astype("float64"))))
-    return vm.time_evaluator("main", dev, number=1, repeat=1), args, err
+    return vm.time_evaluator("main", dev, number=number, repeat=1), args, err
 
 
 def interleaved_latency(libs: dict[str, str], inputs_np, ref, number: int, repeat: int) -> dict:
     """Median over `repeat` rounds of the mean of `number` runs; the libraries take turns in every
     round, so a transient disturbance hits all of them alike."""
-    import tvm
-
-    loaded = {name: load_vm(path, inputs_np, ref) for name, path in libs.items()}
-    dev = tvm.cpu(0)
+    loaded = {name: load_vm(path, inputs_np, ref, number) for name, path in libs.items()}
     timers = {name: loaded[name][0] for name in libs}
     for name, (_, args, _) in loaded.items():  # warm-up round
         timers[name](*args)
     samples: dict[str, list[float]] = {name: [] for name in libs}
     for _ in range(repeat):
         for name, (_, args, _) in loaded.items():
-            vm_timer = timers[name]
-            t = [vm_timer(*args).mean for _ in range(number)]
-            samples[name].append(sum(t) / len(t))
-    del dev
+            samples[name].append(timers[name](*args).mean)
     return {name: {"median_us": _r(statistics.median(v) * 1e6), "mean_us": _r(statistics.mean(v) * 1e6),
                    "std_us": _r(statistics.pstdev(v) * 1e6), "max_abs_err": loaded[name][2]}
             for name, v in samples.items()}
