@@ -18,7 +18,11 @@ One run does, in order:
    is reported separately as `ours_startup_s`.
 3. latency: in this process, after both have finished, pinned to one core with TVM_NUM_THREADS=1:
    the stock tuned library, our tuned library, the untuned library (tvm.compile, no database) and
-   PyTorch eager (torch.set_num_threads(1)); each TVM library checked against PyTorch's output.
+   PyTorch eager (torch.set_num_threads(1)); the TVM libraries take turns round by round (VM
+   time_evaluator), and each is checked against PyTorch's output.
+
+Processes outside the benchmark's own process tree (another user's tests on the same cores) are
+sampled from /proc during every phase and reported in host.foreign_load.
 
 Both sides tune for the same target, the lanes' target:
 Target({"kind": "llvm", "num-cores": 1, "mcpu": <host cpu>}).
@@ -65,6 +69,9 @@ NOTES = [
     "tuned. stock goes in extraction order; ours in the order the tuner reads the job's tasks from the store "
     "(sorted by name). latency_ratio then reflects which tasks were tuned as much as search quality; "
     "common_tasks compares the tasks both sides tuned.",
+    "cost model: at a 32-trial budget both sides search with random scores: stock's XGBModel predicts only "
+    "after 100 samples (num_warmup_samples), ours' updater publishes its first snapshot at 32 rows "
+    "(UpdaterSettings.warmup_rows), i.e. after the last batch.",
     "ours wall includes compiling the tuned AND the untuned library (compile_s in the breakdown); stock wall "
     "does not include its compile (stock_compile_s). speedup_tune_only compares stock wall with ours wall "
     "minus that compile.",
@@ -80,10 +87,10 @@ def git_state() -> dict:
     """The code that ran: HEAD and the tracked files that differed from it (the tree may be shared)."""
     def git(*a):
         try:
-            return subprocess.run(["git", *a], cwd=REPO, capture_output=True, text=True, timeout=30).stdout.strip()
+            return subprocess.run(["git", *a], cwd=REPO, capture_output=True, text=True, timeout=30).stdout
         except (OSError, subprocess.SubprocessError):
             return ""
-    return {"head": git("rev-parse", "HEAD"),
+    return {"head": git("rev-parse", "HEAD").strip(),
             "modified": [l[3:] for l in git("status", "--porcelain", "--untracked-files=no").splitlines()]}
 
 
