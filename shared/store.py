@@ -96,7 +96,9 @@ def put_tasks(r: redis.Redis, job_id: str, tasks: list[JobTask], reused: dict[st
 def job_tasks(r: redis.Redis, job_id: str) -> list[JobTask]:
     raw = r.hgetall(names.job_tasks_key(job_id))
     tasks = [JobTask.parse(v) for v in raw.values()]
-    return sorted(tasks, key=lambda t: t.name + t.task_id)
+    # heaviest first: when the budget is smaller than tasks x trials per round, the first rounds of
+    # MetaSchedule's task scheduler go to the tasks that dominate the model's latency
+    return sorted(tasks, key=lambda t: (-t.flops * t.weight, t.name, t.task_id))
 
 
 def job_progress(r: redis.Redis, job_id: str) -> dict[str, TaskProgress]:

@@ -39,6 +39,8 @@ def _warm_up(sender=None, **_):
     keeps a liveness key (the stack waits for it; a later issue's reaper reads it)."""
     consumer = getattr(sender, "task_consumer", None) or getattr(getattr(sender, "consumer", None), "task_consumer", None)
     queues = {q.name for q in consumer.queues} if consumer is not None else set()
+    if names.PLAN_QUEUE in queues:
+        import tvm.s_tir.meta_schedule  # noqa: F401 - the planner's first job should not pay the import
     if names.TUNE_QUEUE not in queues:
         return
     from services.tuner.metaschedule.intrinsics import load_tensor_intrinsics
