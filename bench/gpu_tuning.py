@@ -22,14 +22,9 @@ sys.path.insert(0, str(REPO))
 
 
 def gpu_target():
-    import tvm
+    from services.measurer.metaschedule.evaluate import gpu_target as lane_gpu_target
 
-    dev = tvm.cuda(0)
-    major, minor = dev.compute_version.split(".")
-    return tvm.target.Target({"kind": "cuda", "arch": f"sm_{major}{minor}",
-                              "max_threads_per_block": int(dev.max_threads_per_block),
-                              "max_shared_memory_per_block": int(dev.max_shared_memory_per_block),
-                              "thread_warp_size": int(dev.warp_size)})
+    return lane_gpu_target()  # the same target the lanes tune for
 
 
 def heaviest(model: str, k: int, target):
