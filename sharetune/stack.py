@@ -170,7 +170,22 @@ class Stack:
             self.mps = None
 
     def __enter__(self):
-        return self.start()
+        # a SIGTERM to this process (a timeout, a supervisor) must still stop what it started
+        import threading
+
+        if threading.current_thread() is threading.main_thread():
+            def _term(signum, frame):
+                raise SystemExit(128 + signum)
+
+            self._old_term = signal.signal(signal.SIGTERM, _term)
+        try:
+            return self.start()
+        except BaseException:
+            self.stop()
+            raise
 
     def __exit__(self, *exc):
         self.stop()
+        old = getattr(self, "_old_term", None)
+        if old is not None:
+            signal.signal(signal.SIGTERM, old)

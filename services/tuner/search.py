@@ -50,7 +50,8 @@ def tune(app, redis, job_id: str, work_dir: Path, grace_s: float = 120.0) -> Job
     ]
     split = TimeSplit()
     stash = CandidateStash()
-    runner = LaneRunner(app, redis, job_id, lane_kind(spec.target), spec.share, str(target), stash, split, TimingConfig(), grace_s)
+    runner = LaneRunner(app, redis, job_id, lane_kind(spec.target), spec.share, str(target), stash, split,
+                        timing_for(kind), grace_s)
     cost_model = SnapshotCostModel(app, redis, _target_family(target, spec.share), wkeys, spec.seed)
     callbacks = [
         StoreRecords(redis, job_id, spec.share, wkeys, {t.name: t.task_id for t in tasks}, runner, database),
@@ -115,6 +116,12 @@ def tune(app, redis, job_id: str, work_dir: Path, grace_s: float = 120.0) -> Job
     store.set_result(redis, result)
     store.set_state(redis, job_id, "done")
     return result
+
+
+def timing_for(kind: str) -> TimingConfig:
+    """CPU: MetaSchedule's LocalRunner defaults (3 runs, 100 ms floor). GPU: 3 repeats of 3 runs with a
+    50 ms floor each, ranked by their median: a shared GPU's timings need the repeats."""
+    return TimingConfig(number=3, repeat=3, min_repeat_ms=50) if kind == "cuda" else TimingConfig()
 
 
 def _best_us(redis, wkey: str) -> float | None:

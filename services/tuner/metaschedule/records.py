@@ -90,8 +90,10 @@ class StoreRecords(PyMeasureCallback):
             rec = ms.database.TuningRecord(cand.sch.trace, workload, run_secs, ctx.target, cand.args_info)
             if error is None and run_secs:
                 self.database.commit_tuning_record(rec)
-            packed = record_json(rec)
+            packed = record_json(rec)  # ranked by the runner's figure (the median of the repeats)
             measured = self.runner.measured.pop(built.artifact_path, None) if built.artifact_path else None
+            if error is None and measured is not None and measured.run_secs:
+                run_secs = [float(x) for x in measured.run_secs]  # the store keeps every repeat
             store.put_record(
                 self.redis,
                 Record(
