@@ -137,6 +137,8 @@ class TaskBest(Contract):
     weight: int
     trials: int
     best_us: float | None
+    best_candidate: str | None = None  # record key of the best candidate (st:rec:<wkey> field)
+    best_lane: str | None = None
 
 
 class JobResult(Contract):

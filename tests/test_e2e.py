@@ -27,6 +27,11 @@ def test_every_task_has_records_and_counts_match(tuned_tiny, redis_conn, lane_sh
     assert total == res.trials
     assert 24 <= res.trials < 24 + 8
     assert any(t.best_us for t in res.tasks)
+    for best in res.tasks:  # job.result() names each task's best record, which the store holds
+        if best.best_candidate:
+            wkey = next(t.wkey for t in tasks if t.task_id == best.task_id)
+            rec = next(r for r in store.records(redis_conn, wkey) if r.candidate_key == best.best_candidate)
+            assert abs(1e6 * sum(rec.run_secs) / len(rec.run_secs) - best.best_us) < 1e-6
 
 
 def test_status_reports_trials_and_best_latency(tuned_tiny):

@@ -89,14 +89,15 @@ def tune(app, redis, job_id: str, work_dir: Path, grace_s: float = 120.0) -> Job
     untuned = compile_untuned(model, target, str(job_dir / "untuned.so"))
     compile_s = time.time() - t_compile
     progress = store.job_progress(redis, job_id)
-    bests = [
-        TaskBest(
+    bests = []
+    for t in tasks:
+        best = _best_record(redis, t.wkey)
+        bests.append(TaskBest(
             task_id=t.task_id, name=t.name, weight=t.weight,
             trials=progress[t.task_id].trials if t.task_id in progress else 0,
-            best_us=_best_us(redis, t.wkey),
-        )
-        for t in tasks
-    ]
+            best_us=1e6 * sum(best.run_secs) / len(best.run_secs) if best else None,
+            best_candidate=best.candidate_key if best else None, best_lane=best.lane if best else None,
+        ))
     times = split.as_dict()
     times["search"] = round(max(0.0, tune_s - split.wait - split.serialize), 3)
     times["tune_total"] = round(tune_s, 3)
@@ -124,13 +125,10 @@ def timing_for(kind: str) -> TimingConfig:
     return TimingConfig(number=3, repeat=3, min_repeat_ms=50) if kind == "cuda" else TimingConfig()
 
 
-def _best_us(redis, wkey: str) -> float | None:
-    best = None
-    for r in store.records(redis, wkey):
-        if r.error is None and r.run_secs:
-            us = 1e6 * sum(r.run_secs) / len(r.run_secs)
-            best = us if best is None else min(best, us)
-    return best
+def _best_record(redis, wkey: str):
+    """The workload's fastest valid record in the store (from this job or an earlier one)."""
+    good = [r for r in store.records(redis, wkey) if r.error is None and r.run_secs]
+    return min(good, key=lambda r: sum(r.run_secs) / len(r.run_secs), default=None)
 
 
 def _target_family(target, share: int) -> str:
