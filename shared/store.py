@@ -172,10 +172,10 @@ def lane_alive(r: redis.Redis, queue: str) -> bool:
 # ---- measurement results -----------------------------------------------------------------------------
 
 
-def mark_batch_started(r: redis.Redis, batch_id: str, lane: str) -> None:
+def mark_batch_started(r: redis.Redis, batch_id: str, lane: str, worker: str | None = None) -> None:
     key = names.batch_results_key(batch_id)
     with r.pipeline() as p:
-        p.hset(key, "_started", json.dumps({"at": time.time(), "lane": lane}))
+        p.hset(key, "_started", json.dumps({"at": time.time(), "lane": lane, "worker": worker}))
         p.expire(key, RESULT_TTL_S)
         p.execute()
 

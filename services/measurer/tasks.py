@@ -113,7 +113,7 @@ def measure_batch(payload):
     except MessageError as err:
         _answer_malformed(payload, str(err))
         return {"error": str(err)}
-    store.mark_batch_started(STATE.redis, batch.batch_id, LANE.queue)
+    store.mark_batch_started(STATE.redis, batch.batch_id, LANE.queue, STATE.info.worker if STATE.info else None)
     target = evaluate.target_from_json(batch.target) if batch.target else STATE.target
     ok = 0
     window = STATE.observer is not None and settings.gpu_uuid and STATE.observer.inventory()

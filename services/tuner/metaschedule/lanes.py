@@ -74,34 +74,64 @@ class DeferredBuilder(PyBuilder):
 
 
 class BatchWatch:
-    """The tuner's view of one batch sent to one lane."""
+    """The tuner's view of one batch of candidates. If the lane worker that took it dies (its liveness
+    key expires), or no worker of the lane is left, or the batch overruns, the unanswered candidates are
+    sent once more to another live lane; only then do they come back as errors."""
 
-    def __init__(self, redis, batch_id: str, lane: str, n: int, sent_at: float, grace_s: float, timeout_s: float):
-        self.redis, self.batch_id, self.lane, self.n = redis, batch_id, lane, n
-        self.sent_at, self.grace_s, self.timeout_s = sent_at, grace_s, timeout_s
+    def __init__(self, runner: "LaneRunner", batch: MeasureBatch, lane: str, redispatch: int = 1):
+        self.runner, self.redis = runner, runner.redis
+        self.batch, self.lane = batch, lane
+        self.ids = {c.candidate_id for c in batch.candidates}
+        self.sent_at = time.time()
         self.results: dict[str, MeasureResult] = {}
         self.started_at: float | None = None
+        self.worker: str | None = None
         self.failed: str | None = None
+        self.redispatch_left = redispatch
+        self.redispatched: list[str] = []  # why, each time
         self._lane_missing_since: float | None = None
 
+    def complete(self) -> bool:
+        return self.ids <= self.results.keys()
+
     def poll(self) -> None:
-        if self.failed or len(self.results) >= self.n:
+        if self.failed or self.complete():
             return
-        started, results = store.batch_results(self.redis, self.batch_id)
-        self.results.update(results)
+        started, results = store.batch_results(self.redis, self.batch.batch_id)
+        self.results.update({k: v for k, v in results.items() if k in self.ids})
         if started and self.started_at is None:
-            self.started_at = started["at"]
-        if len(self.results) >= self.n:
+            self.started_at, self.worker = started["at"], started.get("worker")
+        if self.complete():
             return
         now = time.time()
-        if self.started_at is not None and now - self.started_at > self.n * self.timeout_s + self.grace_s:
-            self.failed = f"lane {self.lane} did not finish batch {self.batch_id} in time"
+        timeout = self.runner.timing.timeout_s
+        why = None
+        if self.started_at is not None:
+            if self.worker and not self.redis.exists(names.lane_key(self.lane, self.worker)):
+                why = f"lane {self.lane} worker {self.worker} died during batch {self.batch.batch_id}"
+            elif now - self.started_at > len(self.batch.candidates) * timeout + self.runner.grace_s:
+                why = f"lane {self.lane} did not finish batch {self.batch.batch_id} in time"
         elif not store.lane_alive(self.redis, self.lane):
             self._lane_missing_since = self._lane_missing_since or now
             if now - self._lane_missing_since > names.LANE_TTL_S:
-                self.failed = f"lane {self.lane} is gone (no heartbeat for {names.LANE_TTL_S} s)"
+                why = f"lane {self.lane} is gone (no heartbeat for {names.LANE_TTL_S} s)"
         else:
             self._lane_missing_since = None
+        if why:
+            queue = self.runner.live_queue() if self.redispatch_left > 0 else None
+            if queue is None:
+                self.failed = why
+            else:
+                self._redispatch(queue, why)
+
+    def _redispatch(self, queue: str, why: str) -> None:
+        pending = [c for c in self.batch.candidates if c.candidate_id not in self.results]
+        self.batch = self.batch.model_copy(update={"batch_id": uuid.uuid4().hex, "candidates": pending})
+        self.lane, self.sent_at, self.started_at, self.worker = queue, time.time(), None, None
+        self._lane_missing_since = None
+        self.redispatch_left -= 1
+        self.redispatched.append(why)
+        self.runner.send(self.batch, queue)
 
     def result_for(self, candidate_id: str) -> MeasureResult | None:
         if candidate_id in self.results:
@@ -178,8 +208,8 @@ class LaneRunner(PyRunner):
                 batch_id=uuid.uuid4().hex, job_id=self.job_id, target=self.target_json, timing=self.timing,
                 candidates=[c for _, c in items],
             )
-            watch = BatchWatch(self.redis, batch.batch_id, queue, len(items), time.time(), self.grace_s, self.timing.timeout_s)
-            self.app.send_task(names.MEASURE_TASK, args=[batch.model_dump(mode="json")], queue=queue)
+            watch = BatchWatch(self, batch, queue)
+            self.send(batch, queue)
             for i, cand in items:
                 futures[i] = LaneFuture(self, watch, cand.candidate_id)
         return futures
@@ -195,8 +225,8 @@ class LaneRunner(PyRunner):
                 continue
             batch = MeasureBatch(batch_id=uuid.uuid4().hex, job_id=self.job_id, target=self.target_json,
                                  timing=self.timing, candidates=part)
-            watch = BatchWatch(self.redis, batch.batch_id, queue, len(part), time.time(), self.grace_s, self.timing.timeout_s)
-            self.app.send_task(names.MEASURE_TASK, args=[batch.model_dump(mode="json")], queue=queue)
+            watch = BatchWatch(self, batch, queue)
+            self.send(batch, queue)
             watches.append((watch, part))
         out = {}
         for watch, part in watches:
@@ -206,6 +236,14 @@ class LaneRunner(PyRunner):
                     time.sleep(0.02)
                 out[cand.candidate_id] = res
         return out
+
+    def send(self, batch: MeasureBatch, queue: str) -> None:
+        self.app.send_task(names.MEASURE_TASK, args=[batch.model_dump(mode="json")], queue=queue)
+
+    def live_queue(self) -> str | None:
+        """A lane queue of this job's share with a live worker (the least loaded is Celery's business)."""
+        lanes = self.lanes()
+        return lanes[self._rr % len(lanes)].queue if lanes else None
 
     def _wait_for_lanes(self, timeout_s: float = 60.0) -> list[LaneInfo]:
         deadline = time.time() + timeout_s
