@@ -5,8 +5,6 @@ import numpy as np
 
 
 def _first(out):
-    import tvm
-
     while isinstance(out, (list, tuple)) or type(out).__name__ in ("Array", "ADT", "Tuple"):
         out = out[0]
     return out.numpy() if hasattr(out, "numpy") else np.asarray(out)

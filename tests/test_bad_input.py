@@ -66,9 +66,9 @@ def test_model_with_no_tunable_operator_fails_the_job_clearly(client, lane_share
     assert "no tunable operator" in final["error"]
 
 
-def test_job_at_a_share_no_lane_serves_fails_clearly(stack, client, records_before, monkeypatch):
+def test_job_at_a_share_no_lane_serves_fails_clearly(stack, client, records_before):
     # 7 % is a valid share, but no lane of this stack serves it: the planner says so (after its wait).
-    from shared.messages import JobRef, JobSpec
+    from shared.messages import JobSpec
 
     r = client.redis
     spec = JobSpec(job_id="noshare1", target="llvm", share=7, trials=4)

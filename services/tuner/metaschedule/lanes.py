@@ -89,6 +89,7 @@ class BatchWatch:
         self.failed: str | None = None
         self.redispatch_left = redispatch
         self.redispatched: list[str] = []  # why, each time
+        self.queue_time_counted = False
         self._lane_missing_since: float | None = None
 
     def complete(self) -> bool:
@@ -260,8 +261,8 @@ class LaneRunner(PyRunner):
             self.split.wait += waited_s
             self.split.build += res.build_s
             self.split.run += res.run_s
-            if watch.started_at is not None and not getattr(watch, "_queued_counted", False):
-                watch._queued_counted = True
+            if watch.started_at is not None and not watch.queue_time_counted:
+                watch.queue_time_counted = True
                 self.split.queue += max(0.0, watch.started_at - watch.sent_at)
 
 
