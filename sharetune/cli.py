@@ -22,6 +22,13 @@ def main(argv=None) -> int:
     s.add_argument("--trials", type=int, default=64)
     s.add_argument("--per-iter", type=int, default=16)
     s.add_argument("--wait", action="store_true")
+    up = sub.add_parser("up", help="start the stack as local processes and leave it running")
+    up.add_argument("--work-dir", default="runs/stack")
+    up.add_argument("--lanes", default=None, help="comma-separated lane queues (default: one CPU lane per core)")
+    up.add_argument("--gpu", default=None, help="GPU lane spec on this host's GPUs, e.g. 4x25")
+    up.add_argument("--tuners", type=int, default=1)
+    down = sub.add_parser("down", help="stop the stack `up` started (by PID)")
+    down.add_argument("--work-dir", default="runs/stack")
     st = sub.add_parser("status", help="a job's state and per-task progress")
     st.add_argument("job_id")
     sub.add_parser("lanes", help="live measurer lanes")
@@ -31,6 +38,26 @@ def main(argv=None) -> int:
         from sharetune.demo import run_demo
 
         return run_demo(args.model, args.trials, args.per_iter, args.work_dir)
+
+    if args.cmd == "up":
+        from sharetune.stack import Stack, gpu_lanes
+
+        lanes = args.lanes.split(",") if args.lanes else (gpu_lanes(args.gpu) if args.gpu else None)
+        stack = Stack(args.work_dir, lanes=lanes, tuners=args.tuners)
+        try:
+            stack.start()
+        except BaseException:
+            stack.stop()
+            raise
+        state = stack.detach()
+        print(f"REDIS_URL={state['redis_url']}")
+        print(f"lanes: {', '.join(state['lanes'])}; stop with: sharetune down --work-dir {args.work_dir}")
+        return 0
+    if args.cmd == "down":
+        from sharetune.stack import Stack
+
+        print("stopped: " + ", ".join(Stack.stop_detached(args.work_dir)))
+        return 0
 
     from shared.errors import SharetuneError
     from sharetune.client import Client

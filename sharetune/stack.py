@@ -37,6 +37,25 @@ def gpu_lanes(spec, max_total_percent: int = 100, observer=None) -> list[str]:
     return [lane.queue for lane, count in plan_gpu_lanes(gpus, spec, max_total_percent) for _ in range(count)]
 
 
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie of ours is not alive
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return True
+
+
+def _signal_group(pid: int, sig) -> None:
+    try:
+        os.killpg(pid, sig)  # each process was started in its own session: its group is what we started
+    except ProcessLookupError:
+        pass
+
+
 class Stack:
     def __init__(self, work_dir: Path, redis_url: str | None = None, lanes: list[str] | None = None,
                  tuners: int = 1, log_level: str = "INFO", warm_kinds: str | None = None):
@@ -168,6 +187,55 @@ class Stack:
         if self.mps is not None:
             self.mps.stop()  # only if this stack started it
             self.mps = None
+
+    # ---- detached use: `sharetune up` leaves the stack running, `sharetune down` stops it -------------
+
+    STATE_FILE = "stack.json"
+
+    def detach(self) -> dict:
+        """Leave every process running (each is its own session) and write what `down` needs to stop
+        exactly these processes, by PID."""
+        import json
+
+        state = {
+            "redis_url": self.redis_url,
+            "pids": {name: p.pid for name, p in self.procs.items()},
+            "redis_pid": self.redis_server.proc.pid if self.redis_server else None,
+            "mps": {"pipe": str(self.mps.pipe_dir), "log": str(self.mps.log_dir)} if self.mps and self.mps.started else None,
+            "lanes": self.lanes,
+        }
+        (self.work_dir / self.STATE_FILE).write_text(json.dumps(state, indent=1))
+        self.procs, self.redis_server, self.mps = {}, None, None
+        return state
+
+    @classmethod
+    def stop_detached(cls, work_dir: Path, timeout_s: float = 20.0) -> list[str]:
+        """Stop the processes a detached stack in `work_dir` started; returns their names."""
+        import json
+
+        path = Path(work_dir) / cls.STATE_FILE
+        if not path.exists():
+            raise FileNotFoundError(f"no running stack recorded in {path}")
+        state = json.loads(path.read_text())
+        pids = dict(state["pids"])
+        if state.get("redis_pid"):
+            pids["redis"] = state["redis_pid"]
+        for pid in pids.values():
+            _signal_group(pid, signal.SIGTERM)
+        deadline = time.time() + timeout_s
+        while time.time() < deadline and any(_alive(pid) for pid in pids.values()):
+            time.sleep(0.1)
+        for pid in pids.values():
+            if _alive(pid):
+                _signal_group(pid, signal.SIGKILL)
+        if state.get("mps"):
+            from services.measurer.mps import MpsDaemon
+
+            mps = MpsDaemon(Path(state["mps"]["pipe"]), Path(state["mps"]["log"]))
+            mps.started = True  # recorded as ours by `up`
+            mps.stop()
+        path.unlink()
+        return sorted(pids)
 
     def __enter__(self):
         # a SIGTERM to this process (a timeout, a supervisor) must still stop what it started

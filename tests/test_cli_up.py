@@ -1,0 +1,36 @@
+"""`sharetune up` leaves a working stack running as local processes; `sharetune down` stops exactly those."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.e2e
+
+
+def _cli(*args, env=None, timeout=300):
+    return subprocess.run([sys.executable, "-m", "sharetune", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=timeout, env=env)
+
+
+def test_up_then_down(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "REDIS_URL"}
+    up = _cli("up", "--work-dir", str(tmp_path), "--lanes", "measure.cpu.c0", env=env)
+    assert up.returncode == 0, up.stderr[-2000:]
+    url = next(l.split("=", 1)[1] for l in up.stdout.splitlines() if l.startswith("REDIS_URL="))
+    import json
+
+    state = json.loads((tmp_path / "stack.json").read_text())
+    pids = list(state["pids"].values()) + [state["redis_pid"]]
+    try:
+        lanes = _cli("lanes", env={**env, "REDIS_URL": url}, timeout=60)
+        assert lanes.returncode == 0 and "measure.cpu.c0" in lanes.stdout
+    finally:
+        down = _cli("down", "--work-dir", str(tmp_path), env=env, timeout=120)
+    assert down.returncode == 0, down.stderr[-2000:]
+    from sharetune.stack import _alive
+
+    assert not any(_alive(p) for p in pids)
+    assert not (tmp_path / "stack.json").exists()
