@@ -37,7 +37,7 @@ class _LaneState:
         self.lock = threading.Lock()
         self.stop = threading.Event()
         self.pool = None  # evaluate.BuildPool when the lane builds beside itself
-        self.observer = None  # NVML observer of a GPU lane's device (NullObserver without NVML)
+        self.observer = None  # NVML observer of a GPU lane's device, when NVML sees it
 
     def start(self) -> None:
         from services.measurer.metaschedule import evaluate
@@ -53,7 +53,8 @@ class _LaneState:
             # a lane below 100 % must never measure unshared: refuse unless an MPS daemon answers
             MpsDaemon(os.environ.get("CUDA_MPS_PIPE_DIRECTORY", "/tmp/nvidia-mps"),
                       os.environ.get("CUDA_MPS_LOG_DIRECTORY", "/var/log/nvidia-mps")).check_lane(LANE)
-            self.observer = make_observer()
+            observer = make_observer()
+            self.observer = observer if settings.gpu_uuid and observer.inventory() else None
             self.target = evaluate.gpu_target()
         warm_s = evaluate.warm_up(self.target) if settings.warmup else 0.0
         if self.pool is not None and settings.warmup:
@@ -116,7 +117,7 @@ def measure_batch(payload):
     store.mark_batch_started(STATE.redis, batch.batch_id, LANE.queue, STATE.info.worker if STATE.info else None)
     target = evaluate.target_from_json(batch.target) if batch.target else STATE.target
     ok = 0
-    window = STATE.observer is not None and settings.gpu_uuid and STATE.observer.inventory()
+    window = STATE.observer is not None
     if window:
         STATE.observer.start_window(settings.gpu_uuid)
     if STATE.pool is not None:

@@ -186,57 +186,48 @@ class LaneRunner(PyRunner):
         return [l for l in store.live_lanes(self.redis) if l.kind == self.kind and l.share == self.share]
 
     def run(self, runner_inputs: list[RunnerInput]) -> list[RunnerFuture]:
-        lanes = self.lanes()
-        if not lanes:
-            lanes = self._wait_for_lanes()
-        # one slot per live worker: a lane queue served by two workers gets two sub-batches
-        slots = sorted(l.queue for l in lanes)
-        groups: dict[int, list[tuple[int, Candidate]]] = {k: [] for k in range(len(slots))}
-        for i, ri in enumerate(runner_inputs):
-            cand = Candidate(
+        candidates = [
+            Candidate(
                 candidate_id=ri.artifact_path,
                 mod=self.stash.take(ri.artifact_path),
                 args_info=[_plain(a.as_json()) for a in ri.args_info],
             )
-            groups[(self._rr + i) % len(slots)].append((i, cand))
-        self._rr += len(runner_inputs)
-        futures: list[RunnerFuture | None] = [None] * len(runner_inputs)
-        for slot, items in groups.items():
-            queue = slots[slot]
-            if not items:
-                continue
-            batch = MeasureBatch(
-                batch_id=uuid.uuid4().hex, job_id=self.job_id, target=self.target_json, timing=self.timing,
-                candidates=[c for _, c in items],
-            )
-            watch = BatchWatch(self, batch, queue)
-            self.send(batch, queue)
-            for i, cand in items:
-                futures[i] = LaneFuture(self, watch, cand.candidate_id)
-        return futures
+            for ri in runner_inputs
+        ]
+        watches = self.dispatch(candidates)
+        return [LaneFuture(self, watches[c.candidate_id], c.candidate_id) for c in candidates]
 
     def measure_now(self, candidates: list[Candidate], one_lane: bool = False) -> dict[str, MeasureResult]:
         """Measure candidates outside the search (e.g. re-timing) and wait for every result."""
+        watches = self.dispatch(candidates, one_lane)
+        out = {}
+        for cand in candidates:
+            watch = watches[cand.candidate_id]
+            while (res := watch.result_for(cand.candidate_id)) is None:
+                watch.poll()
+                time.sleep(0.02)
+            out[cand.candidate_id] = res
+        return out
+
+    def dispatch(self, candidates: list[Candidate], one_lane: bool = False) -> dict[str, BatchWatch]:
+        """Deal candidates round-robin over one slot per live lane worker (a queue served by two workers
+        gets two sub-batches), send one batch per slot; returns each candidate's watch."""
         lanes = self.lanes() or self._wait_for_lanes()
-        slots = sorted(l.queue for l in lanes)[:1] if one_lane else sorted(l.queue for l in lanes)
-        watches = []
-        for i, queue in enumerate(slots):
-            part = candidates[i :: len(slots)]
+        slots = sorted(l.queue for l in lanes)[: 1 if one_lane else None]
+        parts: list[list[Candidate]] = [[] for _ in slots]
+        for i, cand in enumerate(candidates):
+            parts[(self._rr + i) % len(slots)].append(cand)
+        self._rr += len(candidates)
+        watches = {}
+        for queue, part in zip(slots, parts):
             if not part:
                 continue
             batch = MeasureBatch(batch_id=uuid.uuid4().hex, job_id=self.job_id, target=self.target_json,
                                  timing=self.timing, candidates=part)
             watch = BatchWatch(self, batch, queue)
             self.send(batch, queue)
-            watches.append((watch, part))
-        out = {}
-        for watch, part in watches:
-            for cand in part:
-                while (res := watch.result_for(cand.candidate_id)) is None:
-                    watch.poll()
-                    time.sleep(0.02)
-                out[cand.candidate_id] = res
-        return out
+            watches.update({c.candidate_id: watch for c in part})
+        return watches
 
     def send(self, batch: MeasureBatch, queue: str) -> None:
         self.app.send_task(names.MEASURE_TASK, args=[batch.model_dump(mode="json")], queue=queue)
