@@ -94,6 +94,13 @@ class JobSpec(Contract):
     seed: int | None = None
     only_tasks: list[str] | None = None  # tune only the tasks with these names (as tune_relax's op_names)
     retime_top_k: int = Field(default=0, ge=0, le=32)  # re-time each task's k best with neighbours idle
+    # tuner clients that search the job's tasks at the same time (its shards); None: one per live
+    # tuner client when the job is planned. Never more than the job has tasks.
+    clients: int | None = Field(default=None, ge=1, le=256)
+    # "shared": every client learns from and predicts with the central updater's model of this target
+    # family; "per_client": each shard trains its own (kept to measure which is better)
+    cost_model: Literal["shared", "per_client"] = "shared"
+    untuned_baseline: bool = True  # also compile the model without tuning records, to compare against
     submitted_at: float = Field(default_factory=time.time)
 
     @field_validator("share")
@@ -112,6 +119,28 @@ class JobRef(Contract):
     """The body of plan/tune requests: the job's state lives in Redis, the message only names it."""
 
     job_id: str
+
+
+class ShardRef(Contract):
+    """The body of a tune request: one shard of a job (the state lives in Redis)."""
+
+    job_id: str
+    shard: int = Field(ge=0)
+
+
+class ShardState(Contract):
+    """One tuner client's part of a job: its tasks, whether it is waiting, running (and whose), or done."""
+
+    shard: int
+    task_ids: list[str]
+    state: Literal["pending", "running", "done"] = "pending"
+    owner: str | None = None  # worker id (host.pid) of the client running it
+    attempts: int = 0  # how many times a client started it (more than one: it was resumed)
+    refunded: int = 0  # trials a dead client had claimed but not recorded, handed back to the budget
+    queued_at: float = Field(default_factory=time.time)
+    started_at: float | None = None
+    finished_at: float | None = None
+    expected_cost: float = 0.0  # the balancing figure the planner used
 
 
 class JobTask(Contract):

@@ -17,11 +17,14 @@ COSTMODEL_QUEUE = "costmodel"
 
 # Celery task names: the planner and tuner send work by name and never import measurer code.
 PLAN_TASK = "sharetune.plan_job"
-TUNE_TASK = "sharetune.tune_job"
+TUNE_TASK = "sharetune.tune_shard"  # one message per shard of a job
+FINISH_TASK = "sharetune.finish_job"  # sent once every shard is done: re-time, compile, result
 MEASURE_TASK = "sharetune.measure_batch"
 INGEST_TASK = "sharetune.ingest_results"
 
 LANE_TTL_S = 30  # a lane's liveness key expires unless refreshed this often
+LEASE_TTL_S = 20  # a tuner client's hold on a shard expires unless its heartbeat renews it
+STRANDED_AFTER_S = 90  # a pending shard whose message nobody took (queue empty) is sent again
 
 _GPU_LANE = re.compile(r"^measure\.(?P<gpu>[0-9a-f]{8})\.p(?P<pct>\d{1,3})$")
 _CPU_LANE = re.compile(r"^measure\.cpu\.c(?P<first>\d+)(?:-(?P<last>\d+))?$")
@@ -111,6 +114,48 @@ def job_progress_key(job_id: str) -> str:
 
 
 JOBS_KEY = f"{PREFIX}:jobs"  # sorted set of job ids by submit time
+ACTIVE_JOBS_KEY = f"{PREFIX}:jobs:active"  # set of job ids whose shards are being tuned (the reaper's list)
+
+
+def job_shards_key(job_id: str) -> str:
+    """Hash shard number -> ShardState JSON (its tasks, state, owner)."""
+    return f"{PREFIX}:job:{job_id}:shards"
+
+
+def shard_lease_key(job_id: str, shard: int) -> str:
+    """The tuner client that holds a shard (its worker id), with a TTL its heartbeat renews."""
+    return f"{PREFIX}:job:{job_id}:shard:{shard}:lease"
+
+
+def shard_requeue_key(job_id: str, shard: int) -> str:
+    """Short-lived guard so that one reaper, not every tuner, re-sends a stranded shard."""
+    return f"{PREFIX}:job:{job_id}:shard:{shard}:requeue"
+
+
+def job_budget_key(job_id: str) -> str:
+    """Trials the job may still claim (job-wide, across shards); claimed atomically per round."""
+    return f"{PREFIX}:job:{job_id}:budget"
+
+
+def job_claims_key(job_id: str) -> str:
+    """Hash shard -> trials claimed and not yet recorded (refunded when a dead client's shard is reaped)."""
+    return f"{PREFIX}:job:{job_id}:claims"
+
+
+def job_history_key(job_id: str) -> str:
+    """Hash task_id -> JSON list of the task's best latency (s) after each of its rounds: the input of
+    the job-wide gradient, read by every shard's client."""
+    return f"{PREFIX}:job:{job_id}:history"
+
+
+def job_finish_key(job_id: str) -> str:
+    """Guard so that the finishing step (re-time, compile) is sent once, by the last shard's client."""
+    return f"{PREFIX}:job:{job_id}:finish"
+
+
+def job_splits_key(job_id: str) -> str:
+    """Hash shard -> JSON of where that shard's client spent its time (search, wait, build...)."""
+    return f"{PREFIX}:job:{job_id}:splits"
 
 
 def workload_key(wkey: str) -> str:

@@ -31,6 +31,12 @@ class TunerSettings(CommonSettings):
     lane_wait_s: float = 120.0  # how long the planner waits for a lane of the job's share to appear
     batch_grace_s: float = 120.0  # extra time a started batch gets before its candidates count as lost
     warm_kinds: str = "llvm"  # target kinds whose tensor intrinsics a tuner loads before taking work
+    # threads of one client's search (evolutionary search, feature extraction); 0: the host's physical
+    # cores. Several clients on one host should split the cores between them.
+    search_threads: int = 0
+    # with fewer clients than shards, a client that has given each task of its shard a round hands it
+    # back after this long and takes a waiting shard (the handed-back one resumes from the store)
+    shard_quantum_s: float = 30.0
 
 
 class UpdaterSettings(CommonSettings):

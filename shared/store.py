@@ -17,6 +17,7 @@ from shared.messages import (
     LaneInfo,
     MeasureResult,
     Record,
+    ShardState,
     TaskProgress,
     Workload,
 )
@@ -108,6 +109,114 @@ def job_progress(r: redis.Redis, job_id: str) -> dict[str, TaskProgress]:
 
 def put_progress(r: redis.Redis, job_id: str, prog: TaskProgress) -> None:
     r.hset(names.job_progress_key(job_id), prog.task_id, prog.model_dump_json())
+
+
+# ---- shards, the job-wide budget and the leases of tuner clients ---------------------------------------
+
+# Claim up to ARGV[1] trials from the job's budget for shard ARGV[2]; returns how many were granted.
+# Atomic, so concurrent clients never overspend; the claim stays on the shard until its records land.
+_CLAIM = """
+local left = tonumber(redis.call('GET', KEYS[1]) or '0')
+local want = tonumber(ARGV[1])
+local k = math.min(left, want)
+if k > 0 then
+  redis.call('DECRBY', KEYS[1], k)
+  redis.call('HINCRBY', KEYS[2], ARGV[2], k)
+end
+return k
+"""
+
+# Hand back what a shard claimed but never recorded (its client died); returns the amount.
+_REFUND = """
+local k = tonumber(redis.call('HGET', KEYS[2], ARGV[1]) or '0')
+if k > 0 then
+  redis.call('INCRBY', KEYS[1], k)
+  redis.call('HSET', KEYS[2], ARGV[1], 0)
+end
+return k
+"""
+
+# Take a shard's lease if free or already ours (a redelivered message of the same client).
+_LEASE = """
+local cur = redis.call('GET', KEYS[1])
+if cur and cur ~= ARGV[1] then return 0 end
+redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[2])
+return 1
+"""
+
+# Renew a lease only while we hold it; 0 means it is lost (expired and taken by a replacement).
+_RENEW = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('EXPIRE', KEYS[1], ARGV[2])
+  return 1
+end
+return 0
+"""
+
+
+def put_shards(r: redis.Redis, job_id: str, shards: list[ShardState], budget: int) -> None:
+    """Write a job's shards and its budget once; a re-planned job keeps what it had."""
+    with r.pipeline() as p:
+        for sh in shards:
+            p.hsetnx(names.job_shards_key(job_id), str(sh.shard), sh.model_dump_json())
+        p.set(names.job_budget_key(job_id), int(budget), nx=True)
+        p.sadd(names.ACTIVE_JOBS_KEY, job_id)
+        p.execute()
+
+
+def shards(r: redis.Redis, job_id: str) -> dict[int, ShardState]:
+    raw = r.hgetall(names.job_shards_key(job_id))
+    return {int(_s(k)): ShardState.parse(v) for k, v in raw.items()}
+
+
+def put_shard(r: redis.Redis, job_id: str, sh: ShardState) -> None:
+    r.hset(names.job_shards_key(job_id), str(sh.shard), sh.model_dump_json())
+
+
+def budget_left(r: redis.Redis, job_id: str) -> int:
+    return int(r.get(names.job_budget_key(job_id)) or 0)
+
+
+def claim_trials(r: redis.Redis, job_id: str, shard: int, want: int) -> int:
+    return int(r.eval(_CLAIM, 2, names.job_budget_key(job_id), names.job_claims_key(job_id), int(want), str(shard)))
+
+
+def settle_claim(r: redis.Redis, job_id: str, shard: int, recorded: int, pipe=None) -> None:
+    """Trials of a shard's claim whose records are now in the store are spent for good."""
+    (pipe or r).hincrby(names.job_claims_key(job_id), str(shard), -int(recorded))
+
+
+def refund_claim(r: redis.Redis, job_id: str, shard: int) -> int:
+    return int(r.eval(_REFUND, 2, names.job_budget_key(job_id), names.job_claims_key(job_id), str(shard)))
+
+
+def take_lease(r: redis.Redis, job_id: str, shard: int, owner: str, ttl_s: int = names.LEASE_TTL_S) -> bool:
+    return bool(r.eval(_LEASE, 1, names.shard_lease_key(job_id, shard), owner, int(ttl_s)))
+
+
+def renew_lease(r: redis.Redis, job_id: str, shard: int, owner: str, ttl_s: int = names.LEASE_TTL_S) -> bool:
+    return bool(r.eval(_RENEW, 1, names.shard_lease_key(job_id, shard), owner, int(ttl_s)))
+
+
+def lease_owner(r: redis.Redis, job_id: str, shard: int) -> str | None:
+    return _s(r.get(names.shard_lease_key(job_id, shard)))
+
+
+def release_lease(r: redis.Redis, job_id: str, shard: int, owner: str) -> None:
+    if lease_owner(r, job_id, shard) == owner:
+        r.delete(names.shard_lease_key(job_id, shard))
+
+
+def push_history(r: redis.Redis, job_id: str, task_id: str, best_s: float) -> None:
+    """Append a task's best latency after one of its rounds (one writer per task: its shard's client)."""
+    key = names.job_history_key(job_id)
+    hist = json.loads(_s(r.hget(key, task_id)) or "[]")
+    hist.append(float(best_s))
+    r.hset(key, task_id, json.dumps(hist))
+
+
+def history(r: redis.Redis, job_id: str) -> dict[str, list[float]]:
+    return {_s(k): json.loads(_s(v)) for k, v in r.hgetall(names.job_history_key(job_id)).items()}
 
 
 # ---- workloads and records ------------------------------------------------------------------------------

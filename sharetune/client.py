@@ -38,8 +38,10 @@ class Job:
             rows.append({"task": t.name, "weight": t.weight, "trials": p.trials, "errors": p.errors,
                          "best_us": p.best_us, "reused_trials": p.reused_trials})
         spec = store.job_spec(self.client.redis, self.job_id)
+        shards = [{"shard": sh.shard, "state": sh.state, "owner": sh.owner, "attempts": sh.attempts,
+                   "tasks": len(sh.task_ids)} for sh in store.shards(self.client.redis, self.job_id).values()]
         return {"job_id": self.job_id, "state": st.get("state"), "error": st.get("error"), "budget": spec.trials,
-                "trials": sum(r["trials"] for r in rows), "tasks": rows}
+                "trials": sum(r["trials"] for r in rows), "tasks": rows, "shards": shards}
 
     def wait(self, timeout_s: float | None = None, poll_s: float = 0.5, on_progress=None) -> dict:
         deadline = None if timeout_s is None else time.time() + timeout_s
@@ -72,10 +74,12 @@ class Client:
     def submit(self, model: Any, target: str = "llvm", share: int = 100, trials: int = 64, *,
                example_inputs=None, name: str | None = None, trials_per_iter: int = 16,
                max_trials_per_task: int | None = None, seed: int | None = None,
-               only_tasks: list[str] | None = None, retime_top_k: int = 0) -> Job:
+               only_tasks: list[str] | None = None, retime_top_k: int = 0, clients: int | None = None,
+               cost_model: str = "shared", untuned_baseline: bool = True) -> Job:
         """Submit a model (torch nn.Module + example_inputs, ONNX path/bytes/ModelProto, Relax IRModule,
-        or a zoo name) for tuning at `share` % of a device of kind `target`. Bad input raises a clear
-        error here, before anything is queued."""
+        or a zoo name) for tuning at `share` % of a device of kind `target`. `clients` tuner clients
+        search its tasks at once (default: one per live tuner client), spending `trials` together.
+        Bad input raises a clear error here, before anything is queued."""
         from sharetune.intake import to_relax
 
         check_share(share)
@@ -86,6 +90,7 @@ class Client:
             job_id=job_id, name=name or (model if isinstance(model, str) else type(model).__name__),
             target=target, share=share, trials=trials, trials_per_iter=trials_per_iter,
             max_trials_per_task=max_trials_per_task, seed=seed, only_tasks=only_tasks, retime_top_k=retime_top_k,
+            clients=clients, cost_model=cost_model, untuned_baseline=untuned_baseline,
         )
         store.create_job(self.redis, spec, dump_ir(relax_model.mod).encode())
         self.app.send_task(names.PLAN_TASK, args=[JobRef(job_id=job_id).model_dump(mode="json")], queue=names.PLAN_QUEUE)

@@ -93,10 +93,25 @@ class Stack:
         self.procs[name] = proc
         return proc
 
-    def _worker(self, name: str, queue: str, module: str) -> subprocess.Popen:
+    def _worker(self, name: str, queue: str, module: str, env: dict | None = None) -> subprocess.Popen:
         return self._spawn(name, [sys.executable, "-m", "celery", "-A", module, "worker", "-Q", queue, "-P", "solo",
                                   "-c", "1", "--prefetch-multiplier", "1", "-n", f"{name}.{os.getpid()}@{socket.gethostname()}",
-                                  "--loglevel", self.log_level, "--without-gossip", "--without-mingle"])
+                                  "--loglevel", self.log_level, "--without-gossip", "--without-mingle"], env)
+
+    def start_tuner(self, name: str) -> subprocess.Popen:
+        """One more tuner client (horizontal scaling): it takes shards of queued and later jobs. The
+        clients this stack starts split the host's physical cores for their searches."""
+        env = self._env()
+        if "SHARETUNE_SEARCH_THREADS" not in os.environ:
+            import psutil
+
+            physical = psutil.cpu_count(logical=False) or os.cpu_count() or 1
+            env["SHARETUNE_SEARCH_THREADS"] = str(max(1, physical // max(1, self.tuners)))
+        return self._worker(name, names.TUNE_QUEUE, "services.tuner.tasks", env)
+
+    def pid_of(self, name: str) -> int | None:
+        proc = self.procs.get(name)
+        return proc.pid if proc is not None and proc.poll() is None else None
 
     def start_lane(self, queue: str, instance: int = 0) -> subprocess.Popen:
         lane = names.LaneName.parse(queue)
@@ -133,7 +148,7 @@ class Stack:
             self._start_gpu_support()
         self._worker("planner", names.PLAN_QUEUE, "services.tuner.tasks")
         for i in range(self.tuners):
-            self._worker(f"tuner{i}", names.TUNE_QUEUE, "services.tuner.tasks")
+            self.start_tuner(f"tuner{i}")
         self._worker("updater", names.COSTMODEL_QUEUE, "services.tuner.tasks")
         for i, lane in enumerate(self.lanes):
             self.start_lane(lane, instance=self.lanes[:i].count(lane))

@@ -6,9 +6,10 @@ from __future__ import annotations
 import json
 import time
 
-from shared import store
+from shared import names, store
 from shared.errors import ModelError, ShareError
-from shared.messages import JobTask, LaneInfo, Workload, lane_kind
+from shared.messages import JobTask, LaneInfo, ShardState, Workload, lane_kind
+from services.tuner.sharding import partition
 
 
 def lanes_for(redis, kind: str, share: int) -> list[LaneInfo]:
@@ -28,9 +29,14 @@ def wait_for_lanes(redis, kind: str, share: int, wait_s: float) -> list[LaneInfo
     return lanes
 
 
-def plan(redis, job_id: str, lane_wait_s: float) -> list[JobTask]:
-    """Extract the job's tasks, store workloads (once per distinct workload), and record the job's
-    tasks with how many records the store already holds for each."""
+def live_tuners(redis) -> int:
+    return sum(1 for _ in redis.scan_iter(match=names.TUNERS_PATTERN, count=500))
+
+
+def plan(redis, job_id: str, lane_wait_s: float) -> list[ShardState]:
+    """Extract the job's tasks, store workloads (once per distinct workload), record the job's tasks
+    with how many records the store already holds for each, and split them into shards, one per tuner
+    client that will search them at the same time."""
     import tvm
 
     from shared.codec import dump_ir, load_ir
@@ -58,5 +64,11 @@ def plan(redis, job_id: str, lane_wait_s: float) -> list[JobTask]:
         reused[wkey] = store.record_count(redis, wkey)
         tasks.append(JobTask(task_id=wkey, name=t.name, weight=t.weight, wkey=wkey, flops=t.flops))
     store.put_tasks(redis, job_id, tasks, reused)
-    store.set_state(redis, job_id, "planned", target_json=str(target), lanes=json.dumps([l.queue for l in lanes]))
-    return tasks
+    shards = store.shards(redis, job_id)
+    if not shards:  # a redelivered plan message keeps the shards (and budget) it made the first time
+        n = spec.clients or max(1, live_tuners(redis))
+        store.put_shards(redis, job_id, partition(store.job_tasks(redis, job_id), n), spec.trials)
+        shards = store.shards(redis, job_id)
+    store.set_state(redis, job_id, "planned", target_json=str(target), lanes=json.dumps([l.queue for l in lanes]),
+                    clients=len(shards))
+    return [shards[k] for k in sorted(shards)]

@@ -1,5 +1,5 @@
 """The tuner client's core: run MetaSchedule's own search (evolutionary strategy, gradient task
-scheduler) over a job's tasks, with the lanes as builder/runner, the store as database, and the
+scheduler) over one shard of a job's tasks, with the lanes as builder/runner, the store as database, and the
 central updater's snapshots as cost model; then compile the tuned and untuned model."""
 from __future__ import annotations
 
@@ -8,17 +8,19 @@ import os
 import time
 from pathlib import Path
 
-from shared import store
+from shared import names, store
 from shared.codec import load_ir
 from shared.messages import JobResult, TaskBest, TimingConfig, lane_kind, target_kind
 
 
-def tune(app, redis, job_id: str, work_dir: Path, grace_s: float = 120.0) -> JobResult:
+def tune_shard(app, redis, job_id: str, shard: int, work_dir: Path, grace_s: float = 120.0,
+               check=None, search_threads: int = 0):
+    """Search one shard's tasks until the job's budget is spent or its tasks are done. `check` raises
+    rounds.Stopped when the client must hand the shard back (shutdown, lost lease)."""
     import tvm
 
     from services.tuner.metaschedule.intrinsics import load_tensor_intrinsics
 
-    t_start = time.time()
     spec = store.job_spec(redis, job_id)
     state = store.job_state(redis, job_id)
     target = tvm.target.Target(json.loads(state["target_json"]))
@@ -28,10 +30,12 @@ def tune(app, redis, job_id: str, work_dir: Path, grace_s: float = 120.0) -> Job
 
     from services.tuner.metaschedule.cost_model import SnapshotCostModel
     from services.tuner.metaschedule.lanes import CandidateStash, DeferredBuilder, LaneRunner, TimeSplit
-    from services.tuner.metaschedule.records import StoreRecords, export_json_database, retime_top_k, seed_database
+    from services.tuner.metaschedule.records import StoreRecords, seed_database
+    from services.tuner.metaschedule.rounds import ShardLoop
 
-    store.set_state(redis, job_id, "tuning")
-    tasks = store.job_tasks(redis, job_id)
+    plan = store.shards(redis, job_id)[shard]
+    by_id = {t.task_id: t for t in store.job_tasks(redis, job_id)}
+    tasks = [by_id[tid] for tid in plan.task_ids]
     job_dir = Path(work_dir) / "jobs" / job_id
     job_dir.mkdir(parents=True, exist_ok=True)
     wkeys = {t.name: t.wkey for t in tasks}
@@ -43,40 +47,59 @@ def tune(app, redis, job_id: str, work_dir: Path, grace_s: float = 120.0) -> Job
             space_generator="post-order-apply",
             search_strategy="evolutionary",
             task_name=t.name,
-            rand_state=spec.seed if spec.seed is not None else -1,
-            num_threads="physical",  # the search runs on the tuner's host cores, as in stock tune_relax
-        ).clone()
+            rand_state=(spec.seed + shard) if spec.seed is not None else -1,
+            # the search runs on the tuner's host cores, as in stock tune_relax (a share of them when
+            # several clients run on one host)
+            num_threads=search_threads or "physical",
+        )
         for t in tasks
     ]
     split = TimeSplit()
     stash = CandidateStash()
     runner = LaneRunner(app, redis, job_id, lane_kind(spec.target), spec.share, str(target), stash, split,
                         timing_for(kind), grace_s)
-    cost_model = SnapshotCostModel(app, redis, _target_family(target, spec.share), wkeys, spec.seed)
-    callbacks = [
-        StoreRecords(redis, job_id, spec.share, wkeys, {t.name: t.task_id for t in tasks}, runner, database),
-        ms.measure_callback.UpdateCostModel(),
-    ]
-    t_tune = time.time()
-    ms.tune_tasks(
-        tasks=contexts,
-        task_weights=[float(t.weight) for t in tasks],
-        work_dir=str(job_dir / "ms"),
-        max_trials_global=spec.trials,
-        max_trials_per_task=spec.max_trials_per_task,
-        num_trials_per_iter=spec.trials_per_iter,
-        builder=DeferredBuilder(stash, split),
-        runner=runner,
-        database=database,
-        cost_model=cost_model,
-        measure_callbacks=callbacks,
-        task_scheduler="gradient",
-    )
-    tune_s = time.time() - t_tune
+    family = _target_family(target, spec.share)
+    if spec.cost_model == "per_client":
+        family += f"-{job_id}-s{shard}"
+    cost_model = SnapshotCostModel(app, redis, family, wkeys, spec.seed)
+    records = StoreRecords(redis, job_id, spec.share, wkeys, {t.name: t.task_id for t in tasks}, runner,
+                           database, shard)
+    t0 = time.time()
+    loop = ShardLoop(redis, job_id, shard, tasks, contexts, DeferredBuilder(stash, split), runner, database,
+                     cost_model, records, spec.trials_per_iter, spec.max_trials_per_task or spec.trials,
+                     check=check)
+    run = loop.run()
+    tune_s = time.time() - t0
+    times = split.as_dict()
+    times["search"] = round(max(0.0, tune_s - split.wait - split.serialize - run.waited_s), 3)
+    times["steer_wait"] = round(run.waited_s, 3)
+    times["tune_total"] = round(tune_s, 3)
+    times.update(rounds=run.rounds, trials=run.trials, reused=run.reused)
+    redis.hset(names.job_splits_key(job_id), str(shard), json.dumps(times))
+    return run
+
+
+def finish_job(app, redis, job_id: str, work_dir: Path, grace_s: float = 120.0) -> JobResult:
+    """Once every shard is done: re-time each task's top k (lanes idle now), compile the tuned and the
+    untuned model, and store the result. Idempotent: a finish that died is simply run again."""
+    import tvm
+
+    spec = store.job_spec(redis, job_id)
+    state = store.job_state(redis, job_id)
+    target = tvm.target.Target(json.loads(state["target_json"]))
+    kind = target_kind(spec.target)
+    tasks = store.job_tasks(redis, job_id)
+    job_dir = Path(work_dir) / "jobs" / job_id
+    job_dir.mkdir(parents=True, exist_ok=True)
+    from services.tuner.metaschedule.lanes import CandidateStash, LaneRunner, TimeSplit
+    from services.tuner.metaschedule.records import export_json_database, retime_top_k
+
     retime = {}
     if spec.retime_top_k:
         store.set_state(redis, job_id, "retiming")
         t_retime = time.time()
+        runner = LaneRunner(app, redis, job_id, lane_kind(spec.target), spec.share, str(target), CandidateStash(),
+                            TimeSplit(), timing_for(kind), grace_s)
         retime = retime_top_k(redis, runner, job_id, [t.wkey for t in tasks], spec.retime_top_k)
         retime["seconds"] = round(time.time() - t_retime, 3)
     store.set_state(redis, job_id, "compiling")
@@ -86,7 +109,7 @@ def tune(app, redis, job_id: str, work_dir: Path, grace_s: float = 120.0) -> Job
     db_dir, _ = export_json_database(redis, [t.wkey for t in tasks], str(job_dir / "database"))
     model = load_ir(store.job_model(redis, job_id).decode())
     tuned = compile_tuned(model, target, db_dir, str(job_dir / "tuned.so"))
-    untuned = compile_untuned(model, target, str(job_dir / "untuned.so"))
+    untuned = compile_untuned(model, target, str(job_dir / "untuned.so")) if spec.untuned_baseline else None
     compile_s = time.time() - t_compile
     progress = store.job_progress(redis, job_id)
     bests = []
@@ -98,24 +121,31 @@ def tune(app, redis, job_id: str, work_dir: Path, grace_s: float = 120.0) -> Job
             best_us=1e6 * sum(best.run_secs) / len(best.run_secs) if best else None,
             best_candidate=best.candidate_key if best else None, best_lane=best.lane if best else None,
         ))
-    times = split.as_dict()
-    times["search"] = round(max(0.0, tune_s - split.wait - split.serialize), 3)
-    times["tune_total"] = round(tune_s, 3)
+    shards = store.shards(redis, job_id)
+    splits = [json.loads(v) for v in redis.hvals(names.job_splits_key(job_id))]
+    times = {k: round(sum(sp.get(k, 0.0) for sp in splits), 3)
+             for k in ("serialize", "wait", "queue", "build", "run", "search", "steer_wait")}
+    started = min((sh.started_at for sh in shards.values() if sh.started_at), default=t_compile)
+    ended = max((sh.finished_at for sh in shards.values() if sh.finished_at), default=t_compile)
+    times["tune_total"] = round(ended - started, 3)  # first shard's start to last shard's end
     times["compile"] = round(compile_s, 3)
+    times["clients"] = len(shards)
+    times["resumed_shards"] = sum(1 for sh in shards.values() if sh.attempts > 1)
     result = JobResult(
         job_id=job_id,
         tasks=bests,
         trials=sum(b.trials for b in bests),
         tuned_module_path=os.path.abspath(tuned),
-        untuned_module_path=os.path.abspath(untuned),
+        untuned_module_path=os.path.abspath(untuned) if untuned else None,
         database_dir=os.path.abspath(db_dir),
         target=str(target),
-        wall_s=round(time.time() - t_start, 3),
+        wall_s=round(time.time() - spec.submitted_at, 3),
         time_split_s=times,
         retime=retime,
     )
     store.set_result(redis, result)
     store.set_state(redis, job_id, "done")
+    redis.srem(names.ACTIVE_JOBS_KEY, job_id)
     return result
 
 

@@ -1,7 +1,12 @@
-"""The tuner service's only Celery boundary: plan (queue `plan`), tune (queue `tune`) and the central
-cost-model updater (queue `costmodel`). Each runs in its own worker process (`-Q` picks the role); the
-logic lives in planner.py, search.py and updater.py. Failures end the job with a message naming the
-problem; they are never raised back across the queue."""
+"""The tuner service's only Celery boundary: plan (queue `plan`), tune shards and finish jobs (queue
+`tune`) and the central cost-model updater (queue `costmodel`). Each runs in its own worker process
+(`-Q` picks the role); the logic lives in planner.py, search.py, updater.py and reaper.py. Failures end
+the job with a message naming the problem; they are never raised back across the queue.
+
+A tuner client holds the shard it searches with a lease (a Redis key with a TTL its heartbeat renews).
+A client that dies loses its lease; any live client's reaper then refunds the shard's unrecorded claim
+and sends the shard again, and the next client resumes it from the store. A client asked to stop hands
+its shard back at the next round."""
 from __future__ import annotations
 
 import json
@@ -17,13 +22,15 @@ from celery import signals
 from shared import names, store
 from shared.celery_app import make_celery
 from shared.errors import MessageError, SharetuneError
-from shared.messages import JobRef, TrainingBatch
+from shared.messages import JobRef, ShardRef, TrainingBatch
 from shared.settings import TunerSettings, UpdaterSettings
 
 log = logging.getLogger("sharetune.tuner")
 settings = TunerSettings()
 app = make_celery("tuner", settings.redis_url)
 _redis = None
+WORKER_ID = f"{socket.gethostname()}.{os.getpid()}"
+_stopping = threading.Event()  # set on warm shutdown: the running shard is handed back at its next round
 
 
 def redis():
@@ -48,19 +55,43 @@ def _warm_up(sender=None, **_):
     for kind in settings.warm_kinds.split(","):
         if kind.strip():
             load_tensor_intrinsics(kind.strip())
-    worker = f"{socket.gethostname()}.{os.getpid()}"
+    from services.tuner import reaper
 
     def beat():
         while True:
-            redis().set(names.tuner_key(worker), "ready", ex=names.LANE_TTL_S)
+            try:
+                if _stopping.is_set():
+                    return
+                redis().set(names.tuner_key(WORKER_ID), "ready", ex=names.LANE_TTL_S)
+                reaper.reap(redis(), lambda ref: send_shard(ref.job_id, ref.shard), send_finish)
+            except Exception as err:  # noqa: BLE001 - a Redis hiccup must not end the heartbeat
+                log.warning("heartbeat/reaper: %s", err)
             time.sleep(names.LANE_TTL_S / 3)
 
     threading.Thread(target=beat, name="tuner-heartbeat", daemon=True).start()
 
 
-def _job_ref(payload, source: str) -> JobRef | None:
+@signals.worker_shutting_down.connect
+def _on_shutdown(**_):
+    _stopping.set()
+    try:  # a stopped client is no longer counted when jobs are split into shards
+        redis().delete(names.tuner_key(WORKER_ID))
+    except Exception:  # noqa: BLE001
+        pass
+
+
+def send_shard(job_id: str, shard: int) -> None:
+    app.send_task(names.TUNE_TASK, args=[ShardRef(job_id=job_id, shard=shard).model_dump(mode="json")],
+                  queue=names.TUNE_QUEUE)
+
+
+def send_finish(job_id: str) -> None:
+    app.send_task(names.FINISH_TASK, args=[JobRef(job_id=job_id).model_dump(mode="json")], queue=names.TUNE_QUEUE)
+
+
+def _job_ref(payload, source: str, contract=JobRef):
     try:
-        return JobRef.parse(payload)
+        return contract.parse(payload)
     except MessageError as err:
         store.dead_letter(redis(), source, str(err), payload if isinstance(payload, str) else json.dumps(payload, default=str))
         log.error("rejected message on %s: %s", source, err)
@@ -81,30 +112,131 @@ def plan_job(payload):
     if ref is None:
         return None
     try:
-        tasks = planner.plan(redis(), ref.job_id, settings.lane_wait_s)
+        shards = planner.plan(redis(), ref.job_id, settings.lane_wait_s)
     except Exception as err:  # noqa: BLE001
         _fail(ref.job_id, "planning", err)
         return None
-    app.send_task(names.TUNE_TASK, args=[ref.model_dump(mode="json")], queue=names.TUNE_QUEUE)
-    return {"job_id": ref.job_id, "tasks": len(tasks)}
+    for sh in shards:
+        if sh.state == "pending":
+            send_shard(ref.job_id, sh.shard)
+    return {"job_id": ref.job_id, "shards": len(shards)}
 
 
 @app.task(name=names.TUNE_TASK)
-def tune_job(payload):
+def tune_shard(payload):
+    from services.tuner import search
+    from services.tuner.metaschedule.rounds import Stopped
+
+    ref = _job_ref(payload, names.TUNE_QUEUE, ShardRef)
+    if ref is None:
+        return None
+    r = redis()
+    state = store.job_state(r, ref.job_id).get("state")
+    if state in ("done", "cancelled", "failed"):
+        return {"job_id": ref.job_id, "skipped": state}  # a re-delivered message for a finished job
+    shard = store.shards(r, ref.job_id).get(ref.shard)
+    if shard is None or shard.state == "done":
+        return {"job_id": ref.job_id, "shard": ref.shard, "skipped": "done"}
+    if _stopping.is_set() or not store.take_lease(r, ref.job_id, ref.shard, WORKER_ID):
+        if _stopping.is_set():
+            send_shard(ref.job_id, ref.shard)  # taken while shutting down: hand it straight back
+        return {"job_id": ref.job_id, "shard": ref.shard, "skipped": "held by another client"}
+    shard.state, shard.owner, shard.attempts = "running", WORKER_ID, shard.attempts + 1
+    shard.started_at = shard.started_at or time.time()
+    store.put_shard(r, ref.job_id, shard)
+    if state in ("planned", "queued"):
+        store.set_state(r, ref.job_id, "tuning")
+    lease = _LeaseKeeper(ref.job_id, ref.shard)
+    try:
+        run = search.tune_shard(app, r, ref.job_id, ref.shard, settings.work_dir, settings.batch_grace_s,
+                                check=lease.check, search_threads=settings.search_threads)
+    except Stopped as why:
+        log.warning("job %s shard %s handed back: %s", ref.job_id, ref.shard, why)
+        lease.stop()
+        if lease.held() and store.job_state(r, ref.job_id).get("state") not in ("failed", "cancelled"):
+            shard = store.shards(r, ref.job_id)[ref.shard]
+            shard.refunded += store.refund_claim(r, ref.job_id, ref.shard)
+            shard.state, shard.owner, shard.queued_at = "pending", None, time.time()
+            store.put_shard(r, ref.job_id, shard)
+            store.release_lease(r, ref.job_id, ref.shard, WORKER_ID)
+            send_shard(ref.job_id, ref.shard)
+        return {"job_id": ref.job_id, "shard": ref.shard, "handed_back": str(why)}
+    except Exception as err:  # noqa: BLE001
+        lease.stop()
+        _fail(ref.job_id, f"tuning shard {ref.shard}", err)
+        return None
+    lease.stop()
+    shard = store.shards(r, ref.job_id)[ref.shard]
+    shard.state, shard.finished_at = "done", time.time()
+    store.put_shard(r, ref.job_id, shard)
+    store.release_lease(r, ref.job_id, ref.shard, WORKER_ID)
+    if all(sh.state == "done" for sh in store.shards(r, ref.job_id).values()):
+        if r.set(names.job_finish_key(ref.job_id), WORKER_ID, nx=True, ex=900):
+            send_finish(ref.job_id)
+    return {"job_id": ref.job_id, "shard": ref.shard, "trials": run.trials, "reused": run.reused}
+
+
+@app.task(name=names.FINISH_TASK)
+def finish_job(payload):
     from services.tuner import search
 
     ref = _job_ref(payload, names.TUNE_QUEUE)
     if ref is None:
         return None
     state = store.job_state(redis(), ref.job_id).get("state")
-    if state in ("done", "cancelled"):
-        return {"job_id": ref.job_id, "skipped": state}  # a re-delivered message for a finished job
+    if state in ("done", "cancelled", "failed"):
+        return {"job_id": ref.job_id, "skipped": state}
     try:
-        result = search.tune(app, redis(), ref.job_id, settings.work_dir, settings.batch_grace_s)
+        result = search.finish_job(app, redis(), ref.job_id, settings.work_dir, settings.batch_grace_s)
     except Exception as err:  # noqa: BLE001
-        _fail(ref.job_id, "tuning", err)
+        _fail(ref.job_id, "finishing", err)
         return None
     return {"job_id": ref.job_id, "trials": result.trials}
+
+
+class _LeaseKeeper:
+    """Renews this client's lease on a shard while it searches; `check` (called between rounds) raises
+    Stopped once the worker shuts down or the lease was lost (this client stalled and was replaced)."""
+
+    def __init__(self, job_id: str, shard: int):
+        self.job_id, self.shard = job_id, shard
+        self.started = time.time()
+        self._lost = threading.Event()
+        self._done = threading.Event()
+        threading.Thread(target=self._renew, name=f"lease-{job_id}-{shard}", daemon=True).start()
+
+    def _renew(self):
+        while not self._done.wait(names.LEASE_TTL_S / 4):
+            try:
+                if not store.renew_lease(redis(), self.job_id, self.shard, WORKER_ID):
+                    self._lost.set()
+                    return
+            except Exception as err:  # noqa: BLE001 - Redis away for a moment: try again
+                log.warning("lease renewal of %s/%s: %s", self.job_id, self.shard, err)
+
+    def held(self) -> bool:
+        return not self._lost.is_set()
+
+    def check(self, passed: bool = False) -> None:
+        from services.tuner.metaschedule.rounds import Stopped
+
+        if _stopping.is_set():
+            raise Stopped("the tuner client is shutting down")
+        if self._lost.is_set():
+            raise Stopped("the shard's lease was lost (this client stalled past its TTL)")
+        state = store.job_state(redis(), self.job_id).get("state")
+        if state in ("failed", "cancelled"):
+            raise Stopped(f"the job is {state}")
+        if passed and time.time() - self.started > settings.shard_quantum_s:
+            # fewer clients than shards: once each of its tasks has had a round, a client takes turns
+            # with a shard that waits for a client, so every task of the job gets its first rounds
+            waiting = [sh.shard for sh in store.shards(redis(), self.job_id).values()
+                       if sh.state == "pending" and time.time() - sh.queued_at > 2.0]
+            if waiting:
+                raise Stopped(f"taking turns with shard {waiting[0]}, which no client has taken")
+
+    def stop(self):
+        self._done.set()
 
 
 @app.task(name=names.INGEST_TASK)

@@ -8,11 +8,9 @@ import os
 import time
 
 import tvm
-from tvm.ir.utils import derived_object
 from tvm.s_tir import meta_schedule as ms
-from tvm.s_tir.meta_schedule.measure_callback import PyMeasureCallback
 
-from shared import store
+from shared import names, store
 from shared.codec import load_ir, pack_json_text, unpack_json_text
 from shared.messages import Record, TaskProgress
 
@@ -61,22 +59,34 @@ def export_json_database(redis, wkeys: list[str], out_dir: str) -> tuple[str, in
     return out_dir, n
 
 
-@derived_object
-class StoreRecords(PyMeasureCallback):
+def candidate_key(wkey: str, candidate: ms.MeasureCandidate) -> str:
+    """A candidate's identity in the store: its workload and its schedule trace, hashed."""
+    return hashlib.sha1(f"{wkey}|{tvm.ir.save_json(candidate.sch.trace.as_json())}".encode()).hexdigest()[:24]
+
+
+class StoreRecords:
     """Replaces MetaSchedule's AddToDatabase: commits valid records to the in-process database the
-    search reads, and every record (errors too) to Redis, with the job's progress per task."""
+    search reads, and every record (errors too) to Redis with the job's progress per task and the
+    settling of the shard's trial claim, in one transaction: a client that dies mid-round leaves
+    either all of the round in the store or none of it."""
 
     def __init__(self, redis, job_id: str, share: int, wkeys: dict[str, str], task_ids: dict[str, str],
-                 runner, database: ms.database.Database):
-        super().__init__()
-        self.redis, self.job_id, self.share = redis, job_id, share
+                 runner, database: ms.database.Database, shard: int = 0):
+        self.redis, self.job_id, self.share, self.shard = redis, job_id, share, shard
         self.wkeys, self.task_ids = wkeys, task_ids  # task name -> workload key / task id
         self.runner, self.database = runner, database
         self.workloads: dict[str, ms.database.Workload] = {}
         self.progress = store.job_progress(redis, job_id)
 
-    def apply(self, task_scheduler, task_id, measure_candidates, builder_results, runner_results) -> None:
-        ctx = task_scheduler.tasks_[task_id].ctx
+    def known(self, wkey: str, keys: list[str]) -> dict[str, Record]:
+        """The records the store already holds for these candidate keys (measured by an earlier job or
+        by a client of this job that died): they are reused, never measured again."""
+        if not keys:
+            return {}
+        raw = self.redis.hmget(names.records_key(wkey), keys)
+        return {k: Record.parse(v) for k, v in zip(keys, raw) if v is not None}
+
+    def record_round(self, ctx, measure_candidates, builder_results, runner_results, claimed: int) -> TaskProgress:
         name = ctx.task_name
         wkey = self.wkeys[name]
         if name not in self.workloads:
@@ -84,6 +94,7 @@ class StoreRecords(PyMeasureCallback):
         workload = self.workloads[name]
         target = str(ctx.target)
         prog = self.progress.get(self.task_ids[name]) or TaskProgress(task_id=self.task_ids[name], name=name)
+        recs = []
         for cand, built, ran in zip(measure_candidates, builder_results, runner_results):
             run_secs = [float(s) for s in ran.run_secs] if ran.run_secs is not None else None
             error = built.error_msg or ran.error_msg
@@ -94,23 +105,12 @@ class StoreRecords(PyMeasureCallback):
             measured = self.runner.measured.pop(built.artifact_path, None) if built.artifact_path else None
             if error is None and measured is not None and measured.run_secs:
                 run_secs = [float(x) for x in measured.run_secs]  # the store keeps every repeat
-            store.put_record(
-                self.redis,
-                Record(
-                    candidate_key=hashlib.sha1(f"{wkey}|{tvm.ir.save_json(cand.sch.trace.as_json())}".encode()).hexdigest()[:24],
-                    wkey=wkey,
-                    trace=packed,
-                    run_secs=run_secs,
-                    error=error,
-                    target=target,
-                    args_info=[],
-                    share=self.share,
-                    lane=measured.lane if measured else "",
-                    device=measured.device if measured else {},
-                    job_id=self.job_id,
-                    measured_at=time.time(),
-                ),
-            )
+            recs.append(Record(
+                candidate_key=candidate_key(wkey, cand), wkey=wkey, trace=packed, run_secs=run_secs,
+                error=error, target=target, args_info=[], share=self.share,
+                lane=measured.lane if measured else "", device=measured.device if measured else {},
+                job_id=self.job_id, measured_at=time.time(),
+            ))
             prog.trials += 1
             if error is not None or not run_secs:
                 prog.errors += 1
@@ -118,7 +118,13 @@ class StoreRecords(PyMeasureCallback):
                 us = 1e6 * sum(run_secs) / len(run_secs)
                 prog.best_us = us if prog.best_us is None else min(prog.best_us, us)
         self.progress[prog.task_id] = prog
-        store.put_progress(self.redis, self.job_id, prog)
+        with self.redis.pipeline(transaction=True) as p:
+            for rec in recs:
+                p.hsetnx(names.records_key(rec.wkey), rec.candidate_key, rec.model_dump_json())
+            p.hset(names.job_progress_key(self.job_id), prog.task_id, prog.model_dump_json())
+            store.settle_claim(self.redis, self.job_id, self.shard, claimed, pipe=p)
+            p.execute()
+        return prog
 
 
 def retime_top_k(redis, runner, job_id: str, wkeys: list[str], k: int) -> dict:

@@ -1,0 +1,243 @@
+"""One tuner client's search loop over its shard of a job: MetaSchedule's own search strategy per task
+(evolutionary search, through TuneContext), driven round by round the way its task scheduler does it
+(every task once, then the largest gradient first; a task's batch stays in flight while others are
+searched), with three things the stock scheduler cannot do across processes:
+
+- the trial budget is the job's, claimed atomically from Redis before each round, so N clients together
+  spend exactly what the job was given;
+- the gradient is job-wide: each round's best latency goes to the store, and a client lets other
+  shards' tasks go first while they pay more (services/tuner/sharding.py decides);
+- candidates the store already holds (measured before a client died, or by an earlier job of the same
+  workload) are answered from the store, not measured again.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from tvm.s_tir.meta_schedule.builder import BuilderInput
+from tvm.s_tir.meta_schedule.runner import RunnerInput, RunnerResult
+
+from shared import store
+from shared.messages import JobTask
+from services.tuner.metaschedule.records import StoreRecords, candidate_key
+from services.tuner.sharding import Steering, gradient
+
+log = logging.getLogger("sharetune.tuner.rounds")
+
+DRY_ROUNDS = 3  # a task whose search proposes only known candidates this many times in a row is done
+
+
+class Stopped(Exception):
+    """The client was asked to stop (shutdown) or lost its lease: the shard goes back to the queue."""
+
+
+@dataclass
+class _Task:
+    job_task: JobTask
+    ctx: object
+    best_s: float = math.inf
+    dry: int = 0
+    done: bool = False
+    inflight: tuple | None = None  # (candidates, builder results, futures, claimed)
+    reused: int = 0
+
+
+@dataclass
+class ShardRun:
+    """What a shard's loop did, for the job's result and the benchmarks."""
+
+    rounds: int = 0
+    trials: int = 0  # measured and recorded (claimed from the job's budget)
+    reused: int = 0  # proposed again but already in the store: not measured, not charged
+    waited_s: float = 0.0  # let other shards' tasks go first
+    per_task: dict[str, int] = field(default_factory=dict)
+
+
+class ShardLoop:
+    def __init__(self, redis, job_id: str, shard: int, tasks: list[JobTask], contexts: list, builder, runner,
+                 database, cost_model, records: StoreRecords, trials_per_iter: int, max_trials_per_task: int,
+                 steering: Steering | None = None, check: Callable[[bool], None] | None = None):
+        self.redis, self.job_id, self.shard = redis, job_id, shard
+        self.tasks = [_Task(t, c) for t, c in zip(tasks, contexts)]
+        self.builder, self.runner, self.database, self.cost_model = builder, runner, database, cost_model
+        self.records, self.per_iter, self.max_per_task = records, trials_per_iter, max_trials_per_task
+        self.steering = steering or Steering()
+        # raises Stopped when the client must hand the shard back; its argument says whether every task
+        # of the shard has had a round (a client may then yield to a shard no client has taken)
+        self.check = check or (lambda passed: None)
+        self.run_stats = ShardRun()
+        self.mine = {t.job_task.task_id for t in self.tasks}
+
+    # -- the loop -------------------------------------------------------------------------------------
+    def run(self) -> ShardRun:
+        hist = store.history(self.redis, self.job_id)
+        for t in self.tasks:
+            t.ctx.pre_tuning(self.max_per_task, self.per_iter, t.ctx.generate_design_space(),
+                             self.database, self.cost_model)
+            past = hist.get(t.job_task.task_id) or []
+            t.best_s = min(past) if past else self._best_in_store(t)
+        try:
+            # first every task once (MetaSchedule's round-robin start), heaviest first
+            for t in self.tasks:
+                self.check(False)
+                if not self._round(t):
+                    return self.run_stats
+            while True:
+                self.check(True)
+                t = self._pick()
+                if t is None:
+                    break
+                if not self._round(t):
+                    break
+        finally:
+            for t in self.tasks:
+                if t.inflight is not None:
+                    self._join(t)
+                t.ctx.post_tuning()
+        return self.run_stats
+
+    def _best_in_store(self, t: _Task) -> float:
+        good = [r for r in store.records(self.redis, t.job_task.wkey) if r.error is None and r.run_secs]
+        return min((statistics.median(r.run_secs) for r in good), default=math.inf)
+
+    def _alive(self) -> list[_Task]:
+        return [t for t in self.tasks if not t.done]
+
+    def _pick(self) -> _Task | None:
+        """The task with the largest gradient; waits while other shards' tasks pay clearly more."""
+        t0 = time.time()
+        while True:
+            self._touch()
+            alive = self._alive()
+            if not alive:
+                return None
+            hist = store.history(self.redis, self.job_id)
+            weight = {t.job_task.task_id: t.job_task.weight for t in self.tasks}
+            grads = {t.job_task.task_id: gradient(hist.get(t.job_task.task_id, []), weight[t.job_task.task_id])
+                     for t in alive}
+            best = max(alive, key=lambda t: (grads[t.job_task.task_id], -self.tasks.index(t)))
+            others, live = self._others(hist)
+            if time.time() - t0 > self.steering.max_wait_s or self.steering.may_run(
+                    grads[best.job_task.task_id], others, live):
+                self.run_stats.waited_s += time.time() - t0
+                return best
+            self.check(True)
+            time.sleep(0.1)
+
+    def _others(self, hist: dict[str, list[float]]) -> tuple[list[float], int]:
+        """Gradients of the other live shards' unfinished tasks, and how many shards are live."""
+        shards = store.shards(self.redis, self.job_id)
+        tasks = {t.task_id: t for t in store.job_tasks(self.redis, self.job_id)}
+        out, live = [], 1
+        for sh in shards.values():
+            if sh.shard == self.shard or sh.state != "running":
+                continue
+            live += 1
+            out += [gradient(hist.get(tid, []), tasks[tid].weight) for tid in sh.task_ids if tid in tasks]
+        return out, live
+
+    def _touch(self) -> None:
+        """Join the tasks whose batches have all come back (so their gradients are current)."""
+        for t in self.tasks:
+            if t.inflight is not None and all(f.done() for f in t.inflight[2]):
+                self._join(t)
+
+    # -- one round of one task -------------------------------------------------------------------------
+    def _round(self, t: _Task) -> bool:
+        """Search, claim, send one batch of task t. False when the job's budget is spent."""
+        if t.inflight is not None:
+            self._join(t)
+        if t.done:
+            return True
+        prog = self.records.progress.get(t.job_task.task_id)
+        if prog is not None and prog.trials >= self.max_per_task:
+            return self._finish_task(t)
+        if store.budget_left(self.redis, self.job_id) <= 0:
+            return False
+        cands = t.ctx.generate_measure_candidates()
+        if cands is None:
+            return self._finish_task(t)
+        cands = list(cands)
+        keys = [candidate_key(t.job_task.wkey, c) for c in cands]
+        known = self.records.known(t.job_task.wkey, keys)
+        fresh, seen = [], set()
+        for c, k in zip(cands, keys):
+            if k not in known and k not in seen:
+                fresh.append(c)
+                seen.add(k)
+        claimed = store.claim_trials(self.redis, self.job_id, self.shard, len(fresh)) if fresh else 0
+        if fresh and claimed == 0:
+            t.ctx.notify_runner_results(cands, [RunnerResult(None, "not measured: the job's budget is spent")] * len(cands))
+            return False
+        fresh = fresh[:claimed]
+        reused = [(c, known[k]) for c, k in zip(cands, keys) if k in known]
+        if reused:
+            # what the store knows goes straight back to the search; nothing is measured again
+            t.ctx.notify_runner_results([c for c, _ in reused], [_from_record(r) for _, r in reused])
+            self.run_stats.reused += len(reused)
+            t.reused += len(reused)
+            for _, r in reused:
+                if r.error is None and r.run_secs:
+                    t.best_s = min(t.best_s, statistics.median(r.run_secs))
+        if not fresh:
+            t.dry += 1
+            if t.dry >= DRY_ROUNDS:
+                return self._finish_task(t)
+            return True
+        t.dry = 0
+        target = t.ctx.target
+        built = self.builder.build([BuilderInput(c.sch.mod, target) for c in fresh])
+        inputs, slots = [], []
+        for i, (c, b) in enumerate(zip(fresh, built)):
+            if b.error_msg is None:
+                inputs.append(RunnerInput(b.artifact_path, target.kind.name, c.args_info))
+                slots.append(i)
+        futures = self.runner.run(inputs) if inputs else []
+        by_slot = dict(zip(slots, futures))
+        t.inflight = (fresh, built, [by_slot.get(i) or _Failed(b.error_msg) for i, b in enumerate(built)], claimed)
+        self.run_stats.rounds += 1
+        return True
+
+    def _join(self, t: _Task) -> None:
+        cands, built, futures, claimed = t.inflight
+        t.inflight = None
+        results = [f.result() for f in futures]
+        t.ctx.notify_runner_results(cands, results)
+        ok = [(c, r) for c, b, r in zip(cands, built, results) if b.error_msg is None]
+        if ok:
+            self.cost_model.update(t.ctx, [c for c, _ in ok], [r for _, r in ok])
+        self.records.record_round(t.ctx, cands, built, results, claimed)
+        for r in results:
+            if r.error_msg is None and r.run_secs:
+                t.best_s = min(t.best_s, float(r.run_secs[0]))
+        store.push_history(self.redis, self.job_id, t.job_task.task_id, t.best_s if t.best_s < math.inf else 1e9)
+        self.run_stats.trials += len(cands)
+        self.run_stats.per_task[t.job_task.name] = self.run_stats.per_task.get(t.job_task.name, 0) + len(cands)
+
+    def _finish_task(self, t: _Task) -> bool:
+        t.done = True
+        return True
+
+
+class _Failed:
+    """A future for a candidate that failed to build: it never reached a lane."""
+
+    def __init__(self, msg):
+        self.msg = msg
+
+    def done(self) -> bool:
+        return True
+
+    def result(self) -> RunnerResult:
+        return RunnerResult(None, self.msg)
+
+
+def _from_record(rec) -> RunnerResult:
+    if rec.error is not None or not rec.run_secs:
+        return RunnerResult(None, rec.error or "no run time")
+    return RunnerResult([statistics.median(rec.run_secs)], None)

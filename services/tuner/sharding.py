@@ -1,0 +1,68 @@
+"""Pure logic of sharding one job over several tuner clients: how tasks are split into shards, the
+gradient that says where the next trials pay most (MetaSchedule's gradient task scheduler, computed
+job-wide from the store), and when a client should let other shards' tasks go first."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from shared.messages import JobTask, ShardState
+
+ALPHA = 0.2  # MetaSchedule's defaults for its gradient-based task scheduler
+WINDOW = 3
+
+
+def expected_cost(task: JobTask, tasks: list[JobTask]) -> float:
+    """What tuning a task is expected to cost, relative to the job: every task gets search rounds
+    (a fixed part), and the gradient scheduler sends more trials to the tasks that dominate the model's
+    latency (a part proportional to FLOPs x weight)."""
+    total = sum(max(t.flops, 1.0) * t.weight for t in tasks) or 1.0
+    return 0.5 / len(tasks) + 0.5 * max(task.flops, 1.0) * task.weight / total
+
+
+def partition(tasks: list[JobTask], n: int) -> list[ShardState]:
+    """Split tasks into at most n shards of near-equal expected cost (longest processing time first:
+    the heaviest remaining task goes to the lightest shard). Deterministic; never an empty shard."""
+    if not tasks:
+        return []
+    n = max(1, min(int(n), len(tasks)))
+    costs = {t.task_id: expected_cost(t, tasks) for t in tasks}
+    order = sorted(tasks, key=lambda t: (-costs[t.task_id], t.name, t.task_id))
+    loads = [0.0] * n
+    members: list[list[str]] = [[] for _ in range(n)]
+    for t in order:
+        i = min(range(n), key=lambda k: (loads[k], k))
+        members[i].append(t.task_id)
+        loads[i] += costs[t.task_id]
+    return [ShardState(shard=i, task_ids=members[i], expected_cost=round(loads[i], 6)) for i in range(n)]
+
+
+def gradient(history: list[float], weight: float, alpha: float = ALPHA, window: int = WINDOW) -> float:
+    """MetaSchedule's task gradient: how much the weighted latency of a task is expected to fall with
+    its next round. A task with no round yet comes first (+inf); a task with no valid result last."""
+    n = len(history)
+    if n == 0:
+        return math.inf
+    best = history[-1]
+    if best >= 1e9:
+        return -1e9
+    g1 = (history[n - 1 - window] - best) / window if n >= 1 + window else 0.0
+    g2 = best / n
+    return (alpha * g1 + (1 - alpha) * g2) * weight
+
+
+@dataclass
+class Steering:
+    """A client's rule for sharing one job-wide budget: run its best task's next round when that task is
+    among the `per_shard` x (live shards) best tasks of the whole job; otherwise wait for others to
+    lower their gradients. The owner of the job's best task always proceeds, so clients never wait on
+    each other in a circle; `max_wait_s` bounds a wait on stale figures."""
+
+    per_shard: int = 2
+    max_wait_s: float = 10.0
+
+    def may_run(self, mine: float, others: list[float], live_shards: int) -> bool:
+        if math.isinf(mine) and mine > 0:
+            return True
+        ahead = sum(1 for g in others if g > mine)
+        return ahead < self.per_shard * max(1, live_shards)

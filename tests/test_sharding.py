@@ -1,0 +1,198 @@
+"""Sharding one job over several tuner clients: the pure split and gradient logic, the job-wide budget
+and leases on a real Redis, the reaper, and a real job whose tuner client is killed mid-shard."""
+from __future__ import annotations
+
+import math
+import signal
+import threading
+import time
+
+import pytest
+
+from shared import names, store
+from shared.messages import JobTask, ShardRef, ShardState
+from services.tuner.sharding import Steering, expected_cost, gradient, partition
+
+
+def _tasks(spec):
+    return [JobTask(task_id=f"t{i}", name=f"task{i}", weight=w, wkey=f"t{i}", flops=f) for i, (w, f) in enumerate(spec)]
+
+
+# ---- pure logic ------------------------------------------------------------------------------------------
+
+def test_partition_covers_every_task_once_and_balances():
+    tasks = _tasks([(1, 1e9), (1, 5e8), (2, 2e8), (1, 1e8), (3, 1e7), (1, 1e6), (1, 1e6)])
+    shards = partition(tasks, 3)
+    assert len(shards) == 3
+    ids = [tid for sh in shards for tid in sh.task_ids]
+    assert sorted(ids) == sorted(t.task_id for t in tasks)  # every task, exactly once
+    loads = [sum(expected_cost(next(t for t in tasks if t.task_id == tid), tasks) for tid in sh.task_ids)
+             for sh in shards]
+    heaviest = max(expected_cost(t, tasks) for t in tasks)
+    assert max(loads) - min(loads) <= heaviest  # LPT: no shard exceeds another by more than one task
+    assert [s.task_ids for s in partition(tasks, 3)] == [s.task_ids for s in shards]  # deterministic
+
+
+def test_partition_never_makes_empty_shards():
+    tasks = _tasks([(1, 1e6), (1, 1e6)])
+    assert len(partition(tasks, 8)) == 2
+    assert [len(s.task_ids) for s in partition(tasks, 1)] == [2]
+    assert partition([], 4) == []
+
+
+def test_gradient_follows_metaschedule():
+    assert gradient([], 1) == math.inf  # never tuned: first
+    assert gradient([1e9], 1) == -1e9  # no valid result: last
+    # n=2 < 1 + window: only the "best / n" part
+    assert gradient([2.0, 1.0], 3) == pytest.approx(0.8 * (1.0 / 2) * 3)
+    # n=4: g1 = (hist[0] - best) / 3
+    g = gradient([4.0, 3.0, 2.0, 1.0], 1)
+    assert g == pytest.approx(0.2 * (3.0 / 3) + 0.8 * (1.0 / 4))
+
+
+def test_steering_lets_the_best_tasks_go_first():
+    s = Steering(per_shard=1)
+    assert s.may_run(5.0, [1.0, 2.0], live_shards=2)
+    assert s.may_run(1.5, [1.0, 2.0], live_shards=2)  # one task ahead, two shards live
+    assert not s.may_run(0.5, [1.0, 2.0], live_shards=2)  # both others pay more
+    assert s.may_run(math.inf, [math.inf] * 10, live_shards=2)  # a first round always runs
+
+
+# ---- budget, leases and the reaper on the real Redis ------------------------------------------------------
+
+def _job(r, job_id, shards, budget):
+    r.delete(names.job_shards_key(job_id), names.job_budget_key(job_id), names.job_claims_key(job_id))
+    store.put_shards(r, job_id, shards, budget)
+    r.hset(names.job_key(job_id), mapping={"state": "tuning"})
+
+
+def test_concurrent_claims_never_overspend(redis_conn):
+    job = "claims-test"
+    _job(redis_conn, job, [ShardState(shard=i, task_ids=[f"t{i}"]) for i in range(4)], 100)
+    got = []
+
+    def client(i):
+        while (k := store.claim_trials(redis_conn, job, i, 7)) > 0:
+            got.append(k)
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(4)]
+    [t.start() for t in threads]
+    [t.join() for t in threads]
+    assert sum(got) == 100 and store.budget_left(redis_conn, job) == 0
+    # a dead client's unsettled claim goes back; a settled one does not
+    claimed0 = int(redis_conn.hget(names.job_claims_key(job), "0"))
+    store.settle_claim(redis_conn, job, 0, claimed0 - 3)
+    assert store.refund_claim(redis_conn, job, 0) == 3
+    assert store.budget_left(redis_conn, job) == 3
+    assert store.refund_claim(redis_conn, job, 0) == 0  # once only
+    redis_conn.srem(names.ACTIVE_JOBS_KEY, job)  # not a real job: keep the stack's reaper off it
+
+
+def test_lease_is_exclusive_and_renewable(redis_conn):
+    job = "lease-test"
+    redis_conn.delete(names.shard_lease_key(job, 0))
+    assert store.take_lease(redis_conn, job, 0, "a", ttl_s=30)
+    assert store.take_lease(redis_conn, job, 0, "a", ttl_s=30)  # the holder again: fine
+    assert not store.take_lease(redis_conn, job, 0, "b", ttl_s=30)
+    assert store.renew_lease(redis_conn, job, 0, "a") and not store.renew_lease(redis_conn, job, 0, "b")
+    store.release_lease(redis_conn, job, 0, "b")  # not b's to release
+    assert store.lease_owner(redis_conn, job, 0) == "a"
+    store.release_lease(redis_conn, job, 0, "a")
+    assert store.take_lease(redis_conn, job, 0, "b")
+
+
+def test_reaper_sends_back_dead_and_stranded_shards_once(redis_conn):
+    from services.tuner.reaper import reap
+
+    job = "reaper-test"
+    now = time.time()
+    shards = [
+        ShardState(shard=0, task_ids=["a"], state="running", owner="dead.1"),  # no lease: its client died
+        ShardState(shard=1, task_ids=["b"], state="running", owner="live.2"),  # leased: left alone
+        ShardState(shard=2, task_ids=["c"], state="pending", queued_at=now - 10 * names.STRANDED_AFTER_S),
+        ShardState(shard=3, task_ids=["d"], state="pending", queued_at=now),  # just queued: left alone
+    ]
+    _job(redis_conn, job, shards, 50)
+    for i in range(4):
+        redis_conn.delete(names.shard_requeue_key(job, i), names.shard_lease_key(job, i))
+    store.claim_trials(redis_conn, job, 0, 8)  # shard 0 claimed a batch and died before recording it
+    store.take_lease(redis_conn, job, 1, "live.2", ttl_s=60)
+    redis_conn.delete(names.TUNE_QUEUE)
+    sent, finished = [], []
+    reap(redis_conn, sent.append, finished.append, now=now)
+    others = [s for s in sent if s.job_id == job]
+    assert sorted(s.shard for s in others) == [0, 2]
+    after = store.shards(redis_conn, job)
+    assert after[0].state == "pending" and after[0].refunded == 8
+    assert store.budget_left(redis_conn, job) == 50
+    sent.clear()
+    reap(redis_conn, sent.append, finished.append, now=now)
+    assert not [s for s in sent if s.job_id == job]  # the guard: one reaper acts, once
+    redis_conn.srem(names.ACTIVE_JOBS_KEY, job)
+
+
+def test_reaper_resends_the_finish_of_a_job_whose_shards_are_done(redis_conn):
+    from services.tuner.reaper import reap
+
+    job = "finish-test"
+    _job(redis_conn, job, [ShardState(shard=0, task_ids=["a"], state="done")], 10)
+    redis_conn.delete(names.job_finish_key(job))
+    finished = []
+    reap(redis_conn, lambda ref: None, finished.append)
+    assert finished.count(job) == 1
+    reap(redis_conn, lambda ref: None, finished.append)
+    assert finished.count(job) == 1
+    redis_conn.srem(names.ACTIVE_JOBS_KEY, job)
+
+
+def test_shard_messages_are_validated():
+    assert ShardRef.parse({"job_id": "j", "shard": 1}).shard == 1
+    from shared.errors import MessageError
+
+    with pytest.raises(MessageError):
+        ShardRef.parse({"job_id": "j", "shard": -1})
+
+
+# ---- a real job over two tuner clients, one killed mid-shard ---------------------------------------------
+
+def _job_records(r, job_id):
+    return sum(1 for t in store.job_tasks(r, job_id) for rec in store.records(r, t.wkey) if rec.job_id == job_id)
+
+
+def test_two_clients_share_one_budget_and_a_killed_client_is_replaced(stack, client, redis_conn, lane_share):
+    stack.start_tuner("tuner-extra")
+    stack.wait_for_tuners(2, 300)
+    trials, per_iter = 32, 8
+    job = client.submit("small_cnn", target="llvm", share=lane_share, trials=trials, trials_per_iter=per_iter,
+                        seed=1, clients=2)
+    extra_pid = stack.pid_of("tuner-extra")
+    victim = None
+    deadline = time.time() + 600
+    while time.time() < deadline and victim is None:  # the extra client has recorded a round of its shard
+        shards = store.shards(redis_conn, job.job_id)
+        prog = store.job_progress(redis_conn, job.job_id)
+        for sh in shards.values():
+            if sh.state == "running" and sh.owner and sh.owner.endswith(f".{extra_pid}") \
+                    and any(prog[t].trials for t in sh.task_ids if t in prog):
+                victim = sh.shard
+        assert job.state()["state"] not in ("done", "failed"), job.status()
+        time.sleep(0.2)
+    assert victim is not None, job.status()
+    stack.stop_process("tuner-extra", signal.SIGKILL)
+    stack.start_tuner("tuner-replacement")
+    final = job.wait(timeout_s=900)
+    try:
+        assert final["state"] == "done", final
+        shards = store.shards(redis_conn, job.job_id)
+        assert all(sh.state == "done" for sh in shards.values())
+        assert shards[victim].attempts == 2  # resumed by another client
+        assert shards[victim].refunded <= per_iter  # at most the batch in flight is spent again
+        ids = [t for sh in shards.values() for t in sh.task_ids]
+        assert len(ids) == len(set(ids))  # no task in two shards
+        status = job.status()
+        assert status["trials"] == trials  # the job-wide budget, exactly
+        assert _job_records(redis_conn, job.job_id) == trials  # one record per trial spent, none lost
+        assert store.budget_left(redis_conn, job.job_id) == 0
+        assert job.result().time_split_s["resumed_shards"] == 1
+    finally:
+        stack.stop_process("tuner-replacement")
