@@ -41,7 +41,7 @@ def run_config(cfg: str, args, names, inputs, obs, gpus) -> dict:
     cost_model = rest[0] if rest else args.cost_model
     if n_gpus > len(gpus):
         return {"config": cfg, "error": f"needs {n_gpus} GPUs, this host has {len(gpus)}"}
-    plan = {g.uuid: spec for g in gpus[:n_gpus]}
+    plan = {g.index: spec for g in gpus[:n_gpus]}
     lanes = gpu_lanes(plan)
     share = int(spec.split("x")[1])
     t_up = time.time()
