@@ -37,6 +37,9 @@ class TunerSettings(CommonSettings):
     # with fewer clients than shards, a client that has given each task of its shard a round hands it
     # back after this long and takes a waiting shard (the handed-back one resumes from the store)
     shard_quantum_s: float = 30.0
+    # sample the design space (no evolution) while the central cost model is untrained: evolving
+    # against random predictions costs most of the search time and buys nothing
+    cold_start: bool = True
 
 
 class UpdaterSettings(CommonSettings):

@@ -14,7 +14,7 @@ from shared.messages import JobResult, TaskBest, TimingConfig, lane_kind, target
 
 
 def tune_shard(app, redis, job_id: str, shard: int, work_dir: Path, grace_s: float = 120.0,
-               check=None, search_threads: int = 0):
+               check=None, search_threads: int = 0, cold_start: bool = True):
     """Search one shard's tasks until the job's budget is spent or its tasks are done. `check` raises
     rounds.Stopped when the client must hand the shard back (shutdown, lost lease)."""
     import tvm
@@ -40,20 +40,21 @@ def tune_shard(app, redis, job_id: str, shard: int, work_dir: Path, grace_s: flo
     job_dir.mkdir(parents=True, exist_ok=True)
     wkeys = {t.name: t.wkey for t in tasks}
     database, _ = seed_database(redis, [t.wkey for t in tasks])
-    contexts = [
-        ms.TuneContext(
-            mod=load_ir(store.workload(redis, t.wkey).mod),
+    mods = {t.task_id: load_ir(store.workload(redis, t.wkey).mod) for t in tasks}
+
+    def make_context(task, cold: bool):
+        return ms.TuneContext(
+            mod=mods[task.task_id],
             target=target,
             space_generator="post-order-apply",
-            search_strategy="evolutionary",
-            task_name=t.name,
+            search_strategy="replay-trace" if cold else "evolutionary",
+            task_name=task.name,
             rand_state=(spec.seed + shard) if spec.seed is not None else -1,
             # the search runs on the tuner's host cores, as in stock tune_relax (a share of them when
             # several clients run on one host)
             num_threads=search_threads or "physical",
         )
-        for t in tasks
-    ]
+
     split = TimeSplit()
     stash = CandidateStash()
     runner = LaneRunner(app, redis, job_id, lane_kind(spec.target), spec.share, str(target), stash, split,
@@ -65,16 +66,16 @@ def tune_shard(app, redis, job_id: str, shard: int, work_dir: Path, grace_s: flo
     records = StoreRecords(redis, job_id, spec.share, wkeys, {t.name: t.task_id for t in tasks}, runner,
                            database, shard)
     t0 = time.time()
-    loop = ShardLoop(redis, job_id, shard, tasks, contexts, DeferredBuilder(stash, split), runner, database,
+    loop = ShardLoop(redis, job_id, shard, tasks, make_context, DeferredBuilder(stash, split), runner, database,
                      cost_model, records, spec.trials_per_iter, spec.max_trials_per_task or spec.trials,
-                     check=check)
+                     check=check, cold_start=cold_start)
     run = loop.run()
     tune_s = time.time() - t0
     times = split.as_dict()
     times["search"] = round(max(0.0, tune_s - split.wait - split.serialize - run.waited_s), 3)
     times["steer_wait"] = round(run.waited_s, 3)
     times["tune_total"] = round(tune_s, 3)
-    times.update(rounds=run.rounds, trials=run.trials, reused=run.reused)
+    times.update(rounds=run.rounds, trials=run.trials, reused=run.reused, warm_switches=run.warm_switches)
     redis.hset(names.job_splits_key(job_id), str(shard), json.dumps(times))
     return run
 
@@ -129,6 +130,8 @@ def finish_job(app, redis, job_id: str, work_dir: Path, grace_s: float = 120.0) 
     ended = max((sh.finished_at for sh in shards.values() if sh.finished_at), default=t_compile)
     times["tune_total"] = round(ended - started, 3)  # first shard's start to last shard's end
     times["compile"] = round(compile_s, 3)
+    for k in ("rounds", "reused", "warm_switches"):
+        times[k] = sum(sp.get(k, 0) for sp in splits)
     times["clients"] = len(shards)
     times["resumed_shards"] = sum(1 for sh in shards.values() if sh.attempts > 1)
     result = JobResult(

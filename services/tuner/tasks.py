@@ -149,7 +149,8 @@ def tune_shard(payload):
     lease = _LeaseKeeper(ref.job_id, ref.shard)
     try:
         run = search.tune_shard(app, r, ref.job_id, ref.shard, settings.work_dir, settings.batch_grace_s,
-                                check=lease.check, search_threads=settings.search_threads)
+                                check=lease.check, search_threads=settings.search_threads,
+                                cold_start=settings.cold_start)
     except Stopped as why:
         log.warning("job %s shard %s handed back: %s", ref.job_id, ref.shard, why)
         lease.stop()

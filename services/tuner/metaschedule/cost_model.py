@@ -59,6 +59,11 @@ class SnapshotCostModel(PyCostModel):
             self.app.send_task(names.INGEST_TASK, args=[batch.model_dump(mode="json")], queue=names.COSTMODEL_QUEUE)
             self.rows_sent += len(rows)
 
+    def trained(self) -> bool:
+        """Whether the updater has published a model for this target family (else predictions are random)."""
+        self._refresh()
+        return self.booster is not None
+
     def predict(self, context, candidates) -> np.ndarray:
         self._refresh()
         if self.booster is None:
