@@ -129,10 +129,13 @@ def run_matrix(client, model: Any, shares: list[int], placement: Placement, work
                example_inputs=None, name: str | None = None, job_timeout_s: float = 1800.0,
                deadline: float | None = None, serve_reserve_s: float = 0.0, rounds: int = 10,
                serve_timeout_s: float = 300.0, log: Callable[[str], None] = print,
-               on_partial: Callable[[ShareMatrix], None] | None = None) -> ShareMatrix:
+               on_partial: Callable[[ShareMatrix], None] | None = None,
+               on_job_timeout: Callable[[Any], None] | None = None) -> ShareMatrix:
     """Tune at each share (lanes of that share must be live in `client`'s stack), then serve every tuned
     model at every share. `deadline` (time.time()) with `serve_reserve_s` kept for serving: a share
-    whose tuning would start past it is skipped and recorded as such."""
+    whose tuning would start past it is skipped and recorded as such. A job still running at its
+    timeout cannot be cancelled: `on_job_timeout(job)` may stop it (e.g. stop the tuner processes) so
+    that it does not disturb what is measured next."""
     import numpy as np
 
     device = placement.device
@@ -178,6 +181,8 @@ def run_matrix(client, model: Any, shares: list[int], placement: Placement, work
             final = job.wait(timeout_s=timeout, poll_s=1.0)
         except TimeoutError as err:
             final = {"state": "timeout", "error": str(err)}
+            if on_job_timeout:
+                on_job_timeout(job)
         wall = time.time() - t0
         if final["state"] != "done":
             errors[f"{p}@*"] = f"tuning job {job.job_id} {final['state']}: {final.get('error')}"
