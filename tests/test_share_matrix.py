@@ -119,3 +119,19 @@ def test_cpu_shares_are_whole_cores():
         parse_shares("30,100", "cpu", host_cores=2)
     with pytest.raises(ShareError, match="outside 1..2"):
         shares_from_cores("1,4", host_cores=2)
+
+
+def test_lanes_and_serving_placement_per_share():
+    from sharetune.matrix import Placement
+
+    cpu = Placement("cpu", host_cores=4)
+    assert cpu.lanes([25, 50, 100]) == ["measure.cpu.c0", "measure.cpu.c1", "measure.cpu.c2", "measure.cpu.c3",
+                                        "measure.cpu.c0-1", "measure.cpu.c2-3", "measure.cpu.c0-3"]
+    args, env = cpu.serve_args(50)
+    assert args[-2:] == ["--cores", "0,1"] and env["TVM_NUM_THREADS"] == "2"
+    gpu = Placement("gpu", gpu_uuid="GPU-3f2a1c9b-0000-0000-0000-000000000000", mps_env={"CUDA_MPS_PIPE_DIRECTORY": "/p"})
+    assert gpu.lanes([10, 25, 50, 100]) == (["measure.3f2a1c9b.p10"] * 4 + ["measure.3f2a1c9b.p25"] * 4
+                                            + ["measure.3f2a1c9b.p50"] * 2 + ["measure.3f2a1c9b.p100"])
+    args, env = gpu.serve_args(25)
+    assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "25" and env["CUDA_VISIBLE_DEVICES"].startswith("GPU-3f2a1c9b")
+    assert env["CUDA_MPS_PIPE_DIRECTORY"] == "/p" and args == ["--device", "gpu"]
