@@ -286,7 +286,10 @@ def heatmap(reports: list[ShareMatrix], path: Path) -> str:
         ax.set_yticks(range(len(labels)), labels)
         ax.set_xlabel("served at")
         ax.set_ylabel("tuned at")
-        title = f"{r.model} ({r.device})\nrecommended {r.recommended_share} %, knee {r.knee_share} %"
+        def named(share):
+            return "none" if share is None else labels[r.shares.index(share)]
+
+        title = f"{r.model} ({r.device})\nrecommended tuning at {named(r.recommended_share)}, knee {named(r.knee_share)}"
         ax.set_title(title, fontsize=10)
         for t, row in enumerate(r.latency_us):
             for s, v in enumerate(row):
