@@ -10,10 +10,15 @@ model served at every share in a fresh process under that MPS percentage. Everyt
 recorded, a failed cell is recorded, and the JSON under $OUT is rewritten after every job and every
 serving process.
 
-Budget (H200, 16 cores per model, measured for bench/gpu_tuning.py: ~50 trials/min at 4x25 on conv
-tasks, compile ~22 s, stack start ~25 s): per share ~5 s plan + trials/40 min + 22 s compile, serving
-~15 s per share. Two GPUs, 48 trials, 3 shares: ~35 + 3 x 100 + 45 = ~380 s per model, in parallel.
-One GPU: both models in one stack at 24 trials: ~35 + 6 x 65 + 90 = ~515 s."""
+Budget (H200, 16 cores per model; bench/gpu_tuning.py measured ~16 s of evolutionary search per round
+whatever its size, compile ~22 s, stack start ~25 s with 4 lanes, more with 7): per share ~10 s plan
++ 3 rounds x ~20 s + ~22 s compile = ~95 s; serving ~15 s per share.
+- Two GPUs (nvidia-h200-x2), one model each, 48 trials in rounds of 16, 3 shares: ~45 + 3 x 95 + 45
+  = ~375 s, both models in parallel. The default; one call.
+- One GPU, both models: 24 trials in rounds of 8, ~45 + 6 x 80 + 90 = ~615 s: does not fit, the deadline
+  skips what is left (recorded). On one GPU make one call per model (`--models resnet18`, then
+  `--models transformer`, each ~375 s) and join them with `--merge A.json B.json`.
+"""
 from __future__ import annotations
 
 import argparse
@@ -104,7 +109,7 @@ def launch(args) -> None:
     OUT.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
     deadline = t0 + args.deadline_s
-    stem = "share_matrix_h200" if args.device == "gpu" else "share_matrix_cpu"
+    stem = ("share_matrix_h200" if args.device == "gpu" else "share_matrix_cpu") + (f"_{models[0]}" if len(models) == 1 else "")
     final_json, final_png = OUT / f"{stem}.json", OUT / f"{stem}.png"
     if len(found) >= len(models) > 1:
         log(f"{len(found)} GPUs: one model per GPU, in parallel")
@@ -136,7 +141,8 @@ def launch(args) -> None:
                 log(f"{model}: no result; see {OUT / f'share_matrix_{model}.log'}")
     else:
         if len(models) > 1:
-            log(f"{len(found)} GPU(s): the models one after another on GPU {args.gpu_index}")
+            where = f"GPU {args.gpu_index}" if args.device == "gpu" else "this CPU"
+            log(f"{len(found)} GPU(s): the models one after another on {where}")
         args.out_json = str(final_json)
         reports = run_models(args, models, deadline)
     for r in reports:
@@ -149,22 +155,46 @@ def launch(args) -> None:
         + f"; {time.time() - t0:.0f} s in all")
 
 
+def merge(paths: list[str], out_json: Path) -> None:
+    """Join the JSON of separate runs (e.g. one call per model on a one-GPU machine) into one file +
+    heatmap."""
+    from sharetune.matrix import write_outputs
+    from sharetune.share_matrix import ShareMatrix
+
+    reports = []
+    for p in paths:
+        body = json.loads(Path(p).read_text())
+        reports += [ShareMatrix.model_validate(m) for m in body.get("matrices", [body])]
+    png = write_outputs(reports, out_json, out_json.with_suffix(".png"))
+    for r in reports:
+        print(r.table())
+    print(f"wrote {out_json}" + (f" and {png}" if png else " (no heatmap: matplotlib missing)"))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--models", default="resnet18,transformer")
     ap.add_argument("--shares", default="25,50,100")
-    ap.add_argument("--trials", type=int, default=None, help="per share (default 48 with a GPU per model, else 24)")
-    ap.add_argument("--per-iter", type=int, default=8)
-    ap.add_argument("--tasks", type=int, default=4, help="tune each model's k heaviest tasks")
+    ap.add_argument("--trials", type=int, default=None,
+                    help="per share (default 48 when each model has a GPU to itself, else 24)")
+    ap.add_argument("--per-iter", type=int, default=None,
+                    help="trials per search round (default 16; 8 when the models share one GPU)")
+    ap.add_argument("--tasks", type=int, default=3, help="tune each model's k heaviest tasks")
     ap.add_argument("--rounds", type=int, default=10, help="timing rounds per cell, median")
     ap.add_argument("--deadline-s", type=float, default=530, help="all done (files written) within this")
     ap.add_argument("--device", choices=["gpu", "cpu"], default="gpu", help="cpu: rehearse the flow on this host")
     ap.add_argument("--gpu-index", type=int, default=None, help="run here on this GPU (a child, or by hand)")
     ap.add_argument("--work-dir", default="/tmp/share_matrix")
     ap.add_argument("--out-json", default=None)
+    ap.add_argument("--merge", nargs="*", help="join these JSON files into --out-json (+ PNG) and stop")
     args = ap.parse_args()
-    if args.trials is None:
-        args.trials = 48 if args.device == "gpu" and len(gpus()) >= len(args.models.split(",")) else 24
+    if args.merge:
+        merge(args.merge, Path(args.out_json or "bench/results/share_matrix_h200.json"))
+        return
+    # an evolutionary search round costs ~15 s whatever its size: few large rounds fit the call best
+    roomy = args.device == "gpu" and len(gpus()) >= len(args.models.split(","))
+    args.trials = args.trials or (48 if roomy else 24)
+    args.per_iter = args.per_iter or (16 if roomy else 8)
     if args.gpu_index is not None:  # a child (or a single run by hand)
         args.out_json = args.out_json or str(OUT / "share_matrix.json")
         run_models(args, args.models.split(","), time.time() + args.deadline_s)
