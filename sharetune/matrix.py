@@ -165,6 +165,9 @@ def run_matrix(client, model: Any, shares: list[int], placement: Placement, work
                                        "only_tasks": only_tasks, "target": target, "serve_rounds": rounds,
                                        "max_abs_err_vs_torch": max_err if reference_path else None})
 
+    from sharetune.intake import to_relax
+
+    relax_mod = to_relax(model, example_inputs).mod  # once, not once per share (torch.export takes seconds)
     tuned: dict[int, str] = {}
     for p in shares:
         left = None if deadline is None else deadline - serve_reserve_s - time.time()
@@ -173,8 +176,8 @@ def run_matrix(client, model: Any, shares: list[int], placement: Placement, work
             log(f"[matrix {name}] share {p} %: skipped, out of time")
             continue
         t0 = time.time()
-        job = client.submit(model, target=target, share=p, trials=trials, trials_per_iter=trials_per_iter,
-                            seed=seed, only_tasks=only_tasks, example_inputs=example_inputs, name=f"{name}@{p}")
+        job = client.submit(relax_mod, target=target, share=p, trials=trials, trials_per_iter=trials_per_iter,
+                            seed=seed, only_tasks=only_tasks, name=f"{name}@{p}")
         log(f"[matrix {name}] tuning at {p} %: job {job.job_id}, {trials} trials")
         timeout = job_timeout_s if left is None else max(30.0, min(job_timeout_s, left))
         try:
