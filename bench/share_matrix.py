@@ -42,7 +42,7 @@ def log(msg: str) -> None:
 def run_models(args, models: list[str], deadline: float) -> list:
     """All `models` on one GPU, one stack, one after another; the time left is split evenly."""
     from services.measurer.observers import make_observer
-    from shared import names
+    from shared import store
     from sharetune.client import Client
     from sharetune.matrix import MatrixStack, Placement, heaviest_tasks, run_matrix, write_outputs
     from sharetune.share_matrix import parse_shares
@@ -71,12 +71,13 @@ def run_models(args, models: list[str], deadline: float) -> list:
         client = Client(stack.redis_url)
 
         def stop_tuning(job) -> None:
-            # a job past its time keeps tuning on the GPU; stop the tuner so serving is measured quietly
-            log(f"job {job.job_id} overran: stopping the tuner processes")
+            # a job past its time keeps tuning on the GPU: cancel it (so no reaper resumes its shards),
+            # then stop the tuners so serving is measured quietly, and start fresh ones for what follows
+            log(f"job {job.job_id} overran: cancelling it and restarting the tuner clients")
+            store.set_state(client.redis, job.job_id, "cancelled", error="overran the matrix deadline")
             for proc in [n for n in list(stack.procs) if n.startswith("tuner")]:
                 stack.stop_process(proc, timeout_s=10)
-                # a fresh one for the next model's jobs (the overrun job's message stays unacked)
-                stack._worker(proc, names.TUNE_QUEUE, "services.tuner.tasks")
+                stack.start_tuner(proc)
 
         for i, model in enumerate(models):
             # the time left, split over the models still to run; serving reserve ~15 s per share

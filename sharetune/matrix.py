@@ -176,8 +176,9 @@ def run_matrix(client, model: Any, shares: list[int], placement: Placement, work
             log(f"[matrix {name}] share {p} %: skipped, out of time")
             continue
         t0 = time.time()
+        # no untuned baseline: the matrix compares tuned models only, and each compile costs ~20 s on a GPU host
         job = client.submit(relax_mod, target=target, share=p, trials=trials, trials_per_iter=trials_per_iter,
-                            seed=seed, only_tasks=only_tasks, name=f"{name}@{p}")
+                            seed=seed, only_tasks=only_tasks, name=f"{name}@{p}", untuned_baseline=False)
         log(f"[matrix {name}] tuning at {p} %: job {job.job_id}, {trials} trials")
         timeout = job_timeout_s if left is None else max(30.0, min(job_timeout_s, left))
         try:
