@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # On the GPU machine, after ../shared/device/stage.sh's install step (PYTHONPATH=/tmp/site:$PWD):
-#   bash bench/device_run.sh smoke|gputest|stock|ours|sharding  -> writes under $OUT
+#   bash bench/device_run.sh smoke|gputest|stock|ours|sharding|matrix  -> writes under $OUT
 set -uo pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site:$PWD
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -35,4 +35,9 @@ PY
         tar czf "$OUT/ours_logs.tgz" -C /tmp/gpu_bench . --exclude='*.so' --exclude=redis --exclude=database 2>/dev/null ;;
   sharding) timeout 570 python3 bench/gpu_sharding.py "${@:2}" 2>&1 | tail -40
         tar czf "$OUT/sharding_logs.tgz" -C /tmp/gpu_sharding . --exclude='*.so' --exclude=redis --exclude=database 2>/dev/null ;;
+  # tuned-at x served-at matrix, resnet18 + transformer; one model per GPU when there are two (~7 min)
+  matrix) nvidia-smi --query-gpu=index,uuid,name --format=csv,noheader
+          timeout 585 python3 bench/share_matrix.py "${@:2}" 2>&1 | tail -60
+          tar czf "$OUT/matrix_logs.tgz" -C /tmp/share_matrix . --exclude='*.so' --exclude=redis --exclude=database \
+              --exclude='*.npz' --exclude=ms 2>/dev/null ;;
 esac

@@ -1,0 +1,392 @@
+"""Tune at the share you serve at: tune a model at each share, serve each tuned model at every share,
+and return the tuned-at x served-at matrix (sharetune.share_matrix holds its pure logic).
+
+    from sharetune.matrix import matrix
+    report = matrix("tiny", [50, 100], device="cpu", trials=8)          # starts its own local stack
+    report = matrix("resnet18", [25, 50, 100], device="gpu", trials=48)  # GPU lanes under MPS
+
+Tuning: one job per share on lanes of that share, one share after another (so a share's measurements
+never overlap another share's), records of identical workloads reused from the store. Serving: for each
+share one fresh process placed at that share (CPU: affinity to that many cores + TVM_NUM_THREADS; GPU:
+CUDA_VISIBLE_DEVICES + CUDA_MPS_ACTIVE_THREAD_PERCENTAGE set before CUDA starts) times every tuned model,
+warm, interleaved, median of rounds. A failed job or cell is recorded, never fatal."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from pydantic import BaseModel, ConfigDict
+
+from shared import names
+from shared.errors import ShareError
+from sharetune.share_matrix import ShareMatrix, cores_for_share, parse_shares
+from sharetune.stack import Stack
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+# ---- where lanes and serving processes go ---------------------------------------------------------
+
+
+@dataclass
+class Placement:
+    """How to put a process at a share of one device: its cores (CPU) or GPU + MPS environment."""
+
+    device: str  # "cpu" | "gpu"
+    host_cores: int = field(default_factory=lambda: os.cpu_count() or 1)
+    gpu_uuid: str | None = None
+    mps_env: dict[str, str] = field(default_factory=dict)  # the MPS daemon's pipe and log dirs
+
+    def lanes(self, shares: list[int], max_lanes_per_share: int = 4) -> list[str]:
+        """Lane queues for tuning at each share (one entry per worker): as many lanes as fit the device
+        at that share, at most `max_lanes_per_share`. Shares are tuned one at a time, so lanes of
+        different shares may name the same cores or add up past 100 % of the GPU."""
+        out = []
+        for p in shares:
+            if self.device == "cpu":
+                n = cores_for_share(p, self.host_cores)
+                count = max(1, min(max_lanes_per_share, self.host_cores // n))
+                out += [names.LaneName.for_cpu(range(i * n, (i + 1) * n)).queue for i in range(count)]
+            else:
+                count = max(1, min(max_lanes_per_share, 100 // p))
+                out += [names.LaneName.for_gpu(self.gpu_uuid, p).queue] * count
+        return out
+
+    def serve_args(self, share: int) -> tuple[list[str], dict[str, str]]:
+        """Extra arguments and environment of a serving process at `share`."""
+        if self.device == "cpu":
+            n = cores_for_share(share, self.host_cores)
+            env = {"TVM_NUM_THREADS": str(n), "OMP_NUM_THREADS": str(n), "CUDA_VISIBLE_DEVICES": ""}
+            return ["--device", "cpu", "--cores", ",".join(str(c) for c in range(n))], env
+        env = {"CUDA_VISIBLE_DEVICES": self.gpu_uuid, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": str(share), **self.mps_env}
+        return ["--device", "gpu"], env
+
+
+class ServeOutput(BaseModel):
+    """The one JSON line a serving process prints (sharetune.evaluate)."""
+
+    model_config = ConfigDict(extra="forbid")
+    latency_us: dict[str, float]
+    errors: dict[str, str]
+    max_abs_err: dict[str, float] = {}
+
+
+def serve_at(share: int, modules: dict[str, str], inputs_path: Path, placement: Placement, rounds: int = 10,
+             timeout_s: float = 300.0, reference_path: Path | None = None) -> ServeOutput:
+    """Time every module in one fresh process placed at `share`: latency_us, errors (and max abs error
+    against the reference output when given), by label."""
+    extra, env = placement.serve_args(share)
+    argv = [sys.executable, "-m", "sharetune.evaluate", "--inputs", str(inputs_path), "--rounds", str(rounds), *extra]
+    if reference_path is not None:
+        argv += ["--reference", str(reference_path)]
+    for label, path in modules.items():
+        argv += ["--module", f"{label}={path}"]
+    full_env = {**os.environ, **env, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    try:
+        proc = subprocess.run(argv, env=full_env, cwd=REPO, capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        return ServeOutput(latency_us={}, errors={label: f"serving at {share} % timed out after {timeout_s:.0f} s"
+                                                  for label in modules})
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        tail = (proc.stderr.strip().splitlines() or ["no output"])[-1][:400]
+        return ServeOutput(latency_us={}, errors={label: f"serving process at {share} % exited {proc.returncode}: {tail}"
+                                                  for label in modules})
+    return ServeOutput.model_validate_json(lines[-1])
+
+
+
+
+# ---- the matrix -------------------------------------------------------------------------------------
+
+
+def model_inputs(model: Any, example_inputs=None) -> list:
+    """The model's inputs as numpy arrays: its example inputs when known (zoo, torch), else seeded
+    random arrays of its Relax inputs' shapes."""
+    import numpy as np
+
+    if isinstance(model, str) and not model.endswith(".onnx"):
+        from sharetune.zoo import get
+
+        _, example = get(model).build()
+        return [t.detach().numpy() for t in example]
+    if example_inputs is not None and all(hasattr(t, "detach") for t in example_inputs):
+        return [t.detach().numpy() for t in example_inputs]
+    from sharetune.intake import to_relax
+
+    rng = np.random.default_rng(0)
+    return [rng.standard_normal(shape).astype(dtype) for shape, dtype in to_relax(model, example_inputs).inputs]
+
+
+def run_matrix(client, model: Any, shares: list[int], placement: Placement, work_dir: Path, *, trials: int = 32,
+               trials_per_iter: int = 16, only_tasks: list[str] | None = None, seed: int | None = 0,
+               example_inputs=None, name: str | None = None, job_timeout_s: float = 1800.0,
+               deadline: float | None = None, serve_reserve_s: float = 0.0, rounds: int = 10,
+               serve_timeout_s: float = 300.0, log: Callable[[str], None] = print,
+               on_partial: Callable[[ShareMatrix], None] | None = None,
+               on_job_timeout: Callable[[Any], None] | None = None) -> ShareMatrix:
+    """Tune at each share (lanes of that share must be live in `client`'s stack), then serve every tuned
+    model at every share. `deadline` (time.time()) with `serve_reserve_s` kept for serving: a share
+    whose tuning would start past it is skipped and recorded as such. A job still running at its
+    timeout cannot be cancelled: `on_job_timeout(job)` may stop it (e.g. stop the tuner processes) so
+    that it does not disturb what is measured next."""
+    import numpy as np
+
+    device = placement.device
+    shares = parse_shares(shares, device, placement.host_cores)
+    target = "llvm" if device == "cpu" else "cuda"
+    live = {lane.share for lane in client.lanes() if lane.kind == device}
+    missing = [p for p in shares if p not in live]
+    if missing:
+        raise ShareError(f"no live {device} lane serves share(s) {', '.join(map(str, missing))} %; "
+                         f"live {device} shares: {sorted(live) or 'none'}")
+    name = name or (model if isinstance(model, str) else type(model).__name__)
+    work_dir = Path(work_dir)
+    work_dir.mkdir(parents=True, exist_ok=True)
+    inputs_path = work_dir / "inputs.npz"
+    np.savez(inputs_path, **{f"arg{i}": x for i, x in enumerate(model_inputs(model, example_inputs))})
+    reference_path = _write_reference(model, example_inputs, work_dir / "reference.npy")
+    n = len(shares)
+    latency: list[list[float | None]] = [[None] * n for _ in range(n)]
+    errors: dict[str, str] = {}
+    jobs: dict[str, dict] = {}
+    max_err: list[list[float | None]] = [[None] * n for _ in range(n)]  # against PyTorch, per cell
+    cores = [cores_for_share(p, placement.host_cores) for p in shares] if device == "cpu" else None
+
+    def snapshot() -> ShareMatrix:
+        return ShareMatrix.build(name, device, shares, latency, cores=cores, errors=dict(errors),
+                                 info={"jobs": dict(jobs), "trials_per_share": trials, "trials_per_iter": trials_per_iter,
+                                       "only_tasks": only_tasks, "target": target, "serve_rounds": rounds,
+                                       "max_abs_err_vs_torch": max_err if reference_path else None})
+
+    from sharetune.intake import to_relax
+
+    relax_mod = to_relax(model, example_inputs).mod  # once, not once per share (torch.export takes seconds)
+    tuned: dict[int, str] = {}
+    for p in shares:
+        left = None if deadline is None else deadline - serve_reserve_s - time.time()
+        if left is not None and left < 30:
+            errors[f"{p}@*"] = f"not tuned: {left + serve_reserve_s:.0f} s left before the deadline"
+            log(f"[matrix {name}] share {p} %: skipped, out of time")
+            continue
+        t0 = time.time()
+        # no untuned baseline: the matrix compares tuned models only, and each compile costs ~20 s on a GPU host
+        job = client.submit(relax_mod, target=target, share=p, trials=trials, trials_per_iter=trials_per_iter,
+                            seed=seed, only_tasks=only_tasks, name=f"{name}@{p}", untuned_baseline=False)
+        log(f"[matrix {name}] tuning at {p} %: job {job.job_id}, {trials} trials")
+        timeout = job_timeout_s if left is None else max(30.0, min(job_timeout_s, left))
+        try:
+            final = job.wait(timeout_s=timeout, poll_s=1.0)
+        except TimeoutError as err:
+            final = {"state": "timeout", "error": str(err)}
+            if on_job_timeout:
+                on_job_timeout(job)
+        wall = time.time() - t0
+        if final["state"] != "done":
+            errors[f"{p}@*"] = f"tuning job {job.job_id} {final['state']}: {final.get('error')}"
+            jobs[str(p)] = {"job_id": job.job_id, "state": final["state"], "wall_s": round(wall, 1)}
+            log(f"[matrix {name}] share {p} %: {errors[f'{p}@*']}")
+        else:
+            res = job.result()
+            tuned[p] = res.tuned_module_path
+            st = job.status()
+            jobs[str(p)] = {"job_id": job.job_id, "state": "done", "wall_s": round(wall, 1), "trials": res.trials,
+                            "reused_trials": sum(t["reused_trials"] for t in st["tasks"]),
+                            "errors": sum(t["errors"] for t in st["tasks"]), "time_split_s": res.time_split_s,
+                            "tuned_module_path": res.tuned_module_path}
+            log(f"[matrix {name}] share {p} %: tuned, {res.trials} trials in {wall:.0f} s")
+        if on_partial:
+            on_partial(snapshot())
+    modules = {str(p): path for p, path in tuned.items()}
+    for s, served in enumerate(shares):
+        if not modules:
+            break
+        t0 = time.time()
+        got = serve_at(served, modules, inputs_path, placement, rounds, serve_timeout_s, reference_path)
+        lat, errs = got.latency_us, got.errors
+        for t, p in enumerate(shares):
+            if str(p) in got.max_abs_err:
+                max_err[t][s] = got.max_abs_err[str(p)]
+            if str(p) in lat:
+                latency[t][s] = lat[str(p)]
+            elif str(p) in errs:
+                errors[f"{p}@{served}"] = errs[str(p)]
+        log(f"[matrix {name}] served at {served} % in {time.time() - t0:.0f} s: "
+            + ", ".join(f"tuned@{k} {v:.1f} us" for k, v in lat.items()) + (f"; errors {errs}" if errs else ""))
+        if on_partial:
+            on_partial(snapshot())
+    return snapshot()
+
+
+def _write_reference(model: Any, example_inputs, path: Path) -> Path | None:
+    """PyTorch's output for a zoo or torch model, so every served cell is checked numerically."""
+    import numpy as np
+
+    from sharetune.intake import reference_output
+
+    if isinstance(model, str) and not model.endswith(".onnx"):
+        from sharetune.zoo import get
+
+        model, example_inputs = get(model).build()
+    if not hasattr(model, "eval") or example_inputs is None:
+        return None
+    np.save(path, reference_output(model, example_inputs), allow_pickle=False)
+    return path
+
+
+def heaviest_tasks(model: Any, k: int, device: str, example_inputs=None) -> list[str]:
+    """Names of the model's k heaviest tasks (FLOPs x weight), for only_tasks."""
+    import tvm  # noqa: F401 - the extraction below is TVM's; this process already pays for it
+
+    from services.measurer.metaschedule.evaluate import cpu_target, gpu_target
+    from services.tuner.metaschedule.extract import extract
+    from sharetune.intake import to_relax
+
+    target = cpu_target(1) if device == "cpu" else gpu_target()
+    tasks = extract(to_relax(model, example_inputs).mod, target)
+    return [t.name for t in sorted(tasks, key=lambda t: -t.flops * t.weight)[:k]]
+
+
+# ---- outputs ----------------------------------------------------------------------------------------
+
+
+def write_outputs(reports: list[ShareMatrix], json_path: Path, png_path: Path | None = None) -> str | None:
+    """Write the JSON (one matrix, or {"matrices": [...]} for several) and the heatmap; returns the
+    heatmap's path, or None when matplotlib is missing (the JSON and the table still tell all)."""
+    json_path = Path(json_path)
+    json_path.parent.mkdir(parents=True, exist_ok=True)
+    body = reports[0].model_dump(mode="json") if len(reports) == 1 else {"matrices": [r.model_dump(mode="json") for r in reports]}
+    tmp = json_path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(body, indent=1))
+    tmp.replace(json_path)  # a reader never sees half a file
+    if png_path is None:
+        return None
+    try:
+        return heatmap(reports, png_path)
+    except ImportError:
+        return None
+
+
+def heatmap(reports: list[ShareMatrix], path: Path) -> str:
+    """One panel per model: colour = latency over the column's best, text = µs and that ratio."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    fig, axes = plt.subplots(1, len(reports), figsize=(4.2 * len(reports) + 1, 4.4), squeeze=False)
+    for ax, r in zip(axes[0], reports):
+        norm = np.array([[v if v is not None else np.nan for v in row] for row in r.normalised], dtype=float)
+        im = ax.imshow(norm, cmap="viridis_r", vmin=1.0, vmax=max(1.25, float(np.nanmax(norm)) if np.isfinite(norm).any() else 1.25))
+        labels = [f"{c} core{'s' * (c > 1)}" for c in r.cores] if r.cores else [f"{s} %" for s in r.shares]
+        ax.set_xticks(range(len(labels)), labels)
+        ax.set_yticks(range(len(labels)), labels)
+        ax.set_xlabel("served at")
+        ax.set_ylabel("tuned at")
+        def named(share):
+            return "none" if share is None else labels[r.shares.index(share)]
+
+        title = f"{r.model} ({r.device})\nrecommended tuning at {named(r.recommended_share)}, knee {named(r.knee_share)}"
+        ax.set_title(title, fontsize=10)
+        for t, row in enumerate(r.latency_us):
+            for s, v in enumerate(row):
+                text = "failed" if v is None else f"{v:.0f} us\nx{r.normalised[t][s]:.2f}"
+                bold = r.recommended_share == r.shares[t]
+                ax.text(s, t, text, ha="center", va="center", fontsize=8, color="white" if v is not None and r.normalised[t][s] > 1.12 else "black",
+                        fontweight="bold" if bold else "normal")
+        fig.colorbar(im, ax=ax, fraction=0.046, label="x column best")
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return str(path)
+
+
+# ---- one call: a local stack with the lanes the shares need -------------------------------------
+
+
+def matrix(model: Any, shares, *, device: str = "cpu", trials: int = 32, trials_per_iter: int = 16,
+           work_dir: str | Path = "runs/matrix", only_tasks: list[str] | None = None, tasks: int | None = None,
+           redis_url: str | None = None, gpu_index: int = 0, max_lanes_per_share: int = 4, example_inputs=None,
+           name: str | None = None, seed: int | None = 0, job_timeout_s: float = 1800.0, deadline: float | None = None,
+           serve_reserve_s: float = 0.0, rounds: int = 10, out_json: str | Path | None = None,
+           out_png: str | Path | None = None, log: Callable[[str], None] = print) -> ShareMatrix:
+    """Start a local stack with lanes of every share (or use the running one at `redis_url`, whose lanes
+    must serve them), build the matrix, write JSON + heatmap when asked. Bad shares raise ShareError
+    before anything starts."""
+    from sharetune.client import Client
+
+    placement = Placement(device)
+    shares = parse_shares(shares, device, placement.host_cores)
+    work_dir = Path(work_dir)
+    stack = None
+    if device == "gpu":
+        from services.measurer.observers import make_observer
+
+        gpus = make_observer().inventory()
+        gpu = next((g for g in gpus if g.index == gpu_index), None)
+        if gpu is None:
+            raise ShareError(f"no GPU with index {gpu_index} on this host (found {[g.index for g in gpus]})")
+        placement.gpu_uuid = gpu.uuid
+    if only_tasks is None and tasks:
+        only_tasks = heaviest_tasks(model, tasks, device, example_inputs)
+    if redis_url is None:
+        stack = MatrixStack(work_dir / "stack", lanes=placement.lanes(shares, max_lanes_per_share))
+    elif device == "gpu":
+        from services.measurer.mps import MpsDaemon
+        from shared.errors import LaneError
+
+        # serving below 100 % without a daemon would silently run on the whole GPU
+        mps = MpsDaemon(os.environ.get("CUDA_MPS_PIPE_DIRECTORY", "/tmp/nvidia-mps"),
+                        os.environ.get("CUDA_MPS_LOG_DIRECTORY", "/var/log/nvidia-mps"))
+        if min(shares) < 100 and not mps.is_running():
+            raise LaneError(f"no MPS control daemon answers on {mps.pipe_dir}: cannot serve below 100 %")
+        placement.mps_env = mps.environment()
+    name = name or (model if isinstance(model, str) else type(model).__name__)
+
+    def partial(report: ShareMatrix) -> None:
+        if out_json:
+            write_outputs([report], Path(out_json))
+
+    try:
+        if stack is not None:
+            t0 = time.time()
+            stack.start()
+            redis_url = stack.redis_url
+            log(f"[matrix {name}] stack up in {time.time() - t0:.0f} s, lanes {', '.join(sorted(set(stack.lanes)))}")
+            if stack.mps is not None:
+                placement.mps_env = stack.mps.environment()
+        report = run_matrix(Client(redis_url), model, shares, placement, work_dir / "serve", trials=trials,
+                            trials_per_iter=trials_per_iter, only_tasks=only_tasks, seed=seed,
+                            example_inputs=example_inputs, name=name, job_timeout_s=job_timeout_s, deadline=deadline,
+                            serve_reserve_s=serve_reserve_s, rounds=rounds, log=log, on_partial=partial)
+    finally:
+        if stack is not None:
+            stack.stop()
+    if out_json:
+        write_outputs([report], Path(out_json), Path(out_png) if out_png else None)
+    return report
+
+
+class MatrixStack(Stack):
+    """A stack whose lanes of different shares work one share at a time: a GPU lane's warm build pool
+    gets the host's cores split among the lanes of its own share, not among every lane."""
+
+    def start_lane(self, queue: str, instance: int = 0):
+        lane = names.LaneName.parse(queue)
+        if lane.kind != "gpu" or "SHARETUNE_BUILD_WORKERS" in os.environ:
+            return super().start_lane(queue, instance)
+        cores = int(os.environ.get("SHARETUNE_MATRIX_CORES", os.cpu_count() or 1))
+        os.environ["SHARETUNE_BUILD_WORKERS"] = str(max(1, cores // self.lanes.count(queue)))
+        try:  # Stack reads it from this process's environment when it starts the lane
+            return super().start_lane(queue, instance)
+        finally:
+            del os.environ["SHARETUNE_BUILD_WORKERS"]

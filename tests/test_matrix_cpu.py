@@ -1,0 +1,94 @@
+"""The tuned-at x served-at matrix end to end on the CPU with core-count shares: the session stack's
+one-core lanes plus a two-core lane started here, real tuning jobs, real serving processes pinned to
+1 and 2 cores."""
+import json
+import os
+
+import pytest
+
+from shared.errors import ShareError
+
+pytestmark = pytest.mark.e2e
+
+TWO_CORES = "measure.cpu.c0-1"
+
+
+@pytest.fixture(scope="module")
+def cpu_matrix(stack, client, tmp_path_factory):
+    if (os.cpu_count() or 1) < 2:
+        pytest.skip("needs two cores for lanes of 1 and 2 cores")
+    from sharetune.matrix import Placement, run_matrix
+    from sharetune.share_matrix import shares_from_cores
+
+    stack.start_lane(TWO_CORES)
+    try:
+        stack.wait_for_lanes([TWO_CORES], 300)
+        shares = shares_from_cores("1,2", os.cpu_count())
+        # tiny budget (one round, the heaviest task): the matrix's shape and bookkeeping are under test
+        # here, not tuning quality
+        report = run_matrix(client, "tiny", shares, Placement("cpu"), tmp_path_factory.mktemp("matrix"), trials=4,
+                            trials_per_iter=4, seed=0, rounds=3, job_timeout_s=600)
+    finally:
+        stack.stop_process(f"lane-{TWO_CORES}")
+    return report
+
+
+def test_matrix_is_complete_and_normalised(cpu_matrix):
+    m = cpu_matrix
+    assert m.device == "cpu" and m.cores == [1, 2] and len(m.shares) == 2
+    assert m.complete, m.errors
+    assert all(v > 0 for row in m.latency_us for v in row)
+    for s in range(2):
+        col = [m.normalised[t][s] for t in range(2)]
+        assert min(col) == 1.0 and all(v >= 1.0 for v in col)
+    assert m.recommended_share in m.shares and m.knee_share in m.shares
+    assert all(job["state"] == "done" and job["trials"] >= 4 for job in m.info["jobs"].values())
+
+
+def test_each_share_was_tuned_by_its_own_lanes(cpu_matrix, client):
+    """A job at a share measures only on lanes of that share: its records carry that share."""
+    from shared import store
+
+    for share, job in zip(cpu_matrix.shares, cpu_matrix.info["jobs"].values()):
+        recs = [r for t in store.job_tasks(client.redis, job["job_id"]) for r in store.records(client.redis, t.wkey)
+                if r.job_id == job["job_id"]]
+        assert recs and all(r.share == share for r in recs)
+
+
+def test_outputs_json_and_table(cpu_matrix, tmp_path):
+    from sharetune.matrix import write_outputs
+    from sharetune.share_matrix import ShareMatrix
+
+    write_outputs([cpu_matrix], tmp_path / "m.json")
+    again = ShareMatrix.model_validate(json.loads((tmp_path / "m.json").read_text()))
+    assert again.latency_us == cpu_matrix.latency_us
+    table = cpu_matrix.table()
+    assert "1c" in table and "2c" in table and "recommended tuning share" in table
+
+
+def test_heatmap_png(cpu_matrix, tmp_path):
+    pytest.importorskip("matplotlib")
+    from sharetune.matrix import heatmap
+
+    path = heatmap([cpu_matrix], tmp_path / "m.png")
+    assert open(path, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_bad_share_lists_are_refused_before_any_work(client, tmp_path):
+    from sharetune.matrix import Placement, run_matrix
+
+    with pytest.raises(ShareError, match="whole number of cores"):
+        run_matrix(client, "tiny", [30, 100], Placement("cpu", host_cores=2), tmp_path)
+    with pytest.raises(ShareError, match="more than once"):
+        run_matrix(client, "tiny", "50,50", Placement("cpu", host_cores=2), tmp_path)
+    with pytest.raises(ShareError, match="no live cpu lane serves share"):
+        run_matrix(client, "tiny", [25, 50], Placement("cpu", host_cores=4), tmp_path)
+
+
+def test_cli_refuses_bad_shares_clearly(capsys):
+    from sharetune.cli import main
+
+    assert main(["matrix", "tiny", "--shares", "25,abc"]) == 2
+    assert "whole percentages" in capsys.readouterr().err
+    assert main(["matrix", "tiny", "--cores", "1,99"]) == 2
+    assert "outside 1.." in capsys.readouterr().err
