@@ -128,6 +128,7 @@ def run_matrix(client, model: Any, shares: list[int], placement: Placement, work
                trials_per_iter: int = 16, only_tasks: list[str] | None = None, seed: int | None = 0,
                example_inputs=None, name: str | None = None, job_timeout_s: float = 1800.0,
                deadline: float | None = None, serve_reserve_s: float = 0.0, rounds: int = 10,
+               before_serving=None,
                serve_timeout_s: float = 300.0, log: Callable[[str], None] = print,
                on_partial: Callable[[ShareMatrix], None] | None = None,
                on_job_timeout: Callable[[Any], None] | None = None) -> ShareMatrix:
@@ -204,6 +205,8 @@ def run_matrix(client, model: Any, shares: list[int], placement: Placement, work
         if on_partial:
             on_partial(snapshot())
     modules = {str(p): path for p, path in tuned.items()}
+    if before_serving is not None and modules:
+        before_serving()  # e.g. stop the lanes: a served model has the device (at its share) to itself
     for s, served in enumerate(shares):
         if not modules:
             break
@@ -367,7 +370,8 @@ def matrix(model: Any, shares, *, device: str = "cpu", trials: int = 32, trials_
         report = run_matrix(Client(redis_url), model, shares, placement, work_dir / "serve", trials=trials,
                             trials_per_iter=trials_per_iter, only_tasks=only_tasks, seed=seed,
                             example_inputs=example_inputs, name=name, job_timeout_s=job_timeout_s, deadline=deadline,
-                            serve_reserve_s=serve_reserve_s, rounds=rounds, log=log, on_partial=partial)
+                            serve_reserve_s=serve_reserve_s, rounds=rounds, log=log, on_partial=partial,
+                            before_serving=stack.stop_lanes if stack is not None else None)
     finally:
         if stack is not None:
             stack.stop()
