@@ -85,7 +85,8 @@ def run_models(args, models: list[str], deadline: float) -> list:
             report = run_matrix(client, model, shares, placement, work / model, trials=args.trials,
                                 trials_per_iter=args.per_iter, only_tasks=tasks[model], seed=0, name=model,
                                 deadline=my_deadline, serve_reserve_s=15 * len(shares) + 10, rounds=args.rounds,
-                                serve_timeout_s=120, log=log, on_partial=save, on_job_timeout=stop_tuning)
+                                serve_timeout_s=120, log=log, on_partial=save, on_job_timeout=stop_tuning,
+                                before_serving=stack.stop_lanes if i == len(models) - 1 else None)
             report.info.update({"gpu": gpu.name if gpu else None, "gpu_uuid8": gpu.uuid8 if gpu else None,
                                 "tasks": tasks[model],
                                 "lanes": sorted(set(stack.lanes)), "host_cores": os.cpu_count()})

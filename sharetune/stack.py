@@ -37,6 +37,23 @@ def gpu_lanes(spec, max_total_percent: int = 100, observer=None) -> list[str]:
     return [lane.queue for lane, count in plan_gpu_lanes(gpus, spec, max_total_percent) for _ in range(count)]
 
 
+MPS_MAX_CLIENTS = 48  # client processes one MPS server accepts per GPU (Volta and later)
+
+
+def gpu_build_workers(lanes: list[str], queue: str, cores: int, asked: str | None = None) -> int:
+    """Build workers beside one GPU lane. GPU candidates take seconds to build and microseconds to time,
+    so by default each GPU lane gets an equal part of the host's cores. Each build worker is an MPS client
+    of its GPU, as is each lane: past 48 on one GPU the MPS server refuses new clients
+    (cudaErrorDevicesUnavailable, seen on the H200 with seven lanes and their pools), so the pools of one
+    GPU's lanes stay within that limit, one client left for serving."""
+    parsed = [names.LaneName.parse(q) for q in lanes]
+    gpu_lanes = sum(1 for l in parsed if l.kind == "gpu") or 1
+    mine = names.LaneName.parse(queue)
+    on_gpu = sum(1 for l in parsed if l.kind == "gpu" and l.gpu == mine.gpu) or 1
+    workers = int(asked) if asked else max(1, cores // gpu_lanes)
+    return max(1, min(workers, (MPS_MAX_CLIENTS - 1 - on_gpu) // on_gpu))
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -121,11 +138,9 @@ class Stack:
                 raise RuntimeError(f"lane {queue}: no GPU with UUID starting {lane.gpu} on this host")
             args += ["--gpu-uuid", self.gpu_uuids[lane.gpu]]
         env = self._env()
-        if lane.kind == "gpu" and "SHARETUNE_BUILD_WORKERS" not in os.environ:
-            # GPU candidates take seconds to build and micro-seconds to time: give each GPU lane a warm
-            # build pool with an equal part of the host's cores
-            gpu_lanes = sum(1 for q in self.lanes if names.LaneName.parse(q).kind == "gpu")
-            env["SHARETUNE_BUILD_WORKERS"] = str(max(1, (os.cpu_count() or 1) // gpu_lanes))
+        if lane.kind == "gpu":
+            env["SHARETUNE_BUILD_WORKERS"] = str(gpu_build_workers(self.lanes, queue, os.cpu_count() or 1,
+                                                                   os.environ.get("SHARETUNE_BUILD_WORKERS")))
         return self._spawn(f"lane-{queue}-{instance}" if instance else f"lane-{queue}", args, env)
 
     def _start_gpu_support(self) -> None:
