@@ -17,7 +17,7 @@ from celery import signals
 from shared import names, store
 from shared.celery_app import make_celery
 from shared.errors import MessageError
-from shared.messages import LaneInfo, MeasureBatch, MeasureResult
+from shared.messages import LaneBatch, LaneInfo, MeasureBatch, MeasureResult
 from shared.settings import LaneSettings
 from services.measurer.lanes import lane_share
 
@@ -114,7 +114,14 @@ def measure_batch(payload):
     except MessageError as err:
         _answer_malformed(payload, str(err))
         return {"error": str(err)}
-    store.mark_batch_started(STATE.redis, batch.batch_id, LANE.queue, STATE.info.worker if STATE.info else None)
+    worker = STATE.info.worker if STATE.info else f"{socket.gethostname()}.{os.getpid()}"
+    store.mark_batch_started(STATE.redis, batch.batch_id, LANE.queue, worker)
+    if store.job_cancelled(STATE.redis, batch.job_id):  # answered, so no one waits on it
+        for cand in batch.candidates:
+            store.put_result(STATE.redis, batch.batch_id,
+                             MeasureResult(candidate_id=cand.candidate_id, error="job cancelled", lane=LANE.queue))
+        return {"batch_id": batch.batch_id, "measured": 0, "cancelled": True}
+    started = time.time()
     target = evaluate.target_from_json(batch.target) if batch.target else STATE.target
     ok = 0
     window = STATE.observer is not None
@@ -140,6 +147,9 @@ def measure_batch(payload):
         for res in measured:
             res.device.update(facts)
             store.put_result(STATE.redis, batch.batch_id, res)
+    store.log_lane_batch(STATE.redis, batch.job_id, LaneBatch(
+        batch_id=batch.batch_id, lane=LANE.queue, worker=worker, started_at=started, finished_at=time.time(),
+        candidates=len(batch.candidates), errors=len(batch.candidates) - ok))
     with STATE.lock:
         STATE.info.batches += 1
         STATE.info.candidates += len(batch.candidates)

@@ -14,6 +14,7 @@ from tvm.s_tir.meta_schedule.measure_callback import PyMeasureCallback
 
 from shared import store
 from shared.codec import load_ir, pack_json_text, unpack_json_text
+from shared.errors import JobCancelled
 from shared.messages import Record, TaskProgress
 
 
@@ -119,6 +120,9 @@ class StoreRecords(PyMeasureCallback):
                 prog.best_us = us if prog.best_us is None else min(prog.best_us, us)
         self.progress[prog.task_id] = prog
         store.put_progress(self.redis, self.job_id, prog)
+        # the one cancel check of the tuner: after each round's records are kept, leave the search
+        if store.job_cancelled(self.redis, self.job_id):
+            raise JobCancelled(f"job {self.job_id} was cancelled")
 
 
 def retime_top_k(redis, runner, job_id: str, wkeys: list[str], k: int) -> dict:
