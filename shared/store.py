@@ -210,6 +210,15 @@ def lane_alive(r: redis.Redis, queue: str) -> bool:
     return next(iter(r.scan_iter(match=names.lane_key(queue), count=500)), None) is not None
 
 
+def claim_slot(r: redis.Redis, scope: str, slots: int, worker: str, ttl_s: int = names.LANE_TTL_S) -> int | None:
+    """Claim the first free slot of a lane pool for `worker` (atomic per slot); None when all are taken.
+    The claim lives while its owner refreshes it (the lane's heartbeat)."""
+    for i in range(slots):
+        if r.set(names.lane_claim_key(scope, i), worker, nx=True, ex=ttl_s):
+            return i
+    return None
+
+
 # ---- measurement results -----------------------------------------------------------------------------
 
 

@@ -78,6 +78,16 @@ class _LaneState:
         with self.lock:
             store.announce_lane(self.redis, self.info)
 
+    def keep_claim(self) -> None:
+        """A replica that claimed its lane from a pool holds the claim while it lives."""
+        worker = f"{socket.gethostname()}.{os.getpid()}"
+        while not self.stop.is_set():
+            try:
+                self.redis.set(settings.lane_claim, worker, ex=names.LANE_TTL_S)
+            except Exception:  # noqa: BLE001 - Redis may be restarting; the next beat retries
+                log.warning("lane claim refresh failed", exc_info=True)
+            self.stop.wait(names.LANE_TTL_S / 3)
+
     def _heartbeat(self) -> None:
         while not self.stop.wait(names.LANE_TTL_S / 3):
             try:
@@ -91,6 +101,8 @@ STATE = _LaneState()
 
 @signals.worker_ready.connect
 def _on_ready(**_):
+    if settings.lane_claim:  # before the warm-up, which may outlast the claim's TTL
+        threading.Thread(target=STATE.keep_claim, name="lane-claim", daemon=True).start()
     STATE.start()
 
 
@@ -100,6 +112,8 @@ def _on_shutdown(**_):
     try:
         if STATE.info is not None:
             store.retire_lane(STATE.redis, STATE.info)
+        if settings.lane_claim and STATE.redis.get(settings.lane_claim) == f"{socket.gethostname()}.{os.getpid()}".encode():
+            STATE.redis.delete(settings.lane_claim)  # only our own claim: it may have passed to another
     except Exception:  # noqa: BLE001
         pass
 
