@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 
-ACTIVE = ("tuning", "retiming", "compiling")
 
 
 def bar(fraction: float, width: int = 20) -> str:
@@ -32,11 +31,14 @@ def estimates(st: dict, now: float) -> dict:
     A task has no fixed budget (MetaSchedule's gradient scheduler moves trials to the tasks that gain
     most), so a task's bar is against an even split of the job's budget, and its ETA is at its own rate."""
     tasks = st.get("tasks") or []
-    started = (st.get("times") or {}).get("tuning_at")
-    elapsed = max(1e-9, now - started) if started else None
+    times = st.get("times") or {}
+    started = times.get("tuning_at")
+    ended = [times[k] for k in ("retiming_at", "compiling_at", "cancelled_at", "failed_at", "done_at") if k in times]
+    end = min(ended) if ended and started and min(ended) >= started else now  # the search's own span
+    elapsed = max(1e-9, end - started) if started else None
     trials, budget = st.get("trials", 0), max(1, st.get("budget", 1))
     rate = trials / elapsed if elapsed and trials else None
-    done = st.get("state") not in ("queued", "planning", "planned", *ACTIVE)
+    done = st.get("state") not in ("queued", "planning", "planned", "tuning")  # the search is over
     eta = 0.0 if done or trials >= budget else ((budget - trials) / rate if rate else None)
     per_task = max(1, math.ceil(budget / max(1, len(tasks))))
     out_tasks = []
@@ -44,7 +46,7 @@ def estimates(st: dict, now: float) -> dict:
         t_rate = t["trials"] / elapsed if elapsed and t["trials"] else None
         left = max(0, per_task - t["trials"])
         out_tasks.append({"task": t["task"], "fraction": min(1.0, t["trials"] / per_task),
-                          "eta_s": 0.0 if done or not left else (left / t_rate if t_rate else None)})
+                          "eta_s": 0.0 if done or not left or trials >= budget else (left / t_rate if t_rate else None)})
     return {"elapsed_s": elapsed, "rate": rate, "eta_s": eta, "fraction": min(1.0, trials / budget),
             "per_task_budget": per_task, "tasks": out_tasks}
 
