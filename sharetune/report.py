@@ -87,7 +87,7 @@ def _fmt(v: float) -> str:
 
 def line_chart(series: list[tuple[str, list[tuple[float, float]]]], x_label: str, y_label: str,
                title: str, step: bool = True, y_min: float | None = None, y_max: float | None = None,
-               w: int = 640, h: int = 300) -> str:
+               w: int = 600, h: int = 300) -> str:
     pts = [(x, y) for _, s in series for x, y in s if y is not None]
     if not pts:
         return f"<p class='empty'>{html.escape(title)}: no data yet</p>"
@@ -134,12 +134,12 @@ def line_chart(series: list[tuple[str, list[tuple[float, float]]]], x_label: str
     return "<figure>" + "".join(out) + f"<figcaption class='legend'>{legend}</figcaption></figure>"
 
 
-def lane_timeline(lanes: dict[str, list], end_s: float, w: int = 640) -> str:
+def lane_timeline(lanes: dict[str, list], end_s: float, w: int = 600) -> str:
     """One row per lane worker, a block per batch it measured (busy), with its busy share."""
     if not lanes:
         return "<p class='empty'>no lane batches recorded for this job</p>"
     ml, mr, mt, row = 260, 12, 28, 22
-    h = mt + row * len(lanes) + 30
+    h = mt + row * len(lanes) + 40
     pw = w - ml - mr
     sx = lambda x: ml + pw * x / (end_s or 1)
     out = [f"<svg xmlns='http://www.w3.org/2000/svg' width='{w}' height='{h}' viewBox='0 0 {w} {h}' role='img'>",
@@ -153,8 +153,8 @@ def lane_timeline(lanes: dict[str, list], end_s: float, w: int = 640) -> str:
             out.append(f"<rect x='{sx(a):.1f}' y='{y + 3}' width='{max(1.0, sx(b) - sx(a)):.1f}' height='{row - 6}' "
                        f"fill='{PALETTE[i % len(PALETTE)]}'><title>{n} candidates, {b - a:.2f} s</title></rect>")
     for t in _ticks(0, end_s):
-        out.append(f"<text x='{sx(t):.1f}' y='{h - 12}' text-anchor='middle'>{_fmt(t)}</text>")
-    out.append(f"<text x='{ml + pw / 2}' y='{h}' text-anchor='middle'>seconds since tuning started</text></svg>")
+        out.append(f"<text x='{sx(t):.1f}' y='{h - 22}' text-anchor='middle'>{_fmt(t)}</text>")
+    out.append(f"<text x='{ml + pw / 2}' y='{h - 4}' text-anchor='middle'>seconds since tuning started</text></svg>")
     return "<figure>" + "".join(out) + "</figure>"
 
 
