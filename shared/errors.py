@@ -29,3 +29,7 @@ class JobError(SharetuneError):
 class LaneError(SharetuneError):
     """A lane cannot run as asked on this host: MPS missing for a partial GPU share, or its control
     daemon will not start or stop."""
+
+
+class JobCancelled(SharetuneError):
+    """A user cancelled the job; raised inside the tuner to leave the search between rounds."""

@@ -204,6 +204,18 @@ class LaneInfo(Contract):
     candidates: int = 0
 
 
+class LaneBatch(Contract):
+    """One batch a lane worker measured for a job: the facts behind lane utilisation in reports."""
+
+    batch_id: str
+    lane: str
+    worker: str
+    started_at: float
+    finished_at: float
+    candidates: int
+    errors: int = 0
+
+
 class TimingConfig(Contract):
     """Timing hygiene as MetaSchedule's EvaluatorConfig: number x repeat with a floor in ms."""
 

@@ -113,6 +113,21 @@ def job_progress_key(job_id: str) -> str:
     return f"{PREFIX}:job:{job_id}:progress"
 
 
+def job_cancel_key(job_id: str) -> str:
+    """Set (no TTL) when a user cancels a job; the tuner stops between rounds, lanes skip its batches."""
+    return f"{PREFIX}:job:{job_id}:cancel"
+
+
+def job_batches_key(job_id: str) -> str:
+    """List of LaneBatch JSON: which lane worker measured which batch of the job, and when (reports)."""
+    return f"{PREFIX}:job:{job_id}:batches"
+
+
+def lane_claim_key(scope: str, slot: int) -> str:
+    """A measurer replica's claim on slot `slot` of a lane pool (docker compose --scale), with a TTL."""
+    return f"{PREFIX}:claim:{scope}:{slot}"
+
+
 JOBS_KEY = f"{PREFIX}:jobs"  # sorted set of job ids by submit time
 ACTIVE_JOBS_KEY = f"{PREFIX}:jobs:active"  # set of job ids whose shards are being tuned (the reaper's list)
 

@@ -14,6 +14,7 @@ from shared.messages import (
     JobResult,
     JobSpec,
     JobTask,
+    LaneBatch,
     LaneInfo,
     MeasureResult,
     Record,
@@ -61,11 +62,51 @@ def job_model(r: redis.Redis, job_id: str) -> bytes:
     return blob
 
 
-def set_state(r: redis.Redis, job_id: str, state: str, error: str | None = None, **extra) -> None:
-    mapping = {"state": state, "updated_at": time.time(), **{k: str(v) for k, v in extra.items()}}
+# A cancelled job stays cancelled: a planner or tuner still finishing a step must not overwrite it.
+_SET_STATE = """
+if redis.call('HGET', KEYS[1], 'state') == 'cancelled' then return 0 end
+redis.call('HSET', KEYS[1], unpack(ARGV))
+return 1
+"""
+
+
+def set_state(r: redis.Redis, job_id: str, state: str, error: str | None = None, **extra) -> bool:
+    """Move a job to `state` (and stamp `<state>_at`, for ETAs and reports); False if it was cancelled."""
+    now = time.time()
+    mapping = {"state": state, "updated_at": now, f"{state}_at": now, **{k: str(v) for k, v in extra.items()}}
     if error is not None:
         mapping["error"] = error
-    r.hset(names.job_key(job_id), mapping=mapping)
+    args = [str(x) for kv in mapping.items() for x in kv]
+    return bool(r.eval(_SET_STATE, 1, names.job_key(job_id), *args))
+
+
+_CANCEL = """
+local state = redis.call('HGET', KEYS[1], 'state')
+if not state then return false end
+if state == 'done' or state == 'failed' or state == 'cancelled' then return state end
+redis.call('SET', KEYS[2], ARGV[1])
+redis.call('HSET', KEYS[1], 'state', 'cancelled', 'updated_at', ARGV[1], 'cancelled_at', ARGV[1])
+return 'cancelled'
+"""
+
+
+def cancel_job(r: redis.Redis, job_id: str) -> str:
+    """Ask a job to stop: the tuner leaves the search after the current round, lanes skip its batches.
+    Returns the state the job is in afterwards (a finished job stays done or failed). Atomic, so a
+    job that finishes at the same moment is either done or cancelled, never both."""
+    state = r.eval(_CANCEL, 2, names.job_key(job_id), names.job_cancel_key(job_id), str(time.time()))
+    if state is None:
+        raise JobError(f"no job {job_id!r} in the store")
+    return _s(state)
+
+
+def job_cancelled(r: redis.Redis, job_id: str) -> bool:
+    return bool(r.exists(names.job_cancel_key(job_id)))
+
+
+def jobs(r: redis.Redis, limit: int = 50) -> list[str]:
+    """Newest first."""
+    return [_s(j) for j in r.zrevrange(names.JOBS_KEY, 0, limit - 1)]
 
 
 def job_state(r: redis.Redis, job_id: str) -> dict:
@@ -278,6 +319,15 @@ def lane_alive(r: redis.Redis, queue: str) -> bool:
     return next(iter(r.scan_iter(match=names.lane_key(queue), count=500)), None) is not None
 
 
+def claim_slot(r: redis.Redis, scope: str, slots: int, worker: str, ttl_s: int = names.LANE_TTL_S) -> int | None:
+    """Claim the first free slot of a lane pool for `worker` (atomic per slot); None when all are taken.
+    The claim lives while its owner refreshes it (the lane's heartbeat)."""
+    for i in range(slots):
+        if r.set(names.lane_claim_key(scope, i), worker, nx=True, ex=ttl_s):
+            return i
+    return None
+
+
 # ---- measurement results -----------------------------------------------------------------------------
 
 
@@ -308,6 +358,18 @@ def batch_results(r: redis.Redis, batch_id: str) -> tuple[dict | None, dict[str,
         else:
             out[k] = MeasureResult.parse(v)
     return started, out
+
+
+def log_lane_batch(r: redis.Redis, job_id: str, batch: LaneBatch) -> None:
+    key = names.job_batches_key(job_id)
+    with r.pipeline() as p:
+        p.rpush(key, batch.model_dump_json())
+        p.expire(key, 30 * RESULT_TTL_S)
+        p.execute()
+
+
+def lane_batches(r: redis.Redis, job_id: str) -> list[LaneBatch]:
+    return [LaneBatch.parse(v) for v in r.lrange(names.job_batches_key(job_id), 0, -1)]
 
 
 def dead_letter(r: redis.Redis, source: str, why: str, body: str) -> None:

@@ -1,91 +1,319 @@
-"""`sharetune` command line: demo, submit, status, lanes."""
+"""`sharetune` command line. One parser function and one command function per subcommand (so that
+subcommands added in parallel merge cleanly); `--json` on the user-side commands is for scripts."""
 from __future__ import annotations
 
 import argparse
 import json
 import os
 import sys
+import time
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="sharetune", description="GPU/CPU autotuning with spatial sharing")
-    sub = ap.add_subparsers(dest="cmd", required=True)
+def _redis_url() -> str:
+    return os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
+
+
+def _client():
+    from sharetune.client import Client
+
+    return Client(_redis_url())
+
+
+def _print_json(obj) -> None:
+    print(json.dumps(obj, indent=1, default=str))
+
+
+# ---- demo, up, down: the local topology -------------------------------------------------------------
+
+
+def parser_demo(sub) -> None:
     d = sub.add_parser("demo", help="tune a built-in model on this CPU with an embedded Redis, then stop")
     d.add_argument("--model", default="small_cnn")
     d.add_argument("--trials", type=int, default=40)
     d.add_argument("--per-iter", type=int, default=8)
     d.add_argument("--work-dir", default="runs/demo")
+
+
+def cmd_demo(args) -> int:
+    from sharetune.demo import run_demo
+
+    return run_demo(args.model, args.trials, args.per_iter, args.work_dir)
+
+
+def parser_up(sub) -> None:
+    up = sub.add_parser("up", help="start the stack as local processes and leave it running")
+    up.add_argument("--work-dir", default="runs/stack")
+    up.add_argument("--lanes", default=None, help="comma-separated lane queues (default: one CPU lane per core)")
+    up.add_argument("--gpu", default=None, help="GPU lane spec on this host's GPUs, e.g. 4x25")
+    up.add_argument("--tuners", type=int, default=1)
+    up.add_argument("--join", metavar="REDIS_URL", default=None,
+                    help="start only lanes, serving an existing stack (another host's, or this one's)")
+
+
+def cmd_up(args) -> int:
+    from sharetune.stack import Stack, gpu_lanes
+
+    lanes = args.lanes.split(",") if args.lanes else (gpu_lanes(args.gpu) if args.gpu else None)
+    stack = Stack(args.work_dir, redis_url=args.join, lanes=lanes, tuners=args.tuners, lanes_only=bool(args.join))
+    try:
+        stack.start()
+    except BaseException:
+        stack.stop()
+        raise
+    state = stack.detach()
+    print(f"REDIS_URL={state['redis_url']}")
+    print(f"lanes: {', '.join(state['lanes'])}; stop with: sharetune down --work-dir {args.work_dir}")
+    return 0
+
+
+def parser_down(sub) -> None:
+    down = sub.add_parser("down", help="stop the stack `up` started (by PID)")
+    down.add_argument("--work-dir", default="runs/stack")
+
+
+def cmd_down(args) -> int:
+    from sharetune.stack import Stack
+
+    print("stopped: " + ", ".join(Stack.stop_detached(args.work_dir)))
+    return 0
+
+
+# ---- the user's side: submit, status, watch, results, export, lanes, cancel, report -------------------
+
+
+def parser_submit(sub) -> None:
     s = sub.add_parser("submit", help="submit a model (zoo name, .onnx file) to a running stack")
     s.add_argument("model")
     s.add_argument("--target", default="llvm")
     s.add_argument("--share", type=int, default=100)
     s.add_argument("--trials", type=int, default=64)
     s.add_argument("--per-iter", type=int, default=16)
-    s.add_argument("--wait", action="store_true")
-    up = sub.add_parser("up", help="start the stack as local processes and leave it running")
-    up.add_argument("--work-dir", default="runs/stack")
-    up.add_argument("--lanes", default=None, help="comma-separated lane queues (default: one CPU lane per core)")
-    up.add_argument("--gpu", default=None, help="GPU lane spec on this host's GPUs, e.g. 4x25")
-    up.add_argument("--tuners", type=int, default=1)
-    down = sub.add_parser("down", help="stop the stack `up` started (by PID)")
-    down.add_argument("--work-dir", default="runs/stack")
-    st = sub.add_parser("status", help="a job's state and per-task progress")
-    st.add_argument("job_id")
-    sub.add_parser("lanes", help="live measurer lanes")
-    matrix_command(sub)
-    args = ap.parse_args(argv)
-    if args.cmd == "matrix":
-        return args.run(args)
+    s.add_argument("--retime-top-k", type=int, default=0)
+    s.add_argument("--seed", type=int, default=None)
+    s.add_argument("--clients", type=int, default=None,
+                   help="tuner clients searching the job's tasks at once (default: one per live client)")
+    s.add_argument("--wait", action="store_true", help="wait for the job to end, then print its status")
+    s.add_argument("--watch", action="store_true", help="show live progress until the job ends")
+    s.add_argument("--json", action="store_true")
 
-    if args.cmd == "demo":
-        from sharetune.demo import run_demo
 
-        return run_demo(args.model, args.trials, args.per_iter, args.work_dir)
-
-    if args.cmd == "up":
-        from sharetune.stack import Stack, gpu_lanes
-
-        lanes = args.lanes.split(",") if args.lanes else (gpu_lanes(args.gpu) if args.gpu else None)
-        stack = Stack(args.work_dir, lanes=lanes, tuners=args.tuners)
-        try:
-            stack.start()
-        except BaseException:
-            stack.stop()
-            raise
-        state = stack.detach()
-        print(f"REDIS_URL={state['redis_url']}")
-        print(f"lanes: {', '.join(state['lanes'])}; stop with: sharetune down --work-dir {args.work_dir}")
-        return 0
-    if args.cmd == "down":
-        from sharetune.stack import Stack
-
-        print("stopped: " + ", ".join(Stack.stop_detached(args.work_dir)))
-        return 0
-
-    from shared.errors import SharetuneError
-    from sharetune.client import Client
-
-    url = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
-    try:
-        client = Client(url)
-        if args.cmd == "submit":
-            job = client.submit(args.model, target=args.target, share=args.share, trials=args.trials,
-                                trials_per_iter=args.per_iter)
-            print(job.job_id)
-            if args.wait:
-                print(json.dumps(job.wait(), indent=1))
-        elif args.cmd == "status":
-            print(json.dumps(client.job(args.job_id).status(), indent=1))
-        elif args.cmd == "lanes":
-            for lane in client.lanes():
-                print(lane.model_dump_json())
-    except SharetuneError as err:
-        print(f"sharetune: {err}", file=sys.stderr)
-        return 2
+def cmd_submit(args) -> int:
+    job = _client().submit(args.model, target=args.target, share=args.share, trials=args.trials,
+                           trials_per_iter=args.per_iter, retime_top_k=args.retime_top_k, seed=args.seed,
+                           clients=args.clients)
+    if args.json and not (args.wait or args.watch):
+        _print_json({"job_id": job.job_id})
+    elif not args.json:
+        print(job.job_id)
+    if args.watch:
+        return _watch(job, args.json)
+    if args.wait:
+        final = job.wait()
+        _print_json(job.status() if args.json else final)
+        return 0 if final.get("state") == "done" else 1
     return 0
 
 
-def matrix_command(sub) -> None:
+def parser_status(sub) -> None:
+    st = sub.add_parser("status", help="a job's state and per-task progress (no JOB: the newest jobs)")
+    st.add_argument("job_id", nargs="?")
+    st.add_argument("--json", action="store_true")
+
+
+def cmd_status(args) -> int:
+    from sharetune.progress import estimates, render
+
+    client = _client()
+    if not args.job_id:
+        rows = []
+        for job in client.jobs(20):
+            s = job.status()
+            rows.append({k: s[k] for k in ("job_id", "name", "state", "trials", "budget", "share", "target")})
+        if args.json:
+            _print_json(rows)
+        else:
+            for r in rows:
+                print(f"{r['job_id']}  {r['state']:<10} {r['trials']:>5}/{r['budget']:<5} {r['target']} {r['share']} %  {r['name']}")
+        return 0
+    st = client.job(args.job_id).status()
+    if args.json:
+        _print_json({**st, "estimates": estimates(st, time.time())})
+    else:
+        print("\n".join(render(st, time.time(), _width())))
+    return 0
+
+
+def parser_watch(sub) -> None:
+    w = sub.add_parser("watch", help="live progress bars of a job and its tasks until it ends")
+    w.add_argument("job_id")
+    w.add_argument("--json", action="store_true", help="one JSON status line per change")
+    w.add_argument("--interval", type=float, default=1.0)
+
+
+def cmd_watch(args) -> int:
+    return _watch(_client().job(args.job_id), args.json, args.interval)
+
+
+def _width() -> int:
+    import shutil
+
+    return shutil.get_terminal_size((100, 24)).columns
+
+
+def _watch(job, as_json: bool = False, interval: float = 1.0) -> int:
+    """Redraw in place on a terminal; elsewhere (a pipe, a log) print only when something changed."""
+    from sharetune.client import FINAL_STATES
+    from sharetune.progress import estimates, render
+
+    tty = sys.stdout.isatty() and not as_json
+    shown, last = 0, None
+    while True:
+        st = job.status()
+        key = (st["state"], st["trials"], tuple((t["trials"], t["best_us"]) for t in st["tasks"]))
+        if as_json:
+            if key != last:
+                print(json.dumps({**st, "estimates": estimates(st, time.time())}, default=str), flush=True)
+        else:
+            lines = render(st, time.time(), _width())
+            if tty:
+                sys.stdout.write(("\x1b[F\x1b[2K" * shown) + "\n".join(lines) + "\n")
+                sys.stdout.flush()
+                shown = len(lines)
+            elif key != last:
+                print("\n".join(lines), flush=True)
+        last = key
+        if st["state"] in FINAL_STATES:
+            return 0 if st["state"] == "done" else 1
+        time.sleep(interval)
+
+
+def parser_results(sub) -> None:
+    r = sub.add_parser("results", help="a finished job's best latency per task, tuned module and database")
+    r.add_argument("job_id")
+    r.add_argument("--json", action="store_true")
+
+
+def cmd_results(args) -> int:
+    from sharetune.progress import fmt_us
+
+    res = _client().job(args.job_id).result()
+    if args.json:
+        print(res.model_dump_json(indent=1))
+        return 0
+    print(f"job {res.job_id}: {res.trials} trials in {res.wall_s:.0f} s on {res.target}")
+    for t in res.tasks:
+        print(f"  {t.name:<40} x{t.weight:<2} {t.trials:>4} trials  best {fmt_us(t.best_us):>10}  lane {t.best_lane or '-'}")
+    print(f"tuned module:   {res.tuned_module_path}\nuntuned module: {res.untuned_module_path}")
+    print(f"TVM database:   {res.database_dir}")
+    print("time split (s): " + ", ".join(f"{k} {v}" for k, v in res.time_split_s.items()))
+    return 0
+
+
+def parser_export(sub) -> None:
+    e = sub.add_parser("export", help="write a job's records as TVM's JSON database (or JSON lines)")
+    e.add_argument("job_id")
+    e.add_argument("-o", "--out", default=None, help="directory (default: ./<job>-database)")
+    e.add_argument("--format", choices=("tvm", "jsonl"), default="tvm",
+                   help="tvm: database_workload.json + database_tuning_record.json; jsonl: every record, errors too")
+    e.add_argument("--json", action="store_true")
+
+
+def cmd_export(args) -> int:
+    from pathlib import Path
+
+    from shared import store
+
+    client = _client()
+    client.job(args.job_id)
+    wkeys = [t.wkey for t in store.job_tasks(client.redis, args.job_id)]
+    out = Path(args.out or f"{args.job_id}-database")
+    out.mkdir(parents=True, exist_ok=True)
+    if args.format == "tvm":
+        from services.tuner.metaschedule.records import export_json_database
+
+        _, n = export_json_database(client.redis, wkeys, str(out))
+    else:
+        n = 0
+        with open(out / "records.jsonl", "w") as f:
+            for wkey in wkeys:
+                for rec in store.records(client.redis, wkey):
+                    f.write(rec.model_dump_json() + "\n")
+                    n += 1
+    if args.json:
+        _print_json({"job_id": args.job_id, "dir": str(out.resolve()), "records": n, "format": args.format})
+    else:
+        print(f"{n} records of {len(wkeys)} workloads written to {out.resolve()}")
+    return 0
+
+
+def parser_lanes(sub) -> None:
+    ln = sub.add_parser("lanes", help="live measurer lanes (one line per worker)")
+    ln.add_argument("--json", action="store_true")
+
+
+def cmd_lanes(args) -> int:
+    lanes = _client().lanes()
+    if args.json:
+        _print_json([json.loads(l.model_dump_json()) for l in lanes])
+        return 0
+    for l in lanes:
+        print(f"{l.queue:<28} {l.kind} {l.share:>3} %  worker {l.worker:<28} batches {l.batches:>4}  candidates {l.candidates}")
+    if not lanes:
+        print("no live lane")
+    return 0
+
+
+def parser_cancel(sub) -> None:
+    c = sub.add_parser("cancel", help="stop a job after the round in flight")
+    c.add_argument("job_id")
+    c.add_argument("--json", action="store_true")
+
+
+def cmd_cancel(args) -> int:
+    state = _client().job(args.job_id).cancel()
+    if args.json:
+        _print_json({"job_id": args.job_id, "state": state})
+    else:
+        print(f"{args.job_id}: {state}")
+    return 0
+
+
+def parser_report(sub) -> None:
+    r = sub.add_parser("report", help="write an HTML report with plots of a job")
+    r.add_argument("job_id")
+    r.add_argument("-o", "--out", default=None, help="HTML file (default: ./<job>-report.html)")
+    r.add_argument("--matrix", default=None, help="a share-matrix JSON (`sharetune matrix`) to plot as well")
+
+
+def cmd_report(args) -> int:
+    from pathlib import Path
+
+    from sharetune.report import write_report
+
+    client = _client()
+    client.job(args.job_id)
+    out = write_report(client.redis, args.job_id, Path(args.out or f"{args.job_id}-report.html"),
+                       Path(args.matrix) if args.matrix else None)
+    print(out)
+    return 0
+
+
+def parser_api(sub) -> None:
+    a = sub.add_parser("api", help="serve the HTTP API (submit, status, results, cancel; /docs, /openapi.json)")
+    a.add_argument("--host", default="127.0.0.1")
+    a.add_argument("--port", type=int, default=8000)
+
+
+def cmd_api(args) -> int:
+    import uvicorn
+
+    from sharetune.api import make_app
+
+    uvicorn.run(make_app(_redis_url()), host=args.host, port=args.port, log_level="info")
+    return 0
+
+
+def parser_matrix(sub) -> None:
     """`sharetune matrix MODEL --shares 25,50,100`: tune at each share, serve each tuned model at every
     share, print the tuned-at x served-at table and the recommended share; write JSON + heatmap."""
     m = sub.add_parser("matrix", help="tune at each share, serve at every share: the latency matrix")
@@ -101,35 +329,57 @@ def matrix_command(sub) -> None:
     m.add_argument("--work-dir", default="runs/matrix")
     m.add_argument("--out", default=None, help="JSON path (default WORK_DIR/share_matrix.json; PNG beside it)")
 
-    def run(args) -> int:
-        from pathlib import Path
 
-        from shared.errors import SharetuneError
-        from sharetune.matrix import matrix
-        from sharetune.share_matrix import shares_from_cores
+def cmd_matrix(args) -> int:
+    from pathlib import Path
 
-        try:
-            if (args.shares is None) == (args.cores is None):
-                raise SharetuneError("give either --shares (percent) or --cores (CPU core counts)")
-            if args.cores is not None:
-                if args.device != "cpu":
-                    raise SharetuneError("--cores is for --device cpu; give GPU shares with --shares")
-                shares = shares_from_cores(args.cores, os.cpu_count() or 1)
-            else:
-                shares = args.shares
-            out = Path(args.out or Path(args.work_dir) / "share_matrix.json")
-            report = matrix(args.model, shares, device=args.device, trials=args.trials, trials_per_iter=args.per_iter,
-                            tasks=args.tasks, gpu_index=args.gpu_index, rounds=args.rounds, work_dir=args.work_dir,
-                            redis_url=os.environ.get("REDIS_URL"), out_json=out, out_png=out.with_suffix(".png"))
-        except SharetuneError as err:
-            print(f"sharetune: {err}", file=sys.stderr)
-            return 2
-        print(report.table())
-        png = out.with_suffix(".png")
-        print(f"wrote {out}" + (f" and {png}" if png.exists() else " (no heatmap: matplotlib is not installed)"))
-        return 0 if report.complete else 1
+    from shared.errors import SharetuneError
+    from sharetune.matrix import matrix
+    from sharetune.share_matrix import shares_from_cores
 
-    m.set_defaults(run=run)
+    try:
+        if (args.shares is None) == (args.cores is None):
+            raise SharetuneError("give either --shares (percent) or --cores (CPU core counts)")
+        if args.cores is not None:
+            if args.device != "cpu":
+                raise SharetuneError("--cores is for --device cpu; give GPU shares with --shares")
+            shares = shares_from_cores(args.cores, os.cpu_count() or 1)
+        else:
+            shares = args.shares
+        out = Path(args.out or Path(args.work_dir) / "share_matrix.json")
+        report = matrix(args.model, shares, device=args.device, trials=args.trials, trials_per_iter=args.per_iter,
+                        tasks=args.tasks, gpu_index=args.gpu_index, rounds=args.rounds, work_dir=args.work_dir,
+                        redis_url=os.environ.get("REDIS_URL"), out_json=out, out_png=out.with_suffix(".png"))
+    except SharetuneError as err:
+        print(f"sharetune: {err}", file=sys.stderr)
+        return 2
+    print(report.table())
+    png = out.with_suffix(".png")
+    print(f"wrote {out}" + (f" and {png}" if png.exists() else " (no heatmap: matplotlib is not installed)"))
+    return 0 if report.complete else 1
+
+
+COMMANDS = ["demo", "up", "down", "submit", "status", "watch", "results", "export", "lanes", "cancel", "report", "api",
+            "matrix"]
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="sharetune", description="GPU/CPU autotuning with spatial sharing")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    module = sys.modules[__name__]
+    for name in COMMANDS:
+        getattr(module, f"parser_{name}")(sub)
+    args = ap.parse_args(argv)
+
+    from shared.errors import SharetuneError
+
+    try:
+        return getattr(module, f"cmd_{args.cmd}")(args)
+    except SharetuneError as err:
+        print(f"sharetune: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
 
 
 if __name__ == "__main__":

@@ -40,8 +40,15 @@ class Job:
         spec = store.job_spec(self.client.redis, self.job_id)
         shards = [{"shard": sh.shard, "state": sh.state, "owner": sh.owner, "attempts": sh.attempts,
                    "tasks": len(sh.task_ids)} for sh in store.shards(self.client.redis, self.job_id).values()]
-        return {"job_id": self.job_id, "state": st.get("state"), "error": st.get("error"), "budget": spec.trials,
-                "trials": sum(r["trials"] for r in rows), "tasks": rows, "shards": shards}
+        stamps = {k: float(v) for k, v in st.items() if k.endswith("_at") and _number(v)}
+        return {"job_id": self.job_id, "name": spec.name, "state": st.get("state"), "error": st.get("error"),
+                "target": spec.target, "share": spec.share, "budget": spec.trials,
+                "trials": sum(r["trials"] for r in rows), "submitted_at": spec.submitted_at, "times": stamps,
+                "tasks": rows, "shards": shards}
+
+    def cancel(self) -> str:
+        """Stop the job after the round in flight; returns its state afterwards (done/failed stay)."""
+        return store.cancel_job(self.client.redis, self.job_id)
 
     def wait(self, timeout_s: float | None = None, poll_s: float = 0.5, on_progress=None) -> dict:
         deadline = None if timeout_s is None else time.time() + timeout_s
@@ -63,6 +70,14 @@ class Job:
         if res is None:
             raise JobError(f"job {self.job_id} has no result yet (state {st.get('state')})")
         return res
+
+
+def _number(v) -> bool:
+    try:
+        float(v)
+        return True
+    except (TypeError, ValueError):
+        return False
 
 
 class Client:
@@ -99,6 +114,10 @@ class Client:
     def job(self, job_id: str) -> Job:
         store.job_state(self.redis, job_id)  # raises JobError if unknown
         return Job(self, job_id)
+
+    def jobs(self, limit: int = 50) -> list[Job]:
+        """The newest jobs in the store, newest first."""
+        return [Job(self, j) for j in store.jobs(self.redis, limit)]
 
     def lanes(self):
         return store.live_lanes(self.redis)

@@ -75,11 +75,14 @@ def _signal_group(pid: int, sig) -> None:
 
 class Stack:
     def __init__(self, work_dir: Path, redis_url: str | None = None, lanes: list[str] | None = None,
-                 tuners: int = 1, log_level: str = "INFO", warm_kinds: str | None = None):
+                 tuners: int = 1, log_level: str = "INFO", warm_kinds: str | None = None, lanes_only: bool = False):
         self.work_dir = Path(work_dir).resolve()
         self.redis_url = redis_url or os.environ.get("REDIS_URL")
         self.lanes = lanes if lanes is not None else default_cpu_lanes()
-        self.tuners = tuners
+        self.lanes_only = lanes_only  # a second group of lanes joining a running stack (another host)
+        if lanes_only and not self.redis_url:
+            raise ValueError("lanes joining a stack need its REDIS_URL")
+        self.tuners = 0 if lanes_only else tuners
         self.log_level = log_level
         gpu = any(names.LaneName.parse(q).kind == "gpu" for q in self.lanes)
         self.warm_kinds = warm_kinds or ("cuda" if gpu else "llvm")
@@ -161,10 +164,11 @@ class Stack:
             self.redis_url = self.redis_server.url
         if any(names.LaneName.parse(q).kind == "gpu" for q in self.lanes):
             self._start_gpu_support()
-        self._worker("planner", names.PLAN_QUEUE, "services.tuner.tasks")
-        for i in range(self.tuners):
-            self.start_tuner(f"tuner{i}")
-        self._worker("updater", names.COSTMODEL_QUEUE, "services.tuner.tasks")
+        if not self.lanes_only:
+            self._worker("planner", names.PLAN_QUEUE, "services.tuner.tasks")
+            for i in range(self.tuners):
+                self.start_tuner(f"tuner{i}")
+            self._worker("updater", names.COSTMODEL_QUEUE, "services.tuner.tasks")
         for i, lane in enumerate(self.lanes):
             self.start_lane(lane, instance=self.lanes[:i].count(lane))
         if wait_lanes_s:
@@ -185,7 +189,9 @@ class Stack:
         r = store.connect(self.redis_url)
         deadline = time.time() + timeout_s
         while time.time() < deadline:
-            live = [l.queue for l in store.live_lanes(r)]
+            # only this stack's own workers count: a joining group must not be fooled by the lanes it joins
+            ours = {p.pid for p in self.procs.values()}
+            live = [l.queue for l in store.live_lanes(r) if l.pid in ours and l.host == socket.gethostname()]
             if all(live.count(q) >= queues.count(q) for q in set(queues)):
                 return
             dead = [n for n, p in self.procs.items() if p.poll() is not None]

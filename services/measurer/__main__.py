@@ -1,4 +1,6 @@
 """Start one measurer lane: `python -m services.measurer --lane measure.cpu.c0-1 [--gpu-uuid UUID]`.
+Without a lane (replicas of one compose service), the process claims a free lane of its pool in Redis
+(SHARETUNE_LANE_SHARE + SHARETUNE_GPU_UUID, or SHARETUNE_LANE_CORES), so N replicas are N distinct lanes.
 
 Sets the lane's environment and CPU affinity first, then execs a Celery worker (solo pool, so the one
 warm process does every build and timing) consuming only the lane's queue."""
@@ -15,12 +17,24 @@ from services.measurer.lanes import lane_environment, pin_to_lane
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(prog="python -m services.measurer")
-    ap.add_argument("--lane", required=True, help="lane queue name, e.g. measure.cpu.c0-1 or measure.3f2a1c9b.p25")
+    ap.add_argument("--lane", default=os.environ.get("SHARETUNE_LANE"),
+                    help="lane queue name, e.g. measure.cpu.c0-1 or measure.3f2a1c9b.p25 (default: claim one)")
     ap.add_argument("--gpu-uuid", default=os.environ.get("SHARETUNE_GPU_UUID"))
     ap.add_argument("--loglevel", default=os.environ.get("SHARETUNE_LOG_LEVEL", "INFO"))
     args = ap.parse_args(argv)
-    lane = LaneName.parse(args.lane)
+    claim = None
+    if args.lane:
+        lane = LaneName.parse(args.lane)
+    else:
+        from shared.errors import SharetuneError
+
+        try:
+            lane, claim = claim_lane(args.gpu_uuid)
+        except (SharetuneError, ValueError) as err:
+            sys.exit(f"measurer: {err}")
     env = dict(os.environ, **lane_environment(lane, args.gpu_uuid), SHARETUNE_LANE=lane.queue)
+    if claim:
+        env["SHARETUNE_LANE_CLAIM"] = claim
     if args.gpu_uuid:
         env["SHARETUNE_GPU_UUID"] = args.gpu_uuid
     pin_to_lane(lane)
@@ -31,6 +45,24 @@ def main(argv=None) -> None:
         "--without-gossip", "--without-mingle",
     ]
     os.execve(sys.executable, cmd, env)
+
+
+def claim_lane(gpu_uuid: str | None) -> tuple[LaneName, str]:
+    """Take the first lane of this service's pool that no live replica holds (the worker identity is
+    host.pid, and exec keeps the pid, so the lane's heartbeat refreshes the same claim)."""
+    from shared import names, store
+    from shared.errors import LaneError
+    from shared.settings import LaneSettings
+    from services.measurer.lanes import lane_pool
+
+    settings = LaneSettings()
+    scope, pool = lane_pool(gpu_uuid, settings.lane_share, settings.lane_cores, settings.node)
+    worker = f"{socket.gethostname()}.{os.getpid()}"
+    slot = store.claim_slot(store.connect(settings.redis_url), scope, len(pool), worker)
+    if slot is None:
+        raise LaneError(f"all {len(pool)} lanes of pool {scope} ({pool[0]} ...) are held by live replicas; "
+                        "scale the service down or give the new replicas another share or node")
+    return LaneName.parse(pool[slot]), names.lane_claim_key(scope, slot)
 
 
 if __name__ == "__main__":

@@ -36,3 +36,19 @@ def pin_to_lane(lane: LaneName) -> None:
         if missing:
             raise ValueError(f"lane {lane.queue} names cores {sorted(missing)} this host does not have")
         os.sched_setaffinity(0, set(lane.cores))
+
+
+def lane_pool(gpu_uuid: str | None, share: int | None, cores_per_lane: int | None, node: str,
+              cores: list[int] | None = None) -> tuple[str, list[str]]:
+    """The lanes replicas of one measurer service divide among themselves (`--scale measurer=N`):
+    on a GPU, 100 // share lanes at `share` % (four at 25 %); on a CPU, the host's cores in groups of
+    `cores_per_lane`. Returns the claim scope (the GPU, or the node for cores) and the lane queues."""
+    if gpu_uuid and share:
+        lane = LaneName.for_gpu(gpu_uuid, share)
+        return f"gpu-{lane.gpu}", [lane.queue] * (100 // share)
+    if cores_per_lane:
+        cores = sorted(cores if cores is not None else os.sched_getaffinity(0))
+        groups = [cores[i:i + cores_per_lane] for i in range(0, len(cores) - cores_per_lane + 1, cores_per_lane)]
+        return f"cpu-{node}", [LaneName.for_cpu(g).queue for g in groups]
+    raise ValueError("no lane given: set SHARETUNE_LANE, or SHARETUNE_LANE_SHARE with SHARETUNE_GPU_UUID "
+                     "(GPU lanes), or SHARETUNE_LANE_CORES (CPU lanes) for replicas to claim one each")

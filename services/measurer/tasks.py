@@ -17,7 +17,7 @@ from celery import signals
 from shared import names, store
 from shared.celery_app import make_celery
 from shared.errors import MessageError
-from shared.messages import LaneInfo, MeasureBatch, MeasureResult
+from shared.messages import LaneBatch, LaneInfo, MeasureBatch, MeasureResult
 from shared.settings import LaneSettings
 from services.measurer.lanes import lane_share
 
@@ -78,6 +78,16 @@ class _LaneState:
         with self.lock:
             store.announce_lane(self.redis, self.info)
 
+    def keep_claim(self) -> None:
+        """A replica that claimed its lane from a pool holds the claim while it lives."""
+        worker = f"{socket.gethostname()}.{os.getpid()}"
+        while not self.stop.is_set():
+            try:
+                self.redis.set(settings.lane_claim, worker, ex=names.LANE_TTL_S)
+            except Exception:  # noqa: BLE001 - Redis may be restarting; the next beat retries
+                log.warning("lane claim refresh failed", exc_info=True)
+            self.stop.wait(names.LANE_TTL_S / 3)
+
     def _heartbeat(self) -> None:
         while not self.stop.wait(names.LANE_TTL_S / 3):
             try:
@@ -91,6 +101,8 @@ STATE = _LaneState()
 
 @signals.worker_ready.connect
 def _on_ready(**_):
+    if settings.lane_claim:  # before the warm-up, which may outlast the claim's TTL
+        threading.Thread(target=STATE.keep_claim, name="lane-claim", daemon=True).start()
     STATE.start()
 
 
@@ -100,6 +112,8 @@ def _on_shutdown(**_):
     try:
         if STATE.info is not None:
             store.retire_lane(STATE.redis, STATE.info)
+        if settings.lane_claim and STATE.redis.get(settings.lane_claim) == f"{socket.gethostname()}.{os.getpid()}".encode():
+            STATE.redis.delete(settings.lane_claim)  # only our own claim: it may have passed to another
     except Exception:  # noqa: BLE001
         pass
 
@@ -114,7 +128,14 @@ def measure_batch(payload):
     except MessageError as err:
         _answer_malformed(payload, str(err))
         return {"error": str(err)}
-    store.mark_batch_started(STATE.redis, batch.batch_id, LANE.queue, STATE.info.worker if STATE.info else None)
+    worker = STATE.info.worker if STATE.info else f"{socket.gethostname()}.{os.getpid()}"
+    store.mark_batch_started(STATE.redis, batch.batch_id, LANE.queue, worker)
+    if store.job_cancelled(STATE.redis, batch.job_id):  # answered, so no one waits on it
+        for cand in batch.candidates:
+            store.put_result(STATE.redis, batch.batch_id,
+                             MeasureResult(candidate_id=cand.candidate_id, error="job cancelled", lane=LANE.queue))
+        return {"batch_id": batch.batch_id, "measured": 0, "cancelled": True}
+    started = time.time()
     target = evaluate.target_from_json(batch.target) if batch.target else STATE.target
     ok = 0
     window = STATE.observer is not None
@@ -140,6 +161,9 @@ def measure_batch(payload):
         for res in measured:
             res.device.update(facts)
             store.put_result(STATE.redis, batch.batch_id, res)
+    store.log_lane_batch(STATE.redis, batch.job_id, LaneBatch(
+        batch_id=batch.batch_id, lane=LANE.queue, worker=worker, started_at=started, finished_at=time.time(),
+        candidates=len(batch.candidates), errors=len(batch.candidates) - ok))
     with STATE.lock:
         STATE.info.batches += 1
         STATE.info.candidates += len(batch.candidates)

@@ -1,0 +1,146 @@
+"""A small HTTP API over the same store as the Python client (which stays the first way in):
+submit, status, results, cancel, lanes. OpenAPI at /openapi.json, docs at /docs.
+
+The handlers are plain functions of a Client (`Handlers`), so they are tested without a server; the
+FastAPI app only maps routes and errors onto them. Start it with `sharetune api` or in compose."""
+from __future__ import annotations
+
+import base64
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from shared.errors import JobError, ModelError, SharetuneError
+from shared.messages import JobResult, LaneInfo
+
+
+class SubmitRequest(BaseModel):
+    """A model by zoo name, or an ONNX file as base64; the rest as `Client.submit`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str | None = Field(default=None, description="zoo name: tiny, small_cnn, resnet18, mobilenetv2, transformer")
+    onnx_base64: str | None = Field(default=None, description="an ONNX model file, base64-encoded")
+    name: str | None = None
+    target: str = "llvm"
+    share: int = 100
+    trials: int = Field(default=64, ge=1, le=100_000)
+    trials_per_iter: int = Field(default=16, ge=1, le=1024)
+    max_trials_per_task: int | None = Field(default=None, ge=1)
+    seed: int | None = None
+    only_tasks: list[str] | None = None
+    retime_top_k: int = Field(default=0, ge=0, le=32)
+
+    @model_validator(mode="after")
+    def _one_model(self):
+        if (self.model is None) == (self.onnx_base64 is None):
+            raise ValueError("give exactly one of `model` (a zoo name) or `onnx_base64`")
+        return self
+
+
+class Submitted(BaseModel):
+    job_id: str
+    state: str
+
+
+class TaskStatus(BaseModel):
+    task: str
+    weight: int
+    trials: int
+    errors: int
+    best_us: float | None
+    reused_trials: int
+
+
+class JobStatus(BaseModel):
+    job_id: str
+    name: str
+    state: str | None
+    error: str | None
+    target: str
+    share: int
+    budget: int
+    trials: int
+    submitted_at: float
+    times: dict[str, float]
+    tasks: list[TaskStatus]
+    eta_s: float | None = None
+
+
+class Cancelled(BaseModel):
+    job_id: str
+    state: str
+
+
+class Handlers:
+    """The API's logic: each method maps to one route and raises SharetuneError subclasses."""
+
+    def __init__(self, client):
+        self.client = client
+
+    def submit(self, req: SubmitRequest) -> Submitted:
+        if req.onnx_base64 is not None:
+            try:
+                model: Any = base64.b64decode(req.onnx_base64, validate=True)
+            except ValueError as err:
+                raise ModelError(f"onnx_base64 is not base64: {err}") from None
+        else:
+            model = req.model
+        job = self.client.submit(model, target=req.target, share=req.share, trials=req.trials,
+                                 name=req.name or (req.model or "onnx"), trials_per_iter=req.trials_per_iter,
+                                 max_trials_per_task=req.max_trials_per_task, seed=req.seed,
+                                 only_tasks=req.only_tasks, retime_top_k=req.retime_top_k)
+        return Submitted(job_id=job.job_id, state=job.state().get("state"))
+
+    def status(self, job_id: str) -> JobStatus:
+        import time
+
+        from sharetune.progress import estimates
+
+        st = self.client.job(job_id).status()
+        return JobStatus(**st, eta_s=estimates(st, time.time())["eta_s"])
+
+    def results(self, job_id: str) -> JobResult:
+        return self.client.job(job_id).result()
+
+    def cancel(self, job_id: str) -> Cancelled:
+        return Cancelled(job_id=job_id, state=self.client.job(job_id).cancel())
+
+    def jobs(self, limit: int = 50) -> list[str]:
+        return [j.job_id for j in self.client.jobs(limit)]
+
+    def lanes(self) -> list[LaneInfo]:
+        return self.client.lanes()
+
+
+def http_status(err: SharetuneError) -> int:
+    """404 for an unknown job, 409 for a job without a result yet or failed, 422 for bad input."""
+    msg = str(err)
+    if isinstance(err, JobError):
+        return 404 if msg.startswith("no job") else 409
+    return 422
+
+
+def make_app(redis_url: str | None = None, client=None):
+    from fastapi import FastAPI, Request
+    from fastapi.responses import JSONResponse
+
+    from sharetune.client import Client
+
+    handlers = Handlers(client or Client(redis_url))
+    app = FastAPI(title="sharetune", version="0.1.0",
+                  description="Autotuning with spatially shared lanes. The Python client (sharetune.client) "
+                              "is the first way in; this API is the same operations over HTTP.")
+
+    @app.exception_handler(SharetuneError)
+    async def _error(request: Request, err: SharetuneError):
+        return JSONResponse(status_code=http_status(err), content={"detail": str(err), "error": type(err).__name__})
+
+    # sync handlers: FastAPI runs them in a thread pool, so a slow submit (model intake) blocks nothing
+    app.post("/jobs", response_model=Submitted, status_code=201, summary="Submit a model for tuning")(handlers.submit)
+    app.get("/jobs", response_model=list[str], summary="The newest job ids")(handlers.jobs)
+    app.get("/jobs/{job_id}", response_model=JobStatus, summary="State and per-task progress")(handlers.status)
+    app.get("/jobs/{job_id}/results", response_model=JobResult, summary="Best per task, module paths")(handlers.results)
+    app.post("/jobs/{job_id}/cancel", response_model=Cancelled, summary="Stop after the round in flight")(handlers.cancel)
+    app.get("/lanes", response_model=list[LaneInfo], summary="Live measurer lanes")(handlers.lanes)
+    return app

@@ -1,0 +1,82 @@
+"""Progress of a job as text: a bar for the job and one per task (trials, best latency, ETA).
+Pure functions of `Job.status()` and a clock, so the CLI's `watch` and the tests share them."""
+from __future__ import annotations
+
+import math
+
+
+
+def bar(fraction: float, width: int = 20) -> str:
+    fraction = min(1.0, max(0.0, fraction))
+    full = int(fraction * width)
+    return "[" + "#" * full + "." * (width - full) + "]"
+
+
+def fmt_us(us: float | None) -> str:
+    if us is None:
+        return "-"
+    return f"{us / 1000:.2f} ms" if us >= 1000 else f"{us:.1f} us"
+
+
+def fmt_s(s: float | None) -> str:
+    if s is None or math.isinf(s) or s < 0:
+        return "-"
+    s = int(round(s))
+    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s" if s >= 60 else f"{s}s"
+
+
+def estimates(st: dict, now: float) -> dict:
+    """Elapsed tuning time, the trial rate and the ETA of the job and of each task.
+
+    A task has no fixed budget (MetaSchedule's gradient scheduler moves trials to the tasks that gain
+    most), so a task's bar is against an even split of the job's budget, and its ETA is at its own rate."""
+    tasks = st.get("tasks") or []
+    times = st.get("times") or {}
+    started = times.get("tuning_at")
+    ended = [times[k] for k in ("retiming_at", "compiling_at", "cancelled_at", "failed_at", "done_at") if k in times]
+    end = min(ended) if ended and started and min(ended) >= started else now  # the search's own span
+    elapsed = max(1e-9, end - started) if started else None
+    trials, budget = st.get("trials", 0), max(1, st.get("budget", 1))
+    rate = trials / elapsed if elapsed and trials else None
+    done = st.get("state") not in ("queued", "planning", "planned", "tuning")  # the search is over
+    eta = 0.0 if done or trials >= budget else ((budget - trials) / rate if rate else None)
+    per_task = max(1, math.ceil(budget / max(1, len(tasks))))
+    out_tasks = []
+    for t in tasks:
+        t_rate = t["trials"] / elapsed if elapsed and t["trials"] else None
+        left = max(0, per_task - t["trials"])
+        out_tasks.append({"task": t["task"], "fraction": min(1.0, t["trials"] / per_task),
+                          "eta_s": 0.0 if done or not left or trials >= budget else (left / t_rate if t_rate else None)})
+    return {"elapsed_s": elapsed, "rate": rate, "eta_s": eta, "fraction": min(1.0, trials / budget),
+            "per_task_budget": per_task, "tasks": out_tasks}
+
+
+def render(st: dict, now: float, width: int = 100) -> list[str]:
+    """Lines for one refresh: a header, the job's bar, then one line per task (heaviest first)."""
+    est = estimates(st, now)
+    best = _job_estimate_us(st)
+    lines = [
+        f"job {st['job_id']} ({st.get('name', '')}, {st.get('target', '')} at {st.get('share', '?')} %): {st.get('state')}"
+        + (f" - {st['error']}" if st.get("error") else ""),
+        f"  {bar(est['fraction'], 30)} {st.get('trials', 0)}/{st.get('budget', '?')} trials"
+        f"  {('%.2f' % est['rate']) + ' trials/s' if est['rate'] else '-'}  elapsed {fmt_s(est['elapsed_s'])}"
+        f"  ETA {fmt_s(est['eta_s'])}  sum of task bests x weight {fmt_us(best)}",
+    ]
+    name_w = max([len(t["task"]) for t in st.get("tasks", [])] + [4])
+    name_w = min(name_w, max(12, width - 70))
+    for t, e in zip(st.get("tasks", []), est["tasks"]):
+        name = t["task"] if len(t["task"]) <= name_w else t["task"][: name_w - 1] + "~"
+        lines.append(
+            f"  {name:<{name_w}} {bar(e['fraction'], 12)} {t['trials']:>4} trials"
+            f" {t['errors']:>3} err  best {fmt_us(t['best_us']):>10}  x{t['weight']:<2} ETA {fmt_s(e['eta_s'])}"
+            + (f"  (+{t['reused_trials']} reused)" if t.get("reused_trials") else "")
+        )
+    return lines
+
+
+def _job_estimate_us(st: dict) -> float | None:
+    """The model's latency as its tasks' best latencies times their weights (None until every task has one)."""
+    tasks = st.get("tasks") or []
+    if not tasks or any(t["best_us"] is None for t in tasks):
+        return None
+    return sum(t["best_us"] * t["weight"] for t in tasks)

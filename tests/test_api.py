@@ -1,0 +1,85 @@
+"""The HTTP API over a real stack: in-process through FastAPI's test client, and once as a real
+`sharetune api` server process."""
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture(scope="module")
+def http(client):
+    from fastapi.testclient import TestClient
+
+    from sharetune.api import make_app
+
+    return TestClient(make_app(client=client))
+
+
+def test_openapi_describes_the_routes(http):
+    spec = http.get("/openapi.json").json()
+    assert {"/jobs", "/jobs/{job_id}", "/jobs/{job_id}/results", "/jobs/{job_id}/cancel", "/lanes"} <= set(spec["paths"])
+    assert "post" in spec["paths"]["/jobs"] and "SubmitRequest" in spec["components"]["schemas"]
+
+
+def test_status_and_results_of_a_finished_job(http, tuned_tiny):
+    st = http.get(f"/jobs/{tuned_tiny.job_id}").json()
+    assert st["state"] == "done" and st["trials"] == tuned_tiny.result().trials and st["eta_s"] == 0.0
+    res = http.get(f"/jobs/{tuned_tiny.job_id}/results").json()
+    assert res["job_id"] == tuned_tiny.job_id and {t["name"] for t in res["tasks"]} == {t["task"] for t in st["tasks"]}
+    assert tuned_tiny.job_id in http.get("/jobs").json()
+    # a finished job stays finished
+    assert http.post(f"/jobs/{tuned_tiny.job_id}/cancel").json()["state"] == "done"
+
+
+def test_errors_are_clear(http):
+    assert http.get("/jobs/nosuchjob").status_code == 404
+    assert http.post("/jobs/nosuchjob/cancel").status_code == 404
+    bad = http.post("/jobs", json={"model": "tiny", "share": 150})
+    assert bad.status_code == 422 and "share" in bad.json()["detail"]
+    assert http.post("/jobs", json={"share": 50}).status_code == 422  # no model at all
+    assert http.post("/jobs", json={"onnx_base64": "bm90IG9ubng=", "share": 50}).status_code == 422  # not ONNX
+
+
+def test_submit_then_cancel_over_http(http, lane_share):
+    sub = http.post("/jobs", json={"model": "tiny", "share": lane_share, "trials": 2000, "trials_per_iter": 4})
+    assert sub.status_code == 201, sub.text
+    job_id = sub.json()["job_id"]
+    assert http.post(f"/jobs/{job_id}/cancel").json()["state"] == "cancelled"
+    assert http.get(f"/jobs/{job_id}").json()["state"] == "cancelled"
+    assert http.get(f"/jobs/{job_id}/results").status_code == 409
+
+
+def test_a_real_api_server(stack):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "REDIS_URL": stack.redis_url}
+    proc = subprocess.Popen([sys.executable, "-m", "sharetune", "api", "--port", str(port)], cwd=ROOT, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+    try:
+        deadline = time.time() + 120
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/lanes", timeout=5) as resp:
+                    lanes = json.load(resp)
+                break
+            except OSError:
+                assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
+                assert time.time() < deadline, "the API server did not answer"
+                time.sleep(0.3)
+        assert {l["queue"] for l in lanes} >= set(stack.lanes)
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/openapi.json", timeout=5) as resp:
+            assert json.load(resp)["info"]["title"] == "sharetune"
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(30)

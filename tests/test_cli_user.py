@@ -1,0 +1,79 @@
+"""The user's side of the CLI against a real stack: status, watch, results, export, lanes, cancel,
+each with --json for scripts; and cancel stopping a running job between rounds."""
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from shared import store
+
+ROOT = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture(scope="module")
+def cli(stack):
+    env = {**os.environ, "REDIS_URL": stack.redis_url}
+
+    def run(*args, timeout=300):
+        out = subprocess.run([sys.executable, "-m", "sharetune", *args], cwd=ROOT, env=env, capture_output=True,
+                             text=True, timeout=timeout)
+        assert out.returncode in (0, 1), out.stderr[-2000:]
+        return out
+
+    return run
+
+
+def test_status_results_lanes_as_json(cli, tuned_tiny):
+    st = json.loads(cli("status", tuned_tiny.job_id, "--json").stdout)
+    assert st["state"] == "done" and st["estimates"]["eta_s"] == 0.0
+    assert st["trials"] == sum(t["trials"] for t in st["tasks"])
+    res = json.loads(cli("results", tuned_tiny.job_id, "--json").stdout)
+    assert res["trials"] == st["trials"] and res["tuned_module_path"]
+    listing = json.loads(cli("status", "--json").stdout)
+    assert tuned_tiny.job_id in [j["job_id"] for j in listing]
+    lanes = json.loads(cli("lanes", "--json").stdout)
+    assert {"measure.cpu.c0"} <= {l["queue"] for l in lanes}
+    text = cli("status", tuned_tiny.job_id).stdout
+    assert "trials" in text and all(t["task"] in text for t in st["tasks"])
+
+
+def test_watch_ends_with_the_job(cli, tuned_tiny):
+    out = cli("watch", tuned_tiny.job_id, "--json", timeout=60)
+    lines = [json.loads(l) for l in out.stdout.splitlines()]
+    assert out.returncode == 0 and lines[-1]["state"] == "done"
+
+
+def test_export_writes_a_tvm_database_and_every_record(cli, tuned_tiny, tmp_path, redis_conn):
+    info = json.loads(cli("export", tuned_tiny.job_id, "-o", str(tmp_path / "db"), "--json").stdout)
+    assert sorted(os.listdir(tmp_path / "db")) == ["database_tuning_record.json", "database_workload.json"]
+    assert info["records"] > 0
+    cli("export", tuned_tiny.job_id, "-o", str(tmp_path / "rows"), "--format", "jsonl")
+    rows = (tmp_path / "rows" / "records.jsonl").read_text().splitlines()
+    wkeys = [t.wkey for t in store.job_tasks(redis_conn, tuned_tiny.job_id)]
+    assert len(rows) == sum(store.record_count(redis_conn, w) for w in wkeys)
+
+
+def test_cancel_stops_a_running_job_between_rounds(cli, client, lane_share, redis_conn, tuned_tiny):
+    job = client.submit("tiny", target="llvm", share=lane_share, trials=5000, trials_per_iter=4, seed=7)
+    deadline = time.time() + 600
+    while job.status()["trials"] == 0:  # at least one round measured: the tuner is in the search
+        assert job.state()["state"] not in ("failed", "done"), job.state()
+        assert time.time() < deadline
+        time.sleep(0.5)
+    out = json.loads(cli("cancel", job.job_id, "--json").stdout)
+    assert out == {"job_id": job.job_id, "state": "cancelled"}
+    # the one tuner client is free again only once it has left the cancelled job's search
+    nxt = client.submit("tiny", target="llvm", share=lane_share, trials=4, trials_per_iter=4, seed=8)
+    assert nxt.wait(timeout_s=600)["state"] == "done"
+    st = job.status()
+    assert st["state"] == "cancelled" and 0 < st["trials"] < 5000
+    assert store.job_result(redis_conn, job.job_id) is None
+    # the trials counted are the records kept (fewer when a candidate was already measured by an earlier job)
+    recs = [r for t in store.job_tasks(redis_conn, job.job_id) for r in store.records(redis_conn, t.wkey)
+            if r.job_id == job.job_id]
+    assert 0 < len(recs) <= st["trials"]
