@@ -199,6 +199,8 @@ def _in_process(batch: MeasureBatch, results, quarantined: dict, guard):
         crashes = store.crash_pending(STATE.redis, chash)
         res = next(results)
         role = classify_cuda_error(res.error) if LANE.kind == "gpu" and res.error else None
+        if role is None and LANE.kind == "gpu" and res.error and res.error.startswith("run failed") and not _cuda_alive():
+            role = "unknown"
         if role is None:
             store.crash_clear(STATE.redis, chash)
             yield res
@@ -218,6 +220,20 @@ def _in_process(batch: MeasureBatch, results, quarantined: dict, guard):
         # unknown: the count stays, and the candidate goes unanswered, so the tuner re-sends it to a
         # restarted lane; a real culprit faults again there and reaches max_crashes
         return  # the rest of the batch is unanswered and re-sent by the tuner's batch watch
+
+
+def _cuda_alive() -> bool:
+    """After an unexplained run error: does this lane's CUDA context still work? (A sticky fault makes
+    every later call fail.)"""
+    try:
+        import tvm
+
+        dev = tvm.cuda(0)
+        tvm.runtime.empty((1,), "float32", dev).copyfrom(__import__("numpy").zeros(1, "float32"))
+        dev.sync()
+        return True
+    except Exception:  # noqa: BLE001
+        return False
 
 
 def _report_gpu_fault(chash: str, error: str, role: str) -> None:
