@@ -139,7 +139,7 @@ def measure_batch(payload):
         results = (poison.measure_guarded(STATE.redis, cand, sandboxed, **guard) for cand in batch.candidates)
     else:
         quarantined = {c.candidate_id: q for c in batch.candidates
-                       if (q := store.quarantined(STATE.redis, store.candidate_hash(c.mod))) is not None}
+                       if (q := poison.already_poison(STATE.redis, store.candidate_hash(c.mod), **guard)) is not None}
         todo = [c for c in batch.candidates if c.candidate_id not in quarantined]
         if STATE.pool is not None:
             measuring = STATE.pool.measure_batch(todo, target, batch.timing)
@@ -206,19 +206,20 @@ def _in_process(batch: MeasureBatch, results, quarantined: dict, guard):
             yield res
             continue
         _report_gpu_fault(chash, res.error, role)
-        if role == "culprit":  # answered, its count kept; quarantined once it has faulted max_crashes times
-            res.fault = "crash"
-            if crashes >= guard["max_crashes"]:
-                from shared.messages import Quarantined
-
-                store.quarantine(STATE.redis, Quarantined(candidate_hash=chash, error=res.error, crashes=crashes, lane=LANE.queue,
-                                                          job_id=guard["job_id"], batch_id=guard["batch_id"]))
-                res.error = f"quarantined after {crashes} crashes: {res.error}"
-            yield res
-        elif role == "victim":
+        if role == "victim":
             store.crash_clear(STATE.redis, chash)  # an MPS neighbour's fault took it: re-sent, not counted
-        # unknown: the count stays, and the candidate goes unanswered, so the tuner re-sends it to a
-        # restarted lane; a real culprit faults again there and reaches max_crashes
+        elif crashes >= guard["max_crashes"]:  # faulted (or was in flight at a fault) max_crashes times
+            from shared.messages import Quarantined
+
+            store.quarantine(STATE.redis, Quarantined(candidate_hash=chash, error=res.error, crashes=crashes, lane=LANE.queue,
+                                                      job_id=guard["job_id"], batch_id=guard["batch_id"]))
+            res.fault, res.error = "crash", f"quarantined after {crashes} crashes: {res.error}"
+            yield res
+        elif role == "culprit":  # answered; its count stays until it reaches max_crashes
+            res.fault = "crash"
+            yield res
+        # unknown, below the cap: unanswered with its count kept, so the tuner re-sends it to a restarted
+        # lane, where a real culprit faults again
         return  # the rest of the batch is unanswered and re-sent by the tuner's batch watch
 
 
