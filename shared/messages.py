@@ -13,6 +13,7 @@ from shared.errors import ShareError, TargetError
 
 SUPPORTED_TARGET_KINDS = ("llvm", "cuda")
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024  # larger payloads are refused before parsing
+MAX_MODEL_BYTES = 64 * 1024 * 1024  # a submitted model (file, bytes, or its stored Relax form) beyond this is refused
 
 
 class Contract(BaseModel):
