@@ -328,6 +328,10 @@ def test_a_gpu_fault_recovers_the_whole_gpu_and_plain_exits_restart_one_lane():
     # a lane killed without a fault comes back on its own
     solo = plan_recovery([LaneExit("lane-b", LANE25, -9, 101.0)], [], {}, now=102.0)
     assert solo.gpus == () and solo.restart == ("lane-b",)
+    # lanes of one GPU dying together without a word (killed by the MPS server): the GPU is recovered
+    together = plan_recovery([LaneExit("lane-a", LANE25, -9, 101.0), LaneExit("lane-b", LANE25, -6, 101.0)], [], {},
+                             now=102.0)
+    assert together.gpus == (U8,) and together.restart == ()
 
 
 def test_a_crash_looping_lane_is_given_up_not_hidden():

@@ -425,10 +425,15 @@ def plan_recovery(exits: Sequence[LaneExit], faults: Sequence, history: Mapping[
     is given up (a crash loop is not hidden behind restarts)."""
     gpus = {f.gpu8 for f in faults if getattr(f, "gpu8", None)}
     restart, given_up = [], []
+    died: dict[str, int] = {}
     for ex in exits:
         lane = LaneName.parse(ex.queue)
         if lane.kind == "gpu" and ex.code == gpu_fault_code:
             gpus.add(lane.gpu)
+        elif lane.kind == "gpu" and ex.code:
+            died[lane.gpu] = died.get(lane.gpu, 0) + 1
+    # several lanes of one GPU dying together, with no report: an MPS server that took its clients down
+    gpus |= {g for g, n in died.items() if n >= 2}
     for ex in exits:
         lane = LaneName.parse(ex.queue)
         recent = [t for t in history.get(ex.name, ()) if now - t < window_s]
