@@ -88,6 +88,24 @@ def wait_results(redis_conn, batch_id: str, ids, timeout_s: float = 300.0) -> di
     raise TimeoutError(f"batch {batch_id}: only {sorted(results)} of {sorted(ids)} answered in {timeout_s} s")
 
 
+def conv_only(redis_conn, tuned_job) -> list[str]:
+    return [t.name for t in store.job_tasks(redis_conn, tuned_job.job_id) if "conv2d" in t.name]
+
+
+def batch_in_flight(redis_conn, before, job_id, timeout_s=300):
+    """A started batch of the job with at most one result written: (its key, its _started info)."""
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        for key in set(redis_conn.scan_iter(match=f"{names.PREFIX}:batch:*")) - before:
+            started = redis_conn.hget(key, "_started")
+            if started and redis_conn.hlen(key) - 1 < 2:
+                info = json.loads(started)
+                if info.get("job_id") == job_id:
+                    return key, info
+        time.sleep(0.005)
+    raise AssertionError("no batch was seen in flight")
+
+
 def lane_worker(redis_conn, queue: str) -> str:
     return next(l.worker for l in store.live_lanes(redis_conn) if l.queue == queue)
 

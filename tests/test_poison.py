@@ -67,3 +67,31 @@ def test_a_candidate_that_completes_has_no_crash_count(client, redis_conn):
     faultlib.send_batch(client, lane, [cand], f"fine-{salt}")
     assert faultlib.wait_results(redis_conn, f"fine-{salt}", ["fine"])["fine"].error is None
     assert store.crash_count(redis_conn, chash) == 0
+
+
+def test_a_job_completes_while_poison_candidates_crash_and_hang_its_lanes(client, redis_conn, lane_share, tuned_tiny):
+    before = set(redis_conn.scan_iter(match=f"{names.PREFIX}:batch:*"))
+    job = client.submit("tiny", target="llvm", share=lane_share, trials=8, trials_per_iter=4, seed=7,
+                        only_tasks=faultlib.conv_only(redis_conn, tuned_tiny))
+    faultlib.batch_in_flight(redis_conn, before, job.job_id)
+    lanes = sorted(client.lanes(), key=lambda l: l.queue)
+    salt = int(time.time() * 1000) % 100000
+    segv, hang = faultlib.segv_at_build("segv", salt), faultlib.hang_at_run("hang", salt)
+    t0 = time.time()
+    faultlib.send_batch(client, lanes[0], [segv], f"job-segv-{salt}")
+    faultlib.send_batch(client, lanes[-1], [hang], f"job-hang-{salt}", timeout_s=5)
+    segv_res = faultlib.wait_results(redis_conn, f"job-segv-{salt}", ["segv"])["segv"]
+    segv_s = time.time() - t0
+    hang_res = faultlib.wait_results(redis_conn, f"job-hang-{salt}", ["hang"])["hang"]
+    hang_s = time.time() - t0
+    assert segv_res.fault == "crash" and "quarantined" in segv_res.error
+    assert hang_res.fault == "timeout"
+    final = job.wait(timeout_s=600)
+    assert final["state"] == "done", final
+    figures = faultlib.job_figures(redis_conn, job, 8)
+    assert figures["candidates_lost"] == 0 and figures["trials_respent"] == 0
+    assert sum(t["errors"] for t in job.status()["tasks"]) == 0  # the job's own candidates were unharmed
+    faultlib.record_row({"scenario": "a candidate whose build segfaults (beside a running job)", **figures,
+                         "recovery_s": round(segv_s, 1)})
+    faultlib.record_row({"scenario": "a candidate whose run hangs (5 s timeout, beside a running job)", **figures,
+                         "recovery_s": round(hang_s, 1)})
