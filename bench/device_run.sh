@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # On the GPU machine, after ../shared/device/stage.sh's install step (PYTHONPATH=/tmp/site:$PWD):
-#   bash bench/device_run.sh smoke|stock|ours  -> writes under $OUT
+#   bash bench/device_run.sh smoke|stock|ours|gputest|gpufault  -> writes under $OUT
 set -uo pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site:$PWD
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -33,4 +33,7 @@ PY
   stock) timeout 570 python3 bench/gpu_tuning.py --part stock "${@:2}" 2>&1 | tail -40 ;;
   ours) timeout 570 python3 bench/gpu_tuning.py --part ours "${@:2}" 2>&1 | tail -40
         tar czf "$OUT/ours_logs.tgz" -C /tmp/gpu_bench . --exclude='*.so' --exclude=redis --exclude=database 2>/dev/null ;;
+  gpufault) # 4x25 % lanes, a faulting CUDA candidate: detection + recovery times in $OUT/gpu_fault.json (~4 min)
+    timeout 280 python3 bench/gpu_fault.py "${@:2}" 2>&1 | tail -80
+    tar czf "$OUT/gpu_fault_logs.tgz" -C /tmp/gpu_fault logs mps 2>/dev/null ;;
 esac
