@@ -21,7 +21,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(REPO), str(REPO / "tests")]
 
-from shared import names, store  # noqa: E402
+from shared import store  # noqa: E402
 
 
 def faulting_candidate(cid: str):

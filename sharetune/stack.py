@@ -199,7 +199,8 @@ class Stack:
             self._restart_lane(name)
         event["restarted_at"] = time.time()
         self.recoveries.append(event)
-        return max([faults_since] + [f.at + 1e-6 for f in faults])
+        # reports that arrive while a GPU recovers belong to the same incident (lanes stopping)
+        return max([faults_since] + [f.at + 1e-6 for f in faults] + ([event["restarted_at"]] if plan.gpus else []))
 
     def _restart_lane(self, name: str) -> None:
         queue, instance = self.lane_procs[name]
@@ -216,8 +217,13 @@ class Stack:
             if proc is not None and proc.poll() is None:
                 self.stop_process(name, timeout_s=10.0)
         if self.mps is not None and self.mps.started:
-            self.mps.stop()
-            self.mps.start()
+            try:
+                self.mps.stop()
+                self.mps.start()
+            except Exception:  # noqa: BLE001 - the lanes still come back (and refuse to run without a daemon)
+                import logging
+
+                logging.getLogger("sharetune.stack").error("MPS daemon restart failed", exc_info=True)
         for name in names_:
             self._restart_lane(name)
         return names_
