@@ -112,8 +112,10 @@ def lane_worker(redis_conn, queue: str) -> str:
 
 def job_figures(redis_conn, job, budget: int) -> dict:
     """jobs_completed / candidates_lost / trials_respent of one finished job, from the store:
-    lost = budget not recorded + records whose error says a lane died or overran; re-spent = candidates
-    started in more than one batch (a killed batch's unanswered candidates, measured again elsewhere)."""
+    lost = candidates the search generated that came back without a measurement because a lane died or
+    overran (their records say so), or the whole budget if the job did not finish; trials short of the
+    budget are not lost when the search ran out of distinct candidates (a tiny design space). Re-spent =
+    candidates started in more than one batch (a killed batch's unanswered ones, measured again)."""
     st = job.state()
     trials = job.status()["trials"]
     recs = [r for t in store.job_tasks(redis_conn, job.job_id) for r in store.records(redis_conn, t.wkey)
@@ -127,8 +129,8 @@ def job_figures(redis_conn, job, budget: int) -> dict:
             if info.get("job_id") == job.job_id:
                 started += int(info.get("candidates") or 0)
     return {"jobs_completed": int(st.get("state") == "done"),
-            "candidates_lost": max(0, budget - trials) + lane_lost if st.get("state") == "done" else budget,
-            "trials_respent": max(0, started - trials)}
+            "candidates_lost": lane_lost if st.get("state") == "done" else budget,
+            "trials_respent": max(0, started - trials), "trials": trials}
 
 
 def record_row(row: dict) -> None:

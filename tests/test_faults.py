@@ -86,8 +86,10 @@ def test_twenty_small_jobs_at_once(client, redis_conn, lane_share):
     assert all(f["state"] == "done" for f in finals), [f for f in finals if f["state"] != "done"]
     figures = [faultlib.job_figures(redis_conn, job, 2) for job in jobs]
     assert sum(f["candidates_lost"] for f in figures) == 0
+    assert all(f["trials"] >= 1 for f in figures)  # an add has one or two distinct schedules
     faultlib.record_row({"scenario": "20 small jobs at once on one stack",
                          "jobs_completed": sum(f["jobs_completed"] for f in figures),
                          "candidates_lost": sum(f["candidates_lost"] for f in figures),
                          "trials_respent": sum(f["trials_respent"] for f in figures),
+                         "trials": sum(f["trials"] for f in figures),
                          "recovery_s": None, "wall_s": round(time.time() - t0, 1)})

@@ -35,9 +35,20 @@ def _serve(conn, target_json: str, warmup: bool, test_hooks: bool) -> None:
         if msg[2] not in targets:
             targets[msg[2]] = evaluate.target_from_json(msg[2])
         target = targets[msg[2]]
-        if test_hooks and any(str(gv.name_hint).startswith(TEST_SEGV_BUILD) for gv in load_ir(cand.mod).functions):
+        if test_hooks and _test_segv_build(cand.mod, load_ir):
             os.kill(os.getpid(), signal.SIGSEGV)
-        conn.send(evaluate.measure(cand, target, timing).model_dump_json())
+        try:
+            res = evaluate.measure(cand, target, timing)  # build and run errors already come back as data
+        except Exception as err:  # noqa: BLE001 - anything else too: only a signal or a hang may end the child
+            res = MeasureResult(candidate_id=cand.candidate_id, error=f"build failed: {type(err).__name__}: {err}"[:2000])
+        conn.send(res.model_dump_json())
+
+
+def _test_segv_build(packed_mod: str, load_ir) -> bool:
+    try:
+        return any(str(gv.name_hint).startswith(TEST_SEGV_BUILD) for gv in load_ir(packed_mod).functions)
+    except Exception:  # noqa: BLE001 - not a module: the build reports it
+        return False
 
 
 def _signal_name(code: int | None) -> str:
