@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # On the GPU machine, after ../shared/device/stage.sh's install step (PYTHONPATH=/tmp/site:$PWD):
-#   bash bench/device_run.sh smoke|gputest|stock|ours|sharding|matrix  -> writes under $OUT
+#   bash bench/device_run.sh smoke|gputest|stock|ours|sharding|matrix|gpufault  -> writes under $OUT
 set -uo pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site:$PWD
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -40,4 +40,7 @@ PY
           timeout 585 python3 bench/share_matrix.py "${@:2}" 2>&1 | tail -60
           tar czf "$OUT/matrix_logs.tgz" -C /tmp/share_matrix . --exclude='*.so' --exclude=redis --exclude=database \
               --exclude='*.npz' --exclude=ms 2>/dev/null ;;
+  gpufault) # 4x25 % lanes, a faulting CUDA candidate: detection + recovery times in $OUT/gpu_fault.json (~4 min)
+    timeout 280 python3 bench/gpu_fault.py "${@:2}" 2>&1 | tail -80
+    tar czf "$OUT/gpu_fault_logs.tgz" -C /tmp/gpu_fault logs mps 2>/dev/null ;;
 esac

@@ -13,6 +13,7 @@ from shared.errors import ShareError, TargetError
 
 SUPPORTED_TARGET_KINDS = ("llvm", "cuda")
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024  # larger payloads are refused before parsing
+MAX_MODEL_BYTES = 64 * 1024 * 1024  # a submitted model (file, bytes, or its stored Relax form) beyond this is refused
 
 
 class Contract(BaseModel):
@@ -248,6 +249,33 @@ class MeasureResult(Contract):
     lane: str = ""
     share: int | None = None
     device: dict[str, Any] = {}
+    # how the candidate failed when it took its process with it: "crash" (signal), "timeout" (hung and
+    # killed), "quarantined" (crashed max_crashes times before: answered without running)
+    fault: Literal["crash", "timeout", "quarantined"] | None = None
+
+
+class Quarantined(Contract):
+    """A candidate that killed or hung its process too often; lanes answer it without running it."""
+
+    candidate_hash: str
+    error: str  # the last crash, e.g. "candidate killed its process: SIGSEGV"
+    crashes: int
+    lane: str
+    job_id: str = ""
+    batch_id: str = ""
+    at: float = Field(default_factory=time.time)
+
+
+class GpuFault(Contract):
+    """A GPU lane whose CUDA context died: the candidate it ran and why (culprit or MPS victim)."""
+
+    gpu8: str
+    lane: str
+    worker: str
+    candidate_hash: str | None
+    error: str
+    role: Literal["culprit", "victim", "unknown"]
+    at: float = Field(default_factory=time.time)
 
 
 class Record(Contract):

@@ -199,3 +199,19 @@ def snapshot_key(target_key: str) -> str:
 
 
 DEADLETTER_KEY = f"{PREFIX}:deadletter"  # list of rejected messages, with why
+
+
+# ---- poison candidates and device faults ---------------------------------------------------------------
+# A candidate is named here by the hash of its scheduled module (candidate_hash in shared.store), so the
+# same program sent again (another batch, another job, another lane) meets its history.
+
+CRASHES_KEY = f"{PREFIX}:crashes"  # hash candidate hash -> times a process died (or hung) running it
+QUARANTINE_KEY = f"{PREFIX}:quarantine"  # hash candidate hash -> Quarantined JSON: never run again
+
+
+def gpu_faults_key(gpu8: str) -> str:
+    """List of GpuFault JSON: lanes of one GPU that saw their CUDA context die (MPS takes all of them)."""
+    return f"{PREFIX}:gpufault:{gpu8}"
+
+
+EXIT_GPU_FAULT = 75  # a GPU lane exits with this code when its CUDA context is lost, to be restarted

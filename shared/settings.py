@@ -29,6 +29,15 @@ class LaneSettings(CommonSettings):
     lane_claim: str | None = None  # the claim key this lane holds (set by python -m services.measurer)
     warmup: bool = True  # build a trivial kernel at start, so the first candidate pays nothing
     build_workers: int = 0  # 0: build in the lane process; N: a warm pool of N build processes beside it
+    # CPU lanes build and time each candidate in a warm child process, so a candidate that segfaults,
+    # aborts or hangs kills only that child (None: on for CPU lanes, off for GPU lanes, whose CUDA
+    # context and MPS share live in the lane process)
+    sandbox: bool | None = None
+    max_crashes: int = 2  # a candidate that killed (or hung) its process this often is quarantined
+    sandbox_recycle: int = 2000  # candidates before the sandbox child is replaced (leaked JIT modules)
+    # TEST ONLY, off by default: a candidate whose function name starts with "sharetune_test_segv_build"
+    # kills its build with SIGSEGV, so tests can inject a build crash that no real TVM input gives on cue
+    test_fault_hooks: bool = False
 
 
 class TunerSettings(CommonSettings):

@@ -16,7 +16,9 @@ from shared.messages import (
     JobTask,
     LaneBatch,
     LaneInfo,
+    GpuFault,
     MeasureResult,
+    Quarantined,
     Record,
     ShardState,
     TaskProgress,
@@ -26,8 +28,18 @@ from shared.messages import (
 RESULT_TTL_S = 24 * 3600
 
 
+REDIS_OUTAGE_S = 60  # how long a restarting Redis is waited for before an operation gives up
+
+
 def connect(url: str) -> redis.Redis:
-    return redis.Redis.from_url(url, decode_responses=False, health_check_interval=30)
+    """A client that rides out a Redis restart: connection errors are retried for about REDIS_OUTAGE_S
+    (the AOF brings back everything that was acknowledged). A password in the URL is used."""
+    from redis.backoff import ExponentialBackoff
+    from redis.retry import Retry
+
+    retry = Retry(ExponentialBackoff(cap=1.0, base=0.05), retries=REDIS_OUTAGE_S + 6)
+    return redis.Redis.from_url(url, decode_responses=False, health_check_interval=30, retry=retry,
+                                retry_on_error=[redis.exceptions.ConnectionError, redis.exceptions.TimeoutError])
 
 
 def _s(v) -> str | None:
@@ -331,10 +343,12 @@ def claim_slot(r: redis.Redis, scope: str, slots: int, worker: str, ttl_s: int =
 # ---- measurement results -----------------------------------------------------------------------------
 
 
-def mark_batch_started(r: redis.Redis, batch_id: str, lane: str, worker: str | None = None) -> None:
+def mark_batch_started(r: redis.Redis, batch_id: str, lane: str, worker: str | None = None,
+                       job_id: str = "", candidates: int = 0) -> None:
     key = names.batch_results_key(batch_id)
+    started = {"at": time.time(), "lane": lane, "worker": worker, "job_id": job_id, "candidates": candidates}
     with r.pipeline() as p:
-        p.hset(key, "_started", json.dumps({"at": time.time(), "lane": lane, "worker": worker}))
+        p.hset(key, "_started", json.dumps(started))
         p.expire(key, RESULT_TTL_S)
         p.execute()
 
@@ -375,3 +389,57 @@ def lane_batches(r: redis.Redis, job_id: str) -> list[LaneBatch]:
 def dead_letter(r: redis.Redis, source: str, why: str, body: str) -> None:
     entry = json.dumps({"at": time.time(), "source": source, "why": why, "body": body[:4096]})
     r.rpush(names.DEADLETTER_KEY, entry)
+
+
+# ---- poison candidates ---------------------------------------------------------------------------------
+
+
+def candidate_hash(packed_mod: str) -> str:
+    """A candidate's identity across batches, lanes and jobs: the hash of its scheduled module."""
+    import hashlib
+
+    return hashlib.sha1(packed_mod.encode()).hexdigest()[:24]
+
+
+def crash_pending(r: redis.Redis, chash: str) -> int:
+    """Counted before the candidate runs: if its process dies with it, the count stays."""
+    return int(r.hincrby(names.CRASHES_KEY, chash, 1))
+
+
+def crash_clear(r: redis.Redis, chash: str) -> None:
+    """The candidate ran to an answer (a valid time or an ordinary error): it is not poison."""
+    r.hdel(names.CRASHES_KEY, chash)
+
+
+def crash_count(r: redis.Redis, chash: str) -> int:
+    return int(r.hget(names.CRASHES_KEY, chash) or 0)
+
+
+def quarantine(r: redis.Redis, entry: Quarantined) -> None:
+    with r.pipeline() as p:
+        p.hset(names.QUARANTINE_KEY, entry.candidate_hash, entry.model_dump_json())
+        p.hdel(names.CRASHES_KEY, entry.candidate_hash)
+        p.execute()
+
+
+def quarantined(r: redis.Redis, chash: str) -> Quarantined | None:
+    raw = r.hget(names.QUARANTINE_KEY, chash)
+    return Quarantined.parse(raw) if raw else None
+
+
+def quarantined_all(r: redis.Redis, job_id: str | None = None) -> list[Quarantined]:
+    entries = [Quarantined.parse(v) for v in r.hvals(names.QUARANTINE_KEY)]
+    return sorted((e for e in entries if job_id is None or e.job_id == job_id), key=lambda e: e.at)
+
+
+def report_gpu_fault(r: redis.Redis, fault: GpuFault) -> None:
+    key = names.gpu_faults_key(fault.gpu8)
+    with r.pipeline() as p:
+        p.rpush(key, fault.model_dump_json())
+        p.ltrim(key, -1000, -1)
+        p.execute()
+
+
+def gpu_faults(r: redis.Redis, gpu8: str, since: float = 0.0) -> list[GpuFault]:
+    faults = [GpuFault.parse(v) for v in r.lrange(names.gpu_faults_key(gpu8), 0, -1)]
+    return [f for f in faults if f.at >= since]

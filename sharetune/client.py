@@ -11,8 +11,8 @@ from typing import Any
 from shared import names, store
 from shared.celery_app import make_celery
 from shared.codec import dump_ir
-from shared.errors import JobError
-from shared.messages import JobRef, JobResult, JobSpec, TaskProgress, check_share, target_kind
+from shared.errors import JobError, ModelError
+from shared.messages import MAX_MODEL_BYTES, JobRef, JobResult, JobSpec, TaskProgress, check_share, target_kind
 
 FINAL_STATES = ("done", "failed", "cancelled")
 
@@ -40,11 +40,13 @@ class Job:
         spec = store.job_spec(self.client.redis, self.job_id)
         shards = [{"shard": sh.shard, "state": sh.state, "owner": sh.owner, "attempts": sh.attempts,
                    "tasks": len(sh.task_ids)} for sh in store.shards(self.client.redis, self.job_id).values()]
+        quarantined = [{"candidate": q.candidate_hash, "error": q.error, "crashes": q.crashes, "lane": q.lane}
+                       for q in store.quarantined_all(self.client.redis, self.job_id)]
         stamps = {k: float(v) for k, v in st.items() if k.endswith("_at") and _number(v)}
         return {"job_id": self.job_id, "name": spec.name, "state": st.get("state"), "error": st.get("error"),
                 "target": spec.target, "share": spec.share, "budget": spec.trials,
                 "trials": sum(r["trials"] for r in rows), "submitted_at": spec.submitted_at, "times": stamps,
-                "tasks": rows, "shards": shards}
+                "tasks": rows, "shards": shards, "quarantined": quarantined}
 
     def cancel(self) -> str:
         """Stop the job after the round in flight; returns its state afterwards (done/failed stay)."""
@@ -99,6 +101,7 @@ class Client:
 
         check_share(share)
         target_kind(target)
+        _check_model_size(model)
         relax_model = to_relax(model, example_inputs)
         job_id = uuid.uuid4().hex[:12]
         spec = JobSpec(
@@ -107,7 +110,10 @@ class Client:
             max_trials_per_task=max_trials_per_task, seed=seed, only_tasks=only_tasks, retime_top_k=retime_top_k,
             clients=clients, cost_model=cost_model, untuned_baseline=untuned_baseline,
         )
-        store.create_job(self.redis, spec, dump_ir(relax_model.mod).encode())
+        blob = dump_ir(relax_model.mod).encode()
+        if len(blob) > MAX_MODEL_BYTES:
+            raise ModelError(f"the model's Relax form is {len(blob)} bytes, over the limit of {MAX_MODEL_BYTES} bytes")
+        store.create_job(self.redis, spec, blob)
         self.app.send_task(names.PLAN_TASK, args=[JobRef(job_id=job_id).model_dump(mode="json")], queue=names.PLAN_QUEUE)
         return Job(self, job_id)
 
@@ -121,3 +127,17 @@ class Client:
 
     def lanes(self):
         return store.live_lanes(self.redis)
+
+
+def _check_model_size(model) -> None:
+    """Refuse an oversized model before parsing it (a 100 MB payload is an error, not a memory spike)."""
+    import os
+
+    if isinstance(model, (bytes, bytearray, memoryview)):
+        size, what = len(model), "the given model data"
+    elif isinstance(model, (str, os.PathLike)) and os.path.isfile(model):
+        size, what = os.path.getsize(model), f"model file {model}"
+    else:
+        return
+    if size > MAX_MODEL_BYTES:
+        raise ModelError(f"{what} is {size} bytes, over the limit of {MAX_MODEL_BYTES} bytes")

@@ -75,7 +75,8 @@ def _signal_group(pid: int, sig) -> None:
 
 class Stack:
     def __init__(self, work_dir: Path, redis_url: str | None = None, lanes: list[str] | None = None,
-                 tuners: int = 1, log_level: str = "INFO", warm_kinds: str | None = None, lanes_only: bool = False):
+                 tuners: int = 1, log_level: str = "INFO", warm_kinds: str | None = None, lanes_only: bool = False,
+                 supervise: bool = True):
         self.work_dir = Path(work_dir).resolve()
         self.redis_url = redis_url or os.environ.get("REDIS_URL")
         self.lanes = lanes if lanes is not None else default_cpu_lanes()
@@ -90,6 +91,12 @@ class Stack:
         self.mps = None  # the MPS daemon, when this stack started one
         self.gpu_uuids: dict[str, str] = {}  # uuid8 -> full UUID
         self.procs: dict[str, subprocess.Popen] = {}
+        self.lane_procs: dict[str, tuple[str, int]] = {}  # process name -> (lane queue, instance)
+        self.supervise = supervise
+        self.recoveries: list[dict] = []  # what the supervisor did, with times (faults bench, tests)
+        self._restarts: dict[str, list[float]] = {}
+        self._supervisor = None
+        self._stopping = None
 
     # ---- processes ---------------------------------------------------------------------------------
 
@@ -144,7 +151,9 @@ class Stack:
         if lane.kind == "gpu":
             env["SHARETUNE_BUILD_WORKERS"] = str(gpu_build_workers(self.lanes, queue, os.cpu_count() or 1,
                                                                    os.environ.get("SHARETUNE_BUILD_WORKERS")))
-        return self._spawn(f"lane-{queue}-{instance}" if instance else f"lane-{queue}", args, env)
+        name = f"lane-{queue}-{instance}" if instance else f"lane-{queue}"
+        self.lane_procs[name] = (queue, instance)
+        return self._spawn(name, args, env)
 
     def _start_gpu_support(self) -> None:
         """Name GPUs by UUID, and start an MPS daemon (own pipe and log dirs) unless one answers."""
@@ -174,7 +183,85 @@ class Stack:
         if wait_lanes_s:
             self.wait_for_lanes(self.lanes, wait_lanes_s)
             self.wait_for_tuners(self.tuners, wait_lanes_s)
+        if self.supervise:
+            self.start_supervisor()
         return self
+
+    # ---- supervision: lanes that die come back; a GPU fault restarts MPS and that GPU's lanes ----------
+
+    def start_supervisor(self, poll_s: float = 0.5) -> None:
+        import threading
+
+        self._stopping = threading.Event()
+        self._supervisor = threading.Thread(target=self._supervise, args=(poll_s,), name="stack-supervisor", daemon=True)
+        self._supervisor.start()
+
+    def _supervise(self, poll_s: float) -> None:
+        import logging
+
+        log = logging.getLogger("sharetune.stack")
+        fault_seen = time.time()
+        while not self._stopping.wait(poll_s):
+            try:
+                fault_seen = self.recover_once(fault_seen)
+            except Exception:  # noqa: BLE001 - e.g. Redis restarting; the next round retries
+                log.warning("stack supervisor round failed", exc_info=True)
+
+    def recover_once(self, faults_since: float) -> float:
+        """One round: find lane processes that ended and GPU faults reported since `faults_since`, act on
+        services.measurer.mps.plan_recovery's decision; returns the new `faults_since`."""
+        from services.measurer.mps import LaneExit, plan_recovery
+
+        now = time.time()
+        exits = [LaneExit(name, q, self.procs[name].returncode, now) for name, (q, _) in list(self.lane_procs.items())
+                 if name in self.procs and self.procs[name].poll() is not None]
+        faults = []
+        if self.gpu_uuids:
+            r = store.connect(self.redis_url)
+            faults = [f for g in self.gpu_uuids for f in store.gpu_faults(r, g, since=faults_since)]
+        plan = plan_recovery(exits, faults, self._restarts, now, gpu_fault_code=names.EXIT_GPU_FAULT)
+        if plan.empty:
+            return faults_since
+        event = {"detected_at": now, "exits": {e.name: e.code for e in exits}, "gpus": list(plan.gpus),
+                 "restarted": list(plan.restart), "given_up": list(plan.given_up),
+                 "faults": [f.model_dump() for f in faults]}
+        for name in plan.given_up:
+            self.procs.pop(name, None)
+            self.lane_procs.pop(name, None)
+        for gpu8 in plan.gpus:
+            event.setdefault("gpu_lanes", []).extend(self._restart_gpu(gpu8))
+        for name in plan.restart:
+            self._restart_lane(name)
+        event["restarted_at"] = time.time()
+        self.recoveries.append(event)
+        # reports that arrive while a GPU recovers belong to the same incident (lanes stopping)
+        return max([faults_since] + [f.at + 1e-6 for f in faults] + ([event["restarted_at"]] if plan.gpus else []))
+
+    def _restart_lane(self, name: str) -> None:
+        queue, instance = self.lane_procs[name]
+        self.procs.pop(name, None)
+        self._restarts.setdefault(name, []).append(time.time())
+        self.start_lane(queue, instance)
+
+    def _restart_gpu(self, gpu8: str) -> list[str]:
+        """Every lane of the GPU stops (MPS takes no new client while an old one lives), the daemon is
+        restarted if this stack runs it, and the lanes start again."""
+        names_ = [n for n, (q, _) in self.lane_procs.items() if names.LaneName.parse(q).gpu == gpu8]
+        for name in names_:
+            proc = self.procs.get(name)
+            if proc is not None and proc.poll() is None:
+                self.stop_process(name, timeout_s=10.0)
+        if self.mps is not None and self.mps.started:
+            try:
+                self.mps.stop()
+                self.mps.start()
+            except Exception:  # noqa: BLE001 - the lanes still come back (and refuse to run without a daemon)
+                import logging
+
+                logging.getLogger("sharetune.stack").error("MPS daemon restart failed", exc_info=True)
+        for name in names_:
+            self._restart_lane(name)
+        return names_
 
     def wait_for_tuners(self, count: int, timeout_s: float) -> None:
         r = store.connect(self.redis_url)
@@ -221,6 +308,10 @@ class Stack:
             self.stop_process(name)
 
     def stop(self) -> None:
+        if self._supervisor is not None:
+            self._stopping.set()
+            self._supervisor.join(30)
+            self._supervisor = None
         for name in list(self.procs):
             self.stop_process(name)
         if self.redis_server:
@@ -238,6 +329,11 @@ class Stack:
         """Leave every process running (each is its own session) and write what `down` needs to stop
         exactly these processes, by PID."""
         import json
+
+        if self._supervisor is not None:  # a detached stack is not supervised: this process is leaving
+            self._stopping.set()
+            self._supervisor.join(30)
+            self._supervisor = None
 
         state = {
             "redis_url": self.redis_url,

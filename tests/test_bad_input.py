@@ -128,3 +128,54 @@ def test_candidate_that_fails_to_build_comes_back_as_an_error(client, redis_conn
     assert results["c1"].error.startswith("build failed")
     assert results["c1"].lane == lane.queue
     assert store.lane_alive(redis_conn, lane.queue)
+
+
+HUNDRED_MB = 100 * 1024 * 1024
+
+
+def test_a_100_mb_model_is_refused_at_submit(client, records_before, tmp_path):
+    with pytest.raises(ModelError, match="over the limit of 67108864 bytes"):
+        client.submit(b"\x08" * HUNDRED_MB, target="llvm", share=50, trials=4)
+    big = tmp_path / "big.onnx"
+    with open(big, "wb") as f:
+        f.truncate(HUNDRED_MB)
+    with pytest.raises(ModelError, match="over the limit"):
+        client.submit(str(big), target="llvm", share=50, trials=4)
+
+
+def _last_dead_letter(redis_conn, before, timeout_s=120):
+    import json
+
+    deadline = time.time() + timeout_s
+    while time.time() < deadline and redis_conn.llen(names.DEADLETTER_KEY) == before:
+        time.sleep(0.2)
+    assert redis_conn.llen(names.DEADLETTER_KEY) > before, "nothing was dead-lettered"
+    return json.loads(redis_conn.lindex(names.DEADLETTER_KEY, -1))
+
+
+def test_a_100_mb_message_on_a_lane_queue_is_refused_before_parsing(client, redis_conn, records_before):
+    lane = client.lanes()[0]
+    worker = lane.worker
+    before = redis_conn.llen(names.DEADLETTER_KEY)
+    client.app.send_task(names.MEASURE_TASK, args=[{"batch_id": "huge-1", "pad": "x" * HUNDRED_MB}], queue=lane.queue)
+    entry = _last_dead_letter(redis_conn, before)
+    assert entry["source"] == lane.queue
+    assert "exceeds the limit of 67108864 bytes" in entry["why"]
+    assert any(l.worker == worker for l in client.lanes())  # the same lane process serves on
+
+
+def test_a_pickled_message_on_a_lane_queue_is_refused_not_unpickled(client, redis_conn, records_before, tmp_path):
+    lane = client.lanes()[0]
+    worker = lane.worker
+    before = redis_conn.llen(names.DEADLETTER_KEY)
+    marker = tmp_path / "unpickled"
+
+    class Bomb:  # unpickling this would create the marker file
+        def __reduce__(self):
+            return (open, (str(marker), "w"))
+
+    client.app.send_task(names.MEASURE_TASK, args=[Bomb()], queue=lane.queue, serializer="pickle")
+    entry = _last_dead_letter(redis_conn, before)
+    assert entry["source"] == lane.queue and "pickle" in entry["why"] and entry["body"] == ""
+    assert not marker.exists()
+    assert any(l.worker == worker for l in client.lanes())

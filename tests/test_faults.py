@@ -1,4 +1,6 @@
-"""Faults with real processes: a lane worker killed with SIGKILL in the middle of a batch."""
+"""Faults with real processes: a lane worker killed with SIGKILL in the middle of a batch, Redis stopped
+and started again in the middle of a job, and twenty jobs at once on one stack. Each scenario also writes
+its figures row for bench/faults.py (tests/faultlib.record_row)."""
 import json
 import os
 import signal
@@ -6,6 +8,7 @@ import time
 
 import pytest
 
+import faultlib
 from shared import names, store
 
 pytestmark = pytest.mark.e2e
@@ -13,32 +16,80 @@ pytestmark = pytest.mark.e2e
 
 def test_lane_killed_mid_batch_loses_no_candidate(stack, client, redis_conn, lane_share, tuned_tiny):
     before = set(redis_conn.scan_iter(match=f"{names.PREFIX}:batch:*"))
+    restarts = len(stack.recoveries)
     job = client.submit("tiny", target="llvm", share=lane_share, trials=8, trials_per_iter=8, seed=3,
-                        only_tasks=[t.name for t in store.job_tasks(redis_conn, tuned_tiny.job_id) if "conv2d" in t.name])
-    victim = None
-    deadline = time.time() + 300
-    while victim is None and time.time() < deadline:
-        for key in set(redis_conn.scan_iter(match=f"{names.PREFIX}:batch:*")) - before:
-            started = redis_conn.hget(key, "_started")
-            if started and redis_conn.hlen(key) - 1 < 2:  # started, at most one result written
-                info = json.loads(started)
-                pid = int(info["worker"].rsplit(".", 1)[1])
-                name = next(n for n, p in stack.procs.items() if p.pid == pid)
-                os.kill(pid, signal.SIGKILL)
-                stack.procs.pop(name).wait()
-                victim = (info["lane"], key)
-                break
-        time.sleep(0.005)
-    assert victim is not None, "no batch was seen in flight"
-    try:
-        final = job.wait(timeout_s=300)
-        assert final["state"] == "done", final
-        st = job.status()
-        assert sum(t["errors"] for t in st["tasks"]) == 0  # the dead lane's candidates were measured elsewhere
-        recs = [r for t in store.job_tasks(redis_conn, job.job_id) for r in store.records(redis_conn, t.wkey)
-                if r.job_id == job.job_id]
-        assert len(recs) == st["trials"] == job.result().trials
-        assert all(r.error is None for r in recs)
-    finally:
-        stack.start_lane(victim[0])  # the session's other tests expect both lanes
-        stack.wait_for_lanes(stack.lanes, 300)
+                        only_tasks=faultlib.conv_only(redis_conn, tuned_tiny))
+    _, info = faultlib.batch_in_flight(redis_conn, before, job.job_id)
+    pid = int(info["worker"].rsplit(".", 1)[1])
+    assert any(p.pid == pid for p in list(stack.procs.values()))
+    os.kill(pid, signal.SIGKILL)
+    killed_at = time.time()
+    final = job.wait(timeout_s=300)
+    assert final["state"] == "done", final
+    st = job.status()
+    assert sum(t["errors"] for t in st["tasks"]) == 0  # the dead lane's candidates were measured elsewhere
+    recs = [r for t in store.job_tasks(redis_conn, job.job_id) for r in store.records(redis_conn, t.wkey)
+            if r.job_id == job.job_id]
+    assert len(recs) == st["trials"] == job.result().trials
+    assert all(r.error is None for r in recs)
+    # the stack's supervisor started the lane again
+    stack.wait_for_lanes(stack.lanes, 300)
+    back = next(e for e in stack.recoveries[restarts:] if e["restarted"])
+    assert back["exits"] and -signal.SIGKILL in back["exits"].values()
+    figures = faultlib.job_figures(redis_conn, job, 8)
+    assert figures["candidates_lost"] == 0 and figures["trials_respent"] <= 8  # at most the killed batch
+    lane_back = max(l.started_at for l in store.live_lanes(redis_conn) if l.queue == info["lane"])
+    faultlib.record_row({"scenario": "kill -9 a measurer lane mid-batch", **figures,
+                         "recovery_s": round(lane_back - killed_at, 1)})
+
+
+def test_redis_stopped_and_started_mid_job_loses_nothing(stack, client, redis_conn, lane_share, tuned_tiny):
+    if stack.redis_server is None:
+        pytest.skip("the stack uses an external Redis")
+    before = set(redis_conn.scan_iter(match=f"{names.PREFIX}:batch:*"))
+    job = client.submit("tiny", target="llvm", share=lane_share, trials=8, trials_per_iter=4, seed=5,
+                        only_tasks=faultlib.conv_only(redis_conn, tuned_tiny))
+    faultlib.batch_in_flight(redis_conn, before, job.job_id)
+    records_before = {k: redis_conn.hlen(k) for k in redis_conn.scan_iter(match=f"{names.PREFIX}:rec:*")}
+    stopped_at = time.time()
+    stack.redis_server.stop()  # SIGTERM: Redis flushes its AOF and exits
+    time.sleep(2)  # an outage, not a timing assertion
+    stack.redis_server.start()
+    back_at = time.time()
+    for key, n in records_before.items():  # everything acknowledged before the stop came back (AOF)
+        assert redis_conn.hlen(key) >= n, key
+    final = job.wait(timeout_s=600)
+    assert final["state"] == "done", final
+    stack.wait_for_lanes(stack.lanes, 120)
+    figures = faultlib.job_figures(redis_conn, job, 8)
+    assert figures["candidates_lost"] == 0 and figures["trials_respent"] <= 8
+    faultlib.record_row({"scenario": "stop Redis mid-job and start it again", **figures,
+                         "recovery_s": round(back_at - stopped_at, 1)})
+
+
+def _small_add_model(width: int) -> bytes:
+    """An ONNX model of one elementwise add: one small task, a tiny design space, so a job is seconds of
+    search and compile rather than minutes (a distinct width is a distinct workload)."""
+    from onnx import TensorProto, helper
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, width])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, width])
+    graph = helper.make_graph([helper.make_node("Add", ["x", "x"], ["y"])], f"add{width}", [x], [y])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+
+
+def test_twenty_small_jobs_at_once(client, redis_conn, lane_share):
+    t0 = time.time()
+    jobs = [client.submit(_small_add_model(40 + i), target="llvm", share=lane_share, trials=2, trials_per_iter=2,
+                          seed=100 + i) for i in range(20)]
+    finals = [job.wait(timeout_s=1800) for job in jobs]
+    assert all(f["state"] == "done" for f in finals), [f for f in finals if f["state"] != "done"]
+    figures = [faultlib.job_figures(redis_conn, job, 2) for job in jobs]
+    assert sum(f["candidates_lost"] for f in figures) == 0
+    assert all(f["trials"] >= 1 for f in figures)  # an add has one or two distinct schedules
+    faultlib.record_row({"scenario": "20 small jobs at once on one stack",
+                         "jobs_completed": sum(f["jobs_completed"] for f in figures),
+                         "candidates_lost": sum(f["candidates_lost"] for f in figures),
+                         "trials_respent": sum(f["trials_respent"] for f in figures),
+                         "trials": sum(f["trials"] for f in figures),
+                         "recovery_s": None, "wall_s": round(time.time() - t0, 1)})

@@ -300,3 +300,63 @@ def test_gpu_build_pools_stay_within_the_mps_client_limit():
     assert len(seven) * (1 + per_lane) <= MPS_MAX_CLIENTS - 1  # lanes + pools + one serving process
     two_gpus = ["measure.aaaaaaaa.p25"] * 4 + ["measure.bbbbbbbb.p25"] * 4
     assert gpu_build_workers(two_gpus, two_gpus[0], cores=32) == 4
+
+
+# ---- GPU faults: classification and the supervisor's recovery plan, on recorded events ---------------
+from services.measurer.mps import LaneExit, classify_cuda_error, diagnose, plan_recovery  # noqa: E402
+from shared.messages import GpuFault  # noqa: E402
+
+U8 = H200.uuid8
+LANE25 = f"measure.{U8}.p25"
+
+
+@pytest.mark.parametrize("error,role", [
+    ("run failed: InternalError: CUDA: an illegal memory access was encountered", "culprit"),
+    ("run failed: RuntimeError: CUDA_ERROR_ILLEGAL_ADDRESS: an illegal memory access was encountered", "culprit"),
+    ("run failed: InternalError: CUDA: misaligned address", "culprit"),
+    ("run failed: InternalError: CUDA: unspecified launch failure", "victim"),
+    ("run failed: InternalError: CUDA_ERROR_MPS_CLIENT_TERMINATED: the MPS client has been terminated", "victim"),
+    ("run failed: InternalError: CUDA: out of memory", None),
+    ("run failed: InternalError: CUDA: too many resources requested for launch", None),
+    ("build failed: InternalError: illegal memory access in codegen text", None),
+    ("run failed: ValueError: argument shape mismatch", None),
+    (None, None),
+])
+def test_cuda_errors_are_classified(error, role):
+    assert classify_cuda_error(error) == role
+
+
+def _fault(role, chash, lane=LANE25, at=100.0):
+    return GpuFault(gpu8=U8, lane=lane, worker=f"h.{chash}", candidate_hash=chash, error="e", role=role, at=at)
+
+
+def test_a_gpu_fault_recovers_the_whole_gpu_and_plain_exits_restart_one_lane():
+    exits = [LaneExit("lane-a", LANE25, 75, 101.0), LaneExit("lane-b", LANE25, -9, 101.0),
+             LaneExit("lane-cpu", "measure.cpu.c0", -9, 101.0)]
+    plan = plan_recovery(exits, [_fault("culprit", "c1")], {}, now=102.0)
+    assert plan.gpus == (U8,)
+    assert plan.restart == ("lane-cpu",)  # GPU lanes come back with their GPU, not one by one
+    # the exit code alone (fault report lost with a Redis restart) is enough to recover the GPU
+    assert plan_recovery(exits[:1], [], {}, now=102.0).gpus == (U8,)
+    # a lane killed without a fault comes back on its own
+    solo = plan_recovery([LaneExit("lane-b", LANE25, -9, 101.0)], [], {}, now=102.0)
+    assert solo.gpus == () and solo.restart == ("lane-b",)
+    # lanes of one GPU dying together without a word (killed by the MPS server): the GPU is recovered
+    together = plan_recovery([LaneExit("lane-a", LANE25, -9, 101.0), LaneExit("lane-b", LANE25, -6, 101.0)], [], {},
+                             now=102.0)
+    assert together.gpus == (U8,) and together.restart == ()
+
+
+def test_a_crash_looping_lane_is_given_up_not_hidden():
+    history = {"lane-cpu": [10.0, 20.0, 30.0, 40.0, 50.0]}
+    plan = plan_recovery([LaneExit("lane-cpu", "measure.cpu.c0", -11, 60.0)], [], history, now=60.0)
+    assert plan.given_up == ("lane-cpu",) and plan.restart == ()
+    later = plan_recovery([LaneExit("lane-cpu", "measure.cpu.c0", -11, 1000.0)], [], history, now=1000.0)
+    assert later.restart == ("lane-cpu",)  # old restarts fall out of the window
+
+
+def test_diagnosis_names_the_culprit_or_else_the_suspects():
+    incident = [_fault("culprit", "bad"), _fault("victim", "v1"), _fault("victim", "v2")]
+    assert diagnose(incident) == {"culprits": ["bad"], "suspects": [], "victims": ["v1", "v2"]}
+    unclear = [_fault("unknown", "x"), _fault("unknown", "y"), _fault("victim", "v")]
+    assert diagnose(unclear)["suspects"] == ["x", "y"] and diagnose(unclear)["culprits"] == []

@@ -360,3 +360,94 @@ def plan_gpu_lanes(
         where = "the inventory has no GPU" if not gpus else f"spec {spec!r} names no lane"
         raise ShareError(f"empty GPU lane plan: {where}")
     return plan
+
+
+# ---------------------------------------------------------------------------- faults and recovery
+# Under MPS a kernel that faults (illegal address, ...) takes down every client of that GPU's server:
+# the culprit sees its own fault, its neighbours see their contexts torn down. The server takes no new
+# clients until all of them have exited, so recovery is: every lane of the GPU exits, the daemon is
+# restarted, the lanes start again, and the tuner re-sends what they left unanswered.
+
+_CULPRIT = ("illegal memory access", "illegal address", "misaligned address", "illegal instruction",
+            "device-side assert", "hardware stack error", "invalid program counter", "out of bounds")
+_VICTIM = ("mps", "context is destroyed", "context destroyed", "launch failure", "not yet initialized",
+           "exclusive-process", "busy or unavailable")
+
+
+def classify_cuda_error(error: str | None) -> str | None:
+    """How a candidate's error bears on its lane's CUDA context: "culprit" (its own kernel faulted),
+    "victim" (a neighbour's fault took the context), or None (an ordinary error: a failed build, too many
+    threads, out of memory; the lane goes on). The lane probes its context after any other run error and
+    calls a dead one "unknown" (see services.measurer.tasks)."""
+    if not error:
+        return None
+    text = error.lower()
+    if error.startswith("build failed"):
+        return None
+    if any(p in text for p in _CULPRIT):
+        return "culprit"
+    if any(p in text for p in _VICTIM):
+        return "victim"
+    return None
+
+
+@dataclass(frozen=True)
+class LaneExit:
+    """A lane process of the stack that ended: its process name, queue and exit code."""
+
+    name: str
+    queue: str
+    code: int | None
+    at: float
+
+
+@dataclass(frozen=True)
+class Recovery:
+    """What the supervisor does next. `gpus`: GPUs (uuid8) whose lanes all stop, whose MPS daemon is
+    restarted and whose lanes start again; `restart`: other lane processes to start again; `given_up`:
+    lanes that died too often to restart (reported, not restarted)."""
+
+    gpus: tuple[str, ...] = ()
+    restart: tuple[str, ...] = ()
+    given_up: tuple[str, ...] = ()
+
+    @property
+    def empty(self) -> bool:
+        return not (self.gpus or self.restart or self.given_up)
+
+
+def plan_recovery(exits: Sequence[LaneExit], faults: Sequence, history: Mapping[str, Sequence[float]],
+                  now: float, max_restarts: int = 5, window_s: float = 600.0, gpu_fault_code: int = 75) -> Recovery:
+    """Decide, from what was observed, which lanes to restart. Pure: `exits` are lane processes seen
+    ended, `faults` GpuFault-like records (with .gpu8) reported since the last recovery, `history`
+    lane name -> times it was restarted. A GPU with a reported fault, or a lane that exited with the
+    GPU-fault code, is recovered as a whole; a lane restarted `max_restarts` times within `window_s`
+    is given up (a crash loop is not hidden behind restarts)."""
+    gpus = {f.gpu8 for f in faults if getattr(f, "gpu8", None)}
+    restart, given_up = [], []
+    died: dict[str, int] = {}
+    for ex in exits:
+        lane = LaneName.parse(ex.queue)
+        if lane.kind == "gpu" and ex.code == gpu_fault_code:
+            gpus.add(lane.gpu)
+        elif lane.kind == "gpu" and ex.code:
+            died[lane.gpu] = died.get(lane.gpu, 0) + 1
+    # several lanes of one GPU dying together, with no report: an MPS server that took its clients down
+    gpus |= {g for g, n in died.items() if n >= 2}
+    for ex in exits:
+        lane = LaneName.parse(ex.queue)
+        recent = [t for t in history.get(ex.name, ()) if now - t < window_s]
+        if len(recent) >= max_restarts:
+            given_up.append(ex.name)
+        elif not (lane.kind == "gpu" and lane.gpu in gpus):
+            restart.append(ex.name)
+    return Recovery(gpus=tuple(sorted(gpus)), restart=tuple(sorted(restart)), given_up=tuple(sorted(given_up)))
+
+
+def diagnose(faults: Sequence) -> dict:
+    """Which candidate took a GPU down, from the lanes' fault reports of one incident: the culprits
+    (their own kernel faulted), else the suspects (in flight, role unknown). Victims are innocent."""
+    culprits = sorted({f.candidate_hash for f in faults if f.role == "culprit" and f.candidate_hash})
+    suspects = sorted({f.candidate_hash for f in faults if f.role == "unknown" and f.candidate_hash})
+    return {"culprits": culprits, "suspects": [] if culprits else suspects,
+            "victims": sorted({f.candidate_hash for f in faults if f.role == "victim" and f.candidate_hash})}

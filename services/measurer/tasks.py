@@ -19,12 +19,14 @@ from shared.celery_app import make_celery
 from shared.errors import MessageError
 from shared.messages import LaneBatch, LaneInfo, MeasureBatch, MeasureResult
 from shared.settings import LaneSettings
+from services.measurer import poison
 from services.measurer.lanes import lane_share
 
 log = logging.getLogger("sharetune.lane")
 settings = LaneSettings()
 app = make_celery("measurer", settings.redis_url)
 LANE = names.LaneName.parse(settings.lane)
+SANDBOXED = settings.sandbox if settings.sandbox is not None else LANE.kind == "cpu"
 
 
 class _LaneState:
@@ -37,7 +39,9 @@ class _LaneState:
         self.lock = threading.Lock()
         self.stop = threading.Event()
         self.pool = None  # evaluate.BuildPool when the lane builds beside itself
+        self.sandbox = None  # sandbox.Sandbox: the child that builds and times, when the lane isolates candidates
         self.observer = None  # NVML observer of a GPU lane's device, when NVML sees it
+        self.gpu_fault: str | None = None  # set when this lane's CUDA context died: it measures no more
 
     def start(self) -> None:
         from services.measurer.metaschedule import evaluate
@@ -56,7 +60,13 @@ class _LaneState:
             observer = make_observer()
             self.observer = observer if settings.gpu_uuid and observer.inventory() else None
             self.target = evaluate.gpu_target()
-        warm_s = evaluate.warm_up(self.target) if settings.warmup else 0.0
+        if SANDBOXED:
+            from services.measurer.metaschedule.sandbox import Sandbox
+
+            self.sandbox = Sandbox(str(self.target), settings.warmup, settings.sandbox_recycle, settings.test_fault_hooks)
+            warm_s = self.sandbox.start()
+        else:
+            warm_s = evaluate.warm_up(self.target) if settings.warmup else 0.0
         if self.pool is not None and settings.warmup:
             warm_s += self.pool.warm_up(self.target)
         self.info = LaneInfo(
@@ -109,6 +119,8 @@ def _on_ready(**_):
 @signals.worker_shutdown.connect
 def _on_shutdown(**_):
     STATE.stop.set()
+    if STATE.sandbox is not None:
+        STATE.sandbox.close()
     try:
         if STATE.info is not None:
             store.retire_lane(STATE.redis, STATE.info)
@@ -129,7 +141,7 @@ def measure_batch(payload):
         _answer_malformed(payload, str(err))
         return {"error": str(err)}
     worker = STATE.info.worker if STATE.info else f"{socket.gethostname()}.{os.getpid()}"
-    store.mark_batch_started(STATE.redis, batch.batch_id, LANE.queue, worker)
+    store.mark_batch_started(STATE.redis, batch.batch_id, LANE.queue, worker, batch.job_id, len(batch.candidates))
     if store.job_cancelled(STATE.redis, batch.job_id):  # answered, so no one waits on it
         for cand in batch.candidates:
             store.put_result(STATE.redis, batch.batch_id,
@@ -141,10 +153,19 @@ def measure_batch(payload):
     window = STATE.observer is not None
     if window:
         STATE.observer.start_window(settings.gpu_uuid)
-    if STATE.pool is not None:
-        results = STATE.pool.measure_batch(batch.candidates, target, batch.timing)
+    guard = dict(max_crashes=settings.max_crashes, lane=LANE.queue, job_id=batch.job_id, batch_id=batch.batch_id)
+    if STATE.sandbox is not None:
+        sandboxed = lambda c: STATE.sandbox.measure(c, batch.timing, batch.target or None)  # noqa: E731
+        results = (poison.measure_guarded(STATE.redis, cand, sandboxed, **guard) for cand in batch.candidates)
     else:
-        results = (evaluate.measure(cand, target, batch.timing) for cand in batch.candidates)
+        quarantined = {c.candidate_id: q for c in batch.candidates
+                       if (q := poison.already_poison(STATE.redis, store.candidate_hash(c.mod), **guard)) is not None}
+        todo = [c for c in batch.candidates if c.candidate_id not in quarantined]
+        if STATE.pool is not None:
+            measuring = STATE.pool.measure_batch(todo, target, batch.timing)
+        else:
+            measuring = (evaluate.measure(c, target, batch.timing) for c in todo)
+        results = _in_process(batch, measuring, quarantined, guard)
     measured = []
     for res in results:
         res.lane, res.share = LANE.queue, STATE.info.share if STATE.info else None
@@ -164,6 +185,9 @@ def measure_batch(payload):
     store.log_lane_batch(STATE.redis, batch.job_id, LaneBatch(
         batch_id=batch.batch_id, lane=LANE.queue, worker=worker, started_at=started, finished_at=time.time(),
         candidates=len(batch.candidates), errors=len(batch.candidates) - ok))
+    if STATE.gpu_fault is not None:
+        _leave_after_gpu_fault()
+        return {"batch_id": batch.batch_id, "measured": len(measured), "ok": ok, "gpu_fault": STATE.gpu_fault}
     with STATE.lock:
         STATE.info.batches += 1
         STATE.info.candidates += len(batch.candidates)
@@ -182,3 +206,77 @@ def _answer_malformed(payload, why: str) -> None:
             cid = cand.get("candidate_id") if isinstance(cand, dict) else None
             if isinstance(cid, str):
                 store.put_result(STATE.redis, payload["batch_id"], MeasureResult(candidate_id=cid, error=why, lane=LANE.queue))
+
+
+def _in_process(batch: MeasureBatch, results, quarantined: dict, guard):
+    """Candidates measured in the lane process itself (GPU lanes: the CUDA context and the MPS share are
+    the lane's). Each candidate's crash count is raised before it runs, so a lane that dies with it
+    leaves the count; a CUDA fault ends the batch: the lane's context is gone."""
+    from services.measurer.mps import classify_cuda_error
+
+    for cand in batch.candidates:
+        if cand.candidate_id in quarantined:  # answered without building or running it
+            yield poison.quarantined_result(quarantined[cand.candidate_id], cand.candidate_id)
+            continue
+        chash = store.candidate_hash(cand.mod)
+        crashes = store.crash_pending(STATE.redis, chash)
+        res = next(results)
+        role = classify_cuda_error(res.error) if LANE.kind == "gpu" and res.error else None
+        if role is None and LANE.kind == "gpu" and res.error and res.error.startswith("run failed") and not _cuda_alive():
+            role = "unknown"
+        if role is None:
+            store.crash_clear(STATE.redis, chash)
+            yield res
+            continue
+        _report_gpu_fault(chash, res.error, role)
+        if role == "victim":
+            store.crash_clear(STATE.redis, chash)  # an MPS neighbour's fault took it: re-sent, not counted
+        elif crashes >= guard["max_crashes"]:  # faulted (or was in flight at a fault) max_crashes times
+            from shared.messages import Quarantined
+
+            store.quarantine(STATE.redis, Quarantined(candidate_hash=chash, error=res.error, crashes=crashes, lane=LANE.queue,
+                                                      job_id=guard["job_id"], batch_id=guard["batch_id"]))
+            res.fault, res.error = "crash", f"quarantined after {crashes} crashes: {res.error}"
+            yield res
+        elif role == "culprit":  # answered; its count stays until it reaches max_crashes
+            res.fault = "crash"
+            yield res
+        # unknown, below the cap: unanswered with its count kept, so the tuner re-sends it to a restarted
+        # lane, where a real culprit faults again
+        return  # the rest of the batch is unanswered and re-sent by the tuner's batch watch
+
+
+def _cuda_alive() -> bool:
+    """After an unexplained run error: does this lane's CUDA context still work? (A sticky fault makes
+    every later call fail.)"""
+    try:
+        import tvm
+
+        dev = tvm.cuda(0)
+        tvm.runtime.empty((1,), "float32", dev).copyfrom(__import__("numpy").zeros(1, "float32"))
+        dev.sync()
+        return True
+    except Exception:  # noqa: BLE001
+        return False
+
+
+def _report_gpu_fault(chash: str, error: str, role: str) -> None:
+    from shared.messages import GpuFault
+
+    STATE.gpu_fault = f"{role}: {error[:300]}"
+    log.error("lane %s lost its CUDA context (%s) on candidate %s: %s", LANE.queue, role, chash, error[:300])
+    store.report_gpu_fault(STATE.redis, GpuFault(gpu8=LANE.gpu or "", lane=LANE.queue,
+                                                 worker=STATE.info.worker if STATE.info else "", candidate_hash=chash,
+                                                 error=error[:2000], role=role))
+
+
+def _leave_after_gpu_fault() -> None:
+    """A lost CUDA context cannot be recovered in-process: retire the liveness key at once (the tuner
+    re-sends the batch's unanswered candidates), and end the worker after this message is acknowledged,
+    with an exit code the stack's supervisor reads as "restart MPS and this GPU's lanes"."""
+    from celery.worker import state as worker_state
+
+    STATE.stop.set()
+    if STATE.info is not None:
+        store.retire_lane(STATE.redis, STATE.info)
+    worker_state.should_stop = names.EXIT_GPU_FAULT

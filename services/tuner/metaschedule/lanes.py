@@ -91,6 +91,7 @@ class BatchWatch:
         self.redispatched: list[str] = []  # why, each time
         self.queue_time_counted = False
         self._lane_missing_since: float | None = None
+        self._no_lane_since: float | None = None  # a re-send is due but no lane is live yet
 
     def complete(self) -> bool:
         return self.ids <= self.results.keys()
@@ -120,10 +121,12 @@ class BatchWatch:
             self._lane_missing_since = None
         if why:
             queue = self.runner.live_queue() if self.redispatch_left > 0 else None
-            if queue is None:
-                self.failed = why
-            else:
+            if queue is not None:
                 self._redispatch(queue, why)
+            elif self.redispatch_left > 0 and now - (self._no_lane_since or now) < self.runner.grace_s:
+                self._no_lane_since = self._no_lane_since or now  # lanes restarting (e.g. after a GPU fault)
+            else:
+                self.failed = why
 
     def _redispatch(self, queue: str, why: str) -> None:
         pending = [c for c in self.batch.candidates if c.candidate_id not in self.results]

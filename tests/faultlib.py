@@ -1,0 +1,141 @@
+"""Real programs that crash or hang, and helpers for the fault tests (imported by tests and bench/faults.py).
+
+Each program is a genuine TVM PrimFunc: the run-time segfault writes 4 GiB past its buffer, the hang runs
+2^40 iterations. Only the build segfault needs the lane's test hook (LaneSettings.test_fault_hooks): no
+TVM input crashes the compiler on cue. `salt` makes a distinct program, so each test meets a candidate
+with no crash history in the session's Redis."""
+from __future__ import annotations
+
+import json
+import os
+import time
+
+from shared import names, store
+from shared.messages import Candidate, MeasureBatch, TimingConfig
+
+ARGS = [["TENSOR", "float32", [16]], ["TENSOR", "float32", [16]]]
+
+
+def _candidate(func, cid: str, name: str = "main") -> Candidate:
+    import tvm
+
+    from shared.codec import dump_ir
+
+    return Candidate(candidate_id=cid, mod=dump_ir(tvm.IRModule({name: func.with_attr("global_symbol", name)})),
+                     args_info=ARGS)
+
+
+def good(cid: str, salt: int = 0) -> Candidate:
+    from tvm.script import tirx as T
+
+    @T.prim_func
+    def f(A: T.Buffer((16,), "float32"), B: T.Buffer((16,), "float32")):
+        for i in range(16):
+            B[i] = A[i] + T.float32(salt)
+
+    return _candidate(f, cid)
+
+
+def segv_at_run(cid: str, salt: int = 0) -> Candidate:
+    from tvm.script import tirx as T
+
+    @T.prim_func
+    def f(A: T.Buffer((16,), "float32"), B: T.Buffer((16,), "float32")):
+        for i in range(16):
+            B[i + 1073741824] = A[i] + T.float32(salt)  # 4 GiB past the end: unmapped, SIGSEGV
+
+    return _candidate(f, cid)
+
+
+def hang_at_run(cid: str, salt: int = 0) -> Candidate:
+    from tvm.script import tirx as T
+
+    @T.prim_func
+    def f(A: T.Buffer((16,), "float32"), B: T.Buffer((16,), "float32")):
+        for i in T.serial(T.int64(1099511627776)):  # 2^40 dependent iterations: hours
+            B[i % T.int64(16)] = B[i % T.int64(16)] * A[(i + T.int64(1)) % T.int64(16)] + T.float32(salt)
+
+    return _candidate(f, cid)
+
+
+def segv_at_build(cid: str, salt: int = 0) -> Candidate:
+    from tvm.script import tirx as T
+
+    from services.measurer.metaschedule.sandbox import TEST_SEGV_BUILD
+
+    @T.prim_func
+    def f(A: T.Buffer((16,), "float32"), B: T.Buffer((16,), "float32")):
+        for i in range(16):
+            B[i] = A[i] * T.float32(salt)
+
+    return _candidate(f, cid, name=f"{TEST_SEGV_BUILD}_{salt}")
+
+
+def send_batch(client, lane, candidates, batch_id: str, timeout_s: float = 30.0, job_id: str = "faults") -> None:
+    batch = MeasureBatch(batch_id=batch_id, job_id=job_id, target=lane.target,
+                         timing=TimingConfig(min_repeat_ms=0, timeout_s=timeout_s), candidates=candidates)
+    client.app.send_task(names.MEASURE_TASK, args=[batch.model_dump(mode="json")], queue=lane.queue)
+
+
+def wait_results(redis_conn, batch_id: str, ids, timeout_s: float = 300.0) -> dict:
+    deadline = time.time() + timeout_s
+    results = {}
+    while time.time() < deadline:
+        _, results = store.batch_results(redis_conn, batch_id)
+        if set(ids) <= results.keys():
+            return results
+        time.sleep(0.2)
+    raise TimeoutError(f"batch {batch_id}: only {sorted(results)} of {sorted(ids)} answered in {timeout_s} s")
+
+
+def conv_only(redis_conn, tuned_job) -> list[str]:
+    return [t.name for t in store.job_tasks(redis_conn, tuned_job.job_id) if "conv2d" in t.name]
+
+
+def batch_in_flight(redis_conn, before, job_id, timeout_s=300):
+    """A started batch of the job with at most one result written: (its key, its _started info)."""
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        for key in set(redis_conn.scan_iter(match=f"{names.PREFIX}:batch:*")) - before:
+            started = redis_conn.hget(key, "_started")
+            if started and redis_conn.hlen(key) - 1 < 2:
+                info = json.loads(started)
+                if info.get("job_id") == job_id:
+                    return key, info
+        time.sleep(0.005)
+    raise AssertionError("no batch was seen in flight")
+
+
+def lane_worker(redis_conn, queue: str) -> str:
+    return next(l.worker for l in store.live_lanes(redis_conn) if l.queue == queue)
+
+
+def job_figures(redis_conn, job, budget: int) -> dict:
+    """jobs_completed / candidates_lost / trials_respent of one finished job, from the store:
+    lost = candidates the search generated that came back without a measurement because a lane died or
+    overran (their records say so), or the whole budget if the job did not finish; trials short of the
+    budget are not lost when the search ran out of distinct candidates (a tiny design space). Re-spent =
+    candidates started in more than one batch (a killed batch's unanswered ones, measured again)."""
+    st = job.state()
+    trials = job.status()["trials"]
+    recs = [r for t in store.job_tasks(redis_conn, job.job_id) for r in store.records(redis_conn, t.wkey)
+            if r.job_id == job.job_id]
+    lane_lost = sum(1 for r in recs if r.error and ("lane " in r.error or "timed out" in r.error))
+    started = 0
+    for key in redis_conn.scan_iter(match=f"{names.PREFIX}:batch:*"):
+        raw = redis_conn.hget(key, "_started")
+        if raw:
+            info = json.loads(raw)
+            if info.get("job_id") == job.job_id:
+                started += int(info.get("candidates") or 0)
+    return {"jobs_completed": int(st.get("state") == "done"),
+            "candidates_lost": lane_lost if st.get("state") == "done" else budget,
+            "trials_respent": max(0, started - trials), "trials": trials}
+
+
+def record_row(row: dict) -> None:
+    """Append a figures row for bench/faults.py (only when it asks, through SHARETUNE_FAULTS_OUT)."""
+    path = os.environ.get("SHARETUNE_FAULTS_OUT")
+    if path:
+        with open(path, "a") as f:
+            f.write(json.dumps(row) + "\n")

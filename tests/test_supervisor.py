@@ -1,0 +1,74 @@
+"""The stack's supervisor wiring, without processes or a GPU: fake process handles, a recorded GPU fault
+report, a fake MPS daemon. (Real lanes killed with SIGKILL: tests/test_faults.py.)"""
+from sharetune.stack import Stack
+from shared import names
+from shared.messages import GpuFault
+
+UUID = "GPU-3f2a1c9b-5d7e-4a10-9c21-6b8e0f4d2a17"
+GPU_LANE = "measure.3f2a1c9b.p25"
+
+
+class FakeProc:
+    def __init__(self, code=None):
+        self.returncode, self.pid = code, 4242
+
+    def poll(self):
+        return self.returncode
+
+
+class FakeMps:
+    started = True
+
+    def __init__(self):
+        self.calls = []
+
+    def stop(self):
+        self.calls.append("stop")
+
+    def start(self):
+        self.calls.append("start")
+
+
+def _stack(tmp_path, lanes, monkeypatch):
+    st = Stack(tmp_path, redis_url="redis://127.0.0.1:1/0", lanes=lanes, supervise=False)
+    started = []
+
+    def start_lane(queue, instance=0):
+        name = f"lane-{queue}-{instance}" if instance else f"lane-{queue}"
+        st.lane_procs[name] = (queue, instance)
+        st.procs[name] = FakeProc()
+        started.append(name)
+
+    monkeypatch.setattr(st, "start_lane", start_lane)
+    monkeypatch.setattr(st, "stop_process", lambda name, **kw: st.procs.pop(name, None))
+    for i, q in enumerate(lanes):
+        start_lane(q, lanes[:i].count(q))
+    started.clear()
+    return st, started
+
+
+def test_a_dead_cpu_lane_is_started_again(tmp_path, monkeypatch):
+    st, started = _stack(tmp_path, ["measure.cpu.c0", "measure.cpu.c1"], monkeypatch)
+    st.procs["lane-measure.cpu.c1"].returncode = -9
+    st.recover_once(0.0)
+    assert started == ["lane-measure.cpu.c1"]
+    assert st.recoveries[-1]["exits"] == {"lane-measure.cpu.c1": -9}
+    st.recover_once(0.0)  # nothing new: nothing done
+    assert started == ["lane-measure.cpu.c1"] and len(st.recoveries) == 1
+
+
+def test_a_gpu_fault_restarts_mps_and_every_lane_of_that_gpu(tmp_path, monkeypatch):
+    st, started = _stack(tmp_path, [GPU_LANE] * 4, monkeypatch)
+    st.gpu_uuids = {"3f2a1c9b": UUID}
+    st.mps = FakeMps()
+    fault = GpuFault(gpu8="3f2a1c9b", lane=GPU_LANE, worker="h.1", candidate_hash="abc", role="culprit",
+                     error="run failed: CUDA: an illegal memory access was encountered", at=50.0)
+    monkeypatch.setattr("sharetune.stack.store.gpu_faults", lambda r, g, since=0.0: [f for f in [fault] if f.at >= since])
+    st.procs[f"lane-{GPU_LANE}"].returncode = names.EXIT_GPU_FAULT  # the culprit's lane left; the others still run
+    since = st.recover_once(0.0)
+    assert st.mps.calls == ["stop", "start"]
+    assert sorted(started) == sorted([f"lane-{GPU_LANE}"] + [f"lane-{GPU_LANE}-{i}" for i in (1, 2, 3)])
+    assert st.recoveries[-1]["gpus"] == ["3f2a1c9b"]
+    assert since > fault.at
+    st.recover_once(since)  # the same report is not acted on twice
+    assert st.mps.calls == ["stop", "start"] and len(st.recoveries) == 1
