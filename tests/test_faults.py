@@ -81,7 +81,7 @@ def _small_add_model(width: int) -> bytes:
 def test_twenty_small_jobs_at_once(client, redis_conn, lane_share):
     t0 = time.time()
     jobs = [client.submit(_small_add_model(40 + i), target="llvm", share=lane_share, trials=2, trials_per_iter=2,
-                          seed=100 + i) for i in range(20)]
+                          seed=100 + i, untuned_baseline=False) for i in range(20)]
     finals = [job.wait(timeout_s=1800) for job in jobs]
     assert all(f["state"] == "done" for f in finals), [f for f in finals if f["state"] != "done"]
     figures = [faultlib.job_figures(redis_conn, job, 2) for job in jobs]
