@@ -19,7 +19,8 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-TESTS = ["tests/test_faults.py", "tests/test_poison.py", "tests/test_bad_input.py", "tests/test_security.py"]
+TESTS = ["tests/test_faults.py", "tests/test_poison.py", "tests/test_bad_input.py", "tests/test_security.py",
+         "tests/test_sharding.py"]
 
 # bad-input tests -> the scenario they answer (each must end with a clear error, not a lost job)
 BAD_INPUTS = {

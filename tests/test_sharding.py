@@ -178,8 +178,15 @@ def test_two_clients_share_one_budget_and_a_killed_client_is_replaced(stack, cli
         assert job.state()["state"] not in ("done", "failed"), job.status()
         time.sleep(0.2)
     assert victim is not None, job.status()
+    t_kill = time.time()
     stack.stop_process("tuner-extra", signal.SIGKILL)
     stack.start_tuner("tuner-replacement")
+    resumed_at = None
+    while resumed_at is None and time.time() < t_kill + 900:  # a live client holds the shard again
+        sh = store.shards(redis_conn, job.job_id)[victim]
+        if sh.attempts >= 2 or sh.state == "done":
+            resumed_at = time.time()
+        time.sleep(0.2)
     final = job.wait(timeout_s=900)
     try:
         assert final["state"] == "done", final
@@ -194,5 +201,11 @@ def test_two_clients_share_one_budget_and_a_killed_client_is_replaced(stack, cli
         assert _job_records(redis_conn, job.job_id) == trials  # one record per trial spent, none lost
         assert store.budget_left(redis_conn, job.job_id) == 0
         assert job.result().time_split_s["resumed_shards"] == 1
+        import faultlib
+
+        faultlib.record_row({"scenario": "kill -9 the tuner client mid-job and start another",
+                             "jobs_completed": 1, "candidates_lost": trials - _job_records(redis_conn, job.job_id),
+                             "trials_respent": shards[victim].refunded,
+                             "recovery_s": round(resumed_at - t_kill, 1) if resumed_at else None})
     finally:
         stack.stop_process("tuner-replacement")
