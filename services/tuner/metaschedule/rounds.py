@@ -204,6 +204,11 @@ class ShardLoop:
             for _, r in reused:
                 if r.error is None and r.run_secs:
                     t.best_s = min(t.best_s, statistics.median(r.run_secs))
+        if not fresh and t.cold:
+            # sampling only proposed what the store already holds (a workload tuned before): evolutionary
+            # search skips measured candidates, so move this task to it now, trained model or not
+            self._start_context(t, cold=False)
+            return True
         if not fresh:
             t.dry += 1
             if t.dry >= DRY_ROUNDS:
