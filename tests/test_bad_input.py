@@ -174,7 +174,16 @@ def test_a_pickled_message_on_a_lane_queue_is_refused_not_unpickled(client, redi
         def __reduce__(self):
             return (open, (str(marker), "w"))
 
-    client.app.send_task(names.MEASURE_TASK, args=[Bomb()], queue=lane.queue, serializer="pickle")
+    # a hostile producer's message, published raw: no Celery app of ours ever serialises with pickle
+    import pickle
+    import uuid
+
+    task_id = uuid.uuid4().hex
+    with client.app.connection_for_write() as conn:
+        conn.Producer().publish(
+            pickle.dumps(((Bomb(),), {}, {})), routing_key=lane.queue, content_type="application/x-python-serialize",
+            content_encoding="binary", headers={"lang": "py", "task": names.MEASURE_TASK, "id": task_id,
+                                                "root_id": task_id, "parent_id": None, "group": None})
     entry = _last_dead_letter(redis_conn, before)
     assert entry["source"] == lane.queue and "pickle" in entry["why"] and entry["body"] == ""
     assert not marker.exists()
