@@ -16,7 +16,7 @@ demo: install
 	$(PY) -m sharetune demo
 
 test: install
-	$(PY) -m pytest -q -m "not gpu" tests
+	$(PY) -m pytest -q --durations=25 -m "not gpu" tests
 
 bench: install
 	$(PY) bench/cpu_tuning.py

@@ -214,4 +214,14 @@ def gpu_faults_key(gpu8: str) -> str:
     return f"{PREFIX}:gpufault:{gpu8}"
 
 
+def gpu_gate_key(gpu8: str) -> str:
+    """Hash {holder, until}: the lane worker running a suspect candidate alone on this GPU."""
+    return f"{PREFIX}:gpugate:{gpu8}"
+
+
+def gpu_running_key(gpu8: str) -> str:
+    """Hash worker -> deadline: lane workers of this GPU with a candidate running now."""
+    return f"{PREFIX}:gpurunning:{gpu8}"
+
+
 EXIT_GPU_FAULT = 75  # a GPU lane exits with this code when its CUDA context is lost, to be restarted

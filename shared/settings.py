@@ -53,6 +53,9 @@ class TunerSettings(CommonSettings):
     # sample the design space (no evolution) while the central cost model is untrained: evolving
     # against random predictions costs most of the search time and buys nothing
     cold_start: bool = True
+    # evolutionary search's population (MetaSchedule's default 512); a smaller one makes each round cheaper
+    # on a host with few cores, at some cost in how widely a round explores
+    search_population: int = Field(512, ge=16)
 
 
 class UpdaterSettings(CommonSettings):

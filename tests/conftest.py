@@ -10,6 +10,9 @@ os.environ.setdefault("TVM_NUM_THREADS", "1")
 # TEST ONLY: lets a test inject a build that segfaults (services/measurer/metaschedule/sandbox.py); off by
 # default everywhere else
 os.environ["SHARETUNE_TEST_FAULT_HOOKS"] = "1"
+# a 2-core CI host: a quarter of MetaSchedule's population keeps each evolutionary round cheap (the search
+# itself is the real one)
+os.environ.setdefault("SHARETUNE_SEARCH_POPULATION", "128")
 
 LANES = ["measure.cpu.c0", "measure.cpu.c1"] if (os.cpu_count() or 1) >= 2 else ["measure.cpu.c0"]
 

@@ -50,7 +50,10 @@ def test_a_second_lane_group_joins_mid_job_and_leaves_without_loss(stack, client
             _cli("down", "--work-dir", str(group), env=env)
     st = job.status()
     # nothing lost with the group that left: a candidate whose lane vanished would come back as an error
-    assert sum(t["errors"] for t in st["tasks"]) == 0 and st["trials"] == job.result().trials >= 40
+    assert sum(t["errors"] for t in st["tasks"]) == 0 and st["trials"] == job.result().trials > 0
+    # every trial claimed from the budget was recorded (a batch lost with the group would stay claimed); the job
+    # may end before 40 when its search proposes only candidates stored by the earlier job of these tasks
+    assert st["trials"] + store.budget_left(redis_conn, job.job_id) == 40
     recs = [r for t in store.job_tasks(redis_conn, job.job_id) for r in store.records(redis_conn, t.wkey)
             if r.job_id == job.job_id]
     # records are kept once per candidate across jobs: one this job proposed again keeps its first job's id

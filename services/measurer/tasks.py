@@ -11,6 +11,7 @@ import os
 import socket
 import threading
 import time
+from contextlib import nullcontext
 
 from celery import signals
 
@@ -212,18 +213,27 @@ def _in_process(batch: MeasureBatch, results, quarantined: dict, guard):
     """Candidates measured in the lane process itself (GPU lanes: the CUDA context and the MPS share are
     the lane's). Each candidate's crash count is raised before it runs, so a lane that dies with it
     leaves the count; a CUDA fault ends the batch: the lane's context is gone."""
+    from services.measurer.isolation import GpuGate, attribute
     from services.measurer.mps import classify_cuda_error
 
+    gate = None
+    if LANE.kind == "gpu":
+        worker = STATE.info.worker if STATE.info else f"{socket.gethostname()}.{os.getpid()}"
+        gate = GpuGate(STATE.redis, LANE.gpu or "", worker, hold_s=batch.timing.timeout_s + 30)
     for cand in batch.candidates:
         if cand.candidate_id in quarantined:  # answered without building or running it
             yield poison.quarantined_result(quarantined[cand.candidate_id], cand.candidate_id)
             continue
         chash = store.candidate_hash(cand.mod)
         crashes = store.crash_pending(STATE.redis, chash)
-        res = next(results)
+        # in flight at an earlier fault of its GPU (the count raised then was never cleared): run it alone
+        alone = gate is not None and crashes > 1
+        with gate.alone() if alone else gate.ordinary() if gate is not None else nullcontext():
+            res = next(results)
         role = classify_cuda_error(res.error) if LANE.kind == "gpu" and res.error else None
         if role is None and LANE.kind == "gpu" and res.error and res.error.startswith("run failed") and not _cuda_alive():
             role = "unknown"
+        role = attribute(role, alone)
         if role is None:
             store.crash_clear(STATE.redis, chash)
             yield res
@@ -242,7 +252,7 @@ def _in_process(batch: MeasureBatch, results, quarantined: dict, guard):
             res.fault = "crash"
             yield res
         # unknown, below the cap: unanswered with its count kept, so the tuner re-sends it to a restarted
-        # lane, where a real culprit faults again
+        # lane, where it runs alone: a culprit faults again and is named, an innocent clears its count
         return  # the rest of the batch is unanswered and re-sent by the tuner's batch watch
 
 

@@ -14,7 +14,7 @@ from shared.messages import JobResult, TaskBest, TimingConfig, lane_kind, target
 
 
 def tune_shard(app, redis, job_id: str, shard: int, work_dir: Path, grace_s: float = 120.0,
-               check=None, search_threads: int = 0, cold_start: bool = True):
+               check=None, search_threads: int = 0, cold_start: bool = True, population: int = 512):
     """Search one shard's tasks until the job's budget is spent or its tasks are done. `check` raises
     rounds.Stopped when the client must hand the shard back (shutdown, lost lease)."""
     import tvm
@@ -47,7 +47,7 @@ def tune_shard(app, redis, job_id: str, shard: int, work_dir: Path, grace_s: flo
             mod=mods[task.task_id],
             target=target,
             space_generator="post-order-apply",
-            search_strategy="replay-trace" if cold else "evolutionary",
+            search_strategy="replay-trace" if cold else ms.search_strategy.EvolutionarySearch(population_size=population),
             task_name=task.name,
             rand_state=(spec.seed + shard) if spec.seed is not None else -1,
             # the search runs on the tuner's host cores, as in stock tune_relax (a share of them when

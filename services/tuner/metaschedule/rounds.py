@@ -183,6 +183,11 @@ class ShardLoop:
         if cands is None:
             return self._finish_task(t)
         cands = list(cands)
+        if not cands and not t.cold:
+            # evolution found nothing unmeasured in its whole population (hundreds of samples and their
+            # mutations): the design space is spent (an elementwise op has a handful of schedules). Stock
+            # MetaSchedule tries 5 such rounds, seconds each, before it stops; one says as much
+            return self._finish_task(t)
         keys = [candidate_key(t.job_task.wkey, c) for c in cands]
         known = self.records.known(t.job_task.wkey, keys)
         fresh, seen = [], set()

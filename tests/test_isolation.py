@@ -1,0 +1,97 @@
+"""A suspect candidate runs alone on its GPU (services.measurer.isolation), on real Redis: lanes are threads
+here, each with its own gate, as lane processes of one GPU would be."""
+import threading
+import time
+import uuid
+
+from services.measurer.isolation import GpuGate, attribute
+from shared import names
+
+
+def _gpu() -> str:
+    return uuid.uuid4().hex[:8]
+
+
+def test_a_suspect_never_overlaps_a_neighbours_candidate(redis_conn):
+    gpu = _gpu()
+    spans, lock, stop = [], threading.Lock(), threading.Event()
+
+    def neighbour(i):
+        gate = GpuGate(redis_conn, gpu, f"lane{i}", hold_s=30, poll_s=0.001)
+        while not stop.is_set():
+            with gate.ordinary():
+                t0 = time.monotonic()
+                time.sleep(0.003)
+                with lock:
+                    spans.append(("ordinary", t0, time.monotonic()))
+
+    threads = [threading.Thread(target=neighbour, args=(i,)) for i in range(3)]
+    for t in threads:
+        t.start()
+    suspect = GpuGate(redis_conn, gpu, "suspect", hold_s=30, poll_s=0.001)
+    alone = []
+    try:
+        for _ in range(5):
+            with suspect.alone():
+                t0 = time.monotonic()
+                time.sleep(0.02)
+                alone.append((t0, time.monotonic()))
+            time.sleep(0.01)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+    assert len(spans) > 10 and len(alone) == 5
+    overlapping = [(a, s) for a in alone for s in spans if s[1] < a[1] and a[0] < s[2]]
+    assert not overlapping, overlapping[:3]
+    assert not redis_conn.exists(names.gpu_gate_key(gpu))  # the gate is given back
+    assert not redis_conn.hgetall(names.gpu_running_key(gpu))
+
+
+def test_neighbours_hold_back_while_a_suspect_runs(redis_conn):
+    gpu = _gpu()
+    order = []
+    entered = threading.Event()
+
+    def later():
+        entered.wait()
+        with GpuGate(redis_conn, gpu, "lane1", hold_s=30, poll_s=0.001).ordinary():
+            order.append("neighbour")
+
+    t = threading.Thread(target=later)
+    t.start()
+    with GpuGate(redis_conn, gpu, "lane0", hold_s=30, poll_s=0.001).alone():
+        entered.set()
+        time.sleep(0.2)
+        order.append("suspect done")
+    t.join()
+    assert order == ["suspect done", "neighbour"]
+
+
+def test_a_dead_lanes_gate_and_running_entry_lapse(redis_conn):
+    gpu = _gpu()
+    past = time.time() - 1
+    # a lane that died holding the gate, another that died mid-candidate: both deadlines are past
+    redis_conn.hset(names.gpu_gate_key(gpu), mapping={"holder": "dead0", "until": past})
+    redis_conn.hset(names.gpu_running_key(gpu), "dead1", past)
+    with GpuGate(redis_conn, gpu, "lane0", hold_s=30).ordinary():
+        pass
+    with GpuGate(redis_conn, gpu, "lane1", hold_s=30).alone() as g:
+        assert g.waited_s < 5
+    # a live running entry is waited for, and only for its lane's candidate
+    redis_conn.hset(names.gpu_running_key(gpu), "busy", time.time() + 30)
+    done = threading.Event()
+    t = threading.Thread(target=lambda: (GpuGate(redis_conn, gpu, "lane2", hold_s=30).alone().__enter__(), done.set()))
+    t.start()
+    assert not done.wait(0.3)
+    redis_conn.hdel(names.gpu_running_key(gpu), "busy")
+    assert done.wait(5)
+    t.join()
+
+
+def test_a_suspect_that_faults_alone_is_the_culprit():
+    assert attribute("unknown", ran_alone=True) == "culprit"
+    assert attribute("unknown", ran_alone=False) == "unknown"  # in flight beside others: only a suspect
+    assert attribute("victim", ran_alone=True) == "victim"  # an error naming an outside fault: no blame
+    assert attribute("culprit", ran_alone=False) == "culprit"
+    assert attribute(None, ran_alone=True) is None
