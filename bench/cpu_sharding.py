@@ -7,9 +7,11 @@ Prints a table and writes bench/results/sharding_cpu.json (clients, lanes, wall_
 tuned_latency_us on one core, speedup_vs_stock against stock tune_relax's wall time in
 bench/results/cpu_tuning.json: same model, budget and kind of machine).
 
-The shared cost model against one model per client, at equal trials (several seeds, since one run decides little):
+The shared cost model against one model per client, at equal trials (several seeds, since one run decides little;
+a budget past the first round of every task, or no model is trained in time and both runs only sample):
 
-    python bench/cpu_sharding.py --clients 2 --trials 64 --cost-models shared,per_client --seeds 0,1,2 \
+    SHARETUNE_SEARCH_POPULATION=128 python bench/cpu_sharding.py --clients 2 --trials 96 \
+        --cost-models shared,per_client --seeds 0,1,2 \
         --out bench/results/cost_model_cpu.json"""
 from __future__ import annotations
 
@@ -69,6 +71,7 @@ def main() -> None:
             rows.append({"clients": n, "cost_model": cost_model, "seed": seed, "lanes": len(lanes),
                          "wall_s": round(wall, 2),
                          "tasks_best_us": round(sum(t.weight * t.best_us for t in res.tasks if t.best_us), 2),
+                         "warm_switches": res.time_split_s.get("warm_switches"),
                          "tune_s": res.time_split_s.get("tune_total"), "trials": res.trials,
                          "trials_per_min": round(60 * res.trials / wall, 2), "tuned_latency_us": round(lat, 2),
                          "speedup_vs_stock": round(stock["stock_wall_s"] / wall, 3) if stock else None,
@@ -78,6 +81,7 @@ def main() -> None:
            "host": {"cpus": os.cpu_count(), "loadavg": os.getloadavg()},
            "stock": stock and {"wall_s": stock["stock_wall_s"], "trials": stock["stock_trials"],
                                "tuned_latency_us": stock["stock_latency_us"], "per_iter": stock["per_iter"]},
+           "search_population": int(os.environ.get("SHARETUNE_SEARCH_POPULATION", 512)),
            "rows": rows, "command": "python " + " ".join(sys.argv)}
     models = sorted({r["cost_model"] for r in rows if "wall_s" in r})
     if len(models) > 1:  # which cost model tunes better at equal trials: median over seeds

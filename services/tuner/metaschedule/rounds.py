@@ -118,6 +118,8 @@ class ShardLoop:
                          self.cost_model)
         if not cold:
             self.run_stats.warm_switches += 1
+        log.info("job %s shard %s: task %s %s", self.job_id, self.shard, t.job_task.name,
+                 "samples the design space (no trained cost model yet)" if cold else "runs evolutionary search")
 
     def _best_in_store(self, t: _Task) -> float:
         good = [r for r in store.records(self.redis, t.job_task.wkey) if r.error is None and r.run_secs]
