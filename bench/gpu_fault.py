@@ -3,8 +3,9 @@ kernel that writes 4 TiB past its buffer: an illegal address) is sent to their q
 
 Expected: 1st and 2nd injection fault the GPU; every lane of it loses its context under MPS; the stack's
 supervisor restarts the MPS daemon and the four lanes; the tuner re-sends the in-flight candidates;
-the 2nd fault quarantines the culprit (max_crashes 2); the 3rd injection is answered "quarantined"
-without running; the job completes. Writes $OUT/gpu_fault.json (one row, also printed) with detection
+the 2nd fault quarantines the culprit (max_crashes 2); the job's own candidates that were in flight
+at a fault are re-run alone and cleared (innocents_quarantined 0); the 3rd injection is answered
+"quarantined" without running; the job completes. Writes $OUT/gpu_fault.json (one row, also printed) with detection
 and recovery times, the errors the lanes saw, and the job's figures.
 
     bash bench/device_run.sh gpufault            # or: python3 bench/gpu_fault.py [--budget-s 220]
@@ -122,6 +123,9 @@ def main() -> int:
             row.update(figures)
             row["job_wall_s"] = job.result().wall_s
         row["quarantined"] = [q.model_dump() for q in store.quarantined_all(r)]
+        # neighbours in flight at a fault are suspects, re-run alone (services/measurer/isolation.py): none of
+        # them may end in the quarantine
+        row["innocents_quarantined"] = sum(1 for q in store.quarantined_all(r) if q.candidate_hash != chash)
         row["supervisor"] = [{k: v for k, v in e.items() if k != "faults"} for e in stack.recoveries]
         recovered = [i.get("recovered_s") for i in row["injections"] if i.get("recovered_s") is not None]
         row["recovery_s"] = max(recovered) if recovered else None
