@@ -73,7 +73,7 @@ def main() -> int:
     queue = f"measure.{u8}.p25"
     row: dict = {"scenario": "GPU: 4x25 % MPS lanes, one faulting CUDA candidate injected 3 times",
                  "gpu": gpu.name, "injections": [], "jobs_completed": 0}
-    with Stack(Path(args.work), lanes=[queue] * 4, log_level="INFO") as stack:
+    with Stack(Path(args.work), lanes=[queue] * 4, tuners=1, log_level="INFO") as stack:
         row["stack_up_s"] = round(time.time() - t_begin, 1)
         client = Client(stack.redis_url)
         r = client.redis

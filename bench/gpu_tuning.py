@@ -154,7 +154,7 @@ def run_ours(args) -> list[dict]:
         n, pct = (int(x) for x in c.split("x"))
         lanes = [f"measure.{u8}.p{pct}"] * n
         t_up = time.time()
-        with Stack(Path(args.work_dir) / f"ours-{c}", lanes=lanes, log_level="INFO") as stack:
+        with Stack(Path(args.work_dir) / f"ours-{c}", lanes=lanes, tuners=1, log_level="INFO") as stack:
             startup = time.time() - t_up
             client = Client(stack.redis_url)
             obs.start_window(uuid)

@@ -45,7 +45,8 @@ def parser_up(sub) -> None:
     up.add_argument("--work-dir", default="runs/stack")
     up.add_argument("--lanes", default=None, help="comma-separated lane queues (default: one CPU lane per core)")
     up.add_argument("--gpu", default=None, help="GPU lane spec on this host's GPUs, e.g. 4x25")
-    up.add_argument("--tuners", type=int, default=1)
+    up.add_argument("--tuners", type=int, default=None,
+                    help="tuner clients (default: one per GPU lane, 4 physical cores each at least; 1 on CPU lanes)")
     up.add_argument("--join", metavar="REDIS_URL", default=None,
                     help="start only lanes, serving an existing stack (another host's, or this one's)")
 

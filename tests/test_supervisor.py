@@ -72,3 +72,15 @@ def test_a_gpu_fault_restarts_mps_and_every_lane_of_that_gpu(tmp_path, monkeypat
     assert since > fault.at
     st.recover_once(since)  # the same report is not acted on twice
     assert st.mps.calls == ["stop", "start"] and len(st.recoveries) == 1
+
+
+def test_default_tuners_follow_the_gpu_lanes_and_the_cores():
+    from sharetune.stack import default_tuners
+
+    cpu = ["measure.cpu.c0", "measure.cpu.c1"]
+    assert default_tuners(cpu, 2) == 1  # CPU lanes: the search shares their cores
+    assert default_tuners([GPU_LANE] * 4, 16) == 4  # one per GPU lane, as measured best on the H200
+    assert default_tuners([GPU_LANE] * 4 + ["measure.4c1d2e3f.p25"] * 4, 16) == 4  # 4 cores each at least
+    assert default_tuners([GPU_LANE] * 4, 2) == 1
+    assert Stack("/tmp/unused", lanes=[GPU_LANE] * 2, tuners=None).tuners in (1, 2)
+    assert Stack("/tmp/unused", lanes=[GPU_LANE] * 2, tuners=3).tuners == 3
