@@ -2,6 +2,7 @@
 Every variable is listed in README.md's configuration table."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from pydantic import AliasChoices, Field
@@ -53,9 +54,21 @@ class TunerSettings(CommonSettings):
     # sample the design space (no evolution) while the central cost model is untrained: evolving
     # against random predictions costs most of the search time and buys nothing
     cold_start: bool = True
-    # evolutionary search's population (MetaSchedule's default 512); a smaller one makes each round cheaper
-    # on a host with few cores, at some cost in how widely a round explores
-    search_population: int = Field(512, ge=16)
+    # evolutionary search's population; 0: 128 per search thread, at most MetaSchedule's 512 (a round's cost
+    # grows with population / threads: 512 on one thread of a 2-core host took ~90 s a round, 128 ~20 s)
+    search_population: int = Field(0, ge=0)
+
+    def population(self) -> int:
+        """Evolutionary search's population for this client: the setting, else 128 per search thread, at
+        most 512 (physical cores when search_threads is 0)."""
+        if self.search_population:
+            return max(16, self.search_population)
+        threads = self.search_threads
+        if not threads:
+            import psutil
+
+            threads = psutil.cpu_count(logical=False) or os.cpu_count() or 1
+        return max(128, min(512, 128 * threads))
 
 
 class UpdaterSettings(CommonSettings):

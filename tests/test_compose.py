@@ -173,3 +173,12 @@ def test_measurer_replicas_claim_distinct_cpu_lanes(tmp_path):
                 os.killpg(p.pid, signal.SIGKILL)
                 p.wait()
         server.stop()
+
+
+def test_search_population_follows_the_search_threads(monkeypatch):
+    monkeypatch.delenv("SHARETUNE_SEARCH_POPULATION", raising=False)
+    assert TunerSettings(search_threads=1).population() == 128  # one thread of a small host: cheap rounds
+    assert TunerSettings(search_threads=2).population() == 256
+    assert TunerSettings(search_threads=4).population() == 512  # the H200 runs: 16 cores, 4 clients
+    assert TunerSettings(search_threads=16).population() == 512  # never past MetaSchedule's default
+    assert TunerSettings(search_threads=1, search_population=300).population() == 300

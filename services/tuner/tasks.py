@@ -150,7 +150,7 @@ def tune_shard(payload):
     try:
         run = search.tune_shard(app, r, ref.job_id, ref.shard, settings.work_dir, settings.batch_grace_s,
                                 check=lease.check, search_threads=settings.search_threads,
-                                cold_start=settings.cold_start, population=settings.search_population)
+                                cold_start=settings.cold_start, population=settings.population())
     except Stopped as why:
         log.warning("job %s shard %s handed back: %s", ref.job_id, ref.shard, why)
         lease.stop()
