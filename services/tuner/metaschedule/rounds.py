@@ -30,6 +30,10 @@ from services.tuner.sharding import Steering, gradient
 log = logging.getLogger("sharetune.tuner.rounds")
 
 DRY_ROUNDS = 3  # a task whose search proposes only known candidates this many times in a row is done
+# MetaSchedule's search strategies stop at max_trials counting every candidate they proposed, the ones the
+# store already held too: a task of a re-submitted workload would stop before measuring anything new. The
+# strategy gets this much room; the task's own limit (fresh trials) is kept here.
+SEARCH_ROOM = 1 << 20
 
 
 class Stopped(Exception):
@@ -114,7 +118,7 @@ class ShardLoop:
         if t.ctx is not None:
             t.ctx.post_tuning()
         t.ctx, t.cold = self.make_context(t.job_task, cold), cold
-        t.ctx.pre_tuning(self.max_per_task, self.per_iter, t.ctx.generate_design_space(), self.database,
+        t.ctx.pre_tuning(SEARCH_ROOM, self.per_iter, t.ctx.generate_design_space(), self.database,
                          self.cost_model)
         if not cold:
             self.run_stats.warm_switches += 1
@@ -197,6 +201,8 @@ class ShardLoop:
             if k not in known and k not in seen:
                 fresh.append(c)
                 seen.add(k)
+        left = self.max_per_task - (prog.trials if prog is not None else 0)
+        fresh = fresh[:left]
         claimed = store.claim_trials(self.redis, self.job_id, self.shard, len(fresh)) if fresh else 0
         if fresh and claimed == 0:
             t.ctx.notify_runner_results(cands, [RunnerResult(None, "not measured: the job's budget is spent")] * len(cands))
