@@ -41,6 +41,13 @@ class LaneSettings(CommonSettings):
     test_fault_hooks: bool = False
 
 
+def physical_cores() -> int:
+    """The host's physical cores (what the search's threads and the stack's tuner count are sized by)."""
+    import psutil
+
+    return psutil.cpu_count(logical=False) or os.cpu_count() or 1
+
+
 class TunerSettings(CommonSettings):
     lane_wait_s: float = 120.0  # how long the planner waits for a lane of the job's share to appear
     batch_grace_s: float = 120.0  # extra time a started batch gets before its candidates count as lost
@@ -63,11 +70,7 @@ class TunerSettings(CommonSettings):
         most 512 (physical cores when search_threads is 0)."""
         if self.search_population:
             return max(16, self.search_population)
-        threads = self.search_threads
-        if not threads:
-            import psutil
-
-            threads = psutil.cpu_count(logical=False) or os.cpu_count() or 1
+        threads = self.search_threads or physical_cores()
         return max(128, min(512, 128 * threads))
 
 

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 from shared import names, store
+from shared.settings import physical_cores
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -95,9 +96,7 @@ class Stack:
         if lanes_only and not self.redis_url:
             raise ValueError("lanes joining a stack need its REDIS_URL")
         if tuners is None:
-            import psutil
-
-            tuners = default_tuners(self.lanes, psutil.cpu_count(logical=False) or os.cpu_count() or 1)
+            tuners = default_tuners(self.lanes, physical_cores())
         self.tuners = 0 if lanes_only else tuners
         self.log_level = log_level
         gpu = any(names.LaneName.parse(q).kind == "gpu" for q in self.lanes)
@@ -145,10 +144,7 @@ class Stack:
         clients this stack starts split the host's physical cores for their searches."""
         env = self._env()
         if "SHARETUNE_SEARCH_THREADS" not in os.environ:
-            import psutil
-
-            physical = psutil.cpu_count(logical=False) or os.cpu_count() or 1
-            env["SHARETUNE_SEARCH_THREADS"] = str(max(1, physical // max(1, self.tuners)))
+            env["SHARETUNE_SEARCH_THREADS"] = str(max(1, physical_cores() // max(1, self.tuners)))
         return self._worker(name, names.TUNE_QUEUE, "services.tuner.tasks", env)
 
     def pid_of(self, name: str) -> int | None:

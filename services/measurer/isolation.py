@@ -39,8 +39,7 @@ class GpuGate:
         self.r, self.worker, self.hold_s, self.poll_s = r, worker, float(hold_s), poll_s
         self.gate_key, self.running_key = names.gpu_gate_key(gpu8), names.gpu_running_key(gpu8)
 
-    def _gate_held_by_other(self, now: float) -> bool:
-        holder, until = self.r.hmget(self.gate_key, "holder", "until")
+    def _held_by_other(self, holder, until, now: float) -> bool:
         return holder is not None and holder.decode() != self.worker and float(until or 0) > now
 
     def _others_running(self, now: float) -> bool:
@@ -49,11 +48,15 @@ class GpuGate:
     @contextmanager
     def ordinary(self):
         # announce first, then look at the gate: a suspect that takes the gate after our look sees us running
-        # and waits for us (the same two steps in the other order on its side), so the two never overlap
+        # and waits for us (the same two steps in the other order on its side), so the two never overlap.
+        # Both steps go in one round trip, in order: this runs before every candidate of a GPU lane
         while True:
             now = time.time()
-            self.r.hset(self.running_key, self.worker, now + self.hold_s)
-            if not self._gate_held_by_other(now):
+            with self.r.pipeline(transaction=False) as p:
+                p.hset(self.running_key, self.worker, now + self.hold_s)
+                p.hmget(self.gate_key, "holder", "until")
+                _, (holder, until) = p.execute()
+            if not self._held_by_other(holder, until, now):
                 break
             self.r.hdel(self.running_key, self.worker)
             time.sleep(self.poll_s)
