@@ -13,9 +13,11 @@ and tvm are imported only inside functions, so importing this module costs nothi
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import sys
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -145,7 +147,7 @@ def _from_torch(model: Any, example_inputs: Any) -> RelaxModel:
 
     model.eval()
     try:
-        with torch.no_grad():
+        with torch.no_grad(), _torch_deprecations_quiet():
             exported = torch.export.export(model, example_inputs)
     except Exception as exc:  # torch raises many kinds of errors here
         raise ModelError(f"torch.export could not trace torch module {name}: {_detail(exc)}") from exc
@@ -153,7 +155,8 @@ def _from_torch(model: Any, example_inputs: Any) -> RelaxModel:
     from tvm.relax.frontend.torch import from_exported_program
 
     try:
-        mod = from_exported_program(exported)
+        with _torch_deprecations_quiet():
+            mod = from_exported_program(exported)
     except AssertionError as exc:
         m = re.search(r"Unsupported function types \[(.*?)\]", str(exc))
         if m:
@@ -170,6 +173,15 @@ def _from_torch(model: Any, example_inputs: Any) -> RelaxModel:
             f"TVM's PyTorch frontend could not convert torch module {name}: {_detail(exc)}"
         ) from exc
     return RelaxModel(mod, _main_inputs(mod, f"torch module {name}"), "torch")
+
+
+@contextlib.contextmanager
+def _torch_deprecations_quiet():
+    """torch warns of its own deprecated LeafSpec check inside export and when the exported program is
+    copied: nothing a user can act on, and it was printed on every job."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r".*LeafSpec.*", category=FutureWarning)
+        yield
 
 
 def reference_output(model: Any, example_inputs: Any) -> "numpy.ndarray":
@@ -323,8 +335,6 @@ def _onnx_shape_dict(proto: Any, what: str, example_inputs: Any) -> dict[str, li
 
 
 def _from_onnx(model: Any, example_inputs: Any = None) -> RelaxModel:
-    import warnings
-
     proto, what = _load_onnx(model)
     _check_onnx_ops(proto, what)
     shape_dict = _onnx_shape_dict(proto, what, example_inputs)
