@@ -74,7 +74,7 @@ def _signal_group(pid: int, sig) -> None:
         pass
 
 
-def default_tuners(lanes: list[str], physical_cores: int) -> int:
+def default_tuners(lanes: list[str], cores: int) -> int:
     """Tuner clients a stack starts when none are named: on a GPU one per lane, as measured on the H200
     (4 clients on 4x25 % lanes: 99 s against 1 client's 138 s, bench/results/sharding_h200.json), with at
     least 4 physical cores each for its search and builds; on CPU lanes one (the search competes with the
@@ -82,7 +82,7 @@ def default_tuners(lanes: list[str], physical_cores: int) -> int:
     gpu_lanes = sum(1 for q in lanes if names.LaneName.parse(q).kind == "gpu")
     if not gpu_lanes:
         return 1
-    return max(1, min(gpu_lanes, physical_cores // 4))
+    return max(1, min(gpu_lanes, cores // 4))
 
 
 class Stack:
