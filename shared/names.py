@@ -224,4 +224,6 @@ def gpu_running_key(gpu8: str) -> str:
     return f"{PREFIX}:gpurunning:{gpu8}"
 
 
+GPUS_DOWN_KEY = f"{PREFIX}:gpudown"  # hash gpu8 -> JSON {gpu8, error, lanes, at}: GPUs the supervisor gave up
+
 EXIT_GPU_FAULT = 75  # a GPU lane exits with this code when its CUDA context is lost, to be restarted

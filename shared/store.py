@@ -443,3 +443,35 @@ def report_gpu_fault(r: redis.Redis, fault: GpuFault) -> None:
 def gpu_faults(r: redis.Redis, gpu8: str, since: float = 0.0) -> list[GpuFault]:
     faults = [GpuFault.parse(v) for v in r.lrange(names.gpu_faults_key(gpu8), 0, -1)]
     return [f for f in faults if f.at >= since]
+
+
+# ---- GPUs given up ---------------------------------------------------------------------------------------
+
+
+def give_up_gpu(r: redis.Redis, gpu8: str, error: str, lanes: list[str]) -> list[str]:
+    """Record that the supervisor stopped recovering a GPU, and write the error to every active job that
+    planned or ran lanes of it (its status shows it; the job may still finish on other GPUs' lanes).
+    Returns those jobs' ids."""
+    entry = {"gpu8": gpu8, "error": error, "lanes": sorted(set(lanes)), "at": time.time()}
+    r.hset(names.GPUS_DOWN_KEY, gpu8, json.dumps(entry))
+    hit = []
+    for raw in r.smembers(names.ACTIVE_JOBS_KEY):
+        job_id = _s(raw)
+        planned = json.loads(_s(r.hget(names.job_key(job_id), "lanes")) or "[]")
+        used = set(planned) | {b.lane for b in lane_batches(r, job_id)}
+        if any(_lane_gpu(q) == gpu8 for q in used):
+            r.hset(names.job_key(job_id), mapping={"gpu_error": error, "updated_at": time.time()})
+            hit.append(job_id)
+    return sorted(hit)
+
+
+def gpus_down(r: redis.Redis) -> dict[str, dict]:
+    """gpu8 -> {gpu8, error, lanes, at} for every GPU the supervisor gave up."""
+    return {_s(k): json.loads(v) for k, v in r.hgetall(names.GPUS_DOWN_KEY).items()}
+
+
+def _lane_gpu(queue: str) -> str | None:
+    try:
+        return names.LaneName.parse(queue).gpu
+    except ValueError:
+        return None

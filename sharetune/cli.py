@@ -253,12 +253,17 @@ def parser_lanes(sub) -> None:
 
 
 def cmd_lanes(args) -> int:
-    lanes = _client().lanes()
-    if args.json:
-        _print_json([json.loads(l.model_dump_json()) for l in lanes])
+    client = _client()
+    lanes, down = client.lanes(), client.gpus_down()
+    if args.json:  # a list of lanes; a given-up GPU's lanes appear with "down" and the error
+        _print_json([json.loads(l.model_dump_json()) for l in lanes]
+                    + [{"queue": q, "kind": "gpu", "down": True, "error": e["error"], "down_since": e["at"]}
+                       for e in down.values() for q in e["lanes"]])
         return 0
     for l in lanes:
         print(f"{l.queue:<28} {l.kind} {l.share:>3} %  worker {l.worker:<28} batches {l.batches:>4}  candidates {l.candidates}")
+    for gpu8, e in sorted(down.items()):
+        print(f"GPU {gpu8} DOWN (lanes {', '.join(e['lanes'])} stopped): {e['error']}")
     if not lanes:
         print("no live lane")
     return 0

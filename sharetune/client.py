@@ -43,7 +43,10 @@ class Job:
         quarantined = [{"candidate": q.candidate_hash, "error": q.error, "crashes": q.crashes, "lane": q.lane}
                        for q in store.quarantined_all(self.client.redis, self.job_id)]
         stamps = {k: float(v) for k, v in st.items() if k.endswith("_at") and _number(v)}
-        return {"job_id": self.job_id, "name": spec.name, "state": st.get("state"), "error": st.get("error"),
+        # a GPU the supervisor gave up names itself here even while the job goes on (or waits) elsewhere
+        error = st.get("error") or st.get("gpu_error")
+        return {"job_id": self.job_id, "name": spec.name, "state": st.get("state"), "error": error,
+                "gpu_error": st.get("gpu_error"),
                 "target": spec.target, "share": spec.share, "budget": spec.trials,
                 "trials": sum(r["trials"] for r in rows), "submitted_at": spec.submitted_at, "times": stamps,
                 "tasks": rows, "shards": shards, "quarantined": quarantined}
@@ -128,16 +131,12 @@ class Client:
     def lanes(self):
         return store.live_lanes(self.redis)
 
+    def gpus_down(self) -> dict[str, dict]:
+        """GPUs the supervisor gave up (gpu8 -> {error, lanes, at}), unless lanes of them live again."""
+        return still_down(store.gpus_down(self.redis), self.lanes())
 
-def _check_model_size(model) -> None:
-    """Refuse an oversized model before parsing it (a 100 MB payload is an error, not a memory spike)."""
-    import os
 
-    if isinstance(model, (bytes, bytearray, memoryview)):
-        size, what = len(model), "the given model data"
-    elif isinstance(model, (str, os.PathLike)) and os.path.isfile(model):
-        size, what = os.path.getsize(model), f"model file {model}"
-    else:
-        return
-    if size > MAX_MODEL_BYTES:
-        raise ModelError(f"{what} is {size} bytes, over the limit of {MAX_MODEL_BYTES} bytes")
+def still_down(down: dict[str, dict], lanes) -> dict[str, dict]:
+    """A given-up GPU whose lanes were started again later (a new stack) is no longer down."""
+    return {g: e for g, e in down.items()
+            if not any(l.kind == "gpu" and l.queue.split(".")[1] == g and l.started_at > e["at"] for l in lanes)}

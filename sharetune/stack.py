@@ -109,6 +109,9 @@ class Stack:
         self.supervise = supervise
         self.recoveries: list[dict] = []  # what the supervisor did, with times (faults bench, tests)
         self._restarts: dict[str, list[float]] = {}
+        self._gpu_attempts: dict = {}  # uuid8 -> services.measurer.mps.GpuAttempt being judged
+        self._gpu_failures: dict[str, int] = {}  # uuid8 -> recoveries that failed in a row
+        self.gpus_given_up: dict[str, str] = {}  # uuid8 -> why: no lane of it is restarted again
         self._supervisor = None
         self._stopping = None
 
@@ -219,8 +222,9 @@ class Stack:
                 log.warning("stack supervisor round failed", exc_info=True)
 
     def recover_once(self, faults_since: float) -> float:
-        """One round: find lane processes that ended and GPU faults reported since `faults_since`, act on
-        services.measurer.mps.plan_recovery's decision; returns the new `faults_since`."""
+        """One round: find lane processes that ended and GPU faults reported since `faults_since`, judge
+        the GPU recoveries still in doubt, act on services.measurer.mps.plan_recovery's decision; returns
+        the new `faults_since`."""
         from services.measurer.mps import LaneExit, plan_recovery
 
         now = time.time()
@@ -229,24 +233,30 @@ class Stack:
         faults = []
         if self.gpu_uuids:
             r = store.connect(self.redis_url)
-            faults = [f for g in self.gpu_uuids for f in store.gpu_faults(r, g, since=faults_since)]
+            faults = [f for g in self.gpu_uuids if g not in self.gpus_given_up
+                      for f in store.gpu_faults(r, g, since=faults_since)]
         plan = plan_recovery(exits, faults, self._restarts, now, gpu_fault_code=names.EXIT_GPU_FAULT)
-        if plan.empty:
+        retry, give_up = self._judge_gpu_recoveries(now, set(plan.gpus))
+        if plan.empty and not (retry or give_up):
             return faults_since
-        event = {"detected_at": now, "exits": {e.name: e.code for e in exits}, "gpus": list(plan.gpus),
-                 "restarted": list(plan.restart), "given_up": list(plan.given_up),
+        gpus = sorted((set(plan.gpus) | retry) - give_up - set(self.gpus_given_up))
+        event = {"detected_at": now, "exits": {e.name: e.code for e in exits}, "gpus": gpus,
+                 "restarted": list(plan.restart), "given_up": list(plan.given_up), "gpus_given_up": sorted(give_up),
                  "faults": [f.model_dump() for f in faults]}
         for name in plan.given_up:
             self.procs.pop(name, None)
             self.lane_procs.pop(name, None)
-        for gpu8 in plan.gpus:
-            event.setdefault("gpu_lanes", []).extend(self._restart_gpu(gpu8))
+        for gpu8 in sorted(give_up):
+            event.setdefault("gpu_resets", {})[gpu8] = self._give_up_gpu(gpu8, faults)
+        for gpu8 in gpus:
+            event.setdefault("gpu_lanes", []).extend(self._restart_gpu(gpu8, event))
         for name in plan.restart:
-            self._restart_lane(name)
+            if name in self.lane_procs:
+                self._restart_lane(name)
         event["restarted_at"] = time.time()
         self.recoveries.append(event)
         # reports that arrive while a GPU recovers belong to the same incident (lanes stopping)
-        return max([faults_since] + [f.at + 1e-6 for f in faults] + ([event["restarted_at"]] if plan.gpus else []))
+        return max([faults_since] + [f.at + 1e-6 for f in faults] + ([event["restarted_at"]] if gpus or give_up else []))
 
     def _restart_lane(self, name: str) -> None:
         queue, instance = self.lane_procs[name]
@@ -254,25 +264,126 @@ class Stack:
         self._restarts.setdefault(name, []).append(time.time())
         self.start_lane(queue, instance)
 
-    def _restart_gpu(self, gpu8: str) -> list[str]:
-        """Every lane of the GPU stops (MPS takes no new client while an old one lives), the daemon is
-        restarted if this stack runs it, and the lanes start again."""
-        names_ = [n for n, (q, _) in self.lane_procs.items() if names.LaneName.parse(q).gpu == gpu8]
-        for name in names_:
-            proc = self.procs.get(name)
-            if proc is not None and proc.poll() is None:
-                self.stop_process(name, timeout_s=10.0)
-        if self.mps is not None and self.mps.started:
-            try:
-                self.mps.stop()
-                self.mps.start()
-            except Exception:  # noqa: BLE001 - the lanes still come back (and refuse to run without a daemon)
-                import logging
+    def _gpu_lane_names(self, gpu8: str) -> list[str]:
+        return [n for n, (q, _) in self.lane_procs.items() if names.LaneName.parse(q).gpu == gpu8]
 
-                logging.getLogger("sharetune.stack").error("MPS daemon restart failed", exc_info=True)
-        for name in names_:
+    def _restart_gpu(self, gpu8: str, event: dict | None = None) -> list[str]:
+        """End every MPS client of the GPU and, where it serves that GPU alone, its server; then start the
+        GPU's lanes again and judge the recovery in later rounds."""
+        from services.measurer.mps import GpuAttempt
+
+        lanes = self._gpu_lane_names(gpu8)
+        reset = self._reset_gpu_clients(gpu8)
+        if event is not None:
+            event.setdefault("gpu_resets", {})[gpu8] = reset
+        for name in lanes:
             self._restart_lane(name)
-        return names_
+        self._gpu_attempts[gpu8] = GpuAttempt(gpu8, restarted_at=time.time(), failures=self._gpu_failures.get(gpu8, 0))
+        return lanes
+
+    def _reset_gpu_clients(self, gpu8: str) -> dict:
+        """Every process the stack started for the GPU (lanes, build pools: whole sessions, exited leaders
+        included) and every other client of the MPS server serving it, ended by PID; other GPUs' lanes and
+        their children are never touched. The server goes too when it serves this GPU alone. Returns what
+        was done (errors as data)."""
+        import logging
+
+        from services.measurer import mps as mps_mod
+
+        log = logging.getLogger("sharetune.stack")
+        mine = self._gpu_lane_names(gpu8)
+        gpu_roots = [self.procs[n].pid for n in mine if n in self.procs]
+        other_roots = [p.pid for n, p in self.procs.items()
+                       if n in self.lane_procs and n not in mine and p.poll() is None]
+        servers = self.mps.servers() if self.mps is not None else {}
+        plan = mps_mod.plan_gpu_reset(self._process_table(), gpu_roots, other_roots, servers,
+                                      daemon_is_ours=bool(self.mps is not None and self.mps.started), me=os.getpid())
+        done = {"servers": {str(k): list(v) for k, v in servers.items()}, "end": list(plan.end),
+                "kill_servers": list(plan.kill_servers), "kept_servers": list(plan.kept), "quit_daemon": plan.quit_daemon}
+        done["clients"] = self._end_pids(plan.end)
+        for name in mine:  # reap the leaders we started (no zombies left behind)
+            proc = self.procs.get(name)
+            if proc is not None:
+                try:
+                    proc.wait(5)
+                except subprocess.TimeoutExpired:
+                    done.setdefault("unreaped", []).append(proc.pid)
+        if plan.quit_daemon:
+            self.mps.request_quit()
+        done["servers_ended"] = self._end_pids(plan.kill_servers, grace_s=5.0)
+        if plan.quit_daemon:
+            try:
+                self.mps.stop()  # waits until the daemon is gone (its servers were ended above)
+            except Exception as err:  # noqa: BLE001 - the daemon outlived its servers: its lanes will say so
+                done["daemon_error"] = str(err)
+            try:
+                self.mps.start()
+            except Exception as err:  # noqa: BLE001 - lanes refuse to run without a daemon: the recovery fails
+                done["daemon_error"] = str(err)
+                log.error("MPS daemon restart failed", exc_info=True)
+        log.warning("GPU %s reset: %s", gpu8, done)
+        return done
+
+    # the host's process table and a signal sender; replaced by fakes in tests
+    def _process_table(self) -> dict:
+        from services.measurer.mps import read_process_table
+
+        return read_process_table()
+
+    def _end_pids(self, pids, grace_s: float = 3.0) -> dict:
+        from services.measurer.mps import end_processes
+
+        return end_processes(pids, grace_s)
+
+    def _judge_gpu_recoveries(self, now: float, faulted: set[str]) -> tuple[set[str], set[str]]:
+        """Judge each GPU recovery in doubt (services.measurer.mps.judge_recovery): returns the GPUs to
+        recover again (their lanes never came back) and those to give up (recoveries failed twice in a row)."""
+        from services.measurer.mps import give_up_gpu, judge_recovery
+
+        retry, give_up = set(), set()
+        for gpu8, attempt in list(self._gpu_attempts.items()):
+            attempt = self._observe_attempt(attempt, now)
+            verdict = judge_recovery(attempt, now, now if gpu8 in faulted else None)
+            if verdict == "pending":
+                self._gpu_attempts[gpu8] = attempt
+                continue
+            del self._gpu_attempts[gpu8]
+            self._gpu_failures[gpu8] = 0 if verdict == "ok" else attempt.failures + 1
+            if verdict == "failed":
+                (give_up if give_up_gpu(self._gpu_failures[gpu8]) else retry).add(gpu8)
+        return retry, give_up
+
+    def _observe_attempt(self, attempt, now: float):
+        """When every lane of the GPU was live again, and when one of them had answered a batch."""
+        from dataclasses import replace
+
+        pids = {self.procs[n].pid for n in self._gpu_lane_names(attempt.gpu8) if n in self.procs}
+        live = [l for l in store.live_lanes(store.connect(self.redis_url)) if l.pid in pids]
+        if attempt.live_at is None and pids and len({l.pid for l in live}) >= len(pids):
+            attempt = replace(attempt, live_at=now)
+        if attempt.measured_at is None and any(l.batches > 0 for l in live):
+            attempt = replace(attempt, measured_at=now)
+        return attempt
+
+    def _give_up_gpu(self, gpu8: str, faults) -> dict:
+        """Stop the GPU's lanes for good (their clients ended, so the MPS server holds nothing of them) and
+        write a clear error to the store: the lanes view and the jobs that used the GPU show it."""
+        import logging
+
+        lanes = self._gpu_lane_names(gpu8)
+        queues = sorted({self.lane_procs[n][0] for n in lanes})
+        reset = self._reset_gpu_clients(gpu8)
+        for name in lanes:
+            self.procs.pop(name, None)
+            self.lane_procs.pop(name, None)
+        last = next((f.error for f in reversed(faults) if f.gpu8 == gpu8), None)
+        why = (f"GPU {self.gpu_uuids.get(gpu8, gpu8)} given up: {self._gpu_failures.get(gpu8, 0)} recoveries in a row "
+               f"failed (lanes did not come back measuring, or faulted again at once); its lanes {', '.join(queues)} "
+               f"are stopped, other GPUs' lanes go on" + (f"; last fault: {last[:300]}" if last else ""))
+        self.gpus_given_up[gpu8] = why
+        reset["jobs"] = store.give_up_gpu(store.connect(self.redis_url), gpu8, why, queues)
+        logging.getLogger("sharetune.stack").error(why)
+        return reset
 
     def wait_for_tuners(self, count: int, timeout_s: float) -> None:
         r = store.connect(self.redis_url)

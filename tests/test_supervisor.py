@@ -15,12 +15,21 @@ class FakeProc:
     def poll(self):
         return self.returncode
 
+    def wait(self, timeout=None):
+        return self.returncode
+
 
 class FakeMps:
     started = True
 
     def __init__(self):
         self.calls = []
+
+    def servers(self):
+        return {}
+
+    def request_quit(self):
+        self.calls.append("quit")
 
     def stop(self):
         self.calls.append("stop")
@@ -41,6 +50,10 @@ def _stack(tmp_path, lanes, monkeypatch):
 
     monkeypatch.setattr(st, "start_lane", start_lane)
     monkeypatch.setattr(st, "stop_process", lambda name, **kw: st.procs.pop(name, None))
+    # never the host's real processes: an empty process table, nothing signalled, no live lane
+    monkeypatch.setattr(st, "_process_table", lambda: {})
+    monkeypatch.setattr(st, "_end_pids", lambda pids, grace_s=3.0: {"terminated": sorted(pids)})
+    monkeypatch.setattr("sharetune.stack.store.live_lanes", lambda r: [])
     for i, q in enumerate(lanes):
         start_lane(q, lanes[:i].count(q))
     started.clear()
@@ -66,12 +79,12 @@ def test_a_gpu_fault_restarts_mps_and_every_lane_of_that_gpu(tmp_path, monkeypat
     monkeypatch.setattr("sharetune.stack.store.gpu_faults", lambda r, g, since=0.0: [f for f in [fault] if f.at >= since])
     st.procs[f"lane-{GPU_LANE}"].returncode = names.EXIT_GPU_FAULT  # the culprit's lane left; the others still run
     since = st.recover_once(0.0)
-    assert st.mps.calls == ["stop", "start"]
+    assert st.mps.calls == ["quit", "stop", "start"]  # the daemon serves this GPU alone: quit and started again
     assert sorted(started) == sorted([f"lane-{GPU_LANE}"] + [f"lane-{GPU_LANE}-{i}" for i in (1, 2, 3)])
     assert st.recoveries[-1]["gpus"] == ["3f2a1c9b"]
     assert since > fault.at
     st.recover_once(since)  # the same report is not acted on twice
-    assert st.mps.calls == ["stop", "start"] and len(st.recoveries) == 1
+    assert st.mps.calls == ["quit", "stop", "start"] and len(st.recoveries) == 1
 
 
 def test_default_tuners_follow_the_gpu_lanes_and_the_cores():

@@ -145,8 +145,29 @@ class MpsDaemon:
     def query_command(self) -> tuple[list[str], str]:
         return [self.control_binary], "get_server_list\n"
 
+    def client_list_command(self, server_pid: int) -> tuple[list[str], str]:
+        return [self.control_binary], f"get_client_list {int(server_pid)}\n"
+
     def available(self) -> bool:
         return self._which(self.control_binary) is not None
+
+    def servers(self) -> dict[int, list[int]]:
+        """MPS server PID -> its client PIDs, as the daemon reports them ({} when none answers)."""
+        argv, text = self.query_command()
+        res = self._run(argv, text)
+        if res.returncode != 0:
+            return {}
+        out = {}
+        for pid in parse_pids(res.stdout):
+            argv, text = self.client_list_command(pid)
+            got = self._run(argv, text)
+            out[pid] = parse_pids(got.stdout) if got.returncode == 0 else []
+        return out
+
+    def request_quit(self) -> CommandResult:
+        """Ask the daemon (and its servers) to exit, without waiting: a server with live clients stays."""
+        argv, text = self.quit_command()
+        return self._run(argv, text)
 
     # -- state
     def is_running(self) -> bool:
@@ -451,3 +472,234 @@ def diagnose(faults: Sequence) -> dict:
     suspects = sorted({f.candidate_hash for f in faults if f.role == "unknown" and f.candidate_hash})
     return {"culprits": culprits, "suspects": [] if culprits else suspects,
             "victims": sorted({f.candidate_hash for f in faults if f.role == "victim" and f.candidate_hash})}
+
+
+# ------------------------------------------------------------------- ending a faulted GPU's clients
+# The server of a faulted GPU takes no new client until every old one has exited, and every process that
+# touched CUDA there is one: lanes, their build pools, anything else on the server's client list. So a
+# recovery ends all of them by PID, then makes sure the server itself is gone, then starts the lanes.
+
+@dataclass(frozen=True)
+class ProcEntry:
+    """One row of the host's process table: enough to find a process tree, orphans included."""
+
+    pid: int
+    ppid: int
+    pgid: int
+    sid: int
+
+
+def read_process_table(proc: Path | str = "/proc") -> dict[int, ProcEntry]:
+    """pid -> ProcEntry for every process readable under /proc (fields 4, 5, 6 of /proc/PID/stat)."""
+    table: dict[int, ProcEntry] = {}
+    for d in Path(proc).iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            stat = (d / "stat").read_text()
+        except OSError:
+            continue  # ended while we looked
+        fields = stat.rsplit(")", 1)[-1].split()
+        if len(fields) >= 4 and fields[0] != "Z":  # a zombie holds no CUDA context
+            table[int(d.name)] = ProcEntry(int(d.name), int(fields[1]), int(fields[2]), int(fields[3]))
+    return table
+
+
+def process_family(table: Mapping[int, ProcEntry], roots: Iterable[int]) -> set[int]:
+    """The processes started from `roots`: their descendants, plus every process of their sessions and
+    process groups (a build-pool worker whose lane already exited is re-parented to init, but keeps the
+    lane's session: the stack starts each lane as a session leader)."""
+    roots = set(roots)
+    family = {p for p, e in table.items() if p in roots or e.sid in roots or e.pgid in roots}
+    children: dict[int, list[int]] = {}
+    for p, e in table.items():
+        children.setdefault(e.ppid, []).append(p)
+    todo = list(family | (roots & table.keys()))
+    while todo:
+        for child in children.get(todo.pop(), ()):
+            if child not in family:
+                family.add(child)
+                todo.append(child)
+    return family
+
+
+def parse_pids(text: str) -> list[int]:
+    """PIDs, one a line, as get_server_list and get_client_list print them (other lines ignored)."""
+    return [int(t) for t in (line.strip() for line in text.splitlines()) if t.isdigit()]
+
+
+@dataclass(frozen=True)
+class GpuReset:
+    """What recovering one GPU ends. `end`: client PIDs (SIGTERM, then SIGKILL); `kill_servers`: MPS
+    servers serving only that GPU's clients (killed when `quit` leaves them); `quit_daemon`: the control
+    daemon is the stack's own and serves no other GPU's lane, so it is quit and started again; `kept`:
+    servers left running because lanes of other GPUs are their clients (MPS recreates the faulted GPU's
+    context once its clients have exited)."""
+
+    end: tuple[int, ...] = ()
+    kill_servers: tuple[int, ...] = ()
+    quit_daemon: bool = False
+    kept: tuple[int, ...] = ()
+
+
+def plan_gpu_reset(table: Mapping[int, ProcEntry], gpu_roots: Iterable[int], other_roots: Iterable[int],
+                   servers: Mapping[int, Sequence[int]], daemon_is_ours: bool, me: int) -> GpuReset:
+    """Pure. `gpu_roots`: PIDs the stack started for the faulted GPU (lanes, running or exited);
+    `other_roots`: those of other GPUs' lanes (never ended, nor their descendants); `servers`: MPS server
+    PID -> its client PIDs; `me`: this process (never ended)."""
+    ours = process_family(table, gpu_roots)
+    protected = process_family(table, other_roots) | set(other_roots) | {me}
+    end = set(ours)
+    kill, kept = [], []
+    for server, clients in sorted(servers.items()):
+        clients = set(clients)
+        if clients & protected:
+            kept.append(server)
+            end |= clients & ours  # only the faulted GPU's own clients on a shared server
+        else:
+            end |= clients  # a server with none of the other GPUs' lanes: all its clients go, then it goes
+            kill.append(server)
+    end -= protected | set(servers)
+    return GpuReset(end=tuple(sorted(end)), kill_servers=tuple(kill), quit_daemon=daemon_is_ours and not kept,
+                    kept=tuple(kept))
+
+
+def end_processes(pids: Iterable[int], grace_s: float = 3.0, *, send: Callable[[int, int], None] = os.kill,
+                  alive: Callable[[int], bool] | None = None, sleep: Callable[[float], None] = time.sleep,
+                  clock: Callable[[], float] = time.monotonic, poll_s: float = 0.1) -> dict:
+    """SIGTERM each PID, SIGKILL what is left after `grace_s`, wait up to `grace_s` more for them to go.
+    Returns {"terminated", "killed", "survivors"} (lists of PIDs): errors as data, never raised."""
+    import signal
+
+    alive = alive or pid_alive
+    pids = sorted(set(pids))
+    out: dict[str, list[int]] = {"terminated": [], "killed": [], "survivors": []}
+
+    def signal_all(group: list[int], sig: int) -> None:
+        for pid in group:
+            try:
+                send(pid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+    def wait(group: list[int]) -> list[int]:
+        deadline = clock() + grace_s
+        while True:
+            left = [p for p in group if alive(p)]
+            if not left or clock() >= deadline:
+                return left
+            sleep(poll_s)
+
+    signal_all(pids, signal.SIGTERM)
+    left = wait(pids)
+    out["terminated"] = [p for p in pids if p not in left]
+    if left:
+        signal_all(left, signal.SIGKILL)
+        survivors = wait(left)
+        out["killed"] = [p for p in left if p not in survivors]
+        out["survivors"] = survivors
+    return out
+
+
+def pid_alive(pid: int) -> bool:
+    """Alive and not a zombie."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+# ---------------------------------------------------------------------- judging a GPU's recovery
+@dataclass(frozen=True)
+class GpuAttempt:
+    """One recovery of a GPU: when its lanes were started again, when they were all live again, when one
+    of them answered a batch; `failures`: recoveries of this GPU that failed just before this one."""
+
+    gpu8: str
+    restarted_at: float
+    live_at: float | None = None
+    measured_at: float | None = None
+    failures: int = 0
+
+
+def judge_recovery(attempt: GpuAttempt, now: float, faulted_again_at: float | None = None,
+                   come_back_s: float = 300.0, settle_s: float = 20.0) -> str:
+    """"ok", "failed" or "pending". Pure. A recovery failed when the lanes did not come back live within
+    `come_back_s`, or the GPU faulted again before they were measuring (answered a batch, or stayed live
+    for `settle_s`): a server still refusing clients, or a fault the restart did not cure."""
+    confirmed_at = None
+    if attempt.live_at is not None:
+        confirmed_at = min(t for t in (attempt.measured_at, attempt.live_at + settle_s) if t is not None)
+    if faulted_again_at is not None and faulted_again_at >= attempt.restarted_at:
+        return "ok" if confirmed_at is not None and confirmed_at <= faulted_again_at else "failed"
+    if attempt.live_at is None:
+        return "failed" if now - attempt.restarted_at > come_back_s else "pending"
+    return "ok" if confirmed_at <= now else "pending"
+
+
+def give_up_gpu(failures: int, max_failed_recoveries: int = 2) -> bool:
+    """A GPU whose recoveries failed this many times in a row is not restarted again."""
+    return failures >= max_failed_recoveries
+
+
+# ------------------------------------------------------------------------- hung kernels
+def run_hung(started_at: float, timeout_s: float, now: float, margin_s: float = 10.0) -> bool:
+    """Pure: has one candidate's build-and-run, started at `started_at`, outlived its allowance?"""
+    return now - started_at > timeout_s + margin_s
+
+
+def watchdog_allowance_s(timeout_s: float, builds_in_pool: bool) -> float:
+    """A GPU lane waits up to `timeout_s` for a candidate's build from its pool, then runs it for up to
+    `timeout_s`; in-process it builds and runs within one."""
+    return timeout_s * (2 if builds_in_pool else 1)
+
+
+class Watchdog:
+    """A thread that watches the candidate the lane is running: armed before it, disarmed after; past its
+    allowance, `on_hang(armed)` is called once (the lane reports and exits from there: a kernel that spins
+    forever never returns control to the lane's own thread)."""
+
+    def __init__(self, on_hang: Callable[[dict], None], margin_s: float = 10.0, poll_s: float = 1.0,
+                 clock: Callable[[], float] = time.time):
+        import threading
+
+        self.on_hang, self.margin_s, self.poll_s, self.clock = on_hang, margin_s, poll_s, clock
+        self._armed: dict | None = None
+        self._lock = threading.Lock()
+        self._thread = None
+
+    def arm(self, allowance_s: float, **what) -> None:
+        with self._lock:
+            self._armed = {**what, "started_at": self.clock(), "allowance_s": allowance_s}
+        if self._thread is None:
+            import threading
+
+            self._thread = threading.Thread(target=self._watch, name="lane-watchdog", daemon=True)
+            self._thread.start()
+
+    def disarm(self) -> None:
+        with self._lock:
+            self._armed = None
+
+    def check(self) -> dict | None:
+        """The armed candidate if it hung (and disarms it); None otherwise."""
+        with self._lock:
+            armed = self._armed
+            if armed and run_hung(armed["started_at"], armed["allowance_s"], self.clock(), self.margin_s):
+                self._armed = None
+                return armed
+        return None
+
+    def _watch(self) -> None:
+        while True:
+            time.sleep(self.poll_s)
+            hung = self.check()
+            if hung is not None:
+                self.on_hang(hung)
