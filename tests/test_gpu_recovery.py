@@ -329,3 +329,37 @@ def test_the_lanes_view_shows_a_given_up_gpu(redis_url, capsys, monkeypatch):
     rows = json.loads(capsys.readouterr().out)
     assert rows == [{"queue": LANE_A, "kind": "gpu", "down": True, "error": "GPU X given up: 2 recoveries in a row failed",
                      "down_since": pytest.approx(time.time(), abs=60)}]
+
+
+def test_a_hung_candidate_is_reported_answered_and_the_lane_exits(redis_url, monkeypatch):
+    from services.measurer import tasks
+    from shared.names import LaneName
+
+    r = store.connect(redis_url)
+    r.flushdb()
+    monkeypatch.setattr(tasks, "LANE", LaneName.parse(LANE_A))
+    monkeypatch.setattr(tasks.STATE, "redis", r)
+    monkeypatch.setattr(tasks.STATE, "info", None)
+    monkeypatch.setattr(tasks.settings, "max_crashes", 2)
+    exits = []
+
+    def exit_(code):
+        exits.append(code)
+        raise SystemExit(code)
+
+    monkeypatch.setattr(tasks.os, "_exit", exit_)
+    for crashes, batch in ((1, "b1"), (2, "b2")):
+        r.hset(names.CRASHES_KEY, "spin", crashes)  # raised before it ran, as the lane does
+        armed = {"batch_id": batch, "candidate_id": "c", "chash": "spin", "crashes": crashes, "job_id": "j",
+                 "timeout_s": 60.0, "allowance_s": 120.0, "started_at": 0.0}
+        with pytest.raises(SystemExit):
+            tasks._on_hung_candidate(armed)
+        if crashes == 1:
+            assert store.crash_count(r, "spin") == 1 and store.quarantined(r, "spin") is None  # count kept
+    assert exits == [names.EXIT_GPU_FAULT] * 2
+    faults = store.gpu_faults(r, GPU_A)
+    assert [f.role for f in faults] == ["culprit", "culprit"] and "hung" in faults[0].error
+    first = store.batch_results(r, "b1")[1]["c"]
+    assert first.fault == "crash" and "hung" in first.error
+    second = store.batch_results(r, "b2")[1]["c"]
+    assert second.error.startswith("quarantined after 2 crashes") and store.quarantined(r, "spin").crashes == 2

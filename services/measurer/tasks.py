@@ -214,7 +214,7 @@ def _in_process(batch: MeasureBatch, results, quarantined: dict, guard):
     the lane's). Each candidate's crash count is raised before it runs, so a lane that dies with it
     leaves the count; a CUDA fault ends the batch: the lane's context is gone."""
     from services.measurer.isolation import GpuGate, attribute
-    from services.measurer.mps import classify_cuda_error
+    from services.measurer.mps import classify_cuda_error, watchdog_allowance_s
 
     gate = None
     if LANE.kind == "gpu":
@@ -229,7 +229,15 @@ def _in_process(batch: MeasureBatch, results, quarantined: dict, guard):
         # in flight at an earlier fault of its GPU (the count raised then was never cleared): run it alone
         alone = gate is not None and crashes > 1
         with gate.alone() if alone else gate.ordinary() if gate is not None else nullcontext():
-            res = next(results)
+            if LANE.kind == "gpu":
+                _watchdog().arm(watchdog_allowance_s(batch.timing.timeout_s, STATE.pool is not None),
+                                batch_id=batch.batch_id, candidate_id=cand.candidate_id, chash=chash,
+                                crashes=crashes, job_id=batch.job_id, timeout_s=batch.timing.timeout_s)
+            try:
+                res = next(results)
+            finally:
+                if LANE.kind == "gpu":
+                    _watchdog().disarm()
         role = classify_cuda_error(res.error) if LANE.kind == "gpu" and res.error else None
         if role is None and LANE.kind == "gpu" and res.error and res.error.startswith("run failed") and not _cuda_alive():
             role = "unknown"
@@ -278,6 +286,48 @@ def _report_gpu_fault(chash: str, error: str, role: str) -> None:
     store.report_gpu_fault(STATE.redis, GpuFault(gpu8=LANE.gpu or "", lane=LANE.queue,
                                                  worker=STATE.info.worker if STATE.info else "", candidate_hash=chash,
                                                  error=error[:2000], role=role))
+
+
+WATCHDOG_MARGIN_S = 15.0  # past its build wait and its run timeout, a candidate's kernel is taken as hung
+_WATCHDOG = None
+
+
+def _watchdog():
+    global _WATCHDOG
+    if _WATCHDOG is None:
+        from services.measurer.mps import Watchdog
+
+        _WATCHDOG = Watchdog(_on_hung_candidate, margin_s=WATCHDOG_MARGIN_S)
+    return _WATCHDOG
+
+
+def _on_hung_candidate(armed: dict) -> None:
+    """From the watchdog thread: the lane's own thread is stuck in a kernel that does not return, and a
+    context with a spinning kernel cannot be saved. Report the candidate as the GPU's culprit (its raised
+    crash count stays; at the cap it is quarantined), answer it, leave the lane list, and exit with the
+    GPU-fault code so the supervisor recovers the GPU as after any fault."""
+    from shared.messages import Quarantined
+
+    code = names.EXIT_GPU_FAULT
+    try:
+        allowance = armed["allowance_s"] + WATCHDOG_MARGIN_S
+        error = (f"run hung: the candidate's kernel did not return within {allowance:.0f} s (timeout "
+                 f"{armed['timeout_s']:.0f} s, build wait and margin included); the lane exits")
+        _report_gpu_fault(armed["chash"], error, "culprit")
+        res = MeasureResult(candidate_id=armed["candidate_id"], error=error, fault="crash", lane=LANE.queue)
+        if armed["crashes"] >= settings.max_crashes:
+            store.quarantine(STATE.redis, Quarantined(candidate_hash=armed["chash"], error=error, crashes=armed["crashes"],
+                                                      lane=LANE.queue, job_id=armed["job_id"], batch_id=armed["batch_id"]))
+            res.error = f"quarantined after {armed['crashes']} crashes: {error}"
+        store.put_result(STATE.redis, armed["batch_id"], res)
+        STATE.stop.set()
+        if STATE.info is not None:
+            store.retire_lane(STATE.redis, STATE.info)
+    except BaseException:  # noqa: BLE001 - exit regardless: a lane stuck in a kernel serves nobody
+        log.exception("reporting a hung candidate failed")
+    finally:
+        logging.shutdown()
+        os._exit(code)
 
 
 def _leave_after_gpu_fault() -> None:
