@@ -40,7 +40,9 @@ PY
           timeout 585 python3 bench/share_matrix.py "${@:2}" 2>&1 | tail -60
           tar czf "$OUT/matrix_logs.tgz" -C /tmp/share_matrix . --exclude='*.so' --exclude=redis --exclude=database \
               --exclude='*.npz' --exclude=ms 2>/dev/null ;;
-  gpufault) # 4x25 % lanes, a faulting CUDA candidate: detection + recovery times in $OUT/gpu_fault.json (~4 min)
-    timeout 280 python3 bench/gpu_fault.py "${@:2}" 2>&1 | tail -80
+  # GPU 0 4x25 % (job A, illegal-address + hung-kernel culprits), GPU 1 2x50 % (job B, bystander):
+  # rows in $OUT/gpu_fault_h200.json (<= 280 s; the script stops waiting at 240 s)
+  gpufault) nvidia-smi --query-gpu=index,uuid,name --format=csv,noheader
+    timeout 280 python3 bench/gpu_fault.py "${@:2}" 2>&1 | tail -60
     tar czf "$OUT/gpu_fault_logs.tgz" -C /tmp/gpu_fault logs mps 2>/dev/null ;;
 esac

@@ -288,7 +288,8 @@ def _report_gpu_fault(chash: str, error: str, role: str) -> None:
                                                  error=error[:2000], role=role))
 
 
-WATCHDOG_MARGIN_S = 15.0  # past its build wait and its run timeout, a candidate's kernel is taken as hung
+# past its build wait and its run timeout (plus this), a candidate's kernel is taken as hung
+WATCHDOG_MARGIN_S = float(os.environ.get("SHARETUNE_WATCHDOG_MARGIN_S", "15"))
 _WATCHDOG = None
 
 
