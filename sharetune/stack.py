@@ -293,8 +293,8 @@ class Stack:
         log = logging.getLogger("sharetune.stack")
         mine = self._gpu_lane_names(gpu8)
         gpu_roots = [self.procs[n].pid for n in mine if n in self.procs]
-        other_roots = [p.pid for n, p in self.procs.items()
-                       if n in self.lane_procs and n not in mine and p.poll() is None]
+        # exited ones too: their sessions (a build pool left behind) belong to their own GPU
+        other_roots = [p.pid for n, p in self.procs.items() if n in self.lane_procs and n not in mine]
         servers = self.mps.servers() if self.mps is not None else {}
         plan = mps_mod.plan_gpu_reset(self._process_table(), gpu_roots, other_roots, servers,
                                       daemon_is_ours=bool(self.mps is not None and self.mps.started), me=os.getpid())
