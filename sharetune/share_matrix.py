@@ -367,7 +367,7 @@ class ShareMatrix(BaseModel):
                 if c["slowdown"] is None:
                     continue
                 x = c["slowdown"]
-                how = f"{x:.2f}x as slow as" if x >= 1 else f"{1 / x:.2f}x as fast as"
+                how = f"{x:.2f}x slower than" if x >= 1 else f"{1 / x:.2f}x faster than"
                 noise = "" if c["separated"] else " (within noise)"
                 lines.append(what.format(s=c["served_share"], t=c["tuned_share"], r=c["reference_tuned_share"], how=how)
                              + noise)

@@ -102,8 +102,8 @@ def test_table_names_the_recommendation_the_diagonal_and_the_intervals():
     assert "tasks tuned: all, 704 trials a share" in text
     lo, hi = m.ci95_us[0][0]
     assert f"[{lo:.0f}-{hi:.0f}]" in text
-    assert "served at 100 %, the model tuned at 25 % is 1.10x as slow as the one tuned at 100 %" in text
-    assert "served at 25 %, the model tuned at 100 % is 1.40x as slow as the one tuned at 25 %" in text
+    assert "served at 100 %, the model tuned at 25 % is 1.10x slower than the one tuned at 100 %" in text
+    assert "served at 25 %, the model tuned at 100 % is 1.40x slower than the one tuned at 25 %" in text
 
 
 def test_without_rounds_there_are_no_intervals_and_no_claims():
