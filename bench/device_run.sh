@@ -35,7 +35,7 @@ PY
         tar czf "$OUT/ours_logs.tgz" -C /tmp/gpu_bench . --exclude='*.so' --exclude=redis --exclude=database 2>/dev/null ;;
   sharding) timeout 570 python3 bench/gpu_sharding.py "${@:2}" 2>&1 | tail -40
         tar czf "$OUT/sharding_logs.tgz" -C /tmp/gpu_sharding . --exclude='*.so' --exclude=redis --exclude=database 2>/dev/null ;;
-  # tuned-at x served-at matrix, resnet18 + transformer; one model per GPU when there are two (~7 min)
+  # tuned-at x served-at matrix, resnet18 + transformer, every task; one model per GPU when there are two (~9.5 min)
   matrix) nvidia-smi --query-gpu=index,uuid,name --format=csv,noheader
           timeout 585 python3 bench/share_matrix.py "${@:2}" 2>&1 | tail -60
           tar czf "$OUT/matrix_logs.tgz" -C /tmp/share_matrix . --exclude='*.so' --exclude=redis --exclude=database \

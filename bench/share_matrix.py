@@ -2,22 +2,22 @@
 
     python bench/share_matrix.py                      # both models; one per GPU when the host has two
     python bench/share_matrix.py --models resnet18 --gpu-index 0 --out-json /tmp/x.json   # one child
+    python bench/share_matrix.py --device cpu --cores 1,2 --models tiny --trials 6 --per-iter 6   # CPU rehearsal
 
-Each model: its k heaviest tasks (FLOPs x weight, as bench/gpu_tuning.py) tuned at each share on
-min(4, 100 // share) MPS lanes of that share, one share after another, in one stack; then each tuned
-model served at every share in a fresh process under that MPS percentage. Everything must fit one
-10-minute device call, so the script keeps a deadline: a share it cannot tune in time is skipped and
-recorded, a failed cell is recorded, and the JSON under $OUT is rewritten after every job and every
-serving process.
+Each model: EVERY task tuned (`--tasks K` for the K heaviest), 64 candidates a round (MetaSchedule's
+default), at each share on min(4, 100 // share) MPS lanes of that share, one share after another, in one
+stack; then each tuned model served at every share in a fresh process under that MPS percentage, 30
+interleaved rounds a cell (the median, and a bootstrap 95 % interval over the rounds). Everything must fit
+one 10-minute device call, so the script keeps a deadline: a share it cannot tune in time is skipped and
+recorded, a failed cell is recorded, and the JSON under $OUT is rewritten after every job and every serving
+process (a run cut off still leaves figures).
 
-Budget (H200, 16 cores per model; bench/gpu_tuning.py measured ~16 s of evolutionary search per round
-whatever its size, compile ~22 s, stack start ~25 s with 4 lanes, more with 7): per share ~10 s plan
-+ 3 rounds x ~20 s + ~22 s compile = ~95 s; serving ~15 s per share.
-- Two GPUs (nvidia-h200-x2), one model each, 48 trials in rounds of 16, 3 shares: ~45 + 3 x 95 + 45
-  = ~375 s, both models in parallel. The default; one call.
-- One GPU, both models: 24 trials in rounds of 8, ~45 + 6 x 80 + 90 = ~615 s: does not fit, the deadline
-  skips what is left (recorded). On one GPU make one call per model (`--models resnet18`, then
-  `--models transformer`, each ~375 s) and join them with `--merge A.json B.json`.
+Budget: the per-share trials are what fits the time left (share_matrix.fit_trials: H200 estimates of
+~35 s a share for plan + compile, ~10 s a search round per client with every task getting its round,
+~0.25 s a trial for builds on 16 cores), never more than the model's default (32 a task, at least 256).
+`--shares auto` (the default) is 25,50,100, with 10 added when four shares still give every task 8 trials.
+Two GPUs (nvidia-h200-x2): one model each, in parallel, ~9 minutes. On one GPU make one call per model
+(`--models resnet18`, then `--models transformer`) and join them with `--merge A.json B.json`.
 """
 from __future__ import annotations
 
@@ -39,13 +39,39 @@ def log(msg: str) -> None:
     print(f"{time.strftime('%H:%M:%S')} {msg}", flush=True)
 
 
+STACK_S = 45.0  # stack start with up to 11 lanes, H200 (bench/results: 23-40 s with 4-8 lanes)
+SERVE_S = 20.0  # one serving process: start, load, 30 rounds of every tuned model
+MIN_PER_TASK_FOR_10 = 8  # trials a task that four shares must still give before 10 % is added
+
+
+def plan(args, n_tasks: int, n_models_here: int, seconds: float) -> tuple[list[int], int]:
+    """Shares and per-share trials for one model with `seconds` of this process's time."""
+    from sharetune.share_matrix import default_trials, fit_trials, parse_shares, shares_from_cores
+
+    host = os.cpu_count() or 1
+    per_model = (seconds - STACK_S) / n_models_here
+    if args.cores:
+        shares = shares_from_cores(args.cores, host)
+    elif args.shares == "auto" and args.device == "cpu":  # one core and the whole host
+        shares = shares_from_cores([1, host], host)
+    elif args.shares == "auto":
+        four = fit_trials(n_tasks, 4, per_model - SERVE_S * 4 - 10, per_iter=args.per_iter)
+        shares = [10, 25, 50, 100] if four >= MIN_PER_TASK_FOR_10 * n_tasks else [25, 50, 100]
+    else:
+        shares = parse_shares(args.shares, args.device, host)
+    if args.trials:
+        return shares, args.trials
+    fit = fit_trials(n_tasks, len(shares), per_model - SERVE_S * len(shares) - 10, per_iter=args.per_iter)
+    # not even one trial a task fits: still try with that much; the deadline records what was skipped
+    return shares, min(default_trials(n_tasks), max(fit, n_tasks))
+
+
 def run_models(args, models: list[str], deadline: float) -> list:
     """All `models` on one GPU, one stack, one after another; the time left is split evenly."""
     from services.measurer.observers import make_observer
     from shared import store
     from sharetune.client import Client
-    from sharetune.matrix import MatrixStack, Placement, heaviest_tasks, run_matrix, write_outputs
-    from sharetune.share_matrix import parse_shares
+    from sharetune.matrix import MatrixStack, Placement, model_tasks, run_matrix, write_outputs
 
     if args.device == "cpu":  # a rehearsal of this flow on a CPU host (lanes of whole cores)
         placement = Placement("cpu")
@@ -53,9 +79,13 @@ def run_models(args, models: list[str], deadline: float) -> list:
     else:
         gpu = next(g for g in make_observer().inventory() if g.index == args.gpu_index)
         placement = Placement("gpu", gpu_uuid=gpu.uuid)
-    shares = parse_shares(args.shares, args.device, placement.host_cores)
-    tasks = {m: heaviest_tasks(m, args.tasks, args.device) for m in models}
-    log(f"{args.device} {gpu.label if gpu else ''}; models {models}; shares {shares}; tasks {tasks}")
+    all_tasks = {m: model_tasks(m, args.device) for m in models}
+    chosen = {m: (all_tasks[m][:args.tasks] if args.tasks else None) for m in models}
+    plans = {m: plan(args, len(chosen[m] or all_tasks[m]), len(models), deadline - time.time()) for m in models}
+    shares = sorted({p for m in models for p in plans[m][0]})
+    log(f"{args.device} {gpu.label if gpu else ''}; models {models}; shares {shares}; "
+        + "; ".join(f"{m}: {len(chosen[m] or all_tasks[m])} of {len(all_tasks[m])} tasks, {plans[m][1]} trials a share"
+                    for m in models))
     reports: dict[str, object] = {}
     out_json = Path(args.out_json)
 
@@ -82,13 +112,15 @@ def run_models(args, models: list[str], deadline: float) -> list:
         for i, model in enumerate(models):
             # the time left, split over the models still to run; serving reserve ~15 s per share
             my_deadline = time.time() + (deadline - time.time()) / (len(models) - i)
-            report = run_matrix(client, model, shares, placement, work / model, trials=args.trials,
-                                trials_per_iter=args.per_iter, only_tasks=tasks[model], seed=0, name=model,
-                                deadline=my_deadline, serve_reserve_s=15 * len(shares) + 10, rounds=args.rounds,
+            my_shares, trials = plans[model]
+            report = run_matrix(client, model, my_shares, placement, work / model, trials=trials,
+                                trials_per_iter=args.per_iter, only_tasks=chosen[model], n_tasks=len(all_tasks[model]),
+                                seed=0, name=model, deadline=my_deadline,
+                                serve_reserve_s=SERVE_S * len(my_shares) + 10, rounds=args.rounds,
                                 serve_timeout_s=120, log=log, on_partial=save, on_job_timeout=stop_tuning,
                                 before_serving=stack.stop_lanes if i == len(models) - 1 else None)
             report.info.update({"gpu": gpu.name if gpu else None, "gpu_uuid8": gpu.uuid8 if gpu else None,
-                                "tasks": tasks[model],
+                                "task_names": chosen[model] or all_tasks[model],
                                 "lanes": sorted(set(stack.lanes)), "host_cores": os.cpu_count()})
             save(report)
             print(report.table(), flush=True)
@@ -111,7 +143,8 @@ def launch(args) -> None:
     OUT.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
     deadline = t0 + args.deadline_s
-    stem = ("share_matrix_h200" if args.device == "gpu" else "share_matrix_cpu") + (f"_{models[0]}" if len(models) == 1 else "")
+    stem = args.stem or (("share_matrix_h200" if args.device == "gpu" else "share_matrix_cpu")
+                         + (f"_{models[0]}" if len(models) == 1 else ""))
     final_json, final_png = OUT / f"{stem}.json", OUT / f"{stem}.png"
     if len(found) >= len(models) > 1:
         log(f"{len(found)} GPUs: one model per GPU, in parallel")
@@ -122,17 +155,21 @@ def launch(args) -> None:
             # the child's stack starts its own MPS daemon; with only this GPU visible it controls only it
             env = {**os.environ, "CUDA_VISIBLE_DEVICES": gpu.uuid, "SHARETUNE_MATRIX_CORES": str(cores)}
             argv = [sys.executable, __file__, "--models", model, "--gpu-index", str(gpu.index), "--shares", args.shares,
-                    "--trials", str(args.trials), "--per-iter", str(args.per_iter), "--tasks", str(args.tasks),
-                    "--rounds", str(args.rounds), "--deadline-s", str(args.deadline_s - 5),
-                    "--work-dir", args.work_dir, "--out-json", str(part)]
+                    "--per-iter", str(args.per_iter), "--rounds", str(args.rounds),
+                    "--deadline-s", str(args.deadline_s - 5), "--work-dir", args.work_dir, "--out-json", str(part)]
+            argv += ["--trials", str(args.trials)] if args.trials else []
+            argv += ["--tasks", str(args.tasks)] if args.tasks else []
             logf = open(OUT / f"share_matrix_{model}.log", "w")
             children.append((model, part, subprocess.Popen(argv, env=env, stdout=logf, stderr=subprocess.STDOUT)))
         for model, part, proc in children:
             try:
-                proc.wait(timeout=max(1.0, deadline + 30 - time.time()))
+                proc.wait(timeout=max(1.0, deadline + 15 - time.time()))
             except subprocess.TimeoutExpired:
                 proc.terminate()  # the child's stack stops what it started on SIGTERM
-                proc.wait(timeout=30)
+                try:
+                    proc.wait(timeout=15)
+                except subprocess.TimeoutExpired:  # inside device_run.sh's timeout: its partial JSON is kept
+                    proc.kill()
             log(f"{model}: child exited {proc.returncode}")
         reports = []
         for model, part, _ in children:
@@ -146,13 +183,14 @@ def launch(args) -> None:
             where = f"GPU {args.gpu_index}" if args.device == "gpu" else "this CPU"
             log(f"{len(found)} GPU(s): the models one after another on {where}")
         args.out_json = str(final_json)
-        reports = run_models(args, models, deadline)
+        reports = run_models(args, models, deadline)  # prints each table as it is done
     for r in reports:
         r.info["wall_s"] = round(time.time() - t0, 1)
         r.info["parallel_gpus"] = len(found) >= len(models) > 1
     png = write_outputs(reports, final_json, final_png)
-    for r in reports:
-        print(r.table(), flush=True)
+    if len(found) >= len(models) > 1:  # the children's tables went to their logs
+        for r in reports:
+            print(r.table(), flush=True)
     log(f"wrote {final_json}" + (f" and {png}" if png else " (no heatmap: matplotlib missing)")
         + f"; {time.time() - t0:.0f} s in all")
 
@@ -176,13 +214,14 @@ def merge(paths: list[str], out_json: Path) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--models", default="resnet18,transformer")
-    ap.add_argument("--shares", default="25,50,100")
+    ap.add_argument("--shares", default="auto", help="percentages, or auto: 25,50,100 (+10 when it fits the time)")
+    ap.add_argument("--cores", default=None, help="--device cpu: core counts of the lanes instead of --shares, e.g. 1,2")
     ap.add_argument("--trials", type=int, default=None,
-                    help="per share (default 48 when each model has a GPU to itself, else 24)")
-    ap.add_argument("--per-iter", type=int, default=None,
-                    help="trials per search round (default 16; 8 when the models share one GPU)")
-    ap.add_argument("--tasks", type=int, default=3, help="tune each model's k heaviest tasks")
-    ap.add_argument("--rounds", type=int, default=10, help="timing rounds per cell, median")
+                    help="per share (default: what fits the deadline, at most 32 a task and at least 256)")
+    ap.add_argument("--per-iter", type=int, default=64, help="candidates a search round (MetaSchedule's default)")
+    ap.add_argument("--tasks", type=int, default=None, help="tune each model's k heaviest tasks (default: all)")
+    ap.add_argument("--rounds", type=int, default=30, help="timing rounds per cell: median and bootstrap 95 %% CI")
+    ap.add_argument("--stem", default=None, help="name of the result files under $OUT (default share_matrix_h200)")
     ap.add_argument("--deadline-s", type=float, default=530, help="all done (files written) within this")
     ap.add_argument("--device", choices=["gpu", "cpu"], default="gpu", help="cpu: rehearse the flow on this host")
     ap.add_argument("--gpu-index", type=int, default=None, help="run here on this GPU (a child, or by hand)")
@@ -193,10 +232,8 @@ def main() -> None:
     if args.merge:
         merge(args.merge, Path(args.out_json or "bench/results/share_matrix_h200.json"))
         return
-    # an evolutionary search round costs ~15 s whatever its size: few large rounds fit the call best
-    roomy = args.device == "gpu" and len(gpus()) >= len(args.models.split(","))
-    args.trials = args.trials or (48 if roomy else 24)
-    args.per_iter = args.per_iter or (16 if roomy else 8)
+    if args.cores and args.device != "cpu":
+        ap.error("--cores is for --device cpu")
     if args.gpu_index is not None:  # a child (or a single run by hand)
         args.out_json = args.out_json or str(OUT / "share_matrix.json")
         run_models(args, args.models.split(","), time.time() + args.deadline_s)

@@ -321,17 +321,20 @@ def cmd_api(args) -> int:
 
 def parser_matrix(sub) -> None:
     """`sharetune matrix MODEL --shares 25,50,100`: tune at each share, serve each tuned model at every
-    share, print the tuned-at x served-at table and the recommended share; write JSON + heatmap."""
+    share, print the tuned-at x served-at table (with 95 % intervals), the recommended share, the knee and
+    what a share mismatch costs; write JSON + heatmap. Every task of the model by default."""
     m = sub.add_parser("matrix", help="tune at each share, serve at every share: the latency matrix")
     m.add_argument("model", help="zoo name or .onnx file")
     m.add_argument("--shares", default=None, help="percentages, e.g. 10,25,50,100 (CPU: whole cores of this host)")
     m.add_argument("--cores", default=None, help="CPU only, instead of --shares: core counts, e.g. 1,2")
     m.add_argument("--device", choices=["cpu", "gpu"], default="cpu")
-    m.add_argument("--trials", type=int, default=32, help="trial budget of each share's tuning job")
-    m.add_argument("--per-iter", type=int, default=16)
-    m.add_argument("--tasks", type=int, default=None, help="tune only the model's k heaviest tasks")
+    m.add_argument("--trials", type=int, default=None,
+                   help="trial budget of each share's tuning job (default 32 x tasks, at least 256)")
+    m.add_argument("--per-iter", type=int, default=64, help="candidates a search round (MetaSchedule's default)")
+    m.add_argument("--tasks", type=int, default=None, help="tune only the model's k heaviest tasks (default: all)")
     m.add_argument("--gpu-index", type=int, default=0)
-    m.add_argument("--rounds", type=int, default=10, help="timing rounds per cell (median)")
+    m.add_argument("--rounds", type=int, default=30,
+                   help="timing rounds per cell: the median, and a bootstrap 95 %% interval over them")
     m.add_argument("--work-dir", default="runs/matrix")
     m.add_argument("--out", default=None, help="JSON path (default WORK_DIR/share_matrix.json; PNG beside it)")
 

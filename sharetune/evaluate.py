@@ -70,7 +70,8 @@ def serve_latencies_us(paths: dict[str, str], inputs: list[np.ndarray], device: 
                        min_repeat_ms: int = 50, reference: np.ndarray | None = None):
     """Warm, then time every module `rounds` times, interleaved (a drift of the device hits them all
     alike); each module's figure is the median of its rounds. A module that fails is an error, not a
-    crash: (latencies_us, errors, max abs error against `reference` when given)."""
+    crash: (latencies_us, errors, max abs error against `reference` when given, each round's figure in
+    µs: the caller bootstraps its interval from them)."""
     import tvm
     from tvm import relax
 
@@ -97,12 +98,13 @@ def serve_latencies_us(paths: dict[str, str], inputs: list[np.ndarray], device: 
             except Exception as err:  # noqa: BLE001
                 errors[label] = f"{type(err).__name__}: {err}"[:400]
                 del timers[label]
-    return {label: float(np.median(t[2])) * 1e6 for label, t in timers.items()}, errors, max_err
+    lat = {label: float(np.median(t[2])) * 1e6 for label, t in timers.items()}
+    return lat, errors, max_err, {label: [v * 1e6 for v in t[2]] for label, t in timers.items()}
 
 
 def _serve_main(argv=None) -> int:
     """`python -m sharetune.evaluate --device cpu|gpu [--cores 0,1] --inputs x.npz --module LABEL=PATH ...`:
-    prints one JSON line, {"latency_us": {...}, "errors": {...}, "max_abs_err": {...}}. The caller sets the environment
+    prints one JSON line, {"latency_us": {...}, "errors": {...}, "max_abs_err": {...}, "rounds_us": {...}}. The caller sets the environment
     (TVM_NUM_THREADS; CUDA_VISIBLE_DEVICES and CUDA_MPS_ACTIVE_THREAD_PERCENTAGE)."""
     import argparse
     import json
@@ -123,8 +125,8 @@ def _serve_main(argv=None) -> int:
         inputs = [data[f"arg{i}"] for i in range(len(data.files))]
     paths = dict(m.split("=", 1) for m in args.module)
     ref = np.load(args.reference, allow_pickle=False) if args.reference else None
-    lat, errors, max_err = serve_latencies_us(paths, inputs, args.device, args.rounds, args.min_repeat_ms, ref)
-    print(json.dumps({"latency_us": lat, "errors": errors, "max_abs_err": max_err}), flush=True)
+    lat, errors, max_err, rounds = serve_latencies_us(paths, inputs, args.device, args.rounds, args.min_repeat_ms, ref)
+    print(json.dumps({"latency_us": lat, "errors": errors, "max_abs_err": max_err, "rounds_us": rounds}), flush=True)
     return 0
 
 

@@ -2,14 +2,15 @@
 and return the tuned-at x served-at matrix (sharetune.share_matrix holds its pure logic).
 
     from sharetune.matrix import matrix
-    report = matrix("tiny", [50, 100], device="cpu", trials=8)          # starts its own local stack
-    report = matrix("resnet18", [25, 50, 100], device="gpu", trials=48)  # GPU lanes under MPS
+    report = matrix("tiny", [50, 100], device="cpu", trials=8, trials_per_iter=4)  # starts its own local stack
+    report = matrix("resnet18", [25, 50, 100], device="gpu")  # every task, 32 trials a task, 64 a round
 
 Tuning: one job per share on lanes of that share, one share after another (so a share's measurements
-never overlap another share's), records of identical workloads reused from the store. Serving: for each
-share one fresh process placed at that share (CPU: affinity to that many cores + TVM_NUM_THREADS; GPU:
-CUDA_VISIBLE_DEVICES + CUDA_MPS_ACTIVE_THREAD_PERCENTAGE set before CUDA starts) times every tuned model,
-warm, interleaved, median of rounds. A failed job or cell is recorded, never fatal."""
+never overlap another share's), every task of the model unless told otherwise, records of identical
+workloads reused from the store. Serving: for each share one fresh process placed at that share (CPU:
+affinity to that many cores + TVM_NUM_THREADS; GPU: CUDA_VISIBLE_DEVICES + CUDA_MPS_ACTIVE_THREAD_PERCENTAGE
+set before CUDA starts) times every tuned model, warm, interleaved, median of rounds; the rounds give each
+cell a bootstrap interval. A failed job or cell is recorded, never fatal."""
 from __future__ import annotations
 
 import json
@@ -25,10 +26,12 @@ from pydantic import BaseModel, ConfigDict
 
 from shared import names
 from shared.errors import ShareError
-from sharetune.share_matrix import ShareMatrix, cores_for_share, parse_shares
+from sharetune.share_matrix import ShareMatrix, cores_for_share, default_trials, parse_shares, per_task_cap
 from sharetune.stack import Stack
 
 REPO = Path(__file__).resolve().parent.parent
+SERVE_ROUNDS = 30  # enough rounds per cell for a bootstrap interval that separates ~2 % differences
+PER_ITER = 64  # MetaSchedule's default candidates a round: small rounds hide where the time goes
 
 
 # ---- where lanes and serving processes go ---------------------------------------------------------
@@ -75,6 +78,7 @@ class ServeOutput(BaseModel):
     latency_us: dict[str, float]
     errors: dict[str, str]
     max_abs_err: dict[str, float] = {}
+    rounds_us: dict[str, list[float]] = {}
 
 
 def serve_at(share: int, modules: dict[str, str], inputs_path: Path, placement: Placement, rounds: int = 10,
@@ -124,10 +128,11 @@ def model_inputs(model: Any, example_inputs=None) -> list:
     return [rng.standard_normal(shape).astype(dtype) for shape, dtype in to_relax(model, example_inputs).inputs]
 
 
-def run_matrix(client, model: Any, shares: list[int], placement: Placement, work_dir: Path, *, trials: int = 32,
-               trials_per_iter: int = 16, only_tasks: list[str] | None = None, seed: int | None = 0,
+def run_matrix(client, model: Any, shares: list[int], placement: Placement, work_dir: Path, *,
+               trials: int | None = None, trials_per_iter: int = PER_ITER, only_tasks: list[str] | None = None,
+               n_tasks: int | None = None, seed: int | None = 0,
                example_inputs=None, name: str | None = None, job_timeout_s: float = 1800.0,
-               deadline: float | None = None, serve_reserve_s: float = 0.0, rounds: int = 10,
+               deadline: float | None = None, serve_reserve_s: float = 0.0, rounds: int = SERVE_ROUNDS,
                before_serving=None,
                serve_timeout_s: float = 300.0, log: Callable[[str], None] = print,
                on_partial: Callable[[ShareMatrix], None] | None = None,
@@ -136,7 +141,9 @@ def run_matrix(client, model: Any, shares: list[int], placement: Placement, work
     model at every share. `deadline` (time.time()) with `serve_reserve_s` kept for serving: a share
     whose tuning would start past it is skipped and recorded as such. A job still running at its
     timeout cannot be cancelled: `on_job_timeout(job)` may stop it (e.g. stop the tuner processes) so
-    that it does not disturb what is measured next."""
+    that it does not disturb what is measured next. Every task is tuned unless `only_tasks` names some;
+    `trials` per share defaults to default_trials(tasks) and `n_tasks` (the model's task count, when the
+    caller knows it) saves an extraction."""
     import numpy as np
 
     device = placement.device
@@ -158,12 +165,21 @@ def run_matrix(client, model: Any, shares: list[int], placement: Placement, work
     errors: dict[str, str] = {}
     jobs: dict[str, dict] = {}
     max_err: list[list[float | None]] = [[None] * n for _ in range(n)]  # against PyTorch, per cell
+    samples: list[list[list[float]]] = [[[] for _ in range(n)] for _ in range(n)]
     cores = [cores_for_share(p, placement.host_cores) for p in shares] if device == "cpu" else None
+    if only_tasks:
+        n_tasks = len(only_tasks)
+    elif n_tasks is None:
+        n_tasks = len(model_tasks(model, device, example_inputs))
+    trials = trials or default_trials(n_tasks)
+    cap = per_task_cap(trials, n_tasks, trials_per_iter)
 
     def snapshot() -> ShareMatrix:
-        return ShareMatrix.build(name, device, shares, latency, cores=cores, errors=dict(errors),
-                                 info={"jobs": dict(jobs), "trials_per_share": trials, "trials_per_iter": trials_per_iter,
-                                       "only_tasks": only_tasks, "target": target, "serve_rounds": rounds,
+        return ShareMatrix.build(name, device, shares, latency, rounds_us=samples, cores=cores, errors=dict(errors),
+                                 tasks_tuned=len(only_tasks) if only_tasks else "all", trials_per_share=trials,
+                                 info={"jobs": dict(jobs), "trials_per_iter": trials_per_iter, "tasks": n_tasks,
+                                       "max_trials_per_task": cap, "only_tasks": only_tasks, "target": target,
+                                       "serve_rounds": rounds,
                                        "max_abs_err_vs_torch": max_err if reference_path else None})
 
     from sharetune.intake import to_relax
@@ -179,8 +195,10 @@ def run_matrix(client, model: Any, shares: list[int], placement: Placement, work
         t0 = time.time()
         # no untuned baseline: the matrix compares tuned models only, and each compile costs ~20 s on a GPU host
         job = client.submit(relax_mod, target=target, share=p, trials=trials, trials_per_iter=trials_per_iter,
-                            seed=seed, only_tasks=only_tasks, name=f"{name}@{p}", untuned_baseline=False)
-        log(f"[matrix {name}] tuning at {p} %: job {job.job_id}, {trials} trials")
+                            max_trials_per_task=cap, seed=seed, only_tasks=only_tasks, name=f"{name}@{p}",
+                            untuned_baseline=False)
+        log(f"[matrix {name}] tuning at {p} %: job {job.job_id}, {trials} trials over {n_tasks} tasks"
+            + (f" (at most {cap} a task)" if cap else ""))
         timeout = job_timeout_s if left is None else max(30.0, min(job_timeout_s, left))
         try:
             final = job.wait(timeout_s=timeout, poll_s=1.0)
@@ -218,6 +236,7 @@ def run_matrix(client, model: Any, shares: list[int], placement: Placement, work
                 max_err[t][s] = got.max_abs_err[str(p)]
             if str(p) in lat:
                 latency[t][s] = lat[str(p)]
+                samples[t][s] = got.rounds_us.get(str(p), [])
             elif str(p) in errs:
                 errors[f"{p}@{served}"] = errs[str(p)]
         log(f"[matrix {name}] served at {served} % in {time.time() - t0:.0f} s: "
@@ -245,6 +264,11 @@ def _write_reference(model: Any, example_inputs, path: Path) -> Path | None:
 
 def heaviest_tasks(model: Any, k: int, device: str, example_inputs=None) -> list[str]:
     """Names of the model's k heaviest tasks (FLOPs x weight), for only_tasks."""
+    return model_tasks(model, device, example_inputs)[:k]
+
+
+def model_tasks(model: Any, device: str, example_inputs=None) -> list[str]:
+    """Names of all the model's tasks, heaviest (FLOPs x weight) first."""
     import tvm  # noqa: F401 - the extraction below is TVM's; this process already pays for it
 
     from services.measurer.metaschedule.evaluate import cpu_target, gpu_target
@@ -253,7 +277,7 @@ def heaviest_tasks(model: Any, k: int, device: str, example_inputs=None) -> list
 
     target = cpu_target(1) if device == "cpu" else gpu_target()
     tasks = extract(to_relax(model, example_inputs).mod, target)
-    return [t.name for t in sorted(tasks, key=lambda t: -t.flops * t.weight)[:k]]
+    return [t.name for t in sorted(tasks, key=lambda t: -t.flops * t.weight)]
 
 
 # ---- outputs ----------------------------------------------------------------------------------------
@@ -264,7 +288,14 @@ def write_outputs(reports: list[ShareMatrix], json_path: Path, png_path: Path | 
     heatmap's path, or None when matplotlib is missing (the JSON and the table still tell all)."""
     json_path = Path(json_path)
     json_path.parent.mkdir(parents=True, exist_ok=True)
-    body = reports[0].model_dump(mode="json") if len(reports) == 1 else {"matrices": [r.model_dump(mode="json") for r in reports]}
+    if len(reports) == 1:
+        body = reports[0].model_dump(mode="json")
+    else:  # what the models share, on top, for a reader who wants the headline without a loop
+        tuned = {r.tasks_tuned for r in reports}
+        body = {"tasks_tuned": tuned.pop() if len(tuned) == 1 else None,
+                "trials_per_share": {r.model: r.trials_per_share for r in reports},
+                "diagonal_wins": {r.model: r.diagonal_wins for r in reports},
+                "matrices": [r.model_dump(mode="json") for r in reports]}
     tmp = json_path.with_suffix(".tmp")
     tmp.write_text(json.dumps(body, indent=1))
     tmp.replace(json_path)  # a reader never sees half a file
@@ -277,14 +308,15 @@ def write_outputs(reports: list[ShareMatrix], json_path: Path, png_path: Path | 
 
 
 def heatmap(reports: list[ShareMatrix], path: Path) -> str:
-    """One panel per model: colour = latency over the column's best, text = µs and that ratio."""
+    """One panel per model: colour = latency over the column's best; text = median µs, its 95 % interval
+    and that ratio; the diagonal cells say whether tuning at the serving share won beyond noise."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     import numpy as np
 
-    fig, axes = plt.subplots(1, len(reports), figsize=(4.2 * len(reports) + 1, 4.4), squeeze=False)
+    fig, axes = plt.subplots(1, len(reports), figsize=(5.2 * len(reports) + 1, 5.4), squeeze=False)
     for ax, r in zip(axes[0], reports):
         norm = np.array([[v if v is not None else np.nan for v in row] for row in r.normalised], dtype=float)
         im = ax.imshow(norm, cmap="viridis_r", vmin=1.0, vmax=max(1.25, float(np.nanmax(norm)) if np.isfinite(norm).any() else 1.25))
@@ -296,13 +328,19 @@ def heatmap(reports: list[ShareMatrix], path: Path) -> str:
         def named(share):
             return "none" if share is None else labels[r.shares.index(share)]
 
-        title = f"{r.model} ({r.device})\nrecommended tuning at {named(r.recommended_share)}, knee {named(r.knee_share)}"
-        ax.set_title(title, fontsize=10)
+        title = (f"{r.model} ({r.device}; tasks: {r.tasks_tuned}, {r.trials_per_share} trials a share)\n"
+                 f"recommended tuning at {named(r.recommended_share)}, knee {named(r.knee_share)}")
+        ax.set_title(title, fontsize=9)
+        verdict = {True: "wins", False: "loses", "within noise": "noise"}
         for t, row in enumerate(r.latency_us):
             for s, v in enumerate(row):
-                text = "failed" if v is None else f"{v:.0f} us\nx{r.normalised[t][s]:.2f}"
+                ci = r.ci95_us[t][s] if r.ci95_us else None
+                text = "failed" if v is None else (f"{v:.0f} us\n" + (f"[{ci[0]:.0f}, {ci[1]:.0f}]\n" if ci else "")
+                                                   + f"x{r.normalised[t][s]:.2f}")
+                if v is not None and t == s and r.diagonal_wins.get(str(r.shares[s])) in verdict:
+                    text += f" {verdict[r.diagonal_wins[str(r.shares[s])]]}"
                 bold = r.recommended_share == r.shares[t]
-                ax.text(s, t, text, ha="center", va="center", fontsize=8, color="white" if v is not None and r.normalised[t][s] > 1.12 else "black",
+                ax.text(s, t, text, ha="center", va="center", fontsize=7, color="white" if v is not None and r.normalised[t][s] > 1.12 else "black",
                         fontweight="bold" if bold else "normal")
         fig.colorbar(im, ax=ax, fraction=0.046, label="x column best")
     fig.tight_layout()
@@ -316,15 +354,16 @@ def heatmap(reports: list[ShareMatrix], path: Path) -> str:
 # ---- one call: a local stack with the lanes the shares need -------------------------------------
 
 
-def matrix(model: Any, shares, *, device: str = "cpu", trials: int = 32, trials_per_iter: int = 16,
+def matrix(model: Any, shares, *, device: str = "cpu", trials: int | None = None, trials_per_iter: int = PER_ITER,
            work_dir: str | Path = "runs/matrix", only_tasks: list[str] | None = None, tasks: int | None = None,
            redis_url: str | None = None, gpu_index: int = 0, max_lanes_per_share: int = 4, example_inputs=None,
            name: str | None = None, seed: int | None = 0, job_timeout_s: float = 1800.0, deadline: float | None = None,
-           serve_reserve_s: float = 0.0, rounds: int = 10, out_json: str | Path | None = None,
+           serve_reserve_s: float = 0.0, rounds: int = SERVE_ROUNDS, out_json: str | Path | None = None,
            out_png: str | Path | None = None, log: Callable[[str], None] = print) -> ShareMatrix:
     """Start a local stack with lanes of every share (or use the running one at `redis_url`, whose lanes
-    must serve them), build the matrix, write JSON + heatmap when asked. Bad shares raise ShareError
-    before anything starts."""
+    must serve them), build the matrix, write JSON + heatmap when asked. Every task is tuned unless
+    `tasks` (the k heaviest) or `only_tasks` says otherwise; `trials` per share defaults to 32 a task, at
+    least 256. Bad shares raise ShareError before anything starts."""
     from sharetune.client import Client
 
     placement = Placement(device)
@@ -339,8 +378,9 @@ def matrix(model: Any, shares, *, device: str = "cpu", trials: int = 32, trials_
         if gpu is None:
             raise ShareError(f"no GPU with index {gpu_index} on this host (found {[g.index for g in gpus]})")
         placement.gpu_uuid = gpu.uuid
+    all_tasks = model_tasks(model, device, example_inputs)
     if only_tasks is None and tasks:
-        only_tasks = heaviest_tasks(model, tasks, device, example_inputs)
+        only_tasks = all_tasks[:tasks]
     if redis_url is None:
         stack = MatrixStack(work_dir / "stack", lanes=placement.lanes(shares, max_lanes_per_share))
     elif device == "gpu":
@@ -369,7 +409,8 @@ def matrix(model: Any, shares, *, device: str = "cpu", trials: int = 32, trials_
                 placement.mps_env = stack.mps.environment()
         report = run_matrix(Client(redis_url), model, shares, placement, work_dir / "serve", trials=trials,
                             trials_per_iter=trials_per_iter, only_tasks=only_tasks, seed=seed,
-                            example_inputs=example_inputs, name=name, job_timeout_s=job_timeout_s, deadline=deadline,
+                            n_tasks=len(all_tasks), example_inputs=example_inputs, name=name,
+                            job_timeout_s=job_timeout_s, deadline=deadline,
                             serve_reserve_s=serve_reserve_s, rounds=rounds, log=log, on_partial=partial,
                             before_serving=stack.stop_lanes if stack is not None else None)
     finally:

@@ -7,7 +7,11 @@ the model tuned at ``shares[t]`` served at ``shares[s]`` (None where the cell fa
 * the robust share: the tuning share whose model stays within ``tolerance`` (5 %) of each column's best
   over the widest contiguous range of serving shares;
 * the knee: the smallest serving share past which serving latency stops improving by more than
-  ``tolerance``.
+  ``tolerance``;
+* a 95 % interval on each cell, bootstrapped over its serving rounds: the diagonal (tuned at the share it
+  is served at) is said to win or lose only where the intervals separate, else it is "within noise";
+* the cross costs users ask about: serving at the full share a model tuned at a smaller one, and the
+  other way round.
 
 Shares are whole percentages of a device, as a job's ``share``. On a CPU a share must be a whole number of
 the host's cores, with the same rounding as a CPU lane's share (services/measurer/lanes.py).
@@ -15,13 +19,16 @@ the host's cores, with the same rounding as a CPU lane's share (services/measure
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence
+from typing import Any, Literal, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from shared.errors import ShareError
 
 TOLERANCE = 0.05
+BOOT_SEED = 0  # fixed: the same rounds always give the same interval
+BOOT_RESAMPLES = 2000
+NOISE = "within noise"
 
 
 # ---- the share list ------------------------------------------------------------------------------
@@ -88,6 +95,43 @@ def shares_from_cores(cores: str | Sequence[int], host_cores: int) -> list[int]:
     if bad:
         raise ShareError(f"core count(s) {', '.join(map(str, bad))} outside 1..{host_cores} (this host's cores)")
     return parse_shares([cpu_share(c, host_cores) for c in counts], "cpu", host_cores)
+
+
+# ---- the tuning budget ---------------------------------------------------------------------------
+
+TRIALS_PER_TASK = 32
+MIN_TRIALS = 256
+
+
+def default_trials(n_tasks: int) -> int:
+    """A share's trial budget scales with the model: 32 a task, at least 256."""
+    return max(MIN_TRIALS, TRIALS_PER_TASK * max(1, n_tasks))
+
+
+def per_task_cap(trials: int, n_tasks: int, per_iter: int) -> int | None:
+    """Trials one task may take, so that every task gets its round: when the budget cannot give each
+    task a full round (trials < per_iter x tasks), the first tasks of the round-robin would spend it all;
+    capping each at its even part stops that. None (no cap: the gradient decides) when it can."""
+    if n_tasks <= 0 or trials >= per_iter * n_tasks:
+        return None
+    return max(1, math.ceil(trials / n_tasks))
+
+
+def fit_trials(n_tasks: int, n_shares: int, seconds: float, *, per_iter: int = 64, clients: int = 4,
+               trial_s: float = 0.25, round_s: float = 10.0, share_fixed_s: float = 35.0, step: int = 8) -> int:
+    """The largest per-share budget (a multiple of `step`) whose estimated tuning time, over `n_shares`
+    shares one after another, fits `seconds`; 0 when not even the rounds fit. Estimate per share:
+    fixed (plan, lane wait, compile) + each client's rounds x round_s (every task at least once) +
+    trials x trial_s (builds and runs). The defaults are H200 figures (DESIGN.md: ~2.8 CPU-s a CUDA
+    build on 16 cores, ~16 s an evolutionary round, cheaper cold sampling rounds, ~22 s compile)."""
+    per_share = seconds / max(1, n_shares) - share_fixed_s
+    best = 0
+    trials = step
+    while True:
+        rounds = n_tasks if trials < per_iter * n_tasks else math.ceil(trials / per_iter)
+        if math.ceil(rounds / clients) * round_s + trials * trial_s > per_share:
+            return best
+        best, trials = trials, trials + step
 
 
 # ---- the matrix ----------------------------------------------------------------------------------
@@ -185,6 +229,74 @@ def diagonal_report(shares: list[int], latency_us: Matrix) -> list[dict]:
     return out
 
 
+# ---- noise: bootstrap intervals over the serving rounds ------------------------------------------
+
+Interval = list[float]  # [low, high] in µs
+
+
+def bootstrap_ci(samples: Sequence[float], level: float = 0.95, resamples: int = BOOT_RESAMPLES,
+                 seed: int = BOOT_SEED) -> Interval | None:
+    """The `level` percentile interval of the median, bootstrapped over `samples` (one per serving
+    round); None with fewer than two samples (no spread to resample)."""
+    import numpy as np
+
+    x = np.asarray([v for v in samples if v is not None and math.isfinite(v)], dtype=float)
+    if x.size < 2:
+        return None
+    rng = np.random.default_rng(seed)
+    medians = np.median(x[rng.integers(0, x.size, size=(resamples, x.size))], axis=1)
+    lo, hi = np.quantile(medians, [(1 - level) / 2, (1 + level) / 2])
+    return [float(lo), float(hi)]
+
+
+Verdict = bool | Literal["within noise"] | None
+
+
+def compare(a: Interval | None, b: Interval | None) -> Verdict:
+    """a against b, lower is better: True when a's interval lies wholly below b's, False when wholly
+    above, "within noise" when they overlap or either is missing (no claim without an interval)."""
+    if not a or not b:
+        return NOISE
+    if a[1] < b[0]:
+        return True
+    if a[0] > b[1]:
+        return False
+    return NOISE
+
+
+def diagonal_wins(shares: list[int], latency_us: Matrix, ci95_us: list[list[Interval | None]]) -> dict[str, Verdict]:
+    """Per serving share: True when the model tuned at that share is faster than every other tuning with
+    separated intervals, False when some other tuning is faster with separated intervals, else
+    "within noise"; None when the diagonal cell failed or nothing else was served there."""
+    out: dict[str, Verdict] = {}
+    for s, share in enumerate(shares):
+        others = [t for t in range(len(shares)) if t != s and _ok(latency_us[t][s])]
+        if not _ok(latency_us[s][s]) or not others:
+            out[str(share)] = None
+            continue
+        verdicts = [compare(ci95_us[s][s], ci95_us[t][s]) for t in others]
+        out[str(share)] = True if all(v is True for v in verdicts) else False if False in verdicts else NOISE
+    return out
+
+
+def cross_costs(shares: list[int], latency_us: Matrix, ci95_us: list[list[Interval | None]]) -> dict[str, list[dict]]:
+    """What a mismatch costs. `serve_full`: each model tuned at a smaller share served at the largest
+    share, against the model tuned there; `tuned_full`: the model tuned at the largest share served at each
+    smaller share, against the model tuned at that share. slowdown > 1: the mismatch is slower;
+    `separated` says whether the two cells' intervals separate (else the difference is noise)."""
+    full = len(shares) - 1
+
+    def cost(t: int, s: int, ref: int) -> dict:
+        a, b = latency_us[t][s], latency_us[ref][s]
+        ok = _ok(a) and _ok(b)
+        verdict = compare(ci95_us[t][s], ci95_us[ref][s]) if ok else None
+        return {"tuned_share": shares[t], "served_share": shares[s], "reference_tuned_share": shares[ref],
+                "slowdown": a / b if ok else None, "separated": verdict in (True, False)}
+
+    return {"serve_full": [cost(t, full, full) for t in range(full)],
+            "tuned_full": [cost(full, s, s) for s in range(full)]}
+
+
 class ShareMatrix(BaseModel):
     """One model's matrix and what it recommends; JSON written and read through this model."""
 
@@ -194,13 +306,19 @@ class ShareMatrix(BaseModel):
     device: str  # "cpu" | "gpu"
     shares: list[int]
     cores: list[int] | None = None  # CPU only: the core count of each share
-    latency_us: Matrix  # [tuned][served]
+    tasks_tuned: int | Literal["all"] = "all"  # every task of the model, or its k heaviest
+    trials_per_share: int | None = None
+    latency_us: Matrix  # [tuned][served]: the median of the serving rounds
+    ci95_us: list[list[Interval | None]] = []  # [tuned][served]: bootstrap 95 % interval of that median
+    rounds_us: list[list[list[float]]] | None = None  # [tuned][served]: each serving round's figure
     normalised: Matrix = []
     tolerance: float = TOLERANCE
     recommended_share: int | None = None
     knee_share: int | None = None
     rows: list[dict[str, Any]] = []  # per tuned share: its good range and figures
     diagonal: list[dict[str, Any]] = []
+    diagonal_wins: dict[str, Verdict] = {}  # served share -> True | False | "within noise" | None
+    advice: dict[str, Any] = {}  # recommended share, knee, cross costs (cross_costs)
     errors: dict[str, str] = {}  # "tuned@served" or "tuned@*" -> why the cell is empty
     info: dict[str, Any] = Field(default_factory=dict)  # jobs, trials, timings, device facts
 
@@ -213,41 +331,73 @@ class ShareMatrix(BaseModel):
 
     @classmethod
     def build(cls, model: str, device: str, shares: list[int], latency_us: Matrix, tolerance: float = TOLERANCE,
+              rounds_us: list[list[list[float]]] | None = None, ci95_us: list[list[Interval | None]] | None = None,
               **extra) -> "ShareMatrix":
+        """Everything derived from the latencies; intervals from `rounds_us` unless given."""
         latency_us = [[float(v) if _ok(v) else None for v in row] for row in latency_us]
+        if ci95_us is None:
+            ci95_us = [[bootstrap_ci(rounds_us[t][s]) if rounds_us and _ok(v) else None for s, v in enumerate(row)]
+                       for t, row in enumerate(latency_us)]
         recommended, rows = robust_choice(shares, latency_us, tolerance)
-        return cls(model=model, device=device, shares=shares, latency_us=latency_us, normalised=normalise(latency_us),
-                   tolerance=tolerance, recommended_share=recommended, knee_share=knee(shares, latency_us, tolerance),
-                   rows=rows, diagonal=diagonal_report(shares, latency_us), **extra)
+        knee_share = knee(shares, latency_us, tolerance)
+        advice = {"recommended_share": recommended, "knee_share": knee_share,
+                  **cross_costs(shares, latency_us, ci95_us)}
+        return cls(model=model, device=device, shares=shares, latency_us=latency_us, ci95_us=ci95_us,
+                   rounds_us=rounds_us, normalised=normalise(latency_us), tolerance=tolerance,
+                   recommended_share=recommended, knee_share=knee_share, rows=rows,
+                   diagonal=diagonal_report(shares, latency_us), diagonal_wins=diagonal_wins(shares, latency_us, ci95_us),
+                   advice=advice, **extra)
 
     @property
     def complete(self) -> bool:
         return all(v is not None for row in self.latency_us for v in row)
 
+    def labels(self) -> list[str]:
+        return [f"{c}c" for c in self.cores] if self.cores else [f"{s}%" for s in self.shares]
+
+    def advice_lines(self) -> list[str]:
+        """The answer in words: which share to tune at, where serving stops paying, what a mismatch costs."""
+        rec = next((r for r in self.rows if r["tuned_share"] == self.recommended_share), None)
+        rng = (f" (within {self.tolerance:.0%} of each column's best served at {rec['range'][0]}..{rec['range'][1]} %)"
+               if rec and rec["range"] else "")
+        lines = [f"recommended tuning share: {self.recommended_share} %{rng}; knee of serving latency: {self.knee_share} %"]
+        for key, what in (("serve_full", "served at {s} %, the model tuned at {t} % is {how} the one tuned at {r} %"),
+                          ("tuned_full", "served at {s} %, the model tuned at {t} % is {how} the one tuned at {r} %")):
+            for c in self.advice.get(key, []):
+                if c["slowdown"] is None:
+                    continue
+                x = c["slowdown"]
+                how = f"{x:.2f}x slower than" if x >= 1 else f"{1 / x:.2f}x faster than"
+                noise = "" if c["separated"] else " (within noise)"
+                lines.append(what.format(s=c["served_share"], t=c["tuned_share"], r=c["reference_tuned_share"], how=how)
+                             + noise)
+        return lines
+
     def table(self) -> str:
-        """The matrix as text: latency in µs and, in brackets, over the column's best."""
-        label = [f"{c}c" for c in self.cores] if self.cores else [f"{s}%" for s in self.shares]
-        width = 18
-        lines = [f"{self.model} ({self.device}): rows tuned at, columns served at; latency us (x column best)",
+        """The matrix as text: median latency in µs, its 95 % interval, and over the column's best."""
+        label = self.labels()
+        width = 30
+        lines = [f"{self.model} ({self.device}, tasks tuned: {self.tasks_tuned}, {self.trials_per_share} trials a share): "
+                 "rows tuned at, columns served at; median us [95 % CI] (x column best)",
                  "tuned \\ served".ljust(16) + "".join(f"{lab:>{width}}" for lab in label)]
         for t, row in enumerate(self.latency_us):
             cells = []
             for s, v in enumerate(row):
-                n = self.normalised[t][s]
-                cells.append(f"{v:>10.1f} ({n:4.2f})" if v is not None else "failed")
+                ci = self.ci95_us[t][s] if self.ci95_us else None
+                band = f" [{ci[0]:.0f}-{ci[1]:.0f}]" if ci else ""
+                cells.append(f"{v:.1f}{band} ({self.normalised[t][s]:4.2f})" if v is not None else "failed")
             lines.append(f"{label[t]:<16}" + "".join(f"{c:>{width}}" for c in cells))
-        rec = next((r for r in self.rows if r["tuned_share"] == self.recommended_share), None)
-        rng = (f" (within {self.tolerance:.0%} of each column's best served at {rec['range'][0]}..{rec['range'][1]} %)"
-               if rec and rec["range"] else "")
-        lines.append(f"recommended tuning share: {self.recommended_share} %{rng}; knee of serving latency: {self.knee_share} %")
+        lines += self.advice_lines()
         for d in self.diagonal:
             if d["diagonal_wins"] is None:
                 continue
+            verdict = self.diagonal_wins.get(str(d["served_share"]), NOISE)
             m = d["margin_vs_best_other"]
             how = "no other tuning to compare" if m is None else (
-                f"{m:.1%} faster than the best other tuning" if d["diagonal_wins"]
+                f"{m:.1%} faster than the best other tuning" if m >= 0
                 else f"{-m:.1%} slower than tuning at {d['best_tuned_share']} %")
-            lines.append(f"served at {d['served_share']} %: tuned-at-same-share {'wins' if d['diagonal_wins'] else 'loses'}, {how}")
+            word = {True: "wins", False: "loses"}.get(verdict, "is within noise")
+            lines.append(f"served at {d['served_share']} %: tuned-at-same-share {word}, {how}")
         for key, err in self.errors.items():
             lines.append(f"failed {key}: {err}")
         return "\n".join(lines)

@@ -24,10 +24,10 @@ def cpu_matrix(stack, client, tmp_path_factory):
     try:
         stack.wait_for_lanes([TWO_CORES], 300)
         shares = shares_from_cores("1,2", os.cpu_count())
-        # tiny budget (one round, the heaviest task): the matrix's shape and bookkeeping are under test
-        # here, not tuning quality
+        # tiny explicit budget (every task, capped at 2 trials each): the matrix's shape, bookkeeping and
+        # intervals are under test here, not tuning quality
         report = run_matrix(client, "tiny", shares, Placement("cpu"), tmp_path_factory.mktemp("matrix"), trials=4,
-                            trials_per_iter=4, seed=0, rounds=3, job_timeout_s=600)
+                            trials_per_iter=4, seed=0, rounds=5, job_timeout_s=600)
     finally:
         stack.stop_process(f"lane-{TWO_CORES}")
     return report
@@ -45,6 +45,19 @@ def test_matrix_is_complete_and_normalised(cpu_matrix):
     # each share was tuned by a job of its own; these tasks were tuned before in the session, so a job may
     # end under its 4 trials when its search proposes only stored candidates
     assert all(job["state"] == "done" and 1 <= job["trials"] <= 4 for job in m.info["jobs"].values())
+    assert m.tasks_tuned == "all" and m.trials_per_share == 4 and m.info["max_trials_per_task"] == 2
+
+
+def test_every_cell_has_its_rounds_and_interval(cpu_matrix):
+    m = cpu_matrix
+    for t in range(2):
+        for s in range(2):
+            assert len(m.rounds_us[t][s]) == 5
+            lo, hi = m.ci95_us[t][s]
+            assert lo <= m.latency_us[t][s] <= hi
+    assert set(m.diagonal_wins) == {str(p) for p in m.shares}
+    assert all(v in (True, False, "within noise") for v in m.diagonal_wins.values())
+    assert m.advice["recommended_share"] == m.recommended_share and len(m.advice["serve_full"]) == 1
 
 
 def test_each_share_was_tuned_by_its_own_lanes(cpu_matrix, client):

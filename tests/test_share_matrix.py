@@ -5,8 +5,9 @@ import json
 import pytest
 
 from shared.errors import ShareError
-from sharetune.share_matrix import (ShareMatrix, cores_for_share, good_range, knee, normalise, parse_shares,
-                                    robust_choice, shares_from_cores)
+from sharetune.share_matrix import (NOISE, ShareMatrix, bootstrap_ci, compare, cores_for_share, cross_costs,
+                                    default_trials, diagonal_wins, fit_trials, good_range, knee, normalise,
+                                    parse_shares, per_task_cap, robust_choice, shares_from_cores)
 
 SHARES = [10, 25, 50, 100]
 # A paper-like matrix (µs, rows tuned at, columns served at): each column is won by its diagonal, tuning
@@ -84,10 +85,117 @@ def test_json_round_trip_and_shape_check():
         ShareMatrix(model="m", device="gpu", shares=SHARES, latency_us=RECORDED[:3])
 
 
-def test_table_names_the_recommendation_and_the_diagonal():
-    text = ShareMatrix.build("resnet18", "gpu", SHARES, RECORDED).table()
+def rounds_around(matrix, spread=0.005, n=30):
+    """Serving rounds scattered +-spread around each cell (seeded): what a quiet device gives."""
+    import numpy as np
+
+    rng = np.random.default_rng(1)
+    return [[list(v * (1 + rng.uniform(-spread, spread, n))) for v in row] for row in matrix]
+
+
+def test_table_names_the_recommendation_the_diagonal_and_the_intervals():
+    m = ShareMatrix.build("resnet18", "gpu", SHARES, RECORDED, rounds_us=rounds_around(RECORDED), tasks_tuned="all",
+                          trials_per_share=704)
+    text = m.table()
     assert "recommended tuning share: 25 %" in text and "knee of serving latency: 50 %" in text
     assert "served at 10 %: tuned-at-same-share wins, 3.8% faster" in text
+    assert "tasks tuned: all, 704 trials a share" in text
+    lo, hi = m.ci95_us[0][0]
+    assert f"[{lo:.0f}-{hi:.0f}]" in text
+    assert "served at 100 %, the model tuned at 25 % is 1.10x slower than the one tuned at 100 %" in text
+    assert "served at 25 %, the model tuned at 100 % is 1.40x slower than the one tuned at 25 %" in text
+
+
+def test_without_rounds_there_are_no_intervals_and_no_claims():
+    m = ShareMatrix.build("resnet18", "gpu", SHARES, RECORDED)
+    assert m.ci95_us == [[None] * 4] * 4
+    assert set(m.diagonal_wins.values()) == {NOISE}
+    assert "tuned-at-same-share wins" not in m.table()
+
+
+def test_bootstrap_interval_is_seeded_and_holds_the_median():
+    import numpy as np
+
+    x = list(np.random.default_rng(3).normal(100.0, 2.0, 40))
+    a, b = bootstrap_ci(x), bootstrap_ci(x)
+    assert a == b  # fixed seed
+    assert a[0] < float(np.median(x)) < a[1]
+    assert a[1] - a[0] < 4.0  # the median's interval is much narrower than the spread of the rounds
+    wide = bootstrap_ci(list(np.random.default_rng(3).normal(100.0, 20.0, 40)))
+    assert wide[1] - wide[0] > a[1] - a[0]
+    assert bootstrap_ci([5.0]) is None and bootstrap_ci([]) is None
+    assert bootstrap_ci([7.0, 7.0, 7.0]) == [7.0, 7.0]
+
+
+def test_compare_claims_only_separated_intervals():
+    assert compare([1, 2], [3, 4]) is True
+    assert compare([3, 4], [1, 2]) is False
+    assert compare([1, 3], [2, 4]) == NOISE
+    assert compare(None, [1, 2]) == NOISE
+
+
+def test_diagonal_wins_true_false_and_within_noise():
+    shares = [25, 50, 100]
+    lat = [[100.0, 80.0, 60.0],
+           [120.0, 70.0, 61.0],
+           [130.0, 75.0, 40.0]]
+    ci = [[[98, 102], [78, 82], [58, 62]],
+          [[118, 122], [68, 72], [59, 63]],
+          [[128, 132], [74, 76], [39, 41]]]
+    # 25: the diagonal beats both others clearly; 50: the diagonal [68,72] overlaps nobody -> wins too
+    assert diagonal_wins(shares, lat, ci) == {"25": True, "50": True, "100": True}
+    ci[2][1] = [70, 76]  # tuned at 100 % served at 50 % now overlaps the diagonal
+    lat[0][2], ci[0][2] = 35.0, [34, 36]  # tuned at 25 % is clearly faster at 100 %: the diagonal loses
+    wins = diagonal_wins(shares, lat, ci)
+    assert wins == {"25": True, "50": NOISE, "100": False}
+    lat[1] = [None, None, None]  # the 50 % job failed: its diagonal cannot be judged
+    assert diagonal_wins(shares, lat, ci)["50"] is None
+    assert json.loads(json.dumps(wins)) == {"25": True, "50": "within noise", "100": False}
+
+
+def test_cross_costs_both_ways():
+    lat = [[100.0, 90.0], [150.0, 60.0]]
+    ci = [[[99, 101], [89, 91]], [[148, 152], [59, 61]]]
+    costs = cross_costs([25, 100], lat, ci)
+    assert costs["serve_full"] == [{"tuned_share": 25, "served_share": 100, "reference_tuned_share": 100,
+                                    "slowdown": 1.5, "separated": True}]
+    assert costs["tuned_full"][0]["slowdown"] == 1.5 and costs["tuned_full"][0]["served_share"] == 25
+    ci[0][1] = [55, 95]
+    assert cross_costs([25, 100], lat, ci)["serve_full"][0]["separated"] is False
+    lat[1][1] = None
+    assert cross_costs([25, 100], lat, ci)["serve_full"][0]["slowdown"] is None
+
+
+def test_json_carries_intervals_verdicts_and_advice():
+    import numpy as np
+
+    rounds = rounds_around(RECORDED)
+    medians = [[float(np.median(r)) for r in row] for row in rounds]  # a cell's figure is its rounds' median
+    m = ShareMatrix.build("transformer", "gpu", SHARES, medians, rounds_us=rounds, tasks_tuned="all",
+                          trials_per_share=544)
+    body = json.loads(m.model_dump_json())
+    assert body["tasks_tuned"] == "all" and body["trials_per_share"] == 544
+    assert len(body["ci95_us"]) == 4 and all(lo <= v <= hi for row, crow in zip(body["latency_us"], body["ci95_us"])
+                                             for v, (lo, hi) in zip(row, crow))
+    assert body["diagonal_wins"] == {"10": True, "25": True, "50": True, "100": True}
+    assert body["advice"]["recommended_share"] == 25 and body["advice"]["knee_share"] == 50
+    assert [c["tuned_share"] for c in body["advice"]["serve_full"]] == [10, 25, 50]
+    assert ShareMatrix.model_validate(body) == m
+
+
+def test_budget_scales_with_the_model_and_every_task_gets_its_round():
+    assert default_trials(3) == 256 and default_trials(8) == 256 and default_trials(22) == 704
+    assert per_task_cap(704, 22, 64) == 32  # 704 < 64 x 22: each task its even part
+    assert per_task_cap(256, 3, 64) is None  # a full round each fits: the gradient decides
+    assert per_task_cap(4, 3, 4) == 2
+
+
+def test_fit_trials_fits_the_time():
+    small = fit_trials(22, 3, 375)
+    assert small > 0 and small % 8 == 0
+    assert fit_trials(22, 4, 375) < small  # a fourth share leaves less for each
+    assert fit_trials(17, 3, 375) > small  # fewer tasks, fewer rounds
+    assert fit_trials(22, 3, 60) == 0  # not even the fixed part fits
 
 
 @pytest.mark.parametrize("spec, why", [
