@@ -136,6 +136,20 @@ class Client:
         return still_down(store.gpus_down(self.redis), self.lanes())
 
 
+def _check_model_size(model) -> None:
+    """Refuse an oversized model before parsing it (a 100 MB payload is an error, not a memory spike)."""
+    import os
+
+    if isinstance(model, (bytes, bytearray, memoryview)):
+        size, what = len(model), "the given model data"
+    elif isinstance(model, (str, os.PathLike)) and os.path.isfile(model):
+        size, what = os.path.getsize(model), f"model file {model}"
+    else:
+        return
+    if size > MAX_MODEL_BYTES:
+        raise ModelError(f"{what} is {size} bytes, over the limit of {MAX_MODEL_BYTES} bytes")
+
+
 def still_down(down: dict[str, dict], lanes) -> dict[str, dict]:
     """A given-up GPU whose lanes were started again later (a new stack) is no longer down."""
     return {g: e for g, e in down.items()
