@@ -226,10 +226,27 @@ class TimingConfig(Contract):
     timeout_s: float = Field(default=60.0, gt=0)
 
 
+MAX_ARTIFACT_BYTES = 16 * 1024 * 1024  # a built candidate larger than this is refused by the lane
+
+
+class Artifact(Contract):
+    """A candidate built by a builder worker: the exported shared library as base64, with its size and
+    SHA-256, so the lane that loads it can refuse a corrupted or oversized one as that candidate's error.
+    Size and checksum are checked by the lane, not here: a bad artifact must not fail its whole batch."""
+
+    format: Literal["so"] = "so"
+    data: str  # base64 of the library's bytes
+    size: int
+    sha256: str
+    build_s: float = 0.0
+    builder: str = ""  # the builder worker (host.pid) that built it
+
+
 class Candidate(Contract):
     candidate_id: str
     mod: str  # packed TVM JSON of the scheduled IRModule (shared.codec)
     args_info: list[Any]  # ArgInfo.as_json() of each argument: ["TENSOR", dtype, shape]
+    artifact: Artifact | None = None  # built by a builder: the lane only times it
 
 
 class MeasureBatch(Contract):
@@ -238,6 +255,30 @@ class MeasureBatch(Contract):
     target: str  # target JSON the candidates were scheduled for
     timing: TimingConfig = TimingConfig()
     candidates: list[Candidate]
+
+
+class BuildRequest(Contract):
+    """A batch for a builder worker: build every candidate, then send the built ones to `lane` (a lane
+    queue) as a MeasureBatch with the same batch id; a failed build is answered by the builder itself."""
+
+    lane: str
+    batch: MeasureBatch
+
+
+class BuilderInfo(Contract):
+    """A live builder worker (its liveness key, with a TTL): the build family it serves and its counters."""
+
+    family: str
+    host: str
+    pid: int
+    started_at: float
+    built: int = 0
+    failed: int = 0
+    build_s: float = 0.0  # seconds spent building, summed
+
+    @property
+    def worker(self) -> str:
+        return f"{self.host}.{self.pid}"
 
 
 class MeasureResult(Contract):

@@ -20,6 +20,7 @@ PLAN_TASK = "sharetune.plan_job"
 TUNE_TASK = "sharetune.tune_shard"  # one message per shard of a job
 FINISH_TASK = "sharetune.finish_job"  # sent once every shard is done: re-time, compile, result
 MEASURE_TASK = "sharetune.measure_batch"
+BUILD_TASK = "sharetune.build_batch"  # to a build.<family> queue: build, then forward to the lane
 INGEST_TASK = "sharetune.ingest_results"
 
 LANE_TTL_S = 30  # a lane's liveness key expires unless refreshed this often
@@ -84,6 +85,48 @@ def lane_key(queue: str, worker: str = "*") -> str:
 
 
 LANES_PATTERN = f"{PREFIX}:lane:*"
+
+
+# ---- builders: stateless workers that build candidates for one target family ----------------------------
+# A family is what a built artifact depends on: the target kind and its instruction set (CUDA arch, LLVM
+# mcpu). A lane's candidates can be built by any builder of its family, on any host.
+
+_FAMILY = re.compile(r"^(cuda\.sm_[0-9]+[a-z]?|llvm\.[a-z0-9_.+-]+)$")
+
+
+def target_family(target: str | dict) -> str:
+    """The build family of a target (its JSON text or dict): cuda.sm_90, llvm.skylake-avx512."""
+    import json
+
+    t = json.loads(target) if isinstance(target, str) else dict(target)
+    kind = t.get("kind")
+    if kind == "cuda":
+        arch = str(t.get("arch") or "")
+        if not re.fullmatch(r"sm_[0-9]+[a-z]?", arch):
+            raise ValueError(f"a CUDA target needs an explicit arch (sm_XX) to be built apart from its GPU, got {arch!r}")
+        return f"cuda.{arch}"
+    if kind == "llvm":
+        mcpu = str(t.get("mcpu") or "generic").lower()
+        return f"llvm.{re.sub(r'[^a-z0-9_.+-]', '-', mcpu)}"
+    raise ValueError(f"no build family for target kind {kind!r}")
+
+
+def check_family(family: str) -> str:
+    if not _FAMILY.match(family):
+        raise ValueError(f"not a build family: {family!r} (e.g. cuda.sm_90, llvm.znver3)")
+    return family
+
+
+def build_queue(family: str) -> str:
+    return f"build.{check_family(family)}"
+
+
+def builder_key(family: str, worker: str = "*") -> str:
+    """Liveness + description of one builder worker (JSON BuilderInfo), with a TTL."""
+    return f"{PREFIX}:builder:{family}:{worker}"
+
+
+BUILDERS_PATTERN = f"{PREFIX}:builder:*"
 
 
 def tuner_key(worker: str) -> str:

@@ -39,6 +39,7 @@ class LaneSettings(CommonSettings):
     # TEST ONLY, off by default: a candidate whose function name starts with "sharetune_test_segv_build"
     # kills its build with SIGSEGV, so tests can inject a build crash that no real TVM input gives on cue
     test_fault_hooks: bool = False
+    builder_family: str | None = None  # set: this process is a builder of that family, not a lane
 
 
 def physical_cores() -> int:

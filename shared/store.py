@@ -11,6 +11,7 @@ import redis
 from shared import names
 from shared.errors import JobError
 from shared.messages import (
+    BuilderInfo,
     JobResult,
     JobSpec,
     JobTask,
@@ -331,6 +332,33 @@ def lane_alive(r: redis.Redis, queue: str) -> bool:
     return next(iter(r.scan_iter(match=names.lane_key(queue), count=500)), None) is not None
 
 
+def announce_builder(r: redis.Redis, info: BuilderInfo) -> None:
+    r.set(names.builder_key(info.family, info.worker), info.model_dump_json(), ex=names.LANE_TTL_S)
+
+
+def retire_builder(r: redis.Redis, info: BuilderInfo) -> None:
+    r.delete(names.builder_key(info.family, info.worker))
+
+
+def live_builders(r: redis.Redis, family: str | None = None) -> list[BuilderInfo]:
+    out = []
+    for key in r.scan_iter(match=names.builder_key(family) if family else names.BUILDERS_PATTERN, count=500):
+        raw = r.get(key)
+        if raw:
+            out.append(BuilderInfo.parse(raw))
+    return sorted(out, key=lambda b: (b.family, b.worker))
+
+
+def mark_batch_building(r: redis.Redis, batch_id: str, worker: str, alive_key: str, forwarded: bool = False) -> None:
+    """A builder took the batch (its liveness key says whether it still lives), or forwarded it to its lane."""
+    key = names.batch_results_key(batch_id)
+    building = {"at": time.time(), "worker": worker, "alive_key": alive_key, "forwarded": forwarded}
+    with r.pipeline() as p:
+        p.hset(key, "_building", json.dumps(building))
+        p.expire(key, RESULT_TTL_S)
+        p.execute()
+
+
 def claim_slot(r: redis.Redis, scope: str, slots: int, worker: str, ttl_s: int = names.LANE_TTL_S) -> int | None:
     """Claim the first free slot of a lane pool for `worker` (atomic per slot); None when all are taken.
     The claim lives while its owner refreshes it (the lane's heartbeat)."""
@@ -362,16 +390,24 @@ def put_result(r: redis.Redis, batch_id: str, res: MeasureResult) -> None:
 
 
 def batch_results(r: redis.Redis, batch_id: str) -> tuple[dict | None, dict[str, MeasureResult]]:
+    started, _, out = batch_progress(r, batch_id)
+    return started, out
+
+
+def batch_progress(r: redis.Redis, batch_id: str) -> tuple[dict | None, dict | None, dict[str, MeasureResult]]:
+    """(lane started, builder building, results) of one batch."""
     raw = r.hgetall(names.batch_results_key(batch_id))
-    started = None
+    started = building = None
     out = {}
     for k, v in raw.items():
         k = _s(k)
         if k == "_started":
             started = json.loads(v)
+        elif k == "_building":
+            building = json.loads(v)
         else:
             out[k] = MeasureResult.parse(v)
-    return started, out
+    return started, building, out
 
 
 def log_lane_batch(r: redis.Redis, job_id: str, batch: LaneBatch) -> None:

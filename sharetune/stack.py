@@ -88,7 +88,8 @@ def default_tuners(lanes: list[str], cores: int) -> int:
 class Stack:
     def __init__(self, work_dir: Path, redis_url: str | None = None, lanes: list[str] | None = None,
                  tuners: int | None = None, log_level: str = "INFO", warm_kinds: str | None = None, lanes_only: bool = False,
-                 supervise: bool = True):
+                 supervise: bool = True, builders: int = 0, builder_cores: str | None = None,
+                 builder_families: list[str] | None = None):
         self.work_dir = Path(work_dir).resolve()
         self.redis_url = redis_url or os.environ.get("REDIS_URL")
         self.lanes = lanes if lanes is not None else default_cpu_lanes()
@@ -107,6 +108,12 @@ class Stack:
         self.procs: dict[str, subprocess.Popen] = {}
         self.lane_procs: dict[str, tuple[str, int]] = {}  # process name -> (lane queue, instance)
         self.supervise = supervise
+        # builder workers: stateless, one build at a time each, serving the lanes' families (read from the
+        # live lanes' targets unless named), pinned to builder_cores if given
+        self.builders = builders
+        self.builder_cores = builder_cores
+        self.builder_families = builder_families
+        self.builder_procs: dict[str, str] = {}  # process name -> family
         self.recoveries: list[dict] = []  # what the supervisor did, with times (faults bench, tests)
         self._restarts: dict[str, list[float]] = {}
         self._gpu_attempts: dict = {}  # uuid8 -> services.measurer.mps.GpuAttempt being judged
@@ -162,12 +169,65 @@ class Stack:
                 raise RuntimeError(f"lane {queue}: no GPU with UUID starting {lane.gpu} on this host")
             args += ["--gpu-uuid", self.gpu_uuids[lane.gpu]]
         env = self._env()
-        if lane.kind == "gpu":
-            env["SHARETUNE_BUILD_WORKERS"] = str(gpu_build_workers(self.lanes, queue, os.cpu_count() or 1,
-                                                                   os.environ.get("SHARETUNE_BUILD_WORKERS")))
+        if lane.kind == "gpu":  # with builders the lane only times (it builds only what is re-sent to it)
+            env["SHARETUNE_BUILD_WORKERS"] = "0" if self.builders else str(
+                gpu_build_workers(self.lanes, queue, os.cpu_count() or 1, os.environ.get("SHARETUNE_BUILD_WORKERS")))
         name = f"lane-{queue}-{instance}" if instance else f"lane-{queue}"
         self.lane_procs[name] = (queue, instance)
         return self._spawn(name, args, env)
+
+    def start_builder(self, family: str, instance: int) -> subprocess.Popen:
+        name = f"builder-{family}-{instance}"
+        args = [sys.executable, "-m", "services.measurer", "--builder", family, "--loglevel", self.log_level]
+        if self.builder_cores:
+            args += ["--cores", self.builder_cores]
+        self.builder_procs[name] = family
+        return self._spawn(name, args)
+
+    def start_builders(self, wait_s: float = 300.0) -> list[str]:
+        """`builders` workers for each family the lanes build for (or the families named)."""
+        families = self.builder_families
+        if families is None:
+            r = store.connect(self.redis_url)
+            families = sorted({names.target_family(l.target) for l in store.live_lanes(r) if l.queue in self.lanes})
+        started = []
+        for family in families:
+            for i in range(self.builders):
+                self.start_builder(family, i)
+                started.append(family)
+        if wait_s and started:
+            self.wait_for_builders(families, self.builders, wait_s)
+        return families
+
+    def wait_for_builders(self, families: list[str], count: int, timeout_s: float) -> None:
+        r = store.connect(self.redis_url)
+        deadline = time.time() + timeout_s
+        while time.time() < deadline:
+            live = store.live_builders(r)
+            if all(sum(b.family == f for b in live) >= count for f in families):
+                return
+            dead = [n for n in self.builder_procs if n in self.procs and self.procs[n].poll() is not None]
+            if dead:
+                raise RuntimeError(f"builder {dead[0]} exited at start (see {self.work_dir / 'logs' / (dead[0] + '.log')})")
+            time.sleep(0.3)
+        raise TimeoutError(f"builders of {families} did not come up in {timeout_s} s")
+
+    def _restart_builders(self, now: float) -> list[str]:
+        """Builders hold no state: one that died is started again, unless it keeps dying (5 in 10 min)."""
+        restarted = []
+        for name, family in list(self.builder_procs.items()):
+            proc = self.procs.get(name)
+            if proc is None or proc.poll() is None:
+                continue
+            recent = [t for t in self._restarts.get(name, ()) if now - t < 600]
+            if len(recent) >= 5:
+                self.builder_procs.pop(name)
+                self.procs.pop(name, None)
+                continue
+            self._restarts.setdefault(name, []).append(now)
+            self.start_builder(family, int(name.rsplit("-", 1)[1]))
+            restarted.append(name)
+        return restarted
 
     def _start_gpu_support(self) -> None:
         """Name GPUs by UUID, and start an MPS daemon (own pipe and log dirs) unless one answers."""
@@ -197,6 +257,8 @@ class Stack:
         if wait_lanes_s:
             self.wait_for_lanes(self.lanes, wait_lanes_s)
             self.wait_for_tuners(self.tuners, wait_lanes_s)
+        if self.builders:
+            self.start_builders(wait_lanes_s)
         if self.supervise:
             self.start_supervisor()
         return self
@@ -218,6 +280,7 @@ class Stack:
         while not self._stopping.wait(poll_s):
             try:
                 fault_seen = self.recover_once(fault_seen)
+                self._restart_builders(time.time())
             except Exception:  # noqa: BLE001 - e.g. Redis restarting; the next round retries
                 log.warning("stack supervisor round failed", exc_info=True)
 

@@ -1,4 +1,5 @@
-"""Start one measurer lane: `python -m services.measurer --lane measure.cpu.c0-1 [--gpu-uuid UUID]`.
+"""Start one measurer lane: `python -m services.measurer --lane measure.cpu.c0-1 [--gpu-uuid UUID]`,
+or one builder: `python -m services.measurer --builder cuda.sm_90|llvm [--cores 16-31]`.
 Without a lane (replicas of one compose service), the process claims a free lane of its pool in Redis
 (SHARETUNE_LANE_SHARE + SHARETUNE_GPU_UUID, or SHARETUNE_LANE_CORES), so N replicas are N distinct lanes.
 
@@ -21,7 +22,12 @@ def main(argv=None) -> None:
                     help="lane queue name, e.g. measure.cpu.c0-1 or measure.3f2a1c9b.p25 (default: claim one)")
     ap.add_argument("--gpu-uuid", default=os.environ.get("SHARETUNE_GPU_UUID"))
     ap.add_argument("--loglevel", default=os.environ.get("SHARETUNE_LOG_LEVEL", "INFO"))
+    ap.add_argument("--builder", metavar="FAMILY", default=os.environ.get("SHARETUNE_BUILDER"),
+                    help="run a builder of this family instead of a lane: cuda.sm_90, llvm.<mcpu>, or llvm (this host's CPU)")
+    ap.add_argument("--cores", help="CPU cores to run on, e.g. 16-31 (builders)")
     args = ap.parse_args(argv)
+    if args.builder:
+        return exec_builder(args.builder, args.cores, args.loglevel)
     claim = None
     if args.lane:
         lane = LaneName.parse(args.lane)
@@ -42,6 +48,32 @@ def main(argv=None) -> None:
         sys.executable, "-m", "celery", "-A", "services.measurer.tasks", "worker",
         "-Q", lane.queue, "-P", "solo", "-c", "1", "--prefetch-multiplier", "1",
         "-n", f"lane.{lane.queue}.{os.getpid()}@{socket.gethostname()}", "--loglevel", args.loglevel,
+        "--without-gossip", "--without-mingle",
+    ]
+    os.execve(sys.executable, cmd, env)
+
+
+def exec_builder(family: str, cores: str | None, loglevel: str) -> None:
+    from shared.names import build_queue, check_family
+    from services.measurer.lanes import builder_environment, parse_cores
+
+    if family == "llvm":  # this host's CPU
+        from shared.names import target_family
+        import tvm
+
+        family = target_family({"kind": "llvm", "mcpu": tvm.target.codegen.llvm_get_system_cpu()})
+    try:
+        queue = build_queue(check_family(family))
+        if cores:
+            os.sched_setaffinity(0, parse_cores(cores))
+    except (ValueError, OSError) as err:
+        sys.exit(f"measurer: {err}")
+    hide = os.environ.get("SHARETUNE_BUILDER_HIDE_GPUS", "1") != "0"
+    env = dict(os.environ, **builder_environment(family, hide), SHARETUNE_BUILDER_FAMILY=family)
+    cmd = [
+        sys.executable, "-m", "celery", "-A", "services.measurer.tasks", "worker",
+        "-Q", queue, "-P", "solo", "-c", "1", "--prefetch-multiplier", "1",
+        "-n", f"builder.{family}.{os.getpid()}@{socket.gethostname()}", "--loglevel", loglevel,
         "--without-gossip", "--without-mingle",
     ]
     os.execve(sys.executable, cmd, env)

@@ -1,8 +1,11 @@
-"""The measurer's only Celery boundary: one lane per worker process, one queue per lane.
+"""The measurer's only Celery boundary: one lane per worker process, one queue per lane; and the
+builders, stateless workers that build candidates for a target family and forward them to their lanes.
 
-The process is started by `python -m services.measurer --lane QUEUE`, which sets the lane's environment
+A lane is started by `python -m services.measurer --lane QUEUE`, which sets the lane's environment
 and CPU affinity before this module (and TVM) load, then runs a solo-pool worker: the same warm process
-builds and times every batch the lane ever receives."""
+builds (when no builder serves its family) and times every batch the lane ever receives. A builder is
+started by `python -m services.measurer --builder FAMILY` (SHARETUNE_BUILDER_FAMILY set): it needs no GPU,
+opens no CUDA context, and any number of them, on any host, serve one build.<family> queue."""
 from __future__ import annotations
 
 import json
@@ -18,7 +21,7 @@ from celery import signals
 from shared import names, store
 from shared.celery_app import make_celery
 from shared.errors import MessageError
-from shared.messages import LaneBatch, LaneInfo, MeasureBatch, MeasureResult
+from shared.messages import BuilderInfo, BuildRequest, LaneBatch, LaneInfo, MeasureBatch, MeasureResult
 from shared.settings import LaneSettings
 from services.measurer import poison
 from services.measurer.lanes import lane_share
@@ -107,11 +110,50 @@ class _LaneState:
                 log.warning("lane heartbeat failed", exc_info=True)
 
 
+class _BuilderState:
+    """A builder worker's warm state: its Redis connection, liveness key and counters."""
+
+    def __init__(self, family: str):
+        self.family = names.check_family(family)
+        self.redis = store.connect(settings.redis_url)
+        self.info = BuilderInfo(family=family, host=socket.gethostname(), pid=os.getpid(), started_at=time.time())
+        self.alive_key = names.builder_key(family, self.info.worker)
+        self.lock = threading.Lock()
+        self.stop = threading.Event()
+
+    def start(self) -> None:
+        from services.measurer.metaschedule import evaluate
+
+        try:
+            warm_s = evaluate.warm_up_builder(self.family)
+        except Exception as err:  # noqa: BLE001 - a builder that cannot build must not take work
+            log.error("%s", err)
+            os._exit(3)
+        self.announce()
+        threading.Thread(target=self._heartbeat, name="builder-heartbeat", daemon=True).start()
+        log.info("builder for %s ready (warm-up %.2f s)", self.family, warm_s)
+
+    def announce(self) -> None:
+        with self.lock:
+            store.announce_builder(self.redis, self.info)
+
+    def _heartbeat(self) -> None:
+        while not self.stop.wait(names.LANE_TTL_S / 3):
+            try:
+                self.announce()
+            except Exception:  # noqa: BLE001 - Redis may be restarting; the next beat retries
+                log.warning("builder heartbeat failed", exc_info=True)
+
+
 STATE = _LaneState()
+BUILDER = _BuilderState(settings.builder_family) if settings.builder_family else None
 
 
 @signals.worker_ready.connect
 def _on_ready(**_):
+    if BUILDER is not None:
+        BUILDER.start()
+        return
     if settings.lane_claim:  # before the warm-up, which may outlast the claim's TTL
         threading.Thread(target=STATE.keep_claim, name="lane-claim", daemon=True).start()
     STATE.start()
@@ -119,6 +161,13 @@ def _on_ready(**_):
 
 @signals.worker_shutdown.connect
 def _on_shutdown(**_):
+    if BUILDER is not None:
+        BUILDER.stop.set()
+        try:
+            store.retire_builder(BUILDER.redis, BUILDER.info)
+        except Exception:  # noqa: BLE001
+            pass
+        return
     STATE.stop.set()
     if STATE.sandbox is not None:
         STATE.sandbox.close()
@@ -129,6 +178,52 @@ def _on_shutdown(**_):
             STATE.redis.delete(settings.lane_claim)  # only our own claim: it may have passed to another
     except Exception:  # noqa: BLE001
         pass
+
+
+# Acknowledged on receipt: a builder killed mid-batch loses the message, and the tuner's batch watch,
+# which sees the builder's liveness key expire, re-sends the batch to a lane (which builds it itself).
+@app.task(name=names.BUILD_TASK, acks_late=False)
+def build_batch(payload):
+    """Build every candidate of a batch; forward the built ones to their lane, answer failed builds."""
+    from services.measurer.metaschedule import evaluate
+
+    b = BUILDER
+    try:
+        req = BuildRequest.parse(payload)
+    except MessageError as err:
+        _answer_malformed(payload.get("batch") if isinstance(payload, dict) else payload, str(err),
+                          names.build_queue(b.family) if b else "build")
+        return {"error": str(err)}
+    batch = req.batch
+    r = b.redis if b else STATE.redis
+    worker = b.info.worker if b else f"{socket.gethostname()}.{os.getpid()}"
+    store.mark_batch_building(r, batch.batch_id, worker, b.alive_key if b else "")
+    if store.job_cancelled(r, batch.job_id):
+        for cand in batch.candidates:
+            store.put_result(r, batch.batch_id, MeasureResult(candidate_id=cand.candidate_id, error="job cancelled", lane=req.lane))
+        return {"batch_id": batch.batch_id, "built": 0, "cancelled": True}
+    target = evaluate.target_from_json(batch.target)
+    built, failed, secs = [], 0, 0.0
+    for cand in batch.candidates:
+        art, error, spent = evaluate.build_artifact(cand, target, worker)
+        secs += spent
+        if art is None:
+            failed += 1
+            store.put_result(r, batch.batch_id, MeasureResult(candidate_id=cand.candidate_id, error=error, build_s=spent,
+                                                              lane=req.lane))
+        else:
+            built.append(cand.model_copy(update={"artifact": art}))
+    if built:
+        app.send_task(names.MEASURE_TASK, args=[batch.model_copy(update={"candidates": built}).model_dump(mode="json")],
+                      queue=req.lane)
+    store.mark_batch_building(r, batch.batch_id, worker, b.alive_key if b else "", forwarded=True)
+    if b is not None:
+        with b.lock:
+            b.info.built += len(built)
+            b.info.failed += failed
+            b.info.build_s += secs
+        b.announce()
+    return {"batch_id": batch.batch_id, "built": len(built), "failed": failed}
 
 
 @app.task(name=names.MEASURE_TASK, acks_late=True)
@@ -196,12 +291,13 @@ def measure_batch(payload):
     return {"batch_id": batch.batch_id, "measured": len(batch.candidates), "ok": ok}
 
 
-def _answer_malformed(payload, why: str) -> None:
+def _answer_malformed(payload, why: str, queue: str | None = None) -> None:
     """A message that fails validation is kept in the dead-letter list, and if it names a batch and
     candidates, each gets an error result, so whoever waits on them is not left hanging."""
+    queue = queue or LANE.queue
     body = payload if isinstance(payload, str) else json.dumps(payload, default=str)
-    store.dead_letter(STATE.redis, LANE.queue, why, body)
-    log.error("rejected message on %s: %s", LANE.queue, why)
+    store.dead_letter(STATE.redis, queue, why, body)
+    log.error("rejected message on %s: %s", queue, why)
     if isinstance(payload, dict) and isinstance(payload.get("batch_id"), str):
         for cand in payload.get("candidates") or []:
             cid = cand.get("candidate_id") if isinstance(cand, dict) else None

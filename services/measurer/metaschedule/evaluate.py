@@ -11,8 +11,8 @@ import tvm
 from tvm.s_tir.meta_schedule.runner.config import EvaluatorConfig
 from tvm.s_tir.meta_schedule.runner.utils import alloc_argument_common, run_evaluator_common
 
-from shared.codec import load_ir
-from shared.messages import Candidate, MeasureResult, TimingConfig
+from shared.codec import dump_ir, load_ir
+from shared.messages import MAX_ARTIFACT_BYTES, Artifact, Candidate, MeasureResult, TimingConfig
 
 
 def target_from_json(text: str) -> tvm.target.Target:
@@ -48,7 +48,10 @@ def build(mod, target):
 
 
 def measure(candidate: Candidate, target, timing: TimingConfig) -> MeasureResult:
-    """Build and time one candidate; every failure comes back as data, never as an exception."""
+    """Build (unless a builder did) and time one candidate; every failure comes back as data, never as an
+    exception."""
+    if candidate.artifact is not None:
+        return measure_built(candidate, target, timing)
     t0 = time.perf_counter()
     try:
         rt_mod = build(load_ir(candidate.mod), target)
@@ -59,6 +62,115 @@ def measure(candidate: Candidate, target, timing: TimingConfig) -> MeasureResult
     res = time_module(rt_mod, candidate, target, timing)
     res.build_s = time.perf_counter() - t0 - res.run_s
     return res
+
+
+# ---- built by a builder worker, timed by the lane -----------------------------------------------------
+
+
+def check_built(target, rt_mod) -> None:
+    """A CUDA build must hold device code the lane can load without compiling. Where TVM's CUDA runtime
+    is not loaded (no libcuda on the host), TVM 0.27 silently ships CUDA source instead (a fallback module
+    that cannot run), and the lane would compile it: refuse that build."""
+    if target.kind.name != "cuda":
+        return
+    for dev_mod in rt_mod.imports:
+        if dev_mod.kind == "cuda" and not dev_mod.is_runnable():
+            raise RuntimeError("this host cannot compile CUDA: TVM's CUDA runtime is not loaded (no libcuda), so "
+                               "the build holds CUDA source, not a cubin; run CUDA builders on a host with the NVIDIA driver")
+
+
+def build_artifact(candidate: Candidate, target, builder: str = "") -> tuple[Artifact | None, str | None, float]:
+    """Build one candidate and package it as bytes for its lane: (artifact, error, seconds)."""
+    import base64
+    import hashlib
+    import os
+    import tempfile
+
+    t0 = time.perf_counter()
+    try:
+        rt_mod = build(load_ir(candidate.mod), target)
+        check_built(target, rt_mod)
+        with tempfile.TemporaryDirectory(prefix="sharetune-build-") as tmp:
+            path = os.path.join(tmp, "candidate.so")
+            rt_mod.export_library(path)
+            with open(path, "rb") as f:
+                data = f.read()
+    except Exception as err:  # noqa: BLE001 - a failed build is a result, not a crash
+        return None, f"build failed: {_clip(err)}", time.perf_counter() - t0
+    secs = time.perf_counter() - t0
+    return Artifact(data=base64.b64encode(data).decode(), size=len(data), sha256=hashlib.sha256(data).hexdigest(),
+                    build_s=secs, builder=builder), None, secs
+
+
+def artifact_bytes(art: Artifact) -> bytes:
+    """The artifact's library, checked: ValueError naming what is wrong with it."""
+    import base64
+    import binascii
+    import hashlib
+
+    if art.size > MAX_ARTIFACT_BYTES:
+        raise ValueError(f"artifact of {art.size} bytes exceeds the limit of {MAX_ARTIFACT_BYTES}")
+    if len(art.data) > (MAX_ARTIFACT_BYTES * 4) // 3 + 4:
+        raise ValueError(f"artifact data of {len(art.data)} base64 characters exceeds the limit of {MAX_ARTIFACT_BYTES} bytes")
+    try:
+        data = base64.b64decode(art.data, validate=True)
+    except (binascii.Error, ValueError):
+        raise ValueError("artifact data is not valid base64") from None
+    if len(data) != art.size:
+        raise ValueError(f"artifact is {len(data)} bytes, its header says {art.size}")
+    if hashlib.sha256(data).hexdigest() != art.sha256:
+        raise ValueError("artifact checksum mismatch (corrupted in transit)")
+    return data
+
+
+def measure_built(candidate: Candidate, target, timing: TimingConfig) -> MeasureResult:
+    """Time a candidate a builder built: check the artifact, load it, time it."""
+    import os
+    import tempfile
+
+    art = candidate.artifact
+    t0 = time.perf_counter()
+    try:
+        data = artifact_bytes(art)
+    except ValueError as err:
+        return MeasureResult(candidate_id=candidate.candidate_id, error=f"artifact refused: {err}", build_s=art.build_s)
+    fd, path = tempfile.mkstemp(prefix="sharetune-built-", suffix=".so")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        rt_mod = tvm.runtime.load_module(path)
+    except Exception as err:  # noqa: BLE001
+        return MeasureResult(candidate_id=candidate.candidate_id, error=f"artifact refused: cannot load it: {_clip(err)}",
+                             build_s=art.build_s)
+    finally:
+        os.remove(path)  # the loaded library stays mapped
+    load_s = time.perf_counter() - t0
+    res = time_module(rt_mod, candidate, target, timing)
+    res.build_s = art.build_s + load_s
+    return res
+
+
+def family_target(family: str) -> tvm.target.Target:
+    """A target of a build family, for a builder's warm-up (candidates come with their own target)."""
+    kind, _, isa = family.partition(".")
+    if kind == "cuda":
+        return tvm.target.Target({"kind": "cuda", "arch": isa, "max_threads_per_block": 1024,
+                                  "max_shared_memory_per_block": 49152, "thread_warp_size": 32})
+    return tvm.target.Target({"kind": "llvm", **({"mcpu": isa} if isa != "generic" else {})})
+
+
+def warm_up_builder(family: str) -> float:
+    """Build and package a trivial kernel once, so the first candidate pays no start-up; raises when this
+    host cannot build for the family (e.g. CUDA without libcuda)."""
+    import tvm.support.nvcc  # noqa: F401 - registers the CUDA compile callback
+
+    t0 = time.perf_counter()
+    target = family_target(family)
+    art, err, _ = build_artifact(Candidate(candidate_id="warm-up", mod=dump_ir(trivial_kernel(target)), args_info=[]),
+                                 target)
+    if art is None:
+        raise RuntimeError(f"builder for {family} cannot build here: {err}")
+    return time.perf_counter() - t0
 
 
 def _random_fill_fn():
@@ -184,8 +296,12 @@ class BuildPool:
         import os
         from concurrent.futures.process import BrokenProcessPool
 
-        futs = [self.pool.submit(build_to_file, c.mod, str(target), self.out_dir) for c in candidates]
+        futs = [None if c.artifact is not None else self.pool.submit(build_to_file, c.mod, str(target), self.out_dir)
+                for c in candidates]
         for cand, fut in zip(candidates, futs):
+            if fut is None:  # a builder built it
+                yield measure_built(cand, target, timing)
+                continue
             try:
                 path, error, build_s = fut.result(timeout=timing.timeout_s)
             except BrokenProcessPool:

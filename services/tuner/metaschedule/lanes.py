@@ -19,7 +19,7 @@ from tvm.s_tir.meta_schedule.runner import PyRunner, PyRunnerFuture, RunnerFutur
 
 from shared import names, store
 from shared.codec import dump_ir
-from shared.messages import Candidate, LaneInfo, MeasureBatch, MeasureResult, TimingConfig
+from shared.messages import BuildRequest, Candidate, LaneInfo, MeasureBatch, MeasureResult, TimingConfig
 
 HANDLE_PREFIX = "lane-candidate:"
 
@@ -78,9 +78,11 @@ class BatchWatch:
     key expires), or no worker of the lane is left, or the batch overruns, the unanswered candidates are
     sent once more to another live lane; only then do they come back as errors."""
 
-    def __init__(self, runner: "LaneRunner", batch: MeasureBatch, lane: str, redispatch: int = 1):
+    def __init__(self, runner: "LaneRunner", batch: MeasureBatch, lane: str, redispatch: int = 1,
+                 via: str | None = None):
         self.runner, self.redis = runner, runner.redis
         self.batch, self.lane = batch, lane
+        self.via = via  # the build queue the batch goes through before its lane, if builders serve it
         self.ids = {c.candidate_id for c in batch.candidates}
         self.sent_at = time.time()
         self.results: dict[str, MeasureResult] = {}
@@ -99,7 +101,7 @@ class BatchWatch:
     def poll(self) -> None:
         if self.failed or self.complete():
             return
-        started, results = store.batch_results(self.redis, self.batch.batch_id)
+        started, building, results = store.batch_progress(self.redis, self.batch.batch_id)
         self.results.update({k: v for k, v in results.items() if k in self.ids})
         if started and self.started_at is None:
             self.started_at, self.worker = started["at"], started.get("worker")
@@ -113,6 +115,15 @@ class BatchWatch:
                 why = f"lane {self.lane} worker {self.worker} died during batch {self.batch.batch_id}"
             elif now - self.started_at > len(self.batch.candidates) * timeout + self.runner.grace_s:
                 why = f"lane {self.lane} did not finish batch {self.batch.batch_id} in time"
+        elif self.via and building and not building.get("forwarded"):
+            if building.get("alive_key") and not self.redis.exists(building["alive_key"]):
+                why = f"builder {building.get('worker')} died while building batch {self.batch.batch_id}"
+            elif now - building["at"] > len(self.batch.candidates) * timeout + self.runner.grace_s:
+                why = f"builder {building.get('worker')} did not finish batch {self.batch.batch_id} in time"
+        elif self.via and not building and not store.live_builders(self.redis, self.runner.family):
+            self._lane_missing_since = self._lane_missing_since or now
+            if now - self._lane_missing_since > names.LANE_TTL_S:
+                why = f"no builder of {self.runner.family} is left to build batch {self.batch.batch_id}"
         elif not store.lane_alive(self.redis, self.lane):
             self._lane_missing_since = self._lane_missing_since or now
             if now - self._lane_missing_since > names.LANE_TTL_S:
@@ -132,6 +143,7 @@ class BatchWatch:
         pending = [c for c in self.batch.candidates if c.candidate_id not in self.results]
         self.batch = self.batch.model_copy(update={"batch_id": uuid.uuid4().hex, "candidates": pending})
         self.lane, self.sent_at, self.started_at, self.worker = queue, time.time(), None, None
+        self.via = None  # the lane builds what it is re-sent: a builder may be what failed
         self._lane_missing_since = None
         self.redispatch_left -= 1
         self.redispatched.append(why)
@@ -184,6 +196,10 @@ class LaneRunner(PyRunner):
         self.stash, self.split, self.timing, self.grace_s = stash, split, timing, grace_s
         self.measured: dict[str, MeasureResult] = {}  # candidate handle -> result, for the record callback
         self._rr = 0
+        try:  # builders serve a family; a target with none (e.g. no explicit arch) is built by its lanes
+            self.family = names.target_family(target_json)
+        except ValueError:
+            self.family = None
 
     def lanes(self) -> list[LaneInfo]:
         return [l for l in store.live_lanes(self.redis) if l.kind == self.kind and l.share == self.share]
@@ -214,9 +230,13 @@ class LaneRunner(PyRunner):
 
     def dispatch(self, candidates: list[Candidate], one_lane: bool = False) -> dict[str, BatchWatch]:
         """Deal candidates round-robin over one slot per live lane worker (a queue served by two workers
-        gets two sub-batches), send one batch per slot; returns each candidate's watch."""
+        gets two sub-batches), send one batch per slot; returns each candidate's watch. When builders
+        serve the job's target family, each candidate goes to them alone (its own batch): the builders
+        build in parallel and the lanes, fed one built candidate at a time, only time."""
         lanes = self.lanes() or self._wait_for_lanes()
         slots = sorted(l.queue for l in lanes)[: 1 if one_lane else None]
+        if not one_lane and self.family and store.live_builders(self.redis, self.family):
+            return self._dispatch_to_builders(candidates, slots)
         parts: list[list[Candidate]] = [[] for _ in slots]
         for i, cand in enumerate(candidates):
             parts[(self._rr + i) % len(slots)].append(cand)
@@ -232,8 +252,24 @@ class LaneRunner(PyRunner):
             watches.update({c.candidate_id: watch for c in part})
         return watches
 
-    def send(self, batch: MeasureBatch, queue: str) -> None:
-        self.app.send_task(names.MEASURE_TASK, args=[batch.model_dump(mode="json")], queue=queue)
+    def _dispatch_to_builders(self, candidates: list[Candidate], slots: list[str]) -> dict[str, BatchWatch]:
+        via = names.build_queue(self.family)
+        watches = {}
+        for i, cand in enumerate(candidates):
+            queue = slots[(self._rr + i) % len(slots)]
+            batch = MeasureBatch(batch_id=uuid.uuid4().hex, job_id=self.job_id, target=self.target_json,
+                                 timing=self.timing, candidates=[cand])
+            watches[cand.candidate_id] = BatchWatch(self, batch, queue, via=via)
+            self.send(batch, queue, via)
+        self._rr += len(candidates)
+        return watches
+
+    def send(self, batch: MeasureBatch, queue: str, via: str | None = None) -> None:
+        if via is not None:
+            request = BuildRequest(lane=queue, batch=batch)
+            self.app.send_task(names.BUILD_TASK, args=[request.model_dump(mode="json")], queue=via)
+        else:
+            self.app.send_task(names.MEASURE_TASK, args=[batch.model_dump(mode="json")], queue=queue)
 
     def live_queue(self) -> str | None:
         """A lane queue of this job's share with a live worker (the least loaded is Celery's business)."""
