@@ -25,7 +25,7 @@ from shared import store
 from shared.messages import JobTask
 from shared.ranking import rank_secs
 from services.tuner.metaschedule.records import StoreRecords, candidate_key
-from services.tuner.sharding import Steering, gradient
+from services.tuner.sharding import Steering, behind, flops_shares, priority
 
 log = logging.getLogger("sharetune.tuner.rounds")
 
@@ -135,7 +135,8 @@ class ShardLoop:
         return [t for t in self.tasks if not t.done]
 
     def _pick(self) -> _Task | None:
-        """The task with the largest gradient; waits while other shards' tasks pay clearly more."""
+        """The task with the largest priority (sharding.priority); waits while other shards' tasks
+        have clearly more."""
         t0 = time.time()
         while True:
             self._touch()
@@ -143,11 +144,16 @@ class ShardLoop:
             if not alive:
                 return None
             hist = store.history(self.redis, self.job_id)
-            weight = {t.job_task.task_id: t.job_task.weight for t in self.tasks}
-            grads = {t.job_task.task_id: gradient(hist.get(t.job_task.task_id, []), weight[t.job_task.task_id])
-                     for t in alive}
+            job_tasks = {t.task_id: t for t in store.job_tasks(self.redis, self.job_id)}
+            shares = flops_shares(list(job_tasks.values()))
+            trials = {tid: p.trials for tid, p in store.job_progress(self.redis, self.job_id).items()}
+
+            def prio(tid: str) -> float:
+                return priority(hist.get(tid, []), job_tasks[tid].weight, behind(tid, shares, trials, self.per_iter))
+
+            grads = {t.job_task.task_id: prio(t.job_task.task_id) for t in alive}
             best = max(alive, key=lambda t: (grads[t.job_task.task_id], -self.tasks.index(t)))
-            others, live = self._others(hist)
+            others, live = self._others(job_tasks, prio)
             if time.time() - t0 > self.steering.max_wait_s or self.steering.may_run(
                     grads[best.job_task.task_id], others, live):
                 self.run_stats.waited_s += time.time() - t0
@@ -155,16 +161,15 @@ class ShardLoop:
             self.check(True)
             time.sleep(0.1)
 
-    def _others(self, hist: dict[str, list[float]]) -> tuple[list[float], int]:
-        """Gradients of the other live shards' unfinished tasks, and how many shards are live."""
+    def _others(self, tasks: dict, prio: Callable[[str], float]) -> tuple[list[float], int]:
+        """Priorities of the other live shards' unfinished tasks, and how many shards are live."""
         shards = store.shards(self.redis, self.job_id)
-        tasks = {t.task_id: t for t in store.job_tasks(self.redis, self.job_id)}
         out, live = [], 1
         for sh in shards.values():
             if sh.shard == self.shard or sh.state != "running":
                 continue
             live += 1
-            out += [gradient(hist.get(tid, []), tasks[tid].weight) for tid in sh.task_ids if tid in tasks]
+            out += [prio(tid) for tid in sh.task_ids if tid in tasks]
         return out, live
 
     def _touch(self) -> None:
