@@ -9,6 +9,7 @@ import math
 from pathlib import Path
 
 from shared import store
+from shared.ranking import rank_secs
 
 PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
            "#bcbd22", "#17becf"]
@@ -29,7 +30,7 @@ def job_data(r, job_id: str) -> dict:
         best, curve = None, []
         for i, rec in enumerate(recs, 1):
             if rec.error is None and rec.run_secs:
-                us = 1e6 * sum(rec.run_secs) / len(rec.run_secs)
+                us = 1e6 * rank_secs(rec.run_secs)
                 best = us if best is None else min(best, us)
             curve.append({"trial": i, "t": rec.measured_at - t0, "best_us": best})
             events.append((rec.measured_at, t.task_id, best))

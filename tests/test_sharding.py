@@ -11,7 +11,7 @@ import pytest
 
 from shared import names, store
 from shared.messages import JobTask, ShardRef, ShardState
-from services.tuner.sharding import Steering, expected_cost, gradient, partition
+from services.tuner.sharding import Steering, behind, expected_cost, flops_shares, gradient, partition, priority
 
 
 def _tasks(spec):
@@ -48,6 +48,44 @@ def test_gradient_follows_metaschedule():
     # n=4: g1 = (hist[0] - best) / 3
     g = gradient([4.0, 3.0, 2.0, 1.0], 1)
     assert g == pytest.approx(0.2 * (3.0 / 3) + 0.8 * (1.0 / 4))
+
+
+def _allocate(tasks, budget, per_iter, latency, floor):
+    """The round order with fake timings: every task once, then the largest priority (as rounds.py)."""
+    shares = flops_shares(tasks)
+    hist = {t.task_id: [] for t in tasks}
+    trials = {t.task_id: 0 for t in tasks}
+    first = [t.task_id for t in tasks]
+    spent = 0
+    while spent < budget:
+        tid = first.pop(0) if first else max(
+            hist, key=lambda x: priority(hist[x], 1, floor and behind(x, shares, trials, per_iter)))
+        n = min(per_iter, budget - spent)
+        trials[tid] += n
+        spent += n
+        hist[tid].append(min([latency(tid, k) for k in range(1, trials[tid] + 1)]))
+    return trials, shares
+
+
+def test_a_heavy_task_never_ends_with_fewer_trials_than_a_tiny_one():
+    # a depthwise conv (30 MFLOPs) whose first batch failed to build, a layer_norm (3 MFLOPs, falling
+    # fast), a big conv, and a tiny elementwise task (under 0.1 % of the job)
+    tasks = _tasks([(1, 30e6), (1, 3e6), (1, 2e9), (1, 1e6)])
+    us = {"t0": 60.0, "t1": 8.0, "t2": 30.0, "t3": 3.0}
+
+    def latency(tid, k):
+        if tid == "t0" and k <= 8:
+            return 1e9  # no valid candidate in its first batch
+        return us[tid] * 1e-6 * (1 + 4 / k)
+
+    plain, shares = _allocate(tasks, 400, 8, latency, floor=False)
+    assert shares["t0"] >= 0.01 and shares["t3"] < 0.001
+    assert plain["t0"] == 8 and plain["t3"] > 8  # the gradient alone starves it (-1e9 after a failed batch)
+    trials, _ = _allocate(tasks, 400, 8, latency, floor=True)
+    heavy = [t for t, s in shares.items() if s >= 0.01]
+    light = [t for t, s in shares.items() if s < 0.001]
+    assert min(trials[t] for t in heavy) > max(trials[t] for t in light)
+    assert sum(trials.values()) == 400
 
 
 def test_steering_lets_the_best_tasks_go_first():

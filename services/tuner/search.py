@@ -11,6 +11,7 @@ from pathlib import Path
 from shared import names, store
 from shared.codec import load_ir
 from shared.messages import JobResult, TaskBest, TimingConfig, lane_kind, target_kind
+from shared.ranking import rank_secs
 
 
 def tune_shard(app, redis, job_id: str, shard: int, work_dir: Path, grace_s: float = 120.0,
@@ -119,7 +120,7 @@ def finish_job(app, redis, job_id: str, work_dir: Path, grace_s: float = 120.0) 
         bests.append(TaskBest(
             task_id=t.task_id, name=t.name, weight=t.weight,
             trials=progress[t.task_id].trials if t.task_id in progress else 0,
-            best_us=1e6 * sum(best.run_secs) / len(best.run_secs) if best else None,
+            best_us=1e6 * rank_secs(best.run_secs) if best else None,
             best_candidate=best.candidate_key if best else None, best_lane=best.lane if best else None,
         ))
     shards = store.shards(redis, job_id)
@@ -160,8 +161,9 @@ def timing_for(kind: str) -> TimingConfig:
 
 def _best_record(redis, wkey: str):
     """The workload's fastest valid record in the store (from this job or an earlier one)."""
-    good = [r for r in store.records(redis, wkey) if r.error is None and r.run_secs]
-    return min(good, key=lambda r: sum(r.run_secs) / len(r.run_secs), default=None)
+    from services.tuner.metaschedule.records import ranked
+
+    return next(iter(ranked(store.records(redis, wkey))), None)
 
 
 def _target_family(target, share: int) -> str:

@@ -10,6 +10,7 @@ from shared.messages import JobTask, ShardState
 
 ALPHA = 0.2  # MetaSchedule's defaults for its gradient-based task scheduler
 WINDOW = 3
+HEAVY, LIGHT = 0.01, 0.001  # shares of the job's FLOPs (x weight)
 
 
 def expected_cost(task: JobTask, tasks: list[JobTask]) -> float:
@@ -49,6 +50,28 @@ def gradient(history: list[float], weight: float, alpha: float = ALPHA, window: 
     g1 = (history[n - 1 - window] - best) / window if n >= 1 + window else 0.0
     g2 = best / n
     return (alpha * g1 + (1 - alpha) * g2) * weight
+
+
+def flops_shares(tasks: list[JobTask]) -> dict[str, float]:
+    total = sum(max(t.flops, 1.0) * t.weight for t in tasks) or 1.0
+    return {t.task_id: max(t.flops, 1.0) * t.weight / total for t in tasks}
+
+
+def behind(task_id: str, shares: dict[str, float], trials: dict[str, int], per_iter: int) -> bool:
+    """Whether a task with >= 1 % of the job's FLOPs must go before the gradient's choice: the gradient
+    alone (best latency / rounds) lets a tiny task absorb the budget (its latency keeps falling in
+    relative terms, and a heavy task with a failed first batch scores -1e9). Such a task stays a batch
+    ahead of every task under 0.1 %, so one more round of a tiny task never leaves it behind; it still
+    ends when its space is spent."""
+    if shares.get(task_id, 0.0) < HEAVY:
+        return False
+    most_light = max((trials.get(t, 0) for t, s in shares.items() if s < LIGHT), default=None)
+    return most_light is not None and trials.get(task_id, 0) <= most_light + per_iter
+
+
+def priority(history: list[float], weight: float, is_behind: bool) -> float:
+    """What orders the next round job-wide: a heavy task left behind first, then the gradient."""
+    return math.inf if is_behind else gradient(history, weight)
 
 
 @dataclass

@@ -10,6 +10,7 @@ from tvm.s_tir.meta_schedule.feature_extractor import PerStoreFeature
 
 from shared import names
 from shared.messages import TrainingBatch, TrainingRow
+from shared.ranking import rank_secs
 from services.tuner import updater
 
 
@@ -52,7 +53,7 @@ class SnapshotCostModel(PyCostModel):
         for vec, res in zip(vecs, results):
             if res.run_secs is None or len(res.run_secs) == 0:
                 continue
-            cost = float(np.mean([float(s) for s in res.run_secs]))
+            cost = rank_secs(res.run_secs)
             rows.append(TrainingRow(group=group, features=vec.tolist(), cost_s=cost))
         if rows:
             batch = TrainingBatch(target_key=self.target_key, rows=rows)

@@ -4,6 +4,7 @@ candidate to Redis (idempotent keys, lane and share attached), a MemoryDatabase 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import time
 
@@ -13,6 +14,10 @@ from tvm.s_tir import meta_schedule as ms
 from shared import names, store
 from shared.codec import load_ir, pack_json_text, unpack_json_text
 from shared.messages import Record, TaskProgress
+from shared.ranking import rank_secs
+
+
+REPEATS_FILE = "database_repeats.json"  # beside TVM's two files: every repeat of every exported record
 
 
 def record_json(rec: ms.database.TuningRecord) -> str:
@@ -23,8 +28,20 @@ def tuning_record(packed: str, workload: ms.database.Workload) -> ms.database.Tu
     return ms.database.TuningRecord.from_json(tvm.ir.load_json(unpack_json_text(packed)), workload)
 
 
+def tvm_record(rec: Record, workload: ms.database.Workload) -> ms.database.TuningRecord:
+    """A stored record as a TVM TuningRecord. TVM's databases rank by the mean of run_secs, so the record
+    carries the median of its repeats as its one figure: TVM then ranks as we do."""
+    trec = tuning_record(rec.trace, workload)
+    return ms.database.TuningRecord(trec.trace, workload, [rank_secs(rec.run_secs)], trec.target, trec.args_info)
+
+
 def valid(rec: Record) -> bool:
     return rec.error is None and bool(rec.run_secs)
+
+
+def ranked(recs: list[Record]) -> list[Record]:
+    """The valid records, best first."""
+    return sorted((r for r in recs if valid(r)), key=lambda r: rank_secs(r.run_secs))
 
 
 def seed_database(redis, wkeys: list[str]) -> tuple[ms.database.MemoryDatabase, dict[str, int]]:
@@ -35,26 +52,29 @@ def seed_database(redis, wkeys: list[str]) -> tuple[ms.database.MemoryDatabase, 
         wl = db.commit_workload(load_ir(store.workload(redis, wkey).mod))
         recs = [r for r in store.records(redis, wkey) if valid(r)]
         for r in recs:
-            db.commit_tuning_record(tuning_record(r.trace, wl))
+            db.commit_tuning_record(tvm_record(r, wl))
         reused[wkey] = len(recs)
     return db, reused
 
 
 def export_json_database(redis, wkeys: list[str], out_dir: str) -> tuple[str, int]:
     """Write database_workload.json + database_tuning_record.json (stock TVM's JSONDatabase) for these
-    workloads; returns the directory and the number of records written."""
+    workloads, and every repeat of every record to database_repeats.json; returns the directory and the
+    number of records written (TVM applies the same best as we report: see tvm_record)."""
     os.makedirs(out_dir, exist_ok=True)
-    for name in ("database_workload.json", "database_tuning_record.json"):
+    for name in ("database_workload.json", "database_tuning_record.json", REPEATS_FILE):
         path = os.path.join(out_dir, name)
         if os.path.exists(path):
             os.remove(path)
     db = ms.database.JSONDatabase(work_dir=out_dir, module_equality="structural")
     n = 0
-    for wkey in wkeys:
-        wl = db.commit_workload(load_ir(store.workload(redis, wkey).mod))
-        for r in store.records(redis, wkey):
-            if valid(r):
-                db.commit_tuning_record(tuning_record(r.trace, wl))
+    with open(os.path.join(out_dir, REPEATS_FILE), "w") as repeats:
+        for wkey in wkeys:
+            wl = db.commit_workload(load_ir(store.workload(redis, wkey).mod))
+            for r in ranked(store.records(redis, wkey)):
+                db.commit_tuning_record(tvm_record(r, wl))
+                repeats.write(json.dumps({"wkey": wkey, "candidate_key": r.candidate_key, "run_secs": r.run_secs,
+                                          "shared_run_secs": r.shared_run_secs, "lane": r.lane}) + "\n")
                 n += 1
     return out_dir, n
 
@@ -115,7 +135,7 @@ class StoreRecords:
             if error is not None or not run_secs:
                 prog.errors += 1
             else:
-                us = 1e6 * sum(run_secs) / len(run_secs)
+                us = 1e6 * rank_secs(run_secs)
                 prog.best_us = us if prog.best_us is None else min(prog.best_us, us)
         self.progress[prog.task_id] = prog
         with self.redis.pipeline(transaction=True) as p:
@@ -141,8 +161,7 @@ def retime_top_k(redis, runner, job_id: str, wkeys: list[str], k: int) -> dict:
     for wkey in wkeys:
         workload_mod = load_ir(store.workload(redis, wkey).mod)
         wl = ms.database.Workload(workload_mod)
-        best = sorted((r for r in store.records(redis, wkey) if valid(r) and r.retimed_at is None),
-                      key=lambda r: sum(r.run_secs) / len(r.run_secs))[:k]
+        best = [r for r in ranked(store.records(redis, wkey)) if r.retimed_at is None][:k]
         for rec in best:
             trec = tuning_record(rec.trace, wl)
             sch = tvm.s_tir.Schedule(workload_mod)
@@ -164,7 +183,7 @@ def retime_top_k(redis, runner, job_id: str, wkeys: list[str], k: int) -> dict:
         rec.shared_run_secs, rec.run_secs, rec.retimed_at = shared, res.run_secs, time.time()
         rec.trace = record_json(new)
         store.replace_record(redis, rec)
-        gaps.append((sum(res.run_secs) / len(res.run_secs)) / (sum(shared) / len(shared)) - 1.0)
+        gaps.append(rank_secs(res.run_secs) / rank_secs(shared) - 1.0)
     return {"retimed": len(gaps), "mean_gap": round(sum(gaps) / len(gaps), 4) if gaps else None,
             "max_gap": round(max(gaps, key=abs), 4) if gaps else None}
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import logging
 import math
-import statistics
 import time
 from dataclasses import dataclass, field
 from typing import Callable
@@ -24,12 +23,15 @@ from tvm.s_tir.meta_schedule.runner import RunnerInput, RunnerResult
 
 from shared import store
 from shared.messages import JobTask
+from shared.ranking import rank_secs
 from services.tuner.metaschedule.records import StoreRecords, candidate_key
-from services.tuner.sharding import Steering, gradient
+from services.tuner.sharding import Steering, behind, flops_shares, priority
 
 log = logging.getLogger("sharetune.tuner.rounds")
 
-DRY_ROUNDS = 3  # a task whose search proposes only known candidates this many times in a row is done
+# a task is done when this many rounds in a row found nothing new (stock's sampler gives up after 5
+# fruitless draws in a row); the rounds alternate evolution and sampling, so both have been tried
+EMPTY_ROUNDS = 5
 # MetaSchedule's search strategies stop at max_trials counting every candidate they proposed, the ones the
 # store already held too: a task of a re-submitted workload would stop before measuring anything new. The
 # strategy gets this much room; the task's own limit (fresh trials) is kept here.
@@ -127,13 +129,14 @@ class ShardLoop:
 
     def _best_in_store(self, t: _Task) -> float:
         good = [r for r in store.records(self.redis, t.job_task.wkey) if r.error is None and r.run_secs]
-        return min((statistics.median(r.run_secs) for r in good), default=math.inf)
+        return min((rank_secs(r.run_secs) for r in good), default=math.inf)
 
     def _alive(self) -> list[_Task]:
         return [t for t in self.tasks if not t.done]
 
     def _pick(self) -> _Task | None:
-        """The task with the largest gradient; waits while other shards' tasks pay clearly more."""
+        """The task with the largest priority (sharding.priority); waits while other shards' tasks
+        have clearly more."""
         t0 = time.time()
         while True:
             self._touch()
@@ -141,11 +144,16 @@ class ShardLoop:
             if not alive:
                 return None
             hist = store.history(self.redis, self.job_id)
-            weight = {t.job_task.task_id: t.job_task.weight for t in self.tasks}
-            grads = {t.job_task.task_id: gradient(hist.get(t.job_task.task_id, []), weight[t.job_task.task_id])
-                     for t in alive}
+            job_tasks = {t.task_id: t for t in store.job_tasks(self.redis, self.job_id)}
+            shares = flops_shares(list(job_tasks.values()))
+            trials = {tid: p.trials for tid, p in store.job_progress(self.redis, self.job_id).items()}
+
+            def prio(tid: str) -> float:
+                return priority(hist.get(tid, []), job_tasks[tid].weight, behind(tid, shares, trials, self.per_iter))
+
+            grads = {t.job_task.task_id: prio(t.job_task.task_id) for t in alive}
             best = max(alive, key=lambda t: (grads[t.job_task.task_id], -self.tasks.index(t)))
-            others, live = self._others(hist)
+            others, live = self._others(job_tasks, prio)
             if time.time() - t0 > self.steering.max_wait_s or self.steering.may_run(
                     grads[best.job_task.task_id], others, live):
                 self.run_stats.waited_s += time.time() - t0
@@ -153,16 +161,15 @@ class ShardLoop:
             self.check(True)
             time.sleep(0.1)
 
-    def _others(self, hist: dict[str, list[float]]) -> tuple[list[float], int]:
-        """Gradients of the other live shards' unfinished tasks, and how many shards are live."""
+    def _others(self, tasks: dict, prio: Callable[[str], float]) -> tuple[list[float], int]:
+        """Priorities of the other live shards' unfinished tasks, and how many shards are live."""
         shards = store.shards(self.redis, self.job_id)
-        tasks = {t.task_id: t for t in store.job_tasks(self.redis, self.job_id)}
         out, live = [], 1
         for sh in shards.values():
             if sh.shard == self.shard or sh.state != "running":
                 continue
             live += 1
-            out += [gradient(hist.get(tid, []), tasks[tid].weight) for tid in sh.task_ids if tid in tasks]
+            out += [prio(tid) for tid in sh.task_ids if tid in tasks]
         return out, live
 
     def _touch(self) -> None:
@@ -183,51 +190,17 @@ class ShardLoop:
             return self._finish_task(t)
         if store.budget_left(self.redis, self.job_id) <= 0:
             return False
-        if t.cold and self.cost_model.trained():
-            self._start_context(t, cold=False)  # the central model is trained: evolve against it
-        cands = t.ctx.generate_measure_candidates()
-        if cands is None:
-            return self._finish_task(t)
-        cands = list(cands)
-        if not cands and not t.cold:
-            # evolution found nothing unmeasured in its whole population (hundreds of samples and their
-            # mutations): the design space is spent (an elementwise op has a handful of schedules). Stock
-            # MetaSchedule tries 5 such rounds, seconds each, before it stops; one says as much
-            return self._finish_task(t)
-        keys = [candidate_key(t.job_task.wkey, c) for c in cands]
-        known = self.records.known(t.job_task.wkey, keys)
-        fresh, seen = [], set()
-        for c, k in zip(cands, keys):
-            if k not in known and k not in seen:
-                fresh.append(c)
-                seen.add(k)
-        left = self.max_per_task - (prog.trials if prog is not None else 0)
-        fresh = fresh[:left]
-        claimed = store.claim_trials(self.redis, self.job_id, self.shard, len(fresh)) if fresh else 0
-        if fresh and claimed == 0:
-            t.ctx.notify_runner_results(cands, [RunnerResult(None, "not measured: the job's budget is spent")] * len(cands))
+        if t.cold and not t.dry and self.cost_model.trained():
+            # the central model is trained: evolve against it (unless evolution just came up empty)
+            self._start_context(t, cold=False)
+        cands, fresh = self._search(t, self.max_per_task - (prog.trials if prog is not None else 0))
+        if not fresh:
+            return True
+        claimed = store.claim_trials(self.redis, self.job_id, self.shard, len(fresh))
+        if claimed == 0:
+            t.ctx.notify_runner_results(fresh, [RunnerResult(None, "not measured: the job's budget is spent")] * len(fresh))
             return False
         fresh = fresh[:claimed]
-        reused = [(c, known[k]) for c, k in zip(cands, keys) if k in known]
-        if reused:
-            # what the store knows goes straight back to the search; nothing is measured again
-            t.ctx.notify_runner_results([c for c, _ in reused], [_from_record(r) for _, r in reused])
-            self.run_stats.reused += len(reused)
-            t.reused += len(reused)
-            for _, r in reused:
-                if r.error is None and r.run_secs:
-                    t.best_s = min(t.best_s, statistics.median(r.run_secs))
-        if not fresh and t.cold:
-            # sampling only proposed what the store already holds (a workload tuned before): evolutionary
-            # search skips measured candidates, so move this task to it now, trained model or not
-            self._start_context(t, cold=False)
-            return True
-        if not fresh:
-            t.dry += 1
-            if t.dry >= DRY_ROUNDS:
-                return self._finish_task(t)
-            return True
-        t.dry = 0
         target = t.ctx.target
         built = self.builder.build([BuilderInput(c.sch.mod, target) for c in fresh])
         inputs, slots = [], []
@@ -241,6 +214,40 @@ class ShardLoop:
         self.run_stats.rounds += 1
         return True
 
+    def _search(self, t: _Task, room: int) -> tuple[list, list]:
+        """One search of task t: (its candidates, those not in the store yet, at most `room`). What the
+        store already holds goes straight back to the search; nothing is measured again. A round that
+        finds nothing new is not proof that the space is spent: on CUDA most samples fail the GPU checks,
+        and evolution gives up when it cannot sample 50 valid unmeasured schedules, while sampling alone
+        still finds new ones. So such a round makes the task try the other strategy next, and only
+        EMPTY_ROUNDS of them in a row, both strategies tried, end it."""
+        got = t.ctx.generate_measure_candidates()
+        cands = list(got) if got is not None else []
+        keys = [candidate_key(t.job_task.wkey, c) for c in cands]
+        known = self.records.known(t.job_task.wkey, keys)
+        fresh, seen = [], set()
+        for c, k in zip(cands, keys):
+            if k not in known and k not in seen:
+                fresh.append(c)
+                seen.add(k)
+        reused = [(c, known[k]) for c, k in zip(cands, keys) if k in known]
+        if reused:
+            t.ctx.notify_runner_results([c for c, _ in reused], [_from_record(r) for _, r in reused])
+            self.run_stats.reused += len(reused)
+            t.reused += len(reused)
+            for _, r in reused:
+                if r.error is None and r.run_secs:
+                    t.best_s = min(t.best_s, rank_secs(r.run_secs))
+        if fresh:
+            t.dry = 0
+            return cands, fresh[:room]
+        t.dry += 1
+        if t.dry >= EMPTY_ROUNDS:
+            self._finish_task(t)
+        else:
+            self._start_context(t, cold=not t.cold)
+        return cands, []
+
     def _join(self, t: _Task) -> None:
         cands, built, futures, claimed = t.inflight
         t.inflight = None
@@ -252,7 +259,7 @@ class ShardLoop:
         self.records.record_round(t.ctx, cands, built, results, claimed)
         for r in results:
             if r.error_msg is None and r.run_secs:
-                t.best_s = min(t.best_s, float(r.run_secs[0]))
+                t.best_s = min(t.best_s, rank_secs(r.run_secs))
         store.push_history(self.redis, self.job_id, t.job_task.task_id, t.best_s if t.best_s < math.inf else 1e9)
         self.run_stats.trials += len(cands)
         self.run_stats.per_task[t.job_task.name] = self.run_stats.per_task.get(t.job_task.name, 0) + len(cands)
@@ -278,4 +285,4 @@ class _Failed:
 def _from_record(rec) -> RunnerResult:
     if rec.error is not None or not rec.run_secs:
         return RunnerResult(None, rec.error or "no run time")
-    return RunnerResult([statistics.median(rec.run_secs)], None)
+    return RunnerResult([rank_secs(rec.run_secs)], None)

@@ -1,0 +1,83 @@
+"""One "best": a candidate is ranked by the median of its repeats wherever it is ranked, recorded as
+best, exported to TVM's database or shown."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+tvm = pytest.importorskip("tvm")
+
+
+class _Redis:
+    """The few Redis calls the store makes here, in memory."""
+
+    def __init__(self):
+        self.kv, self.hashes = {}, {}
+
+    def set(self, key, value, nx=False):
+        if nx and key in self.kv:
+            return False
+        self.kv[key] = value
+        return True
+
+    def get(self, key):
+        return self.kv.get(key)
+
+    def hset(self, key, field, value):
+        self.hashes.setdefault(key, {})[field] = value
+
+    def hvals(self, key):
+        return list(self.hashes.get(key, {}).values())
+
+
+def _store_with_two_candidates():
+    """A workload with two measured candidates: repeats [1, 1, 10] (one burst) and [2, 2, 2]."""
+    from tvm import te
+    from tvm.s_tir import meta_schedule as ms
+
+    from services.tuner.metaschedule.records import record_json, tuning_record
+    from shared import store
+    from shared.codec import dump_ir
+    from shared.messages import Record, Workload
+
+    a = te.placeholder((64,), name="A")
+    b = te.compute((64,), lambda i: a[i] + 1, name="B")
+    mod = tvm.IRModule({"main": te.create_prim_func([a, b])})
+    target = tvm.target.Target({"kind": "llvm"})
+    r = _Redis()
+    store.put_workload(r, Workload(wkey="w", name="add", target=str(target), share=100, mod=dump_ir(mod)))
+    wl = ms.database.Workload(mod)
+    for key, factor, secs in (("bursty", 8, [1.0, 1.0, 10.0]), ("steady", 4, [2.0, 2.0, 2.0])):
+        sch = tvm.s_tir.Schedule(mod)
+        (loop,) = sch.get_loops(sch.get_sblock("B"))
+        sch.split(loop, [None, factor])
+        trec = ms.database.TuningRecord(sch.trace, wl, secs, target, ms.arg_info.ArgInfo.from_prim_func(mod["main"]))
+        store.replace_record(r, Record(candidate_key=key, wkey="w", trace=record_json(trec), run_secs=secs,
+                                       target=str(target), args_info=[], share=100))
+    return r, mod, {k: tvm.ir.save_json(tuning_record(v.trace, wl).trace.as_json())
+                    for k, v in ((x.candidate_key, x) for x in store.records(r, "w"))}
+
+
+def test_the_median_ranks_everywhere(tmp_path):
+    from tvm.s_tir import meta_schedule as ms
+
+    from services.tuner.metaschedule.records import REPEATS_FILE, export_json_database, ranked, seed_database
+    from services.tuner.search import _best_record
+    from shared import store
+    from shared.ranking import rank_secs
+
+    r, mod, traces = _store_with_two_candidates()
+    assert rank_secs([1, 1, 10]) == 1 < rank_secs([2, 2, 2]) == 2  # the mean would say 4 > 2
+    assert [x.candidate_key for x in ranked(store.records(r, "w"))] == ["bursty", "steady"]  # re-timing's order
+    assert _best_record(r, "w").candidate_key == "bursty"  # the job's result (best_us = 1e6 x the median)
+
+    # TVM's databases rank by the mean of run_secs: what they pick must be our best too
+    db_dir, n = export_json_database(r, ["w"], str(tmp_path / "db"))
+    assert n == 2
+    for db in (ms.database.JSONDatabase(work_dir=db_dir), seed_database(r, ["w"])[0]):
+        top = db.get_top_k(db.commit_workload(mod), 2)
+        assert [[float(s) for s in t.run_secs] for t in top] == [[1.0], [2.0]]
+        assert tvm.ir.save_json(top[0].trace.as_json()) == traces["bursty"]
+    repeats = [json.loads(line) for line in (tmp_path / "db" / REPEATS_FILE).read_text().splitlines()]
+    assert {x["candidate_key"]: x["run_secs"] for x in repeats} == {"bursty": [1.0, 1.0, 10.0], "steady": [2.0, 2.0, 2.0]}

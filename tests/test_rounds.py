@@ -1,0 +1,135 @@
+"""When a task's search is over: only when its design space is spent, never because one round found
+nothing new. Real MetaSchedule search on a CUDA target (no GPU needed to search), fake measurements."""
+from __future__ import annotations
+
+import random
+
+import pytest
+
+tvm = pytest.importorskip("tvm")
+
+from services.tuner.metaschedule.intrinsics import load_tensor_intrinsics  # noqa: E402
+
+CUDA = {"kind": "cuda", "arch": "sm_90", "max_threads_per_block": 1024, "max_shared_memory_per_block": 49152,
+        "thread_warp_size": 32}
+
+
+def _task(build):
+    from tvm import relax
+
+    from services.tuner.metaschedule.extract import extract
+
+    bb = relax.BlockBuilder()
+    with bb.function("main", build.params):
+        with bb.dataflow():
+            out = bb.emit_output(build(bb))
+        bb.emit_func_output(out)
+    (task,) = extract(bb.get(), tvm.target.Target(CUDA))
+    return task
+
+
+class _DepthwiseConv:
+    """MobileNetV2's depthwise 3x3 conv + ReLU6 (a task with mostly invalid CUDA samples)."""
+
+    def __init__(self):
+        from tvm import relax
+
+        self.params = [relax.Var("x", relax.TensorType((1, 96, 56, 56), "float32")),
+                       relax.Var("w", relax.TensorType((96, 1, 3, 3), "float32"))]
+
+    def __call__(self, bb):
+        from tvm import relax
+
+        x, w = self.params
+        y = bb.emit(relax.op.nn.conv2d(x, w, padding=1, groups=96))
+        return relax.op.clip(y, 0.0, 6.0)
+
+
+class _Add:
+    """An elementwise task: a handful of schedules in all."""
+
+    def __init__(self):
+        from tvm import relax
+
+        self.params = [relax.Var("x", relax.TensorType((4, 8), "float32")),
+                       relax.Var("y", relax.TensorType((4, 8), "float32"))]
+
+    def __call__(self, bb):
+        from tvm import relax
+
+        return relax.op.add(*self.params)
+
+
+class _Records:
+    """The store's view of measured candidates: keys only."""
+
+    def __init__(self):
+        self.measured = {}
+        self.progress = {}
+
+    def known(self, wkey, keys):
+        return {k: self.measured[k] for k in keys if k in self.measured}
+
+
+def _loop(task, population):
+    from tvm.s_tir import meta_schedule as ms
+
+    from services.tuner.metaschedule.rounds import ShardLoop
+    from shared.messages import JobTask
+
+    load_tensor_intrinsics("cuda")
+    target = tvm.target.Target(CUDA)
+    job_task = JobTask(task_id="t0", name=task.name, weight=1, wkey="w0", flops=task.flops)
+
+    def make_context(_, cold):
+        return ms.TuneContext(
+            mod=task.mod, target=target, space_generator="post-order-apply", task_name=task.name, rand_state=0,
+            search_strategy="replay-trace" if cold else ms.search_strategy.EvolutionarySearch(population_size=population),
+            num_threads=2)
+
+    loop = ShardLoop(None, "job", 0, [job_task], make_context, None, None, ms.database.MemoryDatabase(),
+                     ms.cost_model.RandomModel(), _Records(), trials_per_iter=8, max_trials_per_task=1000)
+    return loop, loop.tasks[0], target
+
+
+def _measure(loop, t, target, fresh):
+    """What a lane would do: time the candidates (fake), record them, tell the search."""
+    from tvm.s_tir import meta_schedule as ms
+    from tvm.s_tir.meta_schedule.runner import RunnerResult
+
+    from services.tuner.metaschedule.records import candidate_key
+    from shared.messages import Record
+
+    results = [RunnerResult([random.uniform(1e-5, 1e-4)], None) for _ in fresh]
+    t.ctx.notify_runner_results(fresh, results)
+    wl = loop.database.commit_workload(t.ctx.mod)
+    for c, r in zip(fresh, results):
+        loop.database.commit_tuning_record(ms.database.TuningRecord(c.sch.trace, wl, r.run_secs, target, c.args_info))
+        key = candidate_key(t.job_task.wkey, c)
+        loop.records.measured[key] = Record(candidate_key=key, wkey=t.job_task.wkey, trace="", run_secs=r.run_secs,
+                                            error=None, target="", args_info=[], share=100)
+
+
+def test_an_empty_evolutionary_round_on_cuda_does_not_end_the_task():
+    """Evolution cannot sample its minimum of valid unmeasured schedules (most CUDA samples fail the GPU
+    checks) and comes back empty; the old rule ended the task there. Sampling still finds new ones."""
+    loop, t, target = _loop(_task(_DepthwiseConv()), population=64)
+    loop._start_context(t, cold=False)
+    _, fresh = loop._search(t, room=8)
+    assert fresh == [] and t.dry == 1  # the round the old rule took for an exhausted space
+    assert not t.done and t.cold  # the next round samples instead
+    _, fresh = loop._search(t, room=8)
+    assert len(fresh) > 0 and t.dry == 0 and not t.done
+
+
+def test_a_tiny_space_still_ends_quickly():
+    loop, t, target = _loop(_task(_Add()), population=64)
+    loop._start_context(t, cold=True)
+    rounds = 0
+    while not t.done:
+        rounds += 1
+        assert rounds <= 20
+        _, fresh = loop._search(t, room=8)
+        _measure(loop, t, target, fresh)
+    assert len(loop.records.measured) < 20  # a handful of schedules, each measured once
+    assert t.dry == 5
