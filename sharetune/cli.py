@@ -49,13 +49,25 @@ def parser_up(sub) -> None:
                     help="tuner clients (default: one per GPU lane, 4 physical cores each at least; 1 on CPU lanes)")
     up.add_argument("--join", metavar="REDIS_URL", default=None,
                     help="start only lanes, serving an existing stack (another host's, or this one's)")
+    up.add_argument("--builders", type=int, default=0,
+                    help="builder workers per build family: they build candidates so the lanes only time them")
+    up.add_argument("--builder-cores", default=None, help="cores the builders run on, e.g. 16-31")
+    up.add_argument("--builder-family", default=None,
+                    help="families to build for (e.g. cuda.sm_90); with --join and no lanes: a build-only host")
 
 
 def cmd_up(args) -> int:
     from sharetune.stack import Stack, gpu_lanes
 
     lanes = args.lanes.split(",") if args.lanes else (gpu_lanes(args.gpu) if args.gpu else None)
-    stack = Stack(args.work_dir, redis_url=args.join, lanes=lanes, tuners=args.tuners, lanes_only=bool(args.join))
+    families = args.builder_family.split(",") if args.builder_family else None
+    if args.builders < 0:
+        print("sharetune up: --builders must be 0 or more", file=sys.stderr)
+        return 2
+    if lanes is None and args.join and families:
+        lanes = []  # a build-only host joining a stack
+    stack = Stack(args.work_dir, redis_url=args.join, lanes=lanes, tuners=args.tuners, lanes_only=bool(args.join),
+                  builders=args.builders, builder_cores=args.builder_cores, builder_families=families)
     try:
         stack.start()
     except BaseException:
@@ -63,7 +75,9 @@ def cmd_up(args) -> int:
         raise
     state = stack.detach()
     print(f"REDIS_URL={state['redis_url']}")
-    print(f"lanes: {', '.join(state['lanes'])}; stop with: sharetune down --work-dir {args.work_dir}")
+    builders = [n for n in state["pids"] if n.startswith("builder-")]
+    print(f"lanes: {', '.join(state['lanes']) or 'none'}; builders: {len(builders)}; "
+          f"stop with: sharetune down --work-dir {args.work_dir}")
     return 0
 
 
