@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # On the GPU machine, after ../shared/device/stage.sh's install step (PYTHONPATH=/tmp/site:$PWD):
-#   bash bench/device_run.sh smoke|gputest|stock|ours|sharding|matrix|gpufault  -> writes under $OUT
+#   bash bench/device_run.sh smoke|gputest|stock|ours|sharding|matrix|gpufault|scale [A|B]  -> writes under $OUT
 set -uo pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site:$PWD
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -42,6 +42,15 @@ PY
               --exclude='*.npz' --exclude=ms 2>/dev/null ;;
   # GPU 0 4x25 % (job A, illegal-address + hung-kernel culprits), GPU 1 2x50 % (job B, bystander):
   # rows in $OUT/gpu_fault_h200.json (<= 280 s; the script stops waiting at 240 s)
+  # issue 12: stock's window beside the 16-core configurations (A), the 32-core and two-GPU ones (B); the
+  # stage-by-stage CUDA build profile runs beside A on core 15 (ours: a handicap to the service, not stock)
+  scale) part=${2:-A}
+         [ "$part" = A ] && { taskset -c 15 python3 bench/build_profile.py --tasks 4 --candidates 3 \
+             --out-json "$OUT/build_profile_h200.json" > "$OUT/build_profile.log" 2>&1 & }
+         timeout 580 python3 bench/scale_h200.py --part "$part" "${@:3}" 2>&1 | tail -40
+         wait
+         tar czf "$OUT/scale_logs_$part.tgz" -C /tmp/scale_bench . --exclude='*.so' --exclude=redis --exclude=database \
+             --exclude='*.db' --exclude=mps --exclude='*.npz' --exclude=jobs 2>/dev/null ;;
   gpufault) nvidia-smi --query-gpu=index,uuid,name --format=csv,noheader
     timeout 280 python3 bench/gpu_fault.py "${@:2}" 2>&1 | tail -60
     tar czf "$OUT/gpu_fault_logs.tgz" -C /tmp/gpu_fault logs mps 2>/dev/null ;;

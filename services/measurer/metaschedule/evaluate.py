@@ -244,6 +244,13 @@ def cpu_target(cores: int) -> tvm.target.Target:
 
 
 def _pool_init() -> None:
+    """A build process sees no GPU (set before anything initialises CUDA here), so it never becomes a
+    client of its lane's MPS server: a GPU fault's recovery need not find it."""
+    import os
+
+    from services.measurer.lanes import builder_environment
+
+    os.environ.update(builder_environment("", os.environ.get("SHARETUNE_BUILDER_HIDE_GPUS", "1") != "0"))
     import tvm  # noqa: F401
     import tvm.support.nvcc  # noqa: F401 - the CUDA compile callback
 
