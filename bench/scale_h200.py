@@ -250,7 +250,12 @@ def run_config(args, name: str, spec: tuple, gpus: list, work: Path) -> dict:
                    gpu_busy_frac=round(statistics.mean(b for b in busy if b is not None), 4) if any(
                        b is not None for b in busy) else None,
                    gpu_busy_per_gpu=busy, task_trials={t["task"]: t["trials"] for t in status["tasks"]})
-        row.update(lane_clock(store.lane_batches(r, job.job_id), t0, t0 + wall))
+        batches = store.lane_batches(r, job.job_id)
+        row.update(lane_clock(batches, t0, t0 + wall))
+        if batches:  # from the first candidate measured to the last: the rate once planning is done
+            active = max(b.finished_at for b in batches) - min(b.started_at for b in batches)
+            row["active_s"] = round(active, 1)
+            row["steady_trials_per_min"] = round(60 * status["trials"] / max(active, 1e-9), 1)
         built = [b for b in store.live_builders(r)]
         n_built = sum(b.built + b.failed for b in built)
         row["build_cpu_s_per_candidate"] = round(sum(b.build_s for b in built) / n_built, 3) if n_built else None
