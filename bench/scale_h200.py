@@ -116,6 +116,15 @@ def stock_records(work: Path) -> list[str]:
     return path.read_text().splitlines() if path.exists() else []
 
 
+def stock_trials_from_log(log_text: str) -> int:
+    """Candidates stock sent to its runner (timed right away by LocalRunner). Its task scheduler commits a
+    task's records to the database only when it comes back to that task, so over a short window on a model
+    with many tasks the database holds none of them: its own log is what counts."""
+    import re
+
+    return sum(int(m) for m in re.findall(r"Sending (\d+) valid sample\(s\) to runner", log_text))
+
+
 # ---- compiling a model from N records, serving at a share ---------------------------------------------
 
 
@@ -294,6 +303,7 @@ def main(argv=None) -> int:
     ap.add_argument("--rehearse", action="store_true", help="CPU lanes and llvm: the code path, on this host")
     ap.add_argument("--merge", nargs="*")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--stock-log", default=None, help="with --merge: stock's log, whose trials count")
     # internal: the subprocesses
     ap.add_argument("--stock-tune", action="store_true")
     ap.add_argument("--stock-work", default=None)
@@ -308,7 +318,7 @@ def main(argv=None) -> int:
         args.db = args.compile_from
         return compile_from_records(args)
     if args.merge:
-        return merge(args.merge, args.out or "bench/results/scale_h200.json")
+        return merge(args.merge, args.out or "bench/results/scale_h200.json", args.stock_log)
     return run_part(args)
 
 
@@ -409,9 +419,11 @@ def stop_stock(stock: dict, args) -> dict:
         pass
     stock["proc"].wait(30)
     busy = stock["sampler"].stop()
-    trials = len(stock_records(stock["work"]))
+    committed = len(stock_records(stock["work"]))
+    log = stock["work"].parent / "stock.log"
+    trials = max(committed, stock_trials_from_log(log.read_text()) if log.exists() else 0)
     return {"config": "stock", "gpus": 1, "lanes": 0, "builders": len(cores_of(stock["cores"])),
-            "per_iter": args.per_iter, "window_s": round(wall, 1), "trials": trials,
+            "per_iter": args.per_iter, "window_s": round(wall, 1), "trials": trials, "committed_records": committed,
             "trials_per_min": round(60 * trials / wall, 1), "gpu_busy_frac": busy,
             "note": "LocalBuilder(max_workers=its cores, timeout_sec=120) + LocalRunner, stopped at the window"}
 
@@ -420,14 +432,15 @@ def finish_part_a(args, result: dict, gpus, work: Path) -> None:
     """Compile stock's model from its records and each configuration's from its first N (N = stock's
     trials), in parallel on the freed cores; time each configuration's pair at its share."""
     stock = result["stock"]
-    if not stock or not stock["trials"]:
+    if not stock or not stock.get("committed_records"):
+        # nothing committed: no equal-trials latency (give stock a trial cap it reaches, --stock-max-trials)
         return
     uuid0 = gpus[0].uuid if gpus else None
-    compiles = {"stock": spawn_compile(args, work / "stock", stock["trials"], work / "stock.so",
+    compiles = {"stock": spawn_compile(args, work / "stock", stock["committed_records"], work / "stock.so",
                                        "1" if args.rehearse else "16-23", uuid0)}
     for i, row in enumerate(result["rows"]):
         if row.get("exported_trials"):
-            row["compared_at_trials"] = min(stock["trials"], row["exported_trials"])
+            row["compared_at_trials"] = min(stock["committed_records"], row["exported_trials"])
             compiles[row["config"]] = spawn_compile(args, work / row["config"] / "records_db", row["compared_at_trials"],
                                                     work / f"{row['config']}.so",
                                                     "0" if args.rehearse else f"{24 + i * 4}-{27 + i * 4}", uuid0)
@@ -466,20 +479,49 @@ def serve_rows(args, result: dict, ok: dict, uuid0: str | None, mps_env: dict, w
             stock["tuned_latency_us"] = round(lat["stock"], 2)
 
 
-def merge(paths: list[str], out_path: str) -> int:
+def stock_steady_from_log(log_text: str) -> dict:
+    """Stock's rate once started: from its first batch sent to the builder to its next task pick after the
+    last batch it sent to the runner (that batch then timed)."""
+    import datetime
+    import re
+
+    def at(line):
+        return datetime.datetime.strptime(line[:19], "%Y-%m-%d %H:%M:%S").timestamp()
+
+    lines = log_text.splitlines()
+    first = next((at(l) for l in lines if re.search(r"sample\(s\) to builder", l)), None)
+    runner = [i for i, l in enumerate(lines) if re.search(r"valid sample\(s\) to runner", l)]
+    if first is None or not runner:
+        return {}
+    after = next((at(l) for l in lines[runner[-1] + 1:] if "TaskScheduler picks" in l), at(lines[runner[-1]]))
+    trials = stock_trials_from_log(log_text)
+    return {"active_s": round(after - first, 1), "steady_trials_per_min": round(60 * trials / max(after - first, 1e-9), 1)}
+
+
+def merge(paths: list[str], out_path: str, stock_log: str | None = None) -> int:
     parts = [json.loads(Path(p).read_text()) for p in paths]
     rows = [r for p in parts for r in p["rows"]]
     stock = next((p["stock"] for p in parts if p.get("stock")), None)
+    if stock and stock_log and Path(stock_log).exists():  # trials from stock's own log (see stock_trials_from_log)
+        text = Path(stock_log).read_text()
+        stock["trials"] = max(stock["trials"], stock_trials_from_log(text))
+        stock["trials_per_min"] = round(60 * stock["trials"] / stock["window_s"], 1)
+        stock.update(stock_steady_from_log(text))
     by = {r["config"]: r for r in rows}
     one = by.get("1gpu-4x25") or by.get("1gpu-1x100")
     summary = {}
     if stock and one:
         best16 = max((r for r in rows if r["config"].startswith("1gpu") and "b32" not in r["config"]),
                      key=lambda r: r["trials_per_min"])
-        summary["throughput_vs_stock"] = round(best16["trials_per_min"] / stock["trials_per_min"], 2)
+        summary["throughput_vs_stock"] = round(best16["trials_per_min"] / max(stock["trials_per_min"], 1e-9), 2)
         summary["throughput_vs_stock_config"] = best16["config"]
+        if stock.get("steady_trials_per_min") and best16.get("steady_trials_per_min"):
+            summary["throughput_vs_stock_steady"] = round(best16["steady_trials_per_min"] / stock["steady_trials_per_min"], 2)
+        summary["throughput_vs_stock_16_vs_32_cores"] = {
+            r["config"]: round(r["trials_per_min"] / max(stock["trials_per_min"], 1e-9), 2) for r in rows if "b32" in r["config"]}
         summary["latency_vs_stock"] = {r["config"]: r.get("latency_vs_stock") for r in rows if r.get("latency_vs_stock")}
     summary["gpu_busy_frac"] = {r["config"]: r.get("gpu_busy_frac") for r in rows}
+    summary["build_cpu_s_per_candidate"] = {r["config"]: r.get("build_cpu_s_per_candidate") for r in rows}
     two, one32 = by.get("2gpu-4x25-b32"), by.get("1gpu-4x25")
     if two and one32:
         summary["scaling_efficiency_2gpu"] = round(two["trials_per_min"] / (2 * one32["trials_per_min"]), 3)
