@@ -277,14 +277,12 @@ def run_config(args, name: str, spec: tuple, gpus: list, work: Path) -> dict:
 
 
 def lane_clock(batches, start: float, end: float) -> dict:
-    """Each lane's own busy clock over the job: the time it spent in batches, as a fraction of the job."""
-    span = max(1e-9, end - start)
-    per: dict[str, float] = {}
-    for b in batches:
-        per[f"{b.lane}/{b.worker}"] = per.get(f"{b.lane}/{b.worker}", 0.0) + max(0.0, min(b.finished_at, end) - max(b.started_at, start))
-    fracs = [v / span for v in per.values()]
-    return {"lane_busy_frac": round(statistics.mean(fracs), 4) if fracs else None,
-            "lane_busy_per_lane": {k: round(v / span, 4) for k, v in per.items()}}
+    """Each lane's own busy clock over the job, as the job result reports it."""
+    from shared.messages import lane_utilisation
+
+    stats = lane_utilisation(batches, start, end)
+    return {"lane_busy_frac": stats.get("mean_busy_frac"),
+            "lane_busy_per_lane": {k: v["busy_frac"] for k, v in stats.get("per_lane", {}).items()}}
 
 
 def main(argv=None) -> int:

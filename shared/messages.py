@@ -182,6 +182,26 @@ class JobResult(Contract):
     wall_s: float
     time_split_s: dict[str, float] = {}
     retime: dict[str, Any] = {}  # re-timing of the top-k: how many, mean and max shared-vs-isolated gap
+    lanes: dict[str, Any] = {}  # each lane's own busy clock over the job (see lane_utilisation)
+
+
+def lane_utilisation(batches: list["LaneBatch"], start: float | None = None, end: float | None = None) -> dict:
+    """Each lane worker's busy clock over a job: seconds inside batches and that time as a fraction of the
+    span (by default the job's first batch start to its last batch end): a lane's idle time is the rest."""
+    if not batches:
+        return {}
+    start = min(b.started_at for b in batches) if start is None else start
+    end = max(b.finished_at for b in batches) if end is None else end
+    span = max(1e-9, end - start)
+    busy: dict[str, float] = {}
+    count: dict[str, int] = {}
+    for b in batches:
+        key = f"{b.lane}/{b.worker}"
+        busy[key] = busy.get(key, 0.0) + max(0.0, min(b.finished_at, end) - max(b.started_at, start))
+        count[key] = count.get(key, 0) + b.candidates
+    per = {k: {"busy_s": round(v, 3), "busy_frac": round(v / span, 4), "candidates": count[k]} for k, v in busy.items()}
+    return {"span_s": round(span, 3), "mean_busy_frac": round(sum(v / span for v in busy.values()) / len(busy), 4),
+            "per_lane": per}
 
 
 # ---- lanes and measurement -----------------------------------------------------------------------------

@@ -156,3 +156,16 @@ def test_families_and_queues():
         names.target_family({"kind": "cuda"})
     with pytest.raises(ValueError, match="not a build family"):
         names.build_queue("rocm.gfx90a")
+
+
+def test_lane_utilisation_is_each_lanes_busy_clock():
+    from shared.messages import LaneBatch, lane_utilisation
+
+    b = lambda lane, w, s, e, n=1: LaneBatch(batch_id=f"{lane}{s}", lane=lane, worker=w, started_at=s, finished_at=e,  # noqa: E731
+                                            candidates=n)
+    stats = lane_utilisation([b("a", "h.1", 0, 2), b("a", "h.1", 6, 10, 3), b("b", "h.2", 1, 2)])
+    assert stats["span_s"] == 10
+    assert stats["per_lane"]["a/h.1"] == {"busy_s": 6.0, "busy_frac": 0.6, "candidates": 4}
+    assert stats["per_lane"]["b/h.2"]["busy_frac"] == 0.1
+    assert stats["mean_busy_frac"] == 0.35
+    assert lane_utilisation([]) == {}

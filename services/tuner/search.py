@@ -10,7 +10,7 @@ from pathlib import Path
 
 from shared import names, store
 from shared.codec import load_ir
-from shared.messages import JobResult, TaskBest, TimingConfig, lane_kind, target_kind
+from shared.messages import JobResult, TaskBest, TimingConfig, lane_kind, lane_utilisation, target_kind
 from shared.ranking import rank_secs
 
 
@@ -146,6 +146,7 @@ def finish_job(app, redis, job_id: str, work_dir: Path, grace_s: float = 120.0) 
         wall_s=round(time.time() - spec.submitted_at, 3),
         time_split_s=times,
         retime=retime,
+        lanes=lane_utilisation(store.lane_batches(redis, job_id)),
     )
     store.set_result(redis, result)
     store.set_state(redis, job_id, "done")
