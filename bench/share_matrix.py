@@ -95,7 +95,12 @@ def run_models(args, models: list[str], deadline: float) -> list:
 
     work = Path(args.work_dir) / (f"gpu{gpu.index}" if gpu else "cpu")
     t0 = time.time()
-    with MatrixStack(work / "stack", lanes=placement.lanes(shares), log_level="INFO") as stack:
+    cores = int(os.environ.get("SHARETUNE_MATRIX_CORES", os.cpu_count() or 1))
+    # GPU: one set of builders serves every share's lanes (4 cores left to the tuner clients), instead of a
+    # build pool beside each lane of each share, idle while other shares tune
+    builders = max(1, cores - 4) if args.device == "gpu" else 0
+    with MatrixStack(work / "stack", lanes=placement.lanes(shares), log_level="INFO", builders=builders,
+                     builder_cores=os.environ.get("SHARETUNE_MATRIX_CORE_RANGE")) as stack:
         log(f"stack up in {time.time() - t0:.0f} s: lanes {sorted(set(stack.lanes))}")
         placement.mps_env = stack.mps.environment() if stack.mps is not None else {}
         client = Client(stack.redis_url)
@@ -150,10 +155,12 @@ def launch(args) -> None:
         log(f"{len(found)} GPUs: one model per GPU, in parallel")
         children = []
         cores = (os.cpu_count() or 1) // len(models)
-        for gpu, model in zip(found, models):
+        for i, (gpu, model) in enumerate(zip(found, models)):
             part = OUT / f"share_matrix_{model}.json"
-            # the child's stack starts its own MPS daemon; with only this GPU visible it controls only it
-            env = {**os.environ, "CUDA_VISIBLE_DEVICES": gpu.uuid, "SHARETUNE_MATRIX_CORES": str(cores)}
+            # the child's stack starts its own MPS daemon; with only this GPU visible it controls only it.
+            # Each child's builders get their own half of the cores.
+            env = {**os.environ, "CUDA_VISIBLE_DEVICES": gpu.uuid, "SHARETUNE_MATRIX_CORES": str(cores),
+                   "SHARETUNE_MATRIX_CORE_RANGE": f"{i * cores}-{(i + 1) * cores - 1}"}
             argv = [sys.executable, __file__, "--models", model, "--gpu-index", str(gpu.index), "--shares", args.shares,
                     "--per-iter", str(args.per_iter), "--rounds", str(args.rounds),
                     "--deadline-s", str(args.deadline_s - 5), "--work-dir", args.work_dir, "--out-json", str(part)]
