@@ -383,7 +383,8 @@ class TrainingBatch(Contract):
 class CostModelSnapshot(Contract):
     target_key: str
     version: int
-    n_rows: int
+    n_rows: int  # rows stored for the family
+    train_rows: int = 0  # rows this model was trained on (bounded: see services.tuner.updater)
     feature_dim: int
     model: str  # base64 of the XGBoost model in its own JSON format
     trained_at: float

@@ -48,3 +48,24 @@ def test_bad_rows_are_not_kept(fresh_redis):
                                              TrainingRow(group="g", features=[1.0], cost_s=0.0)])
     updater.ingest(fresh_redis, b, warmup_rows=1, rounds=1)
     assert fresh_redis.llen("st:cm:rows:t2") == 0
+
+
+def test_training_is_bounded_and_keeps_each_workloads_best(fresh_redis):
+    """However many rows the store holds, a model trains on the newest window plus each workload's fastest
+    rows, normalised by the best cost ever seen (here an early row far faster than the window's)."""
+    rng = np.random.default_rng(1)
+    fast = TrainingRow(group="g0", features=[0.0, 0.0], cost_s=1e-6)
+    updater.ingest(fresh_redis, TrainingBatch(target_key="b", rows=[fast]), warmup_rows=10**9, rounds=1)
+    for _ in range(10):
+        rows = [TrainingRow(group=f"g{i % 5}", features=rng.uniform(size=2).tolist(), cost_s=1e-3 * (1 + rng.uniform()))
+                for i in range(100)]
+        updater.ingest(fresh_redis, TrainingBatch(target_key="b", rows=rows), warmup_rows=10**9, rounds=1)
+    rows, best = updater.training_set(fresh_redis, "b", window=50, per_group=3)
+    assert fresh_redis.llen("st:cm:rows:b") == 1001  # every row stays in the store
+    assert len(rows) <= 50 + 5 * 3
+    assert fast in rows and best["g0"] == 1e-6
+    targets = updater.normalised_targets(rows, best)
+    assert targets[rows.index(fast)] == 1.0 and max(t for r, t in zip(rows, targets) if r.group == "g0" and r != fast) < 0.01
+    snap = updater.ingest(fresh_redis, TrainingBatch(target_key="b", rows=rows[:1]), warmup_rows=1, rounds=2,
+                          window=50, best_per_group=3, threads=1)
+    assert snap.n_rows == 1002 and snap.train_rows <= 50 + 5 * 3

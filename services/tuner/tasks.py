@@ -250,5 +250,6 @@ def ingest_results(payload):
         store.dead_letter(redis(), names.COSTMODEL_QUEUE, str(err), json.dumps(payload, default=str)[:4096])
         return None
     up = UpdaterSettings()
-    snap = updater.ingest(redis(), batch, up.warmup_rows, up.boost_rounds)
+    snap = updater.ingest(redis(), batch, up.warmup_rows, up.boost_rounds, window=up.train_window,
+                          best_per_group=up.train_best_per_group, threads=up.train_threads or None)
     return {"rows": len(batch.rows), "version": snap.version if snap else None}

@@ -1,10 +1,16 @@
-"""The central cost-model updater's pure core: keep every training row, retrain an XGBoost model on all
-of them, publish a versioned snapshot. Like MetaSchedule's XGBModel, the target is normalised
+"""The central cost-model updater's pure core: keep every training row, retrain an XGBoost model, publish
+a versioned snapshot. Like MetaSchedule's XGBModel, the target is normalised
 throughput (the group's best cost / this cost, per workload), and no model is published before a
-warm-up number of rows (the tuner samples at random until then). No TVM here: rows are numbers."""
+warm-up number of rows (the tuner samples at random until then). No TVM here: rows are numbers.
+
+The cost of an update is bounded whatever the store holds: a model is trained on the newest `window` rows
+plus each workload's `best_per_group` fastest rows however old (what the search most needs ranked right),
+normalised by each workload's best cost ever seen. Every row stays in the store."""
 from __future__ import annotations
 
 import base64
+import json
+import os
 import time
 from collections import defaultdict
 
@@ -24,37 +30,86 @@ XGB_PARAMS = {
 }
 
 
-def normalised_targets(rows: list[TrainingRow]) -> np.ndarray:
-    best: dict[str, float] = defaultdict(lambda: float("inf"))
+TRAIN_WINDOW = 8192  # newest rows a model is trained on
+BEST_PER_GROUP = 64  # and each workload's fastest rows, however old
+
+
+def normalised_targets(rows: list[TrainingRow], best: dict[str, float] | None = None) -> np.ndarray:
+    """best cost of the row's workload / the row's cost; `best` (workload -> best cost ever seen) when the
+    rows are a window of the store, else the rows' own best."""
+    seen: dict[str, float] = defaultdict(lambda: float("inf"))
     for row in rows:
-        best[row.group] = min(best[row.group], row.cost_s)
-    return np.array([best[r.group] / r.cost_s for r in rows], dtype="float32")
+        seen[row.group] = min(seen[row.group], row.cost_s)
+    if best:
+        for group, cost in best.items():
+            seen[group] = min(seen[group], cost)
+    return np.array([seen[r.group] / r.cost_s for r in rows], dtype="float32")
 
 
-def train(rows: list[TrainingRow], rounds: int) -> bytes:
+def train(rows: list[TrainingRow], rounds: int, best: dict[str, float] | None = None, threads: int = 1) -> bytes:
     import xgboost as xgb
 
     xs = np.array([r.features for r in rows], dtype="float32")
-    booster = xgb.train(XGB_PARAMS, xgb.DMatrix(xs, label=normalised_targets(rows)), num_boost_round=rounds)
+    params = dict(XGB_PARAMS, nthread=max(1, threads))
+    booster = xgb.train(params, xgb.DMatrix(xs, label=normalised_targets(rows, best)), num_boost_round=rounds)
     return bytes(booster.save_raw(raw_format="json"))
 
 
-def ingest(redis, batch: TrainingBatch, warmup_rows: int, rounds: int) -> CostModelSnapshot | None:
+def _best_key(target_key: str) -> str:
+    return names.training_rows_key(target_key) + ":best"
+
+
+def keep_best(redis, target_key: str, rows: list[TrainingRow], per_group: int) -> None:
+    """Fold new rows into each workload's fastest `per_group` (one updater consumes the queue, so this
+    read-modify-write has no concurrent writer)."""
+    by_group: dict[str, list[TrainingRow]] = defaultdict(list)
+    for r in rows:
+        by_group[r.group].append(r)
+    key = _best_key(target_key)
+    for group, new in by_group.items():
+        raw = redis.hget(key, group)
+        kept = [TrainingRow.model_validate(d) for d in json.loads(raw)] if raw else []
+        merged = sorted(kept + new, key=lambda r: r.cost_s)[:per_group]
+        redis.hset(key, group, json.dumps([r.model_dump() for r in merged]))
+
+
+def training_set(redis, target_key: str, window: int, per_group: int) -> tuple[list[TrainingRow], dict[str, float]]:
+    """The newest `window` rows, plus every workload's kept fastest rows not among them; and each
+    workload's best cost."""
+    raw_new = redis.lrange(names.training_rows_key(target_key), -window, -1)
+    rows = [TrainingRow.model_validate_json(raw) for raw in raw_new]
+    have = {r.model_dump_json() for r in rows}
+    best: dict[str, float] = {}
+    for group, raw in redis.hgetall(_best_key(target_key)).items():
+        kept = [TrainingRow.model_validate(d) for d in json.loads(raw)][:per_group]
+        if kept:
+            best[group.decode() if isinstance(group, bytes) else group] = kept[0].cost_s
+        rows += [r for r in kept if r.model_dump_json() not in have]
+    return rows, best
+
+
+def ingest(redis, batch: TrainingBatch, warmup_rows: int, rounds: int, window: int = TRAIN_WINDOW,
+           best_per_group: int = BEST_PER_GROUP, threads: int | None = None) -> CostModelSnapshot | None:
     """Append the batch's rows; retrain and publish when enough rows exist. Returns the new snapshot."""
     key = names.training_rows_key(batch.target_key)
     good = [r for r in batch.rows if np.isfinite(r.cost_s) and r.cost_s > 0]
     if good:
         redis.rpush(key, *[r.model_dump_json() for r in good])
-    rows = [TrainingRow.model_validate_json(raw) for raw in redis.lrange(key, 0, -1)]
-    dims = {len(r.features) for r in rows}
-    if len(rows) < warmup_rows or len(dims) != 1:
+        keep_best(redis, batch.target_key, good, best_per_group)
+    stored = int(redis.llen(key))
+    if stored < warmup_rows:
         return None
-    model = train(rows, rounds)
+    rows, best = training_set(redis, batch.target_key, window, best_per_group)
+    dims = {len(r.features) for r in rows}
+    if len(dims) != 1:
+        return None
+    model = train(rows, rounds, best, threads or os.cpu_count() or 1)
     version = int(redis.incr(names.snapshot_key(batch.target_key) + ":version"))
     snap = CostModelSnapshot(
         target_key=batch.target_key,
         version=version,
-        n_rows=len(rows),
+        n_rows=stored,
+        train_rows=len(rows),
         feature_dim=dims.pop(),
         model=base64.b64encode(model).decode("ascii"),
         trained_at=time.time(),
