@@ -11,7 +11,7 @@ from typing import Any
 from shared import names, store
 from shared.celery_app import make_celery
 from shared.codec import dump_ir
-from shared.errors import JobError, ModelError
+from shared.errors import JobError, ModelError, StoreError
 from shared.messages import MAX_MODEL_BYTES, JobRef, JobResult, JobSpec, TaskProgress, check_share, target_kind
 
 FINAL_STATES = ("done", "failed", "cancelled")
@@ -85,9 +85,37 @@ def _number(v) -> bool:
         return False
 
 
+CONNECT_TIMEOUT_S = 3.0
+
+
+def check_reachable(redis_url: str, timeout_s: float = CONNECT_TIMEOUT_S) -> None:
+    """One ping with a connect timeout, no retries: a stale or missing Redis is a one-line StoreError
+    in seconds, not a minute of the store's restart-riding retries and a traceback."""
+    import redis
+
+    try:
+        r = redis.Redis.from_url(redis_url, socket_connect_timeout=timeout_s, socket_timeout=timeout_s)
+        try:
+            r.ping()
+        finally:
+            r.close()
+    except (redis.exceptions.RedisError, ValueError, OSError) as err:
+        why = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        raise StoreError(f"cannot reach Redis at {_redacted(redis_url)}: {why} (is the stack up? `sharetune up` "
+                         f"prints the REDIS_URL to export)") from None
+
+
+def _redacted(url: str) -> str:
+    """The URL without its password."""
+    import re
+
+    return re.sub(r"(//[^:/@]*:)[^@/]*@", r"\1***@", url)
+
+
 class Client:
     def __init__(self, redis_url: str):
         self.redis_url = redis_url
+        check_reachable(redis_url)
         self.redis = store.connect(redis_url)
         self.app = make_celery("client", redis_url)
 
