@@ -116,6 +116,31 @@ class JobSpec(Contract):
         return v
 
 
+# the user's names for JobSpec's fields where the CLI spells them otherwise
+_FLAGS = {"trials_per_iter": "trials per round (--per-iter)", "clients": "clients (--clients)",
+          "trials": "trials (--trials)", "retime_top_k": "retime top k (--retime-top-k)"}
+
+
+def check_job(**fields) -> None:
+    """Validate a job's numbers (and other fields) against JobSpec's own constraints, before any work is
+    done for it (one place for the rule); raise SpecError naming the field, its range and the value."""
+    from pydantic import ValidationError
+
+    from shared.errors import SpecError
+
+    try:
+        JobSpec.model_validate({"job_id": "check", "target": "llvm", **fields})
+    except ValidationError as err:
+        parts = []
+        for e in err.errors()[:5]:
+            field = ".".join(str(p) for p in e.get("loc", ())) or "job"
+            msg = e.get("msg", "").replace("Input should be", "must be")
+            parts.append(f"{_FLAGS.get(field, field)} {msg}, got {e.get('input')!r}")
+        raise SpecError("; ".join(parts)) from None
+    except (ShareError, TargetError) as err:
+        raise SpecError(str(err)) from None
+
+
 class JobRef(Contract):
     """The body of plan/tune requests: the job's state lives in Redis, the message only names it."""
 

@@ -12,7 +12,8 @@ from shared import names, store
 from shared.celery_app import make_celery
 from shared.codec import dump_ir
 from shared.errors import JobError, ModelError, StoreError
-from shared.messages import MAX_MODEL_BYTES, JobRef, JobResult, JobSpec, TaskProgress, check_share, target_kind
+from shared.messages import (MAX_MODEL_BYTES, JobRef, JobResult, JobSpec, TaskProgress, check_job, check_share,
+                             target_kind)
 
 FINAL_STATES = ("done", "failed", "cancelled")
 
@@ -132,6 +133,9 @@ class Client:
 
         check_share(share)
         target_kind(target)
+        check_job(share=share, trials=trials, trials_per_iter=trials_per_iter, max_trials_per_task=max_trials_per_task,
+                  seed=seed, only_tasks=only_tasks, retime_top_k=retime_top_k, clients=clients, cost_model=cost_model,
+                  untuned_baseline=untuned_baseline)
         _check_model_size(model)
         relax_model = to_relax(model, example_inputs)
         job_id = uuid.uuid4().hex[:12]

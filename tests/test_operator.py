@@ -32,3 +32,26 @@ def test_submit_without_redis_fails_fast_with_one_line():
     assert "Traceback" not in out.stderr
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and url in lines[0] and "cannot reach Redis" in lines[0], out.stderr
+
+
+BAD_NUMBERS = [(["--trials", "0"], "--trials"), (["--trials", "-3"], "--trials"), (["--per-iter", "0"], "--per-iter"),
+               (["--clients", "0"], "--clients"), (["--retime-top-k", "-1"], "--retime-top-k")]
+
+
+def test_bad_numbers_are_one_line_before_the_model_is_converted(stack):
+    # a model name that would fail conversion: the number's error is what is reported, so it came first
+    for args, flag in BAD_NUMBERS:
+        out, elapsed = _cli("submit", "no_such_model_anywhere", *args, redis_url=stack.redis_url)
+        assert out.returncode == 2, out.stderr
+        assert "Traceback" not in out.stderr and len(out.stderr.strip().splitlines()) == 1, out.stderr
+        assert flag in out.stderr and "no_such_model" not in out.stderr, out.stderr
+        assert elapsed < 3, (args, elapsed)
+
+
+def test_bad_numbers_through_the_client(client):
+    import pytest
+
+    from shared.errors import SpecError
+
+    with pytest.raises(SpecError, match="trials per round"):
+        client.submit("no_such_model_anywhere", trials=8, trials_per_iter=0)
