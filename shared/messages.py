@@ -102,6 +102,7 @@ class JobSpec(Contract):
     # family; "per_client": each shard trains its own (kept to measure which is better)
     cost_model: Literal["shared", "per_client"] = "shared"
     untuned_baseline: bool = True  # also compile the model without tuning records, to compare against
+    wait_for_lanes: bool = False  # no live lane serves (kind, share) yet: wait for one (parked) until cancelled
     submitted_at: float = Field(default_factory=time.time)
 
     @field_validator("share")

@@ -100,7 +100,10 @@ def parser_submit(sub) -> None:
     s = sub.add_parser("submit", help="submit a model (zoo name, .onnx file) to a running stack")
     s.add_argument("model")
     s.add_argument("--target", default="llvm")
-    s.add_argument("--share", type=int, default=100)
+    s.add_argument("--share", type=int, default=None,
+                   help="percent of a device (default: the share of the live lanes of the target's kind)")
+    s.add_argument("--wait-for-lanes", action="store_true",
+                   help="a share no live lane serves yet: wait for its lanes (until cancelled) instead of refusing")
     s.add_argument("--trials", type=int, default=64)
     s.add_argument("--per-iter", type=int, default=16)
     s.add_argument("--retime-top-k", type=int, default=0)
@@ -115,7 +118,7 @@ def parser_submit(sub) -> None:
 def cmd_submit(args) -> int:
     job = _client().submit(args.model, target=args.target, share=args.share, trials=args.trials,
                            trials_per_iter=args.per_iter, retime_top_k=args.retime_top_k, seed=args.seed,
-                           clients=args.clients)
+                           clients=args.clients, wait_for_lanes=args.wait_for_lanes)
     if args.json and not (args.wait or args.watch):
         _print_json({"job_id": job.job_id})
     elif not args.json:

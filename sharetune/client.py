@@ -11,9 +11,9 @@ from typing import Any
 from shared import names, store
 from shared.celery_app import make_celery
 from shared.codec import dump_ir
-from shared.errors import JobError, ModelError, StoreError
+from shared.errors import JobError, ModelError, ShareError, StoreError
 from shared.messages import (MAX_MODEL_BYTES, JobRef, JobResult, JobSpec, TaskProgress, check_job, check_share,
-                             target_kind)
+                             lane_kind)
 
 FINAL_STATES = ("done", "failed", "cancelled")
 
@@ -47,7 +47,7 @@ class Job:
         # a GPU the supervisor gave up names itself here even while the job goes on (or waits) elsewhere
         error = st.get("error") or st.get("gpu_error")
         return {"job_id": self.job_id, "name": spec.name, "state": st.get("state"), "error": error,
-                "gpu_error": st.get("gpu_error"),
+                "gpu_error": st.get("gpu_error"), "waiting_for": st.get("waiting_for"), "advice": st.get("advice"),
                 "target": spec.target, "share": spec.share, "budget": spec.trials,
                 "trials": sum(r["trials"] for r in rows), "submitted_at": spec.submitted_at, "times": stamps,
                 "tasks": rows, "shards": shards, "quarantined": quarantined}
@@ -120,22 +120,28 @@ class Client:
         self.redis = store.connect(redis_url)
         self.app = make_celery("client", redis_url)
 
-    def submit(self, model: Any, target: str = "llvm", share: int = 100, trials: int = 64, *,
+    def submit(self, model: Any, target: str = "llvm", share: int | None = None, trials: int = 64, *,
                example_inputs=None, name: str | None = None, trials_per_iter: int = 16,
                max_trials_per_task: int | None = None, seed: int | None = None,
                only_tasks: list[str] | None = None, retime_top_k: int = 0, clients: int | None = None,
-               cost_model: str = "shared", untuned_baseline: bool = True) -> Job:
+               cost_model: str = "shared", untuned_baseline: bool = True, wait_for_lanes: bool = False) -> Job:
         """Submit a model (torch nn.Module + example_inputs, ONNX path/bytes/ModelProto, Relax IRModule,
         or a zoo name) for tuning at `share` % of a device of kind `target`. `clients` tuner clients
         search its tasks at once (default: one per live tuner client), spending `trials` together.
-        Bad input raises a clear error here, before anything is queued."""
+        Bad input raises a clear error here, before anything is queued.
+
+        `share` None: the share of the live lanes of the target's kind when they all agree. A share no live
+        lane serves is refused (ShareError naming the shares served) unless `wait_for_lanes`: then the
+        job waits, parked, until such a lane appears or it is cancelled."""
         from sharetune.intake import to_relax
 
-        check_share(share)
-        target_kind(target)
-        check_job(share=share, trials=trials, trials_per_iter=trials_per_iter, max_trials_per_task=max_trials_per_task,
+        if share is not None:
+            check_share(share)
+        kind = lane_kind(target)
+        check_job(share=share or 100, trials=trials, trials_per_iter=trials_per_iter, max_trials_per_task=max_trials_per_task,
                   seed=seed, only_tasks=only_tasks, retime_top_k=retime_top_k, clients=clients, cost_model=cost_model,
                   untuned_baseline=untuned_baseline)
+        share = self._share_for(kind, share, wait_for_lanes)
         _check_model_size(model)
         relax_model = to_relax(model, example_inputs)
         job_id = uuid.uuid4().hex[:12]
@@ -143,7 +149,7 @@ class Client:
             job_id=job_id, name=name or (model if isinstance(model, str) else type(model).__name__),
             target=target, share=share, trials=trials, trials_per_iter=trials_per_iter,
             max_trials_per_task=max_trials_per_task, seed=seed, only_tasks=only_tasks, retime_top_k=retime_top_k,
-            clients=clients, cost_model=cost_model, untuned_baseline=untuned_baseline,
+            clients=clients, cost_model=cost_model, untuned_baseline=untuned_baseline, wait_for_lanes=wait_for_lanes,
         )
         blob = dump_ir(relax_model.mod).encode()
         if len(blob) > MAX_MODEL_BYTES:
@@ -151,6 +157,22 @@ class Client:
         store.create_job(self.redis, spec, blob)
         self.app.send_task(names.PLAN_TASK, args=[JobRef(job_id=job_id).model_dump(mode="json")], queue=names.PLAN_QUEUE)
         return Job(self, job_id)
+
+    def _share_for(self, kind: str, share: int | None, wait_for_lanes: bool) -> int:
+        served = sorted({l.share for l in self.lanes() if l.kind == kind})
+        listed = ", ".join(map(str, served))
+        if share is None:
+            if len(served) == 1:
+                return served[0]
+            if served:
+                raise ShareError(f"live {kind} lanes serve {listed} %: give one of them as the share (--share)")
+            raise ShareError(f"no live {kind} lane: start lanes (`sharetune up`), or give a share and wait for "
+                             f"its lanes (wait_for_lanes=True, --wait-for-lanes)")
+        if share not in served and not wait_for_lanes:
+            have = f"live {kind} lanes serve {listed} %" if served else f"no {kind} lane is live"
+            raise ShareError(f"no live {kind} lane serves {share} % ({have}); give a served share, or wait for "
+                             f"lanes of {share} % (wait_for_lanes=True, --wait-for-lanes)")
+        return share
 
     def job(self, job_id: str) -> Job:
         store.job_state(self.redis, job_id)  # raises JobError if unknown

@@ -55,3 +55,37 @@ def test_bad_numbers_through_the_client(client):
 
     with pytest.raises(SpecError, match="trials per round"):
         client.submit("no_such_model_anywhere", trials=8, trials_per_iter=0)
+
+
+def test_default_share_is_the_live_lanes_share(client, lane_share):
+    job = client.submit("tiny", trials=4, trials_per_iter=4, seed=11)
+    assert job.status()["share"] == lane_share
+    job.cancel()
+
+
+def test_a_share_no_lane_serves_is_refused_naming_the_served_shares(stack, client, lane_share):
+    import pytest
+
+    from shared.errors import ShareError
+
+    unserved = 7 if lane_share != 7 else 9
+    with pytest.raises(ShareError, match=rf"no live cpu lane serves {unserved} %.*serve {lane_share} %"):
+        client.submit("no_such_model_anywhere", share=unserved, trials=4)  # refused before conversion
+    out, _ = _cli("submit", "tiny", "--share", str(unserved), redis_url=stack.redis_url)
+    assert out.returncode == 2 and "Traceback" not in out.stderr and f"serve {lane_share} %" in out.stderr, out.stderr
+
+
+def test_a_job_parked_for_lanes_does_not_block_the_next(client, lane_share):
+    unserved = 7 if lane_share != 7 else 9
+    parked = client.submit("tiny", share=unserved, trials=4, trials_per_iter=4, wait_for_lanes=True)
+    deadline = time.time() + 120
+    while not parked.status()["waiting_for"]:
+        assert time.time() < deadline, parked.state()
+        time.sleep(0.5)
+    assert parked.status()["waiting_for"] == f"a live cpu lane at {unserved} %"
+    nxt = client.submit("tiny", trials=4, trials_per_iter=4, seed=12)
+    assert nxt.wait(timeout_s=600)["state"] == "done"
+    assert parked.state()["state"] == "planning"  # still waiting, while the other job was planned and done
+    assert parked.cancel() == "cancelled"
+    time.sleep(4)  # the parked plan message comes back once more and is dropped
+    assert parked.state()["state"] == "cancelled"
