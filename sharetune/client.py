@@ -77,6 +77,55 @@ class Job:
             raise JobError(f"job {self.job_id} has no result yet (state {st.get('state')})")
         return res
 
+    def latency_us(self, rounds: int = 10, timeout_s: float = 300.0) -> dict:
+        """End-to-end latency (µs, median of `rounds`) of the tuned and the untuned model: a CPU job's
+        compiled modules timed on this host in a fresh process pinned to as many cores as its lanes
+        hold. {"tuned": .., "untuned": .., "errors": {..}}; kept in the job's state once measured."""
+        import json
+        import os
+        import subprocess
+        import sys
+        import tempfile
+
+        import numpy as np
+
+        cached = self.state().get("latency_us")
+        if cached:
+            return json.loads(cached)
+        res, spec = self.result(), store.job_spec(self.client.redis, self.job_id)
+        if lane_kind(spec.target) != "cpu":
+            raise JobError("the end-to-end latency is timed for CPU jobs only (serve a GPU job's module at its share)")
+        modules = {k: p for k, p in (("tuned", res.tuned_module_path), ("untuned", res.untuned_module_path))
+                   if p and os.path.exists(p)}
+        if not modules:
+            raise JobError(f"job {self.job_id}'s compiled modules are not on this host")
+        from shared.codec import load_ir
+        from sharetune.intake import _main_inputs
+
+        mod = load_ir(store.job_model(self.client.redis, self.job_id).decode())
+        rng = np.random.default_rng(0)
+        inputs = [rng.standard_normal(shape).astype(dtype) for shape, dtype in _main_inputs(mod, "the job's model")]
+        queues = set(json.loads(self.state().get("lanes") or "[]"))
+        cores = next((l.cores for l in self.client.lanes() if l.queue in queues and l.cores), None)
+        n = len(cores) if cores else max(1, round((os.cpu_count() or 1) * spec.share / 100))
+        with tempfile.TemporaryDirectory() as tmp:
+            np.savez(f"{tmp}/inputs.npz", **{f"arg{i}": x for i, x in enumerate(inputs)})
+            argv = [sys.executable, "-m", "sharetune.evaluate", "--device", "cpu", "--cores",
+                    ",".join(str(c) for c in range(n)), "--inputs", f"{tmp}/inputs.npz", "--rounds", str(rounds)]
+            argv += [f"--module={k}={p}" for k, p in modules.items()]
+            repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+            env = {**os.environ, "TVM_NUM_THREADS": str(n), "OMP_NUM_THREADS": str(n), "CUDA_VISIBLE_DEVICES": "",
+                   "PYTHONPATH": repo + os.pathsep + os.environ.get("PYTHONPATH", "")}
+            proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout_s)
+        lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+        if proc.returncode != 0 or not lines:
+            tail = (proc.stderr.strip().splitlines() or ["no output"])[-1][:400]
+            raise JobError(f"timing job {self.job_id}'s modules failed: {tail}")
+        out = json.loads(lines[-1])
+        lat = {**out["latency_us"], "errors": out["errors"], "cores": n}
+        self.client.redis.hset(names.job_key(self.job_id), "latency_us", json.dumps(lat))
+        return lat
+
 
 def _number(v) -> bool:
     try:

@@ -75,6 +75,9 @@ def test_a_share_no_lane_serves_is_refused_naming_the_served_shares(stack, clien
     assert out.returncode == 2 and "Traceback" not in out.stderr and f"serve {lane_share} %" in out.stderr, out.stderr
 
 
+SMALL_BUDGET_JOB = []  # the parking test's second job (4 trials at 4 a round), reused below
+
+
 def test_a_job_parked_for_lanes_does_not_block_the_next(client, lane_share):
     unserved = 7 if lane_share != 7 else 9
     parked = client.submit("tiny", share=unserved, trials=4, trials_per_iter=4, wait_for_lanes=True)
@@ -85,7 +88,35 @@ def test_a_job_parked_for_lanes_does_not_block_the_next(client, lane_share):
     assert parked.status()["waiting_for"] == f"a live cpu lane at {unserved} %"
     nxt = client.submit("tiny", trials=4, trials_per_iter=4, seed=12)
     assert nxt.wait(timeout_s=600)["state"] == "done"
+    SMALL_BUDGET_JOB.append(nxt)
     assert parked.state()["state"] == "planning"  # still waiting, while the other job was planned and done
     assert parked.cancel() == "cancelled"
     time.sleep(4)  # the parked plan message comes back once more and is dropped
     assert parked.state()["state"] == "cancelled"
+
+
+def test_budget_advice_rule():
+    from services.tuner.planner import budget_advice
+
+    assert budget_advice(64, 16, 4) is None
+    assert budget_advice(32, 16, 10) == ("32 trials at 16 a round reach at most 2 of the 10 tasks; "
+                                         "160 trials (--trials 160) give every task one round")
+    assert "at most 1 of the 2 tasks" in budget_advice(3, 4, 2)  # a partial round still reaches a task
+
+
+def test_small_budget_is_advised_and_results_show_end_to_end_latency(stack, client, lane_share):
+    job = SMALL_BUDGET_JOB[0] if SMALL_BUDGET_JOB else client.submit("tiny", trials=4, trials_per_iter=4, seed=12)
+    assert job.wait(timeout_s=600)["state"] == "done"
+    st = job.status()
+    n = len(st["tasks"])
+    assert n >= 2  # tiny: a conv and a matmul
+    assert st["advice"] and f"--trials {4 * n}" in st["advice"], st
+    out, _ = _cli("results", job.job_id, redis_url=stack.redis_url, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert f"budget advice: 4 trials at 4 a round reach at most 1 of the {n} tasks" in out.stdout, out.stdout
+    line = next(l for l in out.stdout.splitlines() if l.startswith("end-to-end latency"))
+    assert "tuned" in line and "untuned" in line and line.endswith("x"), line
+    lat = job.latency_us()  # kept in the job's state: the same figures again
+    assert lat["tuned"] > 0 and lat["untuned"] > 0 and lat["cores"] >= 1
+    status, _ = _cli("status", job.job_id, redis_url=stack.redis_url)
+    assert "budget advice" in status.stdout

@@ -46,6 +46,17 @@ def lanes_or_park(redis, job_id: str, kind: str, share: int, wait_s: float, wait
     raise ShareError(f"no live measurer lane serves {kind} at {share} % (waited {waited:.0f} s); live lanes: {live}")
 
 
+def budget_advice(trials: int, per_iter: int, tasks: int) -> str | None:
+    """A budget that cannot give every task one search round (trials < tasks x trials per round) leaves
+    tasks untuned while the job looks finished: say so, and name the budget that would."""
+    need = tasks * per_iter
+    if trials >= need:
+        return None
+    reached = min(tasks, -(-trials // per_iter))
+    return (f"{trials} trials at {per_iter} a round reach at most {reached} of the {tasks} tasks; "
+            f"{need} trials (--trials {need}) give every task one round")
+
+
 def live_tuners(redis) -> int:
     return sum(1 for _ in redis.scan_iter(match=names.TUNERS_PATTERN, count=500))
 
@@ -90,6 +101,7 @@ def plan(redis, job_id: str, lane_wait_s: float) -> list[ShardState]:
         n = spec.clients or max(1, live_tuners(redis))
         store.put_shards(redis, job_id, partition(store.job_tasks(redis, job_id), n), spec.trials)
         shards = store.shards(redis, job_id)
+    advice = budget_advice(spec.trials, spec.trials_per_iter, len(tasks))
     store.set_state(redis, job_id, "planned", target_json=str(target), lanes=json.dumps([l.queue for l in lanes]),
-                    clients=len(shards))
+                    clients=len(shards), **({"advice": advice} if advice else {}))
     return [shards[k] for k in sorted(shards)]
