@@ -120,3 +120,8 @@ def test_small_budget_is_advised_and_results_show_end_to_end_latency(stack, clie
     assert lat["tuned"] > 0 and lat["untuned"] > 0 and lat["cores"] >= 1
     status, _ = _cli("status", job.job_id, redis_url=stack.redis_url)
     assert "budget advice" in status.stdout
+    from fastapi.testclient import TestClient
+
+    from sharetune.api import make_app
+
+    assert TestClient(make_app(client=client)).get(f"/jobs/{job.job_id}").json()["advice"] == st["advice"]
