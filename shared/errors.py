@@ -22,6 +22,14 @@ class MessageError(SharetuneError, ValueError):
     """A message on a queue that is not valid JSON for its contract."""
 
 
+class StoreError(SharetuneError):
+    """Redis (the store every part shares) cannot be reached at the URL given."""
+
+
+class SpecError(SharetuneError, ValueError):
+    """A job's number (trials, trials per round, clients, ...) outside its range."""
+
+
 class JobError(SharetuneError):
     """A job failed; the message says where and why."""
 

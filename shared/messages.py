@@ -102,6 +102,7 @@ class JobSpec(Contract):
     # family; "per_client": each shard trains its own (kept to measure which is better)
     cost_model: Literal["shared", "per_client"] = "shared"
     untuned_baseline: bool = True  # also compile the model without tuning records, to compare against
+    wait_for_lanes: bool = False  # no live lane serves (kind, share) yet: wait for one (parked) until cancelled
     submitted_at: float = Field(default_factory=time.time)
 
     @field_validator("share")
@@ -114,6 +115,31 @@ class JobSpec(Contract):
     def _target(cls, v):
         target_kind(v)
         return v
+
+
+# the user's names for JobSpec's fields where the CLI spells them otherwise
+_FLAGS = {"trials_per_iter": "trials per round (--per-iter)", "clients": "clients (--clients)",
+          "trials": "trials (--trials)", "retime_top_k": "retime top k (--retime-top-k)"}
+
+
+def check_job(**fields) -> None:
+    """Validate a job's numbers (and other fields) against JobSpec's own constraints, before any work is
+    done for it (one place for the rule); raise SpecError naming the field, its range and the value."""
+    from pydantic import ValidationError
+
+    from shared.errors import SpecError
+
+    try:
+        JobSpec.model_validate({"job_id": "check", "target": "llvm", **fields})
+    except ValidationError as err:
+        parts = []
+        for e in err.errors()[:5]:
+            field = ".".join(str(p) for p in e.get("loc", ())) or "job"
+            msg = e.get("msg", "").replace("Input should be", "must be")
+            parts.append(f"{_FLAGS.get(field, field)} {msg}, got {e.get('input')!r}")
+        raise SpecError("; ".join(parts)) from None
+    except (ShareError, TargetError) as err:
+        raise SpecError(str(err)) from None
 
 
 class JobRef(Contract):

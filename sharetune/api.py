@@ -65,6 +65,8 @@ class JobStatus(BaseModel):
     times: dict[str, float]
     tasks: list[TaskStatus]
     eta_s: float | None = None
+    advice: str | None = None  # the budget that would give every task one round, when the job's does not
+    waiting_for: str | None = None  # a job parked until a lane of its share lives
 
 
 class Cancelled(BaseModel):

@@ -100,7 +100,10 @@ def parser_submit(sub) -> None:
     s = sub.add_parser("submit", help="submit a model (zoo name, .onnx file) to a running stack")
     s.add_argument("model")
     s.add_argument("--target", default="llvm")
-    s.add_argument("--share", type=int, default=100)
+    s.add_argument("--share", type=int, default=None,
+                   help="percent of a device (default: the share of the live lanes of the target's kind)")
+    s.add_argument("--wait-for-lanes", action="store_true",
+                   help="a share no live lane serves yet: wait for its lanes (until cancelled) instead of refusing")
     s.add_argument("--trials", type=int, default=64)
     s.add_argument("--per-iter", type=int, default=16)
     s.add_argument("--retime-top-k", type=int, default=0)
@@ -115,11 +118,12 @@ def parser_submit(sub) -> None:
 def cmd_submit(args) -> int:
     job = _client().submit(args.model, target=args.target, share=args.share, trials=args.trials,
                            trials_per_iter=args.per_iter, retime_top_k=args.retime_top_k, seed=args.seed,
-                           clients=args.clients)
+                           clients=args.clients, wait_for_lanes=args.wait_for_lanes)
     if args.json and not (args.wait or args.watch):
         _print_json({"job_id": job.job_id})
     elif not args.json:
-        print(job.job_id)
+        print(job.job_id, flush=True)
+        _print_advice(job)
     if args.watch:
         return _watch(job, args.json)
     if args.wait:
@@ -127,6 +131,19 @@ def cmd_submit(args) -> int:
         _print_json(job.status() if args.json else final)
         return 0 if final.get("state") == "done" else 1
     return 0
+
+
+def _print_advice(job, plan_wait_s: float = 20.0) -> None:
+    """Once the job is planned (a few seconds), the budget advice if its trials cannot reach every task."""
+    deadline = time.time() + plan_wait_s
+    st = job.status()
+    while st["state"] in ("queued", "planning") and not st["waiting_for"] and time.time() < deadline:
+        time.sleep(0.3)
+        st = job.status()
+    if st["waiting_for"]:
+        print(f"waiting for {st['waiting_for']} (cancel with: sharetune cancel {job.job_id})", file=sys.stderr)
+    if st["advice"]:
+        print(f"budget advice: {st['advice']}", file=sys.stderr)
 
 
 def parser_status(sub) -> None:
@@ -155,6 +172,8 @@ def cmd_status(args) -> int:
         _print_json({**st, "estimates": estimates(st, time.time())})
     else:
         print("\n".join(render(st, time.time(), _width())))
+        if st.get("advice"):
+            print(f"budget advice: {st['advice']}")
     return 0
 
 
@@ -209,18 +228,34 @@ def parser_results(sub) -> None:
 
 
 def cmd_results(args) -> int:
+    from shared.errors import SharetuneError
     from sharetune.progress import fmt_us
 
-    res = _client().job(args.job_id).result()
+    job = _client().job(args.job_id)
+    res = job.result()
     if args.json:
         print(res.model_dump_json(indent=1))
         return 0
+    advice = job.state().get("advice")
+    if advice:
+        print(f"budget advice: {advice}")
     print(f"job {res.job_id}: {res.trials} trials in {res.wall_s:.0f} s on {res.target}")
     for t in res.tasks:
         print(f"  {t.name:<40} x{t.weight:<2} {t.trials:>4} trials  best {fmt_us(t.best_us):>10}  lane {t.best_lane or '-'}")
     print(f"tuned module:   {res.tuned_module_path}\nuntuned module: {res.untuned_module_path}")
     print(f"TVM database:   {res.database_dir}")
     print("time split (s): " + ", ".join(f"{k} {v}" for k, v in res.time_split_s.items()))
+    try:
+        lat = job.latency_us()
+    except SharetuneError as err:
+        print(f"end-to-end latency: not timed ({err})")
+        return 0
+    if lat.get("tuned") and lat.get("untuned"):
+        print(f"end-to-end latency ({lat['cores']} core{'s' * (lat['cores'] > 1)}): tuned {fmt_us(lat['tuned'])}, "
+              f"untuned {fmt_us(lat['untuned'])}, {lat['untuned'] / lat['tuned']:.2f}x")
+    else:
+        print("end-to-end latency: " + ", ".join(f"{k} {fmt_us(lat[k])}" for k in ("tuned", "untuned") if lat.get(k))
+              + "".join(f"; {k} failed: {e}" for k, e in lat.get("errors", {}).items()))
     return 0
 
 

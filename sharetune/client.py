@@ -11,8 +11,9 @@ from typing import Any
 from shared import names, store
 from shared.celery_app import make_celery
 from shared.codec import dump_ir
-from shared.errors import JobError, ModelError
-from shared.messages import MAX_MODEL_BYTES, JobRef, JobResult, JobSpec, TaskProgress, check_share, target_kind
+from shared.errors import JobError, ModelError, ShareError, StoreError
+from shared.messages import (MAX_MODEL_BYTES, JobRef, JobResult, JobSpec, TaskProgress, check_job, check_share,
+                             lane_kind)
 
 FINAL_STATES = ("done", "failed", "cancelled")
 
@@ -46,7 +47,7 @@ class Job:
         # a GPU the supervisor gave up names itself here even while the job goes on (or waits) elsewhere
         error = st.get("error") or st.get("gpu_error")
         return {"job_id": self.job_id, "name": spec.name, "state": st.get("state"), "error": error,
-                "gpu_error": st.get("gpu_error"),
+                "gpu_error": st.get("gpu_error"), "waiting_for": st.get("waiting_for"), "advice": st.get("advice"),
                 "target": spec.target, "share": spec.share, "budget": spec.trials,
                 "trials": sum(r["trials"] for r in rows), "submitted_at": spec.submitted_at, "times": stamps,
                 "tasks": rows, "shards": shards, "quarantined": quarantined}
@@ -76,6 +77,55 @@ class Job:
             raise JobError(f"job {self.job_id} has no result yet (state {st.get('state')})")
         return res
 
+    def latency_us(self, rounds: int = 10, timeout_s: float = 300.0) -> dict:
+        """End-to-end latency (µs, median of `rounds`) of the tuned and the untuned model: a CPU job's
+        compiled modules timed on this host in a fresh process pinned to as many cores as its lanes
+        hold. {"tuned": .., "untuned": .., "errors": {..}}; kept in the job's state once measured."""
+        import json
+        import os
+        import subprocess
+        import sys
+        import tempfile
+
+        import numpy as np
+
+        cached = self.state().get("latency_us")
+        if cached:
+            return json.loads(cached)
+        res, spec = self.result(), store.job_spec(self.client.redis, self.job_id)
+        if lane_kind(spec.target) != "cpu":
+            raise JobError("the end-to-end latency is timed for CPU jobs only (serve a GPU job's module at its share)")
+        modules = {k: p for k, p in (("tuned", res.tuned_module_path), ("untuned", res.untuned_module_path))
+                   if p and os.path.exists(p)}
+        if not modules:
+            raise JobError(f"job {self.job_id}'s compiled modules are not on this host")
+        from shared.codec import load_ir
+        from sharetune.intake import _main_inputs
+
+        mod = load_ir(store.job_model(self.client.redis, self.job_id).decode())
+        rng = np.random.default_rng(0)
+        inputs = [rng.standard_normal(shape).astype(dtype) for shape, dtype in _main_inputs(mod, "the job's model")]
+        queues = set(json.loads(self.state().get("lanes") or "[]"))
+        cores = next((l.cores for l in self.client.lanes() if l.queue in queues and l.cores), None)
+        n = len(cores) if cores else max(1, round((os.cpu_count() or 1) * spec.share / 100))
+        with tempfile.TemporaryDirectory() as tmp:
+            np.savez(f"{tmp}/inputs.npz", **{f"arg{i}": x for i, x in enumerate(inputs)})
+            argv = [sys.executable, "-m", "sharetune.evaluate", "--device", "cpu", "--cores",
+                    ",".join(str(c) for c in range(n)), "--inputs", f"{tmp}/inputs.npz", "--rounds", str(rounds)]
+            argv += [f"--module={k}={p}" for k, p in modules.items()]
+            repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+            env = {**os.environ, "TVM_NUM_THREADS": str(n), "OMP_NUM_THREADS": str(n), "CUDA_VISIBLE_DEVICES": "",
+                   "PYTHONPATH": repo + os.pathsep + os.environ.get("PYTHONPATH", "")}
+            proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout_s)
+        lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+        if proc.returncode != 0 or not lines:
+            tail = (proc.stderr.strip().splitlines() or ["no output"])[-1][:400]
+            raise JobError(f"timing job {self.job_id}'s modules failed: {tail}")
+        out = json.loads(lines[-1])
+        lat = {**out["latency_us"], "errors": out["errors"], "cores": n}
+        self.client.redis.hset(names.job_key(self.job_id), "latency_us", json.dumps(lat))
+        return lat
+
 
 def _number(v) -> bool:
     try:
@@ -85,25 +135,62 @@ def _number(v) -> bool:
         return False
 
 
+CONNECT_TIMEOUT_S = 3.0
+
+
+def check_reachable(redis_url: str, timeout_s: float = CONNECT_TIMEOUT_S) -> None:
+    """One ping with a connect timeout, no retries: a stale or missing Redis is a one-line StoreError
+    in seconds, not a minute of the store's restart-riding retries and a traceback."""
+    import redis
+
+    try:
+        r = redis.Redis.from_url(redis_url, socket_connect_timeout=timeout_s, socket_timeout=timeout_s)
+        try:
+            r.ping()
+        finally:
+            r.close()
+    except (redis.exceptions.RedisError, ValueError, OSError) as err:
+        why = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        raise StoreError(f"cannot reach Redis at {_redacted(redis_url)}: {why} (is the stack up? `sharetune up` "
+                         f"prints the REDIS_URL to export)") from None
+
+
+def _redacted(url: str) -> str:
+    """The URL without its password."""
+    import re
+
+    return re.sub(r"(//[^:/@]*:)[^@/]*@", r"\1***@", url)
+
+
 class Client:
     def __init__(self, redis_url: str):
         self.redis_url = redis_url
+        check_reachable(redis_url)
         self.redis = store.connect(redis_url)
         self.app = make_celery("client", redis_url)
 
-    def submit(self, model: Any, target: str = "llvm", share: int = 100, trials: int = 64, *,
+    def submit(self, model: Any, target: str = "llvm", share: int | None = None, trials: int = 64, *,
                example_inputs=None, name: str | None = None, trials_per_iter: int = 16,
                max_trials_per_task: int | None = None, seed: int | None = None,
                only_tasks: list[str] | None = None, retime_top_k: int = 0, clients: int | None = None,
-               cost_model: str = "shared", untuned_baseline: bool = True) -> Job:
+               cost_model: str = "shared", untuned_baseline: bool = True, wait_for_lanes: bool = False) -> Job:
         """Submit a model (torch nn.Module + example_inputs, ONNX path/bytes/ModelProto, Relax IRModule,
         or a zoo name) for tuning at `share` % of a device of kind `target`. `clients` tuner clients
         search its tasks at once (default: one per live tuner client), spending `trials` together.
-        Bad input raises a clear error here, before anything is queued."""
+        Bad input raises a clear error here, before anything is queued.
+
+        `share` None: the share of the live lanes of the target's kind when they all agree. A share no live
+        lane serves is refused (ShareError naming the shares served) unless `wait_for_lanes`: then the
+        job waits, parked, until such a lane appears or it is cancelled."""
         from sharetune.intake import to_relax
 
-        check_share(share)
-        target_kind(target)
+        if share is not None:
+            check_share(share)
+        kind = lane_kind(target)
+        check_job(share=share or 100, trials=trials, trials_per_iter=trials_per_iter, max_trials_per_task=max_trials_per_task,
+                  seed=seed, only_tasks=only_tasks, retime_top_k=retime_top_k, clients=clients, cost_model=cost_model,
+                  untuned_baseline=untuned_baseline)
+        share = self._share_for(kind, share, wait_for_lanes)
         _check_model_size(model)
         relax_model = to_relax(model, example_inputs)
         job_id = uuid.uuid4().hex[:12]
@@ -111,7 +198,7 @@ class Client:
             job_id=job_id, name=name or (model if isinstance(model, str) else type(model).__name__),
             target=target, share=share, trials=trials, trials_per_iter=trials_per_iter,
             max_trials_per_task=max_trials_per_task, seed=seed, only_tasks=only_tasks, retime_top_k=retime_top_k,
-            clients=clients, cost_model=cost_model, untuned_baseline=untuned_baseline,
+            clients=clients, cost_model=cost_model, untuned_baseline=untuned_baseline, wait_for_lanes=wait_for_lanes,
         )
         blob = dump_ir(relax_model.mod).encode()
         if len(blob) > MAX_MODEL_BYTES:
@@ -119,6 +206,22 @@ class Client:
         store.create_job(self.redis, spec, blob)
         self.app.send_task(names.PLAN_TASK, args=[JobRef(job_id=job_id).model_dump(mode="json")], queue=names.PLAN_QUEUE)
         return Job(self, job_id)
+
+    def _share_for(self, kind: str, share: int | None, wait_for_lanes: bool) -> int:
+        served = sorted({l.share for l in self.lanes() if l.kind == kind})
+        listed = ", ".join(map(str, served))
+        if share is None:
+            if len(served) == 1:
+                return served[0]
+            if served:
+                raise ShareError(f"live {kind} lanes serve {listed} %: give one of them as the share (--share)")
+            raise ShareError(f"no live {kind} lane: start lanes (`sharetune up`), or give a share and wait for "
+                             f"its lanes (wait_for_lanes=True, --wait-for-lanes)")
+        if share not in served and not wait_for_lanes:
+            have = f"live {kind} lanes serve {listed} %" if served else f"no {kind} lane is live"
+            raise ShareError(f"no live {kind} lane serves {share} % ({have}); give a served share, or wait for "
+                             f"lanes of {share} % (wait_for_lanes=True, --wait-for-lanes)")
+        return share
 
     def job(self, job_id: str) -> Job:
         store.job_state(self.redis, job_id)  # raises JobError if unknown

@@ -34,14 +34,14 @@ def test_unknown_target(client, records_before):
         client.submit("tiny", target="tpu", share=50, trials=4)
 
 
-def test_corrupt_onnx(client, records_before, tmp_path):
+def test_corrupt_onnx(client, lane_share, records_before, tmp_path):
     bad = tmp_path / "broken.onnx"
     bad.write_bytes(b"\x08\x07this is not a protobuf" * 10)
     with pytest.raises(ModelError, match="ONNX"):
-        client.submit(str(bad), target="llvm", share=50, trials=4)
+        client.submit(str(bad), target="llvm", share=lane_share, trials=4)
 
 
-def test_unsupported_onnx_operator(client, records_before):
+def test_unsupported_onnx_operator(client, lane_share, records_before):
     import onnx
     from onnx import TensorProto, helper
 
@@ -50,7 +50,7 @@ def test_unsupported_onnx_operator(client, records_before):
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     with pytest.raises(ModelError, match="FooBarOp"):
-        client.submit(model.SerializeToString(), target="llvm", share=50, trials=4)
+        client.submit(model.SerializeToString(), target="llvm", share=lane_share, trials=4)
 
 
 def test_model_with_no_tunable_operator_fails_the_job_clearly(client, lane_share, records_before):
@@ -67,7 +67,8 @@ def test_model_with_no_tunable_operator_fails_the_job_clearly(client, lane_share
 
 
 def test_job_at_a_share_no_lane_serves_fails_clearly(stack, client, records_before):
-    # 7 % is a valid share, but no lane of this stack serves it: the planner says so (after its wait).
+    # 7 % is a valid share, but no lane of this stack serves it: the planner says so once its wait is over
+    # (lane_wait_s=0: over at once; before that the job is parked, see test_operator.py).
     from shared.messages import JobSpec
 
     r = client.redis
@@ -80,7 +81,7 @@ def test_job_at_a_share_no_lane_serves_fails_clearly(stack, client, records_befo
     from services.tuner import planner
 
     with pytest.raises(ShareError, match="no live measurer lane serves cpu at 7 %"):
-        planner.plan(r, "noshare1", lane_wait_s=1)
+        planner.plan(r, "noshare1", lane_wait_s=0)
 
 
 def test_malformed_message_on_a_lane_queue_is_answered(client, redis_conn, records_before):

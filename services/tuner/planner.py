@@ -16,17 +16,45 @@ def lanes_for(redis, kind: str, share: int) -> list[LaneInfo]:
     return [l for l in store.live_lanes(redis) if l.kind == kind and l.share == share]
 
 
-def wait_for_lanes(redis, kind: str, share: int, wait_s: float) -> list[LaneInfo]:
-    deadline = time.time() + wait_s
-    while True:
-        lanes = lanes_for(redis, kind, share)
-        if lanes or time.time() >= deadline:
-            break
-        time.sleep(0.5)
-    if not lanes:
-        live = ", ".join(f"{l.queue} ({l.kind} {l.share} %)" for l in store.live_lanes(redis)) or "none"
-        raise ShareError(f"no live measurer lane serves {kind} at {share} % (waited {wait_s:.0f} s); live lanes: {live}")
-    return lanes
+PARK_RECHECK_S = 3.0  # how often a job parked for lanes is looked at again
+
+
+class Parked(Exception):
+    """No live lane serves the job's (kind, share) yet. The planner does not sleep on it (one planner
+    would hold every later job behind it): the caller re-sends the plan message `retry_in` s later."""
+
+    def __init__(self, job_id: str, waiting_for: str, retry_in: float = PARK_RECHECK_S):
+        super().__init__(f"job {job_id} waits for {waiting_for}")
+        self.job_id, self.waiting_for, self.retry_in = job_id, waiting_for, retry_in
+
+
+def lanes_or_park(redis, job_id: str, kind: str, share: int, wait_s: float, wait_for_lanes: bool = False) -> list[LaneInfo]:
+    """The lanes serving (kind, share); none yet: Parked while the job may still wait (`wait_s` since it was
+    first parked, or without limit with `wait_for_lanes`), then ShareError naming the live lanes."""
+    key = names.job_key(job_id)
+    lanes = lanes_for(redis, kind, share)
+    if lanes:
+        redis.hdel(key, "waiting_for")
+        return lanes
+    redis.hsetnx(key, "parked_at", time.time())
+    waited = time.time() - float(redis.hget(key, "parked_at"))
+    if wait_for_lanes or waited < wait_s:
+        waiting_for = f"a live {kind} lane at {share} %"
+        redis.hset(key, "waiting_for", waiting_for)
+        raise Parked(job_id, waiting_for)
+    live = ", ".join(f"{l.queue} ({l.kind} {l.share} %)" for l in store.live_lanes(redis)) or "none"
+    raise ShareError(f"no live measurer lane serves {kind} at {share} % (waited {waited:.0f} s); live lanes: {live}")
+
+
+def budget_advice(trials: int, per_iter: int, tasks: int) -> str | None:
+    """A budget that cannot give every task one search round (trials < tasks x trials per round) leaves
+    tasks untuned while the job looks finished: say so, and name the budget that would."""
+    need = tasks * per_iter
+    if trials >= need:
+        return None
+    reached = min(tasks, -(-trials // per_iter))
+    return (f"{trials} trials at {per_iter} a round reach at most {reached} of the {tasks} tasks; "
+            f"{need} trials (--trials {need}) give every task one round")
 
 
 def live_tuners(redis) -> int:
@@ -43,9 +71,13 @@ def plan(redis, job_id: str, lane_wait_s: float) -> list[ShardState]:
     from services.tuner.metaschedule.extract import extract, workload_key
 
     spec = store.job_spec(redis, job_id)
-    store.set_state(redis, job_id, "planning")
+    state = store.job_state(redis, job_id).get("state")
+    if state in ("cancelled", "failed", "done"):
+        return []  # e.g. a parked job cancelled while it waited for lanes
+    if state != "planning":  # a parked job's re-check keeps its first planning_at
+        store.set_state(redis, job_id, "planning")
     kind = lane_kind(spec.target)
-    lanes = wait_for_lanes(redis, kind, spec.share, lane_wait_s)
+    lanes = lanes_or_park(redis, job_id, kind, spec.share, lane_wait_s, spec.wait_for_lanes)
     target = tvm.target.Target(json.loads(lanes[0].target))
     mod = load_ir(store.job_model(redis, job_id).decode())
     tasks: list[JobTask] = []
@@ -69,6 +101,7 @@ def plan(redis, job_id: str, lane_wait_s: float) -> list[ShardState]:
         n = spec.clients or max(1, live_tuners(redis))
         store.put_shards(redis, job_id, partition(store.job_tasks(redis, job_id), n), spec.trials)
         shards = store.shards(redis, job_id)
+    advice = budget_advice(spec.trials, spec.trials_per_iter, len(tasks))
     store.set_state(redis, job_id, "planned", target_json=str(target), lanes=json.dumps([l.queue for l in lanes]),
-                    clients=len(shards))
+                    clients=len(shards), **({"advice": advice} if advice else {}))
     return [shards[k] for k in sorted(shards)]

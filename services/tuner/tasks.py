@@ -113,6 +113,10 @@ def plan_job(payload):
         return None
     try:
         shards = planner.plan(redis(), ref.job_id, settings.lane_wait_s)
+    except planner.Parked as parked:  # look again later; the planner takes the next job meanwhile
+        app.send_task(names.PLAN_TASK, args=[ref.model_dump(mode="json")], queue=names.PLAN_QUEUE,
+                      countdown=parked.retry_in)
+        return {"job_id": ref.job_id, "parked": parked.waiting_for}
     except Exception as err:  # noqa: BLE001
         _fail(ref.job_id, "planning", err)
         return None
