@@ -245,6 +245,10 @@ def cmd_results(args) -> int:
     print(f"tuned module:   {res.tuned_module_path}\nuntuned module: {res.untuned_module_path}")
     print(f"TVM database:   {res.database_dir}")
     print("time split (s): " + ", ".join(f"{k} {v}" for k, v in res.time_split_s.items()))
+    curve = tuning_curve_points(job)
+    if curve:  # where to stop: the model's estimate as trials and time went by
+        print("model estimate (sum of task bests x weight): " + ", ".join(
+            f"{p['trial']} trials {p['t']:.0f} s {fmt_us(p['est_us'])}" for p in curve))
     try:
         lat = job.latency_us()
     except SharetuneError as err:
@@ -257,6 +261,18 @@ def cmd_results(args) -> int:
         print("end-to-end latency: " + ", ".join(f"{k} {fmt_us(lat[k])}" for k in ("tuned", "untuned") if lat.get(k))
               + "".join(f"; {k} failed: {e}" for k, e in lat.get("errors", {}).items()))
     return 0
+
+
+def tuning_curve_points(job, points: int = 5) -> list[dict]:
+    """A few points of the job's tuning curve (the report draws all of it), from the first trial at which
+    every task had a best to the last."""
+    from sharetune.report import job_data
+
+    curve = job_data(job.client.redis, job.job_id)["job_curve"]
+    if not curve:
+        return []
+    idx = sorted({round(i * (len(curve) - 1) / max(1, points - 1)) for i in range(points)})
+    return [curve[i] for i in idx]
 
 
 def parser_export(sub) -> None:

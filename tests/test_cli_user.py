@@ -79,3 +79,12 @@ def test_cancel_stops_a_running_job_between_rounds(cli, client, lane_share, redi
     recs = [r for t in store.job_tasks(redis_conn, job.job_id) for r in store.records(redis_conn, t.wkey)
             if r.job_id == job.job_id]
     assert 0 < len(recs) <= st["trials"]
+
+
+def test_results_show_the_models_tuning_curve(cli, tuned_tiny, redis_conn):
+    from sharetune.report import job_data
+
+    curve = job_data(redis_conn, tuned_tiny.job_id)["job_curve"]
+    assert curve and all(b["est_us"] <= a["est_us"] for a, b in zip(curve, curve[1:]))  # a running best
+    line = next(l for l in cli("results", tuned_tiny.job_id).stdout.splitlines() if l.startswith("model estimate"))
+    assert line.count(" trials ") == min(5, len(curve)) and f"{curve[-1]['trial']} trials" in line
