@@ -288,10 +288,38 @@ def workload(r: redis.Redis, wkey: str) -> Workload:
     return Workload.parse(raw)
 
 
+# What lanes and builders answer for the candidates of a cancelled job: not a measurement, so it is never
+# stored as a record (services.tuner.metaschedule.records skips it).
+CANCELLED = "job cancelled"
+
+
+def valid_record(rec: Record) -> bool:
+    """A measurement: no error and some figures. Only these answer a reuse lookup or count as reused."""
+    return rec.error is None and bool(rec.run_secs)
+
+
+# A record is kept once (idempotent), except that a valid measurement replaces an error record: a later
+# job that measures a candidate which once failed (e.g. for a transient reason) leaves the measurement.
+_PUT_RECORD = """
+local old = redis.call('HGET', KEYS[1], ARGV[1])
+if old and ARGV[3] == '1' then
+  local o = cjson.decode(old)
+  if (o['error'] == nil or o['error'] == cjson.null) and type(o['run_secs']) == 'table' and #o['run_secs'] > 0 then
+    return 0
+  end
+elseif old then
+  return 0
+end
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+return 1
+"""
+
+
 def put_record(r: redis.Redis, rec: Record) -> bool:
     """Idempotent: the candidate key is a hash of workload + trace, so a re-measured candidate keeps
-    its first record. True when the record was new."""
-    return bool(r.hsetnx(names.records_key(rec.wkey), rec.candidate_key, rec.model_dump_json()))
+    its first valid record. True when the record was written (on a pipeline: queued, returns False)."""
+    return bool(r.eval(_PUT_RECORD, 1, names.records_key(rec.wkey), rec.candidate_key, rec.model_dump_json(),
+                       "1" if valid_record(rec) else "0"))
 
 
 def replace_record(r: redis.Redis, rec: Record) -> None:
@@ -304,7 +332,17 @@ def records(r: redis.Redis, wkey: str) -> list[Record]:
 
 
 def record_count(r: redis.Redis, wkey: str) -> int:
-    return int(r.hlen(names.records_key(wkey)))
+    """The valid records of a workload: what a new job reuses (error records are measured again)."""
+    return sum(1 for rec in records(r, wkey) if valid_record(rec))
+
+
+def known_records(r: redis.Redis, wkey: str, keys: list[str]) -> dict[str, Record]:
+    """The valid records the store holds for these candidate keys; an error record is not an answer."""
+    if not keys:
+        return {}
+    raw = r.hmget(names.records_key(wkey), keys)
+    found = {k: Record.parse(v) for k, v in zip(keys, raw) if v is not None}
+    return {k: rec for k, rec in found.items() if valid_record(rec)}
 
 
 # ---- lanes -------------------------------------------------------------------------------------------

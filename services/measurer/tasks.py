@@ -200,7 +200,7 @@ def build_batch(payload):
     store.mark_batch_building(r, batch.batch_id, worker, b.alive_key if b else "")
     if store.job_cancelled(r, batch.job_id):
         for cand in batch.candidates:
-            store.put_result(r, batch.batch_id, MeasureResult(candidate_id=cand.candidate_id, error="job cancelled", lane=req.lane))
+            store.put_result(r, batch.batch_id, MeasureResult(candidate_id=cand.candidate_id, error=store.CANCELLED, lane=req.lane))
         return {"batch_id": batch.batch_id, "built": 0, "cancelled": True}
     target = evaluate.target_from_json(batch.target)
     built, failed, secs = [], 0, 0.0
@@ -241,7 +241,7 @@ def measure_batch(payload):
     if store.job_cancelled(STATE.redis, batch.job_id):  # answered, so no one waits on it
         for cand in batch.candidates:
             store.put_result(STATE.redis, batch.batch_id,
-                             MeasureResult(candidate_id=cand.candidate_id, error="job cancelled", lane=LANE.queue))
+                             MeasureResult(candidate_id=cand.candidate_id, error=store.CANCELLED, lane=LANE.queue))
         return {"batch_id": batch.batch_id, "measured": 0, "cancelled": True}
     started = time.time()
     target = evaluate.target_from_json(batch.target) if batch.target else STATE.target

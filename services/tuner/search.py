@@ -82,8 +82,10 @@ def tune_shard(app, redis, job_id: str, shard: int, work_dir: Path, grace_s: flo
 
 
 def finish_job(app, redis, job_id: str, work_dir: Path, grace_s: float = 120.0) -> JobResult:
-    """Once every shard is done: re-time each task's top k (lanes idle now), compile the tuned and the
-    untuned model, and store the result. Idempotent: a finish that died is simply run again."""
+    """Once every shard is done (or the job was cancelled and its clients stopped): re-time each task's
+    top k (lanes idle now; not for a cancelled job), compile the tuned and the untuned model, and store
+    the result. Idempotent: a finish that died is simply run again. A cancelled job stays cancelled
+    (set_state never overwrites it)."""
     import tvm
 
     spec = store.job_spec(redis, job_id)
@@ -97,7 +99,8 @@ def finish_job(app, redis, job_id: str, work_dir: Path, grace_s: float = 120.0) 
     from services.tuner.metaschedule.records import export_json_database, retime_top_k
 
     retime = {}
-    if spec.retime_top_k:
+    cancelled = state.get("state") == "cancelled"  # finished on what was measured; it stays cancelled
+    if spec.retime_top_k and not cancelled:  # lanes answer a cancelled job's batches without running them
         store.set_state(redis, job_id, "retiming")
         t_retime = time.time()
         runner = LaneRunner(app, redis, job_id, lane_kind(spec.target), spec.share, str(target), CandidateStash(),

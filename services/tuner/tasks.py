@@ -136,6 +136,8 @@ def tune_shard(payload):
         return None
     r = redis()
     state = store.job_state(r, ref.job_id).get("state")
+    if state == "cancelled":
+        _finish_cancelled(r, ref.job_id)  # a shard no client took: the job may be finished now
     if state in ("done", "cancelled", "failed"):
         return {"job_id": ref.job_id, "skipped": state}  # a re-delivered message for a finished job
     shard = store.shards(r, ref.job_id).get(ref.shard)
@@ -165,6 +167,12 @@ def tune_shard(payload):
             store.put_shard(r, ref.job_id, shard)
             store.release_lease(r, ref.job_id, ref.shard, WORKER_ID)
             send_shard(ref.job_id, ref.shard)
+        elif lease.held() and store.job_state(r, ref.job_id).get("state") == "cancelled":
+            shard = store.shards(r, ref.job_id)[ref.shard]  # its in-flight round is recorded: it is over
+            shard.state, shard.finished_at = "done", time.time()
+            store.put_shard(r, ref.job_id, shard)
+            store.release_lease(r, ref.job_id, ref.shard, WORKER_ID)
+            _finish_cancelled(r, ref.job_id)
         return {"job_id": ref.job_id, "shard": ref.shard, "handed_back": str(why)}
     except Exception as err:  # noqa: BLE001
         lease.stop()
@@ -181,6 +189,18 @@ def tune_shard(payload):
     return {"job_id": ref.job_id, "shard": ref.shard, "trials": run.trials, "reused": run.reused}
 
 
+def _finish_cancelled(r, job_id: str) -> None:
+    """A cancelled job gets the same finishing step as a finished one, on what was measured (best so far
+    per task, the exported database, a compiled model), once no client searches it any more; its state
+    stays "cancelled"."""
+    if store.job_result(r, job_id) is not None:
+        return
+    if any(sh.state == "running" for sh in store.shards(r, job_id).values()):
+        return  # the client still searching finishes it when it stops
+    if r.set(names.job_finish_key(job_id), WORKER_ID, nx=True, ex=900):
+        send_finish(job_id)
+
+
 @app.task(name=names.FINISH_TASK)
 def finish_job(payload):
     from services.tuner import search
@@ -189,7 +209,7 @@ def finish_job(payload):
     if ref is None:
         return None
     state = store.job_state(redis(), ref.job_id).get("state")
-    if state in ("done", "cancelled", "failed"):
+    if state in ("done", "failed") or (state == "cancelled" and store.job_result(redis(), ref.job_id)):
         return {"job_id": ref.job_id, "skipped": state}
     try:
         result = search.finish_job(app, redis(), ref.job_id, settings.work_dir, settings.batch_grace_s)

@@ -35,8 +35,7 @@ def tvm_record(rec: Record, workload: ms.database.Workload) -> ms.database.Tunin
     return ms.database.TuningRecord(trec.trace, workload, [rank_secs(rec.run_secs)], trec.target, trec.args_info)
 
 
-def valid(rec: Record) -> bool:
-    return rec.error is None and bool(rec.run_secs)
+valid = store.valid_record
 
 
 def ranked(recs: list[Record]) -> list[Record]:
@@ -100,11 +99,9 @@ class StoreRecords:
 
     def known(self, wkey: str, keys: list[str]) -> dict[str, Record]:
         """The records the store already holds for these candidate keys (measured by an earlier job or
-        by a client of this job that died): they are reused, never measured again."""
-        if not keys:
-            return {}
-        raw = self.redis.hmget(names.records_key(wkey), keys)
-        return {k: Record.parse(v) for k, v in zip(keys, raw) if v is not None}
+        by a client of this job that died): they are reused, never measured again. Only valid records:
+        a candidate that failed (or was never measured) is measured again."""
+        return store.known_records(self.redis, wkey, keys)
 
     def record_round(self, ctx, measure_candidates, builder_results, runner_results, claimed: int) -> TaskProgress:
         name = ctx.task_name
@@ -118,6 +115,8 @@ class StoreRecords:
         for cand, built, ran in zip(measure_candidates, builder_results, runner_results):
             run_secs = [float(s) for s in ran.run_secs] if ran.run_secs is not None else None
             error = built.error_msg or ran.error_msg
+            if error == store.CANCELLED:
+                continue  # never measured: not a record, not a trial; a later job measures it
             rec = ms.database.TuningRecord(cand.sch.trace, workload, run_secs, ctx.target, cand.args_info)
             if error is None and run_secs:
                 self.database.commit_tuning_record(rec)
@@ -140,7 +139,7 @@ class StoreRecords:
         self.progress[prog.task_id] = prog
         with self.redis.pipeline(transaction=True) as p:
             for rec in recs:
-                p.hsetnx(names.records_key(rec.wkey), rec.candidate_key, rec.model_dump_json())
+                store.put_record(p, rec)
             p.hset(names.job_progress_key(self.job_id), prog.task_id, prog.model_dump_json())
             store.settle_claim(self.redis, self.job_id, self.shard, claimed, pipe=p)
             p.execute()
