@@ -401,10 +401,15 @@ class Stack:
         return max([faults_since] + [f.at + 1e-6 for f in faults] + ([event["restarted_at"]] if gpus or give_up else []))
 
     def _restart_lane(self, name: str) -> None:
+        import logging
+
         queue, instance = self.lane_procs[name]
-        self.procs.pop(name, None)
+        old = self.procs.pop(name, None)
         self._restarts.setdefault(name, []).append(time.time())
-        self.start_lane(queue, instance)
+        new = self.start_lane(queue, instance)
+        logging.getLogger("sharetune.stack").warning("%s (pid %s) exited with %s: started again as pid %s", name,
+                                                     getattr(old, "pid", None), getattr(old, "returncode", None),
+                                                     getattr(new, "pid", None))
 
     def _gpu_lane_names(self, gpu8: str) -> list[str]:
         return [n for n, (q, _) in self.lane_procs.items() if names.LaneName.parse(q).gpu == gpu8]
@@ -585,60 +590,6 @@ class Stack:
         if self.mps is not None:
             self.mps.stop()  # only if this stack started it
             self.mps = None
-
-    # ---- detached use: `sharetune up` leaves the stack running, `sharetune down` stops it -------------
-
-    STATE_FILE = "stack.json"
-
-    def detach(self) -> dict:
-        """Leave every process running (each is its own session) and write what `down` needs to stop
-        exactly these processes, by PID."""
-        import json
-
-        if self._supervisor is not None:  # a detached stack is not supervised: this process is leaving
-            self._stopping.set()
-            self._supervisor.join(30)
-            self._supervisor = None
-
-        state = {
-            "redis_url": self.redis_url,
-            "pids": {name: p.pid for name, p in self.procs.items()},
-            "redis_pid": self.redis_server.proc.pid if self.redis_server else None,
-            "mps": {"pipe": str(self.mps.pipe_dir), "log": str(self.mps.log_dir)} if self.mps and self.mps.started else None,
-            "lanes": self.lanes,
-        }
-        (self.work_dir / self.STATE_FILE).write_text(json.dumps(state, indent=1))
-        self.procs, self.redis_server, self.mps = {}, None, None
-        return state
-
-    @classmethod
-    def stop_detached(cls, work_dir: Path, timeout_s: float = 20.0) -> list[str]:
-        """Stop the processes a detached stack in `work_dir` started; returns their names."""
-        import json
-
-        path = Path(work_dir) / cls.STATE_FILE
-        if not path.exists():
-            raise FileNotFoundError(f"no running stack recorded in {path}")
-        state = json.loads(path.read_text())
-        pids = dict(state["pids"])
-        if state.get("redis_pid"):
-            pids["redis"] = state["redis_pid"]
-        for pid in pids.values():
-            _signal_group(pid, signal.SIGTERM)
-        deadline = time.time() + timeout_s
-        while time.time() < deadline and any(_alive(pid) for pid in pids.values()):
-            time.sleep(0.1)
-        for pid in pids.values():
-            if _alive(pid):
-                _signal_group(pid, signal.SIGKILL)
-        if state.get("mps"):
-            from services.measurer.mps import MpsDaemon
-
-            mps = MpsDaemon(Path(state["mps"]["pipe"]), Path(state["mps"]["log"]))
-            mps.started = True  # recorded as ours by `up`
-            mps.stop()
-        path.unlink()
-        return sorted(pids)
 
     def __enter__(self):
         # a SIGTERM to this process (a timeout, a supervisor) must still stop what it started

@@ -147,6 +147,8 @@ def main(argv=None) -> int:
     log = logging.getLogger("sharetune.supervise")
     work = Path(args.work_dir).resolve()
     work.mkdir(parents=True, exist_ok=True)
+    if not args.join and os.environ.get("REDIS_URL") and os.environ["REDIS_URL"] == recorded_url(work):
+        del os.environ["REDIS_URL"]  # this work dir's own Redis, exported from an earlier `up`: start it again
     lock = _lock(work)
     if lock is None:
         state = read_state(work) or {}

@@ -49,7 +49,9 @@ def test_up_is_supervised_refuses_a_second_stack_and_down_stops_everything(tmp_p
     env = {k: v for k, v in os.environ.items() if k != "REDIS_URL"}
     port = _free_port()  # recorded as if by an earlier `up` (and keeps this test off 6379)
     (tmp_path / "redis_url").write_text(f"redis://127.0.0.1:{port}/0\n")
-    up = _cli("up", "--work-dir", str(tmp_path), "--lanes", "measure.cpu.c0", env=env)
+    # REDIS_URL still exported from that earlier stack (nothing answers there now): `up` starts its Redis again
+    up = _cli("up", "--work-dir", str(tmp_path), "--lanes", "measure.cpu.c0",
+              env={**env, "REDIS_URL": f"redis://127.0.0.1:{port}/0"})
     assert up.returncode == 0, up.stderr[-2000:]
     url = next(l.split("=", 1)[1] for l in up.stdout.splitlines() if l.startswith("REDIS_URL="))
     assert url == f"redis://127.0.0.1:{port}/0" == (tmp_path / "redis_url").read_text().strip()
