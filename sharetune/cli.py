@@ -10,7 +10,12 @@ import time
 
 
 def _redis_url() -> str:
-    return os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
+    """REDIS_URL, else the URL `sharetune up` wrote to its work dir (SHARETUNE_WORK_DIR, default runs/stack)."""
+    if os.environ.get("REDIS_URL"):
+        return os.environ["REDIS_URL"]
+    from sharetune.supervise import recorded_url
+
+    return recorded_url(os.environ.get("SHARETUNE_WORK_DIR", "runs/stack")) or "redis://127.0.0.1:6379/0"
 
 
 def _client():
@@ -57,8 +62,17 @@ def parser_up(sub) -> None:
 
 
 def cmd_up(args) -> int:
-    from sharetune.stack import Stack, gpu_lanes
+    """Start a supervisor of its own (sharetune/supervise.py) that runs the stack and restarts what dies;
+    return once the stack is ready. One stack per work dir."""
+    from sharetune import supervise
+    from sharetune.stack import gpu_lanes
 
+    live = supervise.running(args.work_dir)
+    if live:
+        print(f"sharetune up: a stack is already running in {args.work_dir}: REDIS_URL={live.get('redis_url')}, "
+              f"supervisor pid {live.get('supervisor_pid')} (sharetune services / sharetune down --work-dir "
+              f"{args.work_dir})", file=sys.stderr)
+        return 1
     lanes = args.lanes.split(",") if args.lanes else (gpu_lanes(args.gpu) if args.gpu else None)
     families = args.builder_family.split(",") if args.builder_family else None
     if args.builders < 0:
@@ -66,17 +80,24 @@ def cmd_up(args) -> int:
         return 2
     if lanes is None and args.join and families:
         lanes = []  # a build-only host joining a stack
-    stack = Stack(args.work_dir, redis_url=args.join, lanes=lanes, tuners=args.tuners, lanes_only=bool(args.join),
-                  builders=args.builders, builder_cores=args.builder_cores, builder_families=families)
+    opts = [f"--lanes={','.join(lanes)}"] if lanes is not None else []
+    for flag, value in (("--tuners", args.tuners), ("--join", args.join), ("--builders", args.builders),
+                        ("--builder-cores", args.builder_cores), ("--builder-family", args.builder_family)):
+        if value is not None:
+            opts += [flag, str(value)]
+    proc = supervise.spawn(args.work_dir, opts)
     try:
-        stack.start()
-    except BaseException:
-        stack.stop()
+        state = supervise.wait_ready(args.work_dir, proc)
+    except KeyboardInterrupt:
+        proc.terminate()  # the supervisor stops what it started
         raise
-    state = stack.detach()
+    except (RuntimeError, TimeoutError) as err:
+        print(f"sharetune up: {err}", file=sys.stderr)
+        return 1
     print(f"REDIS_URL={state['redis_url']}")
     builders = [n for n in state["pids"] if n.startswith("builder-")]
-    print(f"lanes: {', '.join(state['lanes']) or 'none'}; builders: {len(builders)}; "
+    print(f"lanes: {', '.join(state['lanes']) or 'none'}; builders: {len(builders)}; supervised by pid "
+          f"{state['supervisor_pid']} (see: sharetune services --work-dir {args.work_dir}); "
           f"stop with: sharetune down --work-dir {args.work_dir}")
     return 0
 
@@ -87,10 +108,44 @@ def parser_down(sub) -> None:
 
 
 def cmd_down(args) -> int:
-    from sharetune.stack import Stack
+    from sharetune import supervise
 
-    print("stopped: " + ", ".join(Stack.stop_detached(args.work_dir)))
+    stopped = supervise.stop(args.work_dir)
+    if stopped is None:
+        print(f"no stack running in {args.work_dir}")
+        return 0
+    print("stopped: " + ", ".join(stopped))
     return 0
+
+
+def parser_services(sub) -> None:
+    sv = sub.add_parser("services", help="every process of the stack `up` started: pid, alive, restarts, given up")
+    sv.add_argument("--work-dir", default="runs/stack")
+    sv.add_argument("--json", action="store_true")
+
+
+def cmd_services(args) -> int:
+    from sharetune import supervise
+
+    state = supervise.read_state(args.work_dir)
+    if state is None:
+        print(f"no stack running in {args.work_dir}")
+        return 1
+    sup = state.get("supervisor_pid")
+    sup_alive = supervise._alive(sup)
+    rows = [{**r, "alive": bool(r["alive"] and supervise._alive(r["pid"]))} for r in state.get("services", [])]
+    if args.json:
+        _print_json({"work_dir": state.get("work_dir"), "redis_url": state.get("redis_url"), "supervisor_pid": sup,
+                     "supervisor_alive": sup_alive, "ready": state.get("ready"), "updated_at": state.get("updated_at"),
+                     "services": rows})
+        return 0 if sup_alive else 1
+    age = time.time() - (state.get("updated_at") or 0)
+    print(f"supervisor pid {sup} {'alive' if sup_alive else 'DEAD (nothing is restarted)'}; REDIS_URL="
+          f"{state.get('redis_url')}; {'ready' if state.get('ready') else 'starting'}; state {age:.0f} s old")
+    for r in rows:
+        status = "GIVEN UP: " + r["given_up"] if r["given_up"] else ("alive" if r["alive"] else "dead")
+        print(f"  {r['name']:<32} {r['kind']:<8} pid {str(r['pid'] or '-'):>7}  restarts {r['restarts']:>2}  {status}")
+    return 0 if sup_alive else 1
 
 
 # ---- the user's side: submit, status, watch, results, export, lanes, cancel, report -------------------
@@ -433,7 +488,7 @@ def cmd_matrix(args) -> int:
     return 0 if report.complete else 1
 
 
-COMMANDS = ["demo", "up", "down", "submit", "status", "watch", "results", "export", "lanes", "cancel", "report", "api",
+COMMANDS = ["demo", "up", "down", "services", "submit", "status", "watch", "results", "export", "lanes", "cancel", "report", "api",
             "matrix"]
 
 

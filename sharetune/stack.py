@@ -85,11 +85,19 @@ def default_tuners(lanes: list[str], cores: int) -> int:
     return max(1, min(gpu_lanes, cores // 4))
 
 
+MAX_RESTARTS, RESTART_WINDOW_S = 5, 600.0  # a process restarted this often within the window is given up
+
+
+def restart_backoff_s(recent_restarts: int) -> float:
+    """Seconds a dead process waits before its next start: at once the first time, then 1, 2, 4, 8 s."""
+    return 0.0 if recent_restarts <= 0 else min(30.0, 2.0 ** (recent_restarts - 1))
+
+
 class Stack:
     def __init__(self, work_dir: Path, redis_url: str | None = None, lanes: list[str] | None = None,
                  tuners: int | None = None, log_level: str = "INFO", warm_kinds: str | None = None, lanes_only: bool = False,
                  supervise: bool = True, builders: int = 0, builder_cores: str | None = None,
-                 builder_families: list[str] | None = None):
+                 builder_families: list[str] | None = None, redis_port: int | None = None, restart_redis: bool = False):
         self.work_dir = Path(work_dir).resolve()
         self.redis_url = redis_url or os.environ.get("REDIS_URL")
         self.lanes = lanes if lanes is not None else default_cpu_lanes()
@@ -103,6 +111,8 @@ class Stack:
         gpu = any(names.LaneName.parse(q).kind == "gpu" for q in self.lanes)
         self.warm_kinds = warm_kinds or ("cuda" if gpu else "llvm")
         self.redis_server = None
+        self.redis_port = redis_port  # the embedded Redis's port (None: a free one)
+        self.restart_redis = restart_redis  # the supervisor also starts a dead embedded Redis again
         self.mps = None  # the MPS daemon, when this stack started one
         self.gpu_uuids: dict[str, str] = {}  # uuid8 -> full UUID
         self.procs: dict[str, subprocess.Popen] = {}
@@ -114,6 +124,9 @@ class Stack:
         self.builder_cores = builder_cores
         self.builder_families = builder_families
         self.builder_procs: dict[str, str] = {}  # process name -> family
+        self.service_procs: dict[str, object] = {}  # planner, tuners, updater: process name -> how to start it
+        self.given_up: dict[str, str] = {}  # process name -> why it is not started again
+        self._dead_seen: dict[str, float] = {}  # process name -> when the supervisor first saw it dead
         self.recoveries: list[dict] = []  # what the supervisor did, with times (faults bench, tests)
         self._restarts: dict[str, list[float]] = {}
         self._gpu_attempts: dict = {}  # uuid8 -> services.measurer.mps.GpuAttempt being judged
@@ -213,21 +226,82 @@ class Stack:
         raise TimeoutError(f"builders of {families} did not come up in {timeout_s} s")
 
     def _restart_builders(self, now: float) -> list[str]:
-        """Builders hold no state: one that died is started again, unless it keeps dying (5 in 10 min)."""
+        """Builders, the planner, the tuner clients and the updater keep their state in Redis (a job a dead
+        tuner held is resumed by the reaper): one that died is started again after a back-off
+        (restart_backoff_s), unless it keeps dying (MAX_RESTARTS in RESTART_WINDOW_S): then it is given up."""
+        import functools
+        import logging
+
+        starters = {n: functools.partial(self.start_builder, f, int(n.rsplit("-", 1)[1]))
+                    for n, f in self.builder_procs.items()}
+        starters.update(self.service_procs)
         restarted = []
-        for name, family in list(self.builder_procs.items()):
+        for name, start in list(starters.items()):
             proc = self.procs.get(name)
             if proc is None or proc.poll() is None:
                 continue
-            recent = [t for t in self._restarts.get(name, ()) if now - t < 600]
-            if len(recent) >= 5:
-                self.builder_procs.pop(name)
-                self.procs.pop(name, None)
+            recent = [t for t in self._restarts.get(name, ()) if now - t < RESTART_WINDOW_S]
+            if len(recent) >= MAX_RESTARTS:
+                self._give_up(name, proc.returncode, len(recent))
+                continue
+            if self._backing_off(name, now):
                 continue
             self._restarts.setdefault(name, []).append(now)
-            self.start_builder(family, int(name.rsplit("-", 1)[1]))
+            new = start()
+            logging.getLogger("sharetune.stack").warning("%s (pid %s) exited with %s: started again as pid %s",
+                                                         name, proc.pid, proc.returncode, new.pid)
             restarted.append(name)
+        if self.restart_redis and self.redis_server is not None and self.redis_server.proc is not None \
+                and self.redis_server.proc.poll() is not None:
+            recent = [t for t in self._restarts.get("redis", ()) if now - t < RESTART_WINDOW_S]
+            if len(recent) >= MAX_RESTARTS:
+                self.given_up["redis"] = f"exited {self.redis_server.proc.returncode}, {len(recent)} restarts in {RESTART_WINDOW_S:.0f} s"
+            elif not self._backing_off("redis", now):
+                self._restarts.setdefault("redis", []).append(now)
+                self.redis_server.start()  # same port, same AOF
+                restarted.append("redis")
         return restarted
+
+    def _backing_off(self, name: str, now: float) -> bool:
+        """Whether a dead process still waits for its next start (its back-off runs from when it was seen dead)."""
+        recent = sum(1 for t in self._restarts.get(name, ()) if now - t < RESTART_WINDOW_S)
+        seen = self._dead_seen.setdefault(name, now)
+        if now - seen < restart_backoff_s(recent):
+            return True
+        self._dead_seen.pop(name, None)
+        return False
+
+    def _give_up(self, name: str, code, restarts: int) -> None:
+        import logging
+
+        why = f"exited {code} after {restarts} restarts in {RESTART_WINDOW_S:.0f} s: not started again"
+        self.given_up[name] = why
+        self.builder_procs.pop(name, None)
+        self.service_procs.pop(name, None)
+        self.lane_procs.pop(name, None)
+        self.procs.pop(name, None)
+        self._dead_seen.pop(name, None)
+        logging.getLogger("sharetune.stack").error("%s %s (see %s)", name, why, self.work_dir / "logs" / f"{name}.log")
+
+    def services(self) -> list[dict]:
+        """Every process of the stack with its liveness: name, kind, pid, alive, restarts, given_up (why)."""
+        def kind(name):
+            return ("lane" if name in self.lane_procs else "builder" if name in self.builder_procs
+                    else name.rstrip("0123456789"))
+
+        rows = []
+        if self.redis_server is not None and self.redis_server.proc is not None:
+            proc = self.redis_server.proc
+            rows.append({"name": "redis", "kind": "redis", "pid": proc.pid, "alive": proc.poll() is None,
+                         "restarts": len(self._restarts.get("redis", ())), "given_up": self.given_up.get("redis")})
+        for name, proc in list(self.procs.items()):
+            rows.append({"name": name, "kind": kind(name), "pid": proc.pid, "alive": proc.poll() is None,
+                         "restarts": len(self._restarts.get(name, ())), "given_up": None})
+        for name, why in list(self.given_up.items()):
+            if name != "redis":
+                rows.append({"name": name, "kind": "lane" if name.startswith("lane-") else kind(name), "pid": None,
+                             "alive": False, "restarts": len(self._restarts.get(name, ())), "given_up": why})
+        return rows
 
     def _start_gpu_support(self) -> None:
         """Name GPUs by UUID, and start an MPS daemon (own pipe and log dirs) unless one answers."""
@@ -243,15 +317,20 @@ class Stack:
         if not self.redis_url:
             from services.broker.server import EmbeddedRedis
 
-            self.redis_server = EmbeddedRedis(self.work_dir / "redis").start()
+            self.redis_server = EmbeddedRedis(self.work_dir / "redis", port=self.redis_port).start()
             self.redis_url = self.redis_server.url
         if any(names.LaneName.parse(q).kind == "gpu" for q in self.lanes):
             self._start_gpu_support()
         if not self.lanes_only:
-            self._worker("planner", names.PLAN_QUEUE, "services.tuner.tasks")
+            import functools
+
+            self.service_procs["planner"] = functools.partial(self._worker, "planner", names.PLAN_QUEUE, "services.tuner.tasks")
             for i in range(self.tuners):
-                self.start_tuner(f"tuner{i}")
-            self._worker("updater", names.COSTMODEL_QUEUE, "services.tuner.tasks")
+                self.service_procs[f"tuner{i}"] = functools.partial(self.start_tuner, f"tuner{i}")
+            self.service_procs["updater"] = functools.partial(self._worker, "updater", names.COSTMODEL_QUEUE,
+                                                              "services.tuner.tasks")
+            for start in self.service_procs.values():
+                start()
         for i, lane in enumerate(self.lanes):
             self.start_lane(lane, instance=self.lanes[:i].count(lane))
         if wait_lanes_s:
@@ -292,7 +371,8 @@ class Stack:
 
         now = time.time()
         exits = [LaneExit(name, q, self.procs[name].returncode, now) for name, (q, _) in list(self.lane_procs.items())
-                 if name in self.procs and self.procs[name].poll() is not None]
+                 if name in self.procs and self.procs[name].poll() is not None
+                 and (names.LaneName.parse(q).kind == "gpu" or not self._backing_off(name, now))]
         faults = []
         if self.gpu_uuids:
             r = store.connect(self.redis_url)
@@ -307,8 +387,7 @@ class Stack:
                  "restarted": list(plan.restart), "given_up": list(plan.given_up), "gpus_given_up": sorted(give_up),
                  "faults": [f.model_dump() for f in faults]}
         for name in plan.given_up:
-            self.procs.pop(name, None)
-            self.lane_procs.pop(name, None)
+            self._give_up(name, event["exits"].get(name), len(self._restarts.get(name, ())))
         for gpu8 in sorted(give_up):
             event.setdefault("gpu_resets", {})[gpu8] = self._give_up_gpu(gpu8, faults)
         for gpu8 in gpus:
@@ -322,10 +401,15 @@ class Stack:
         return max([faults_since] + [f.at + 1e-6 for f in faults] + ([event["restarted_at"]] if gpus or give_up else []))
 
     def _restart_lane(self, name: str) -> None:
+        import logging
+
         queue, instance = self.lane_procs[name]
-        self.procs.pop(name, None)
+        old = self.procs.pop(name, None)
         self._restarts.setdefault(name, []).append(time.time())
-        self.start_lane(queue, instance)
+        new = self.start_lane(queue, instance)
+        logging.getLogger("sharetune.stack").warning("%s (pid %s) exited with %s: started again as pid %s", name,
+                                                     getattr(old, "pid", None), getattr(old, "returncode", None),
+                                                     getattr(new, "pid", None))
 
     def _gpu_lane_names(self, gpu8: str) -> list[str]:
         return [n for n, (q, _) in self.lane_procs.items() if names.LaneName.parse(q).gpu == gpu8]
@@ -436,14 +520,15 @@ class Stack:
         lanes = self._gpu_lane_names(gpu8)
         queues = sorted({self.lane_procs[n][0] for n in lanes})
         reset = self._reset_gpu_clients(gpu8)
-        for name in lanes:
-            self.procs.pop(name, None)
-            self.lane_procs.pop(name, None)
         last = next((f.error for f in reversed(faults) if f.gpu8 == gpu8), None)
         why = (f"GPU {self.gpu_uuids.get(gpu8, gpu8)} given up: {self._gpu_failures.get(gpu8, 0)} recoveries in a row "
                f"failed (lanes did not come back measuring, or faulted again at once); its lanes {', '.join(queues)} "
                f"are stopped, other GPUs' lanes go on" + (f"; last fault: {last[:300]}" if last else ""))
         self.gpus_given_up[gpu8] = why
+        for name in lanes:
+            self.procs.pop(name, None)
+            self.lane_procs.pop(name, None)
+            self.given_up[name] = why
         reset["jobs"] = store.give_up_gpu(store.connect(self.redis_url), gpu8, why, queues)
         logging.getLogger("sharetune.stack").error(why)
         return reset
@@ -505,60 +590,6 @@ class Stack:
         if self.mps is not None:
             self.mps.stop()  # only if this stack started it
             self.mps = None
-
-    # ---- detached use: `sharetune up` leaves the stack running, `sharetune down` stops it -------------
-
-    STATE_FILE = "stack.json"
-
-    def detach(self) -> dict:
-        """Leave every process running (each is its own session) and write what `down` needs to stop
-        exactly these processes, by PID."""
-        import json
-
-        if self._supervisor is not None:  # a detached stack is not supervised: this process is leaving
-            self._stopping.set()
-            self._supervisor.join(30)
-            self._supervisor = None
-
-        state = {
-            "redis_url": self.redis_url,
-            "pids": {name: p.pid for name, p in self.procs.items()},
-            "redis_pid": self.redis_server.proc.pid if self.redis_server else None,
-            "mps": {"pipe": str(self.mps.pipe_dir), "log": str(self.mps.log_dir)} if self.mps and self.mps.started else None,
-            "lanes": self.lanes,
-        }
-        (self.work_dir / self.STATE_FILE).write_text(json.dumps(state, indent=1))
-        self.procs, self.redis_server, self.mps = {}, None, None
-        return state
-
-    @classmethod
-    def stop_detached(cls, work_dir: Path, timeout_s: float = 20.0) -> list[str]:
-        """Stop the processes a detached stack in `work_dir` started; returns their names."""
-        import json
-
-        path = Path(work_dir) / cls.STATE_FILE
-        if not path.exists():
-            raise FileNotFoundError(f"no running stack recorded in {path}")
-        state = json.loads(path.read_text())
-        pids = dict(state["pids"])
-        if state.get("redis_pid"):
-            pids["redis"] = state["redis_pid"]
-        for pid in pids.values():
-            _signal_group(pid, signal.SIGTERM)
-        deadline = time.time() + timeout_s
-        while time.time() < deadline and any(_alive(pid) for pid in pids.values()):
-            time.sleep(0.1)
-        for pid in pids.values():
-            if _alive(pid):
-                _signal_group(pid, signal.SIGKILL)
-        if state.get("mps"):
-            from services.measurer.mps import MpsDaemon
-
-            mps = MpsDaemon(Path(state["mps"]["pipe"]), Path(state["mps"]["log"]))
-            mps.started = True  # recorded as ours by `up`
-            mps.stop()
-        path.unlink()
-        return sorted(pids)
 
     def __enter__(self):
         # a SIGTERM to this process (a timeout, a supervisor) must still stop what it started

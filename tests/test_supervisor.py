@@ -97,3 +97,50 @@ def test_default_tuners_follow_the_gpu_lanes_and_the_cores():
     assert default_tuners([GPU_LANE] * 4, 2) == 1
     assert Stack("/tmp/unused", lanes=[GPU_LANE] * 2, tuners=None).tuners in (1, 2)
     assert Stack("/tmp/unused", lanes=[GPU_LANE] * 2, tuners=3).tuners == 3
+
+
+def test_a_dead_tuner_comes_back_with_back_off_and_one_that_keeps_dying_is_given_up(tmp_path, monkeypatch):
+    from sharetune.stack import MAX_RESTARTS, restart_backoff_s
+
+    st, _ = _stack(tmp_path, ["measure.cpu.c0"], monkeypatch)
+    starts = []
+
+    def start_tuner():
+        starts.append(time_now[0])
+        st.procs["tuner0"] = FakeProc()
+        return st.procs["tuner0"]
+
+    st.service_procs["tuner0"] = start_tuner
+    st.procs["tuner0"] = FakeProc()
+    time_now = [1000.0]
+    assert st._restart_builders(time_now[0]) == []  # alive: nothing done
+    deaths = 0
+    while "tuner0" not in st.given_up:
+        st.procs["tuner0"].returncode = -9  # it dies again at once
+        deaths += 1
+        waited = 0.0
+        while not st._restart_builders(time_now[0]) and "tuner0" not in st.given_up:
+            time_now[0] += 0.5
+            waited += 0.5
+            assert waited < 60
+        if "tuner0" not in st.given_up:
+            assert waited >= restart_backoff_s(len(starts) - 1) if starts else waited == 0.0
+    assert len(starts) == MAX_RESTARTS and deaths == MAX_RESTARTS + 1
+    assert restart_backoff_s(0) == 0.0 and restart_backoff_s(1) == 1.0 and restart_backoff_s(4) == 8.0
+    row = next(r for r in st.services() if r["name"] == "tuner0")
+    assert row["given_up"] and row["alive"] is False and row["restarts"] == MAX_RESTARTS and row["kind"] == "tuner"
+    assert "tuner0" not in st.procs and "tuner0" not in st.service_procs
+
+
+def test_a_cpu_lane_dying_again_waits_its_back_off(tmp_path, monkeypatch):
+    st, started = _stack(tmp_path, ["measure.cpu.c0"], monkeypatch)
+    st.procs["lane-measure.cpu.c0"].returncode = -9
+    st.recover_once(0.0)
+    assert started == ["lane-measure.cpu.c0"]  # the first time at once
+    st.procs["lane-measure.cpu.c0"].returncode = -9
+    st.recover_once(0.0)
+    assert started == ["lane-measure.cpu.c0"]  # died again within a second: it waits
+    st._dead_seen["lane-measure.cpu.c0"] -= 1.5
+    st.recover_once(0.0)
+    assert started == ["lane-measure.cpu.c0"] * 2
+    assert {r["name"]: r["restarts"] for r in st.services()}["lane-measure.cpu.c0"] == 2
