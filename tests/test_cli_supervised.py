@@ -1,6 +1,7 @@
-"""`sharetune up` runs its stack under a supervisor of its own: lanes and tuner clients killed with
-SIGKILL come back (new pids, restarts counted in `sharetune services`); a second `up` in the same work dir
-is refused naming the running stack; `down` stops every process by PID; `down` again says so in one line."""
+"""`sharetune up` runs its stack under a supervisor of its own: a lane, a tuner client, the planner and the
+updater killed with SIGKILL come back (new pids, restarts counted in `sharetune services`) and tune a job; a
+second `up` in the same work dir is refused naming the running stack; `down` stops every process by PID;
+`down` again says so in one line."""
 import json
 import os
 import signal
@@ -68,7 +69,7 @@ def test_up_is_supervised_refuses_a_second_stack_and_down_stops_everything(tmp_p
         assert url in again.stderr and str(st["supervisor_pid"]) in again.stderr
         assert _services(tmp_path, env)["supervisor_pid"] == st["supervisor_pid"]  # nothing changed
 
-        killed = {n: rows[n]["pid"] for n in ("lane-measure.cpu.c0", "tuner0")}
+        killed = {n: rows[n]["pid"] for n in ("lane-measure.cpu.c0", "tuner0", "planner", "updater")}
         for pid in killed.values():
             os.kill(pid, signal.SIGKILL)
         deadline = time.time() + 120
@@ -80,6 +81,11 @@ def test_up_is_supervised_refuses_a_second_stack_and_down_stops_everything(tmp_p
             assert time.time() < deadline, now
             time.sleep(1)
         seen |= {r["pid"] for r in now.values()}
+        # the restarted stack tunes: a job planned, searched, measured and finished by the new processes
+        from sharetune.client import Client
+
+        job = Client(url).submit("tiny", target="llvm", trials=4, trials_per_iter=4, seed=21)
+        assert job.wait(timeout_s=600)["state"] == "done"
         # the CLI finds the stack through WORK_DIR/redis_url when REDIS_URL is not set; the new lane is live
         deadline = time.time() + 120
         while True:
