@@ -23,7 +23,8 @@ class SubmitRequest(BaseModel):
     onnx_base64: str | None = Field(default=None, description="an ONNX model file, base64-encoded")
     name: str | None = None
     target: str = "llvm"
-    share: int = 100
+    share: int | None = Field(default=None, description="percent; default: the share the live lanes agree on")
+    wait_for_lanes: bool = Field(default=False, description="accept a share no live lane serves yet")
     trials: int = Field(default=64, ge=1, le=100_000)
     trials_per_iter: int = Field(default=16, ge=1, le=1024)
     max_trials_per_task: int | None = Field(default=None, ge=1)
@@ -91,7 +92,8 @@ class Handlers:
         job = self.client.submit(model, target=req.target, share=req.share, trials=req.trials,
                                  name=req.name or (req.model or "onnx"), trials_per_iter=req.trials_per_iter,
                                  max_trials_per_task=req.max_trials_per_task, seed=req.seed,
-                                 only_tasks=req.only_tasks, retime_top_k=req.retime_top_k)
+                                 only_tasks=req.only_tasks, retime_top_k=req.retime_top_k,
+                                 wait_for_lanes=req.wait_for_lanes)
         return Submitted(job_id=job.job_id, state=job.state().get("state"))
 
     def status(self, job_id: str) -> JobStatus:

@@ -64,6 +64,16 @@ def test_submit_then_cancel_over_http(http, lane_share):
     assert http.get(f"/jobs/{job_id}/results").status_code in (200, 409)
 
 
+def test_submit_without_a_share_takes_the_live_lanes_share(http, lane_share):
+    sub = http.post("/jobs", json={"model": "tiny", "trials": 2000, "trials_per_iter": 4})
+    assert sub.status_code == 201, sub.text
+    job_id = sub.json()["job_id"]
+    try:
+        assert http.get(f"/jobs/{job_id}").json()["share"] == lane_share
+    finally:
+        http.post(f"/jobs/{job_id}/cancel")
+
+
 def test_a_real_api_server(stack):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
