@@ -93,5 +93,8 @@ def test_a_suspect_that_faults_alone_is_the_culprit():
     assert attribute("unknown", ran_alone=True) == "culprit"
     assert attribute("unknown", ran_alone=False) == "unknown"  # in flight beside others: only a suspect
     assert attribute("victim", ran_alone=True) == "victim"  # an error naming an outside fault: no blame
-    assert attribute("culprit", ran_alone=False) == "culprit"
+    assert attribute("culprit", ran_alone=False) == "culprit"  # the GPU's only lane: its own kernel
+    # beside other lanes of its GPU the same error 700 reaches every MPS client: only a suspect, re-run alone
+    assert attribute("culprit", ran_alone=False, shared_gpu=True) == "unknown"
+    assert attribute("culprit", ran_alone=True, shared_gpu=True) == "culprit"
     assert attribute(None, ran_alone=True) is None

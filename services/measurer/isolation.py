@@ -85,10 +85,14 @@ class GpuGate:
                 self.r.delete(self.gate_key)
 
 
-def attribute(role: str | None, ran_alone: bool) -> str | None:
+def attribute(role: str | None, ran_alone: bool, shared_gpu: bool = False) -> str | None:
     """A fault's role once isolation is known: a suspect that ran alone when its context died without a
-    readable error is the culprit; otherwise the role stands (a "victim" error names a fault from outside,
-    say a process that is not a lane: no blame on doubt)."""
+    readable error is the culprit; a "culprit" by its error text is only a suspect when it ran beside other
+    lanes of its GPU (under MPS a neighbour's illegal address reaches every client as the same error 700: on
+    the H200 the one report of an injected fault named an innocent neighbour); otherwise the role stands (a
+    "victim" error names a fault from outside, say a process that is not a lane: no blame on doubt)."""
     if role == "unknown" and ran_alone:
         return "culprit"
+    if role == "culprit" and shared_gpu and not ran_alone:
+        return "unknown"
     return role

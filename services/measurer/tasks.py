@@ -337,7 +337,8 @@ def _in_process(batch: MeasureBatch, results, quarantined: dict, guard):
         role = classify_cuda_error(res.error) if LANE.kind == "gpu" and res.error else None
         if role is None and LANE.kind == "gpu" and res.error and res.error.startswith("run failed") and not _cuda_alive():
             role = "unknown"
-        role = attribute(role, alone)
+        if role is not None:
+            role = attribute(role, alone, shared_gpu=_gpu_shared())
         if role is None:
             store.crash_clear(STATE.redis, chash)
             yield res
@@ -358,6 +359,16 @@ def _in_process(batch: MeasureBatch, results, quarantined: dict, guard):
         # unknown, below the cap: unanswered with its count kept, so the tuner re-sends it to a restarted
         # lane, where it runs alone: a culprit faults again and is named, an innocent clears its count
         return  # the rest of the batch is unanswered and re-sent by the tuner's batch watch
+
+
+def _gpu_shared() -> bool:
+    """Does another live lane worker use this lane's GPU (so a fault here may be a neighbour's)?"""
+    me = STATE.info.worker if STATE.info else f"{socket.gethostname()}.{os.getpid()}"
+    try:
+        return any(l.kind == "gpu" and names.LaneName.parse(l.queue).gpu == LANE.gpu and l.worker != me
+                   for l in store.live_lanes(STATE.redis))
+    except Exception:  # noqa: BLE001 - Redis unreachable: assume neighbours, so no innocent is blamed
+        return True
 
 
 def _cuda_alive() -> bool:
