@@ -51,7 +51,7 @@ def _records(r, job) -> list:
 def cancelled(client, redis_conn, lane_share):
     """A job cancelled while its first batches are on the lanes (seed 7, its own cost model: it samples
     the design space as a job with the same seed does again)."""
-    job = client.submit("tiny", target="llvm", share=lane_share, trials=400, trials_per_iter=16, seed=7,
+    job = client.submit("tiny", target="llvm", share=lane_share, trials=400, trials_per_iter=16, seed=77,
                         cost_model="per_client", untuned_baseline=False, name="cancel-me")
     deadline = time.time() + 600
     while not _batches_of(redis_conn, job.job_id):
@@ -96,7 +96,7 @@ def test_error_records_never_answer_a_reuse_lookup(cancelled, client, redis_conn
         store.replace_record(redis_conn, rec.model_copy(update={"error": store.CANCELLED, "run_secs": None}))
     valid_before = {t.wkey: store.record_count(redis_conn, t.wkey) for t in store.job_tasks(redis_conn, cancelled.job_id)}
     again = client.submit("tiny", target="llvm", share=lane_share, trials=len(mine) + 16, trials_per_iter=16,
-                          seed=7, cost_model="per_client", untuned_baseline=False, name="same-seed")
+                          seed=77, cost_model="per_client", untuned_baseline=False, name="same-seed")
     assert again.wait(timeout_s=900)["state"] == "done", again.status()
     after = {(r.wkey, r.candidate_key): r for r in _records(redis_conn, again)}
     remeasured = [after[(r.wkey, r.candidate_key)] for r in mine]

@@ -74,7 +74,8 @@ def test_cancel_stops_a_running_job_between_rounds(cli, client, lane_share, redi
     assert nxt.wait(timeout_s=600)["state"] == "done"
     st = job.status()
     assert st["state"] == "cancelled" and 0 < st["trials"] < 5000
-    assert store.job_result(redis_conn, job.job_id) is None
+    res = store.job_result(redis_conn, job.job_id)  # partial results, once the tuner has finished it
+    assert res is None or res.trials < 5000
     # the trials counted are the records kept (fewer when a candidate was already measured by an earlier job)
     recs = [r for t in store.job_tasks(redis_conn, job.job_id) for r in store.records(redis_conn, t.wkey)
             if r.job_id == job.job_id]

@@ -62,7 +62,7 @@ def test_exported_database_compiles_with_stock_tvm(tuned_tiny, tmp_path):
 
     res = tuned_tiny.result()
     files = sorted(os.listdir(res.database_dir))
-    assert files == ["database_tuning_record.json", "database_workload.json"]
+    assert files == ["database_repeats.json", "database_tuning_record.json", "database_workload.json"]
     from shared import store
 
     # every valid record the store holds for the job's workloads (this job's, and an earlier job's of the

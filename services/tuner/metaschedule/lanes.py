@@ -120,9 +120,9 @@ class BatchWatch:
                 why = f"builder {building.get('worker')} died while building batch {self.batch.batch_id}"
             elif now - building["at"] > len(self.batch.candidates) * timeout + self.runner.grace_s:
                 why = f"builder {building.get('worker')} did not finish batch {self.batch.batch_id} in time"
-        elif self.via and not building and not store.live_builders(self.redis, self.runner.family):
-            self._lane_missing_since = self._lane_missing_since or now
-            if now - self._lane_missing_since > names.LANE_TTL_S:
+        elif self.via and not building:
+            since = self.runner.builders_missing_since()
+            if since is not None and now - since > names.LANE_TTL_S:
                 why = f"no builder of {self.runner.family} is left to build batch {self.batch.batch_id}"
         elif not store.lane_alive(self.redis, self.lane):
             self._lane_missing_since = self._lane_missing_since or now
@@ -200,6 +200,8 @@ class LaneRunner(PyRunner):
             self.family = names.target_family(target_json)
         except ValueError:
             self.family = None
+        self._builders_seen: tuple[float, bool] = (0.0, False)  # (when looked, any live)
+        self._no_builders_since: float | None = None
 
     def lanes(self) -> list[LaneInfo]:
         return [l for l in store.live_lanes(self.redis) if l.kind == self.kind and l.share == self.share]
@@ -235,7 +237,7 @@ class LaneRunner(PyRunner):
         build in parallel and the lanes, fed one built candidate at a time, only time."""
         lanes = self.lanes() or self._wait_for_lanes()
         slots = sorted(l.queue for l in lanes)[: 1 if one_lane else None]
-        if not one_lane and self.family and store.live_builders(self.redis, self.family):
+        if not one_lane and self.family and self.builders_live():
             return self._dispatch_to_builders(candidates, slots)
         parts: list[list[Candidate]] = [[] for _ in slots]
         for i, cand in enumerate(candidates):
@@ -251,6 +253,21 @@ class LaneRunner(PyRunner):
             self.send(batch, queue)
             watches.update({c.candidate_id: watch for c in part})
         return watches
+
+    def builders_live(self, max_age_s: float = 1.0) -> bool:
+        """Whether a builder of the job's family lives, looked up at most once a second for all watches."""
+        at, live = self._builders_seen
+        now = time.time()
+        if now - at > max_age_s:
+            live = bool(self.family) and bool(store.live_builders(self.redis, self.family))
+            self._builders_seen = (now, live)
+            self._no_builders_since = None if live else (self._no_builders_since or now)
+        return live
+
+    def builders_missing_since(self) -> float | None:
+        """Since when no builder of the family was seen (one clock for every candidate waiting on them)."""
+        self.builders_live()
+        return self._no_builders_since
 
     def _dispatch_to_builders(self, candidates: list[Candidate], slots: list[str]) -> dict[str, BatchWatch]:
         via = names.build_queue(self.family)
