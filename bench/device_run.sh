@@ -4,6 +4,13 @@
 set -uo pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site:$PWD
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+# The logs of a run, small enough to come back (16 MiB a file): every *.log under SRC, its last 200 KB each.
+keep_logs() {  # SRC NAME
+  local tmp; tmp=$(mktemp -d)
+  (cd "$1" 2>/dev/null && find . -name '*.log' -print0 | while IFS= read -r -d '' f; do
+     mkdir -p "$tmp/$(dirname "$f")"; tail -c 200000 "$f" > "$tmp/$f"; done)
+  tar czf "$OUT/$2.tgz" -C "$tmp" . 2>/dev/null; rm -rf "$tmp"
+}
 case "${1:-smoke}" in
   smoke)
     nvidia-smi --query-gpu=index,uuid,name,clocks.sm,utilization.gpu --format=csv | tee "$OUT/nvidia-smi.csv"
@@ -49,9 +56,8 @@ PY
              --out-json "$OUT/build_profile_h200.json" > "$OUT/build_profile.log" 2>&1 & }
          timeout 580 python3 bench/scale_h200.py --part "$part" "${@:3}" 2>&1 | tail -40
          wait
-         tar czf "$OUT/scale_logs_$part.tgz" -C /tmp/scale_bench . --exclude='*.so' --exclude=redis --exclude=database \
-             --exclude='*.db' --exclude=mps --exclude='*.npz' --exclude=jobs 2>/dev/null ;;
+         keep_logs /tmp/scale_bench "scale_logs_$part" ;;
   gpufault) nvidia-smi --query-gpu=index,uuid,name --format=csv,noheader
     timeout 280 python3 bench/gpu_fault.py "${@:2}" 2>&1 | tail -60
-    tar czf "$OUT/gpu_fault_logs.tgz" -C /tmp/gpu_fault logs mps 2>/dev/null ;;
+    keep_logs /tmp/gpu_fault gpu_fault_logs ;;
 esac
