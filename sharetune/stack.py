@@ -225,7 +225,7 @@ class Stack:
             time.sleep(0.3)
         raise TimeoutError(f"builders of {families} did not come up in {timeout_s} s")
 
-    def _restart_builders(self, now: float) -> list[str]:
+    def _restart_services(self, now: float) -> list[str]:
         """Builders, the planner, the tuner clients and the updater keep their state in Redis (a job a dead
         tuner held is resumed by the reaper): one that died is started again after a back-off
         (restart_backoff_s), unless it keeps dying (MAX_RESTARTS in RESTART_WINDOW_S): then it is given up."""
@@ -359,7 +359,7 @@ class Stack:
         while not self._stopping.wait(poll_s):
             try:
                 fault_seen = self.recover_once(fault_seen)
-                self._restart_builders(time.time())
+                self._restart_services(time.time())
             except Exception:  # noqa: BLE001 - e.g. Redis restarting; the next round retries
                 log.warning("stack supervisor round failed", exc_info=True)
 

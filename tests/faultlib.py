@@ -139,3 +139,38 @@ def record_row(row: dict) -> None:
     if path:
         with open(path, "a") as f:
             f.write(json.dumps(row) + "\n")
+
+
+class FakeProc:
+    """A started process as the stack's supervisor sees it (poll, wait, pid), without one."""
+
+    def __init__(self, code=None, pid=4242):
+        self.returncode, self.pid = code, pid
+
+    def poll(self):
+        return self.returncode
+
+    def wait(self, timeout=None):
+        return self.returncode
+
+
+class FakeMps:
+    """The stack's MPS daemon (ours, started) recording what the supervisor asks of it; `servers` gives its
+    server -> client pids list, read when asked."""
+
+    started = True
+
+    def __init__(self, servers=dict):
+        self._servers, self.calls = servers, []
+
+    def servers(self):
+        return self._servers()
+
+    def request_quit(self):
+        self.calls.append("quit")
+
+    def stop(self):
+        self.calls.append("stop")
+
+    def start(self):
+        self.calls.append("start")

@@ -27,6 +27,7 @@ from services.measurer.mps import (
 )
 from shared import names, store
 from shared.messages import GpuFault, JobSpec, LaneInfo
+from faultlib import FakeMps, FakeProc
 
 GPU_A, GPU_B = "3f2a1c9b", "b7c40e52"
 UUID_A = "GPU-3f2a1c9b-5d7e-4a10-9c21-6b8e0f4d2a17"
@@ -173,38 +174,6 @@ def redis_url(tmp_path_factory):
         server.stop()
 
 
-class FakeProc:
-    def __init__(self, pid):
-        self.pid, self.returncode = pid, None
-
-    def poll(self):
-        return self.returncode
-
-    def wait(self, timeout=None):
-        return self.returncode
-
-
-class FakeMps:
-    """One daemon (ours) whose one server has every lane of both GPUs as clients."""
-
-    started = True
-
-    def __init__(self, servers):
-        self._servers, self.calls = servers, []
-
-    def servers(self):
-        return self._servers()
-
-    def request_quit(self):
-        self.calls.append("quit")
-
-    def stop(self):
-        self.calls.append("stop")
-
-    def start(self):
-        self.calls.append("start")
-
-
 def _stack(tmp_path, redis_url, monkeypatch):
     from sharetune.stack import Stack
 
@@ -217,7 +186,7 @@ def _stack(tmp_path, redis_url, monkeypatch):
     def start_lane(queue, instance=0):
         name = f"lane-{queue}-{instance}" if instance else f"lane-{queue}"
         st.lane_procs[name] = (queue, instance)
-        st.procs[name] = FakeProc(next(pids))
+        st.procs[name] = FakeProc(pid=next(pids))
         started.append(name)
 
     def table():  # every lane with a two-worker build pool; pool pids are the lane's + 1, + 2

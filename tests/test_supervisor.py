@@ -1,41 +1,13 @@
 """The stack's supervisor wiring, without processes or a GPU: fake process handles, a recorded GPU fault
 report, a fake MPS daemon. (Real lanes killed with SIGKILL: tests/test_faults.py.)"""
+from faultlib import FakeMps, FakeProc
+
 from sharetune.stack import Stack
 from shared import names
 from shared.messages import GpuFault
 
 UUID = "GPU-3f2a1c9b-5d7e-4a10-9c21-6b8e0f4d2a17"
 GPU_LANE = "measure.3f2a1c9b.p25"
-
-
-class FakeProc:
-    def __init__(self, code=None):
-        self.returncode, self.pid = code, 4242
-
-    def poll(self):
-        return self.returncode
-
-    def wait(self, timeout=None):
-        return self.returncode
-
-
-class FakeMps:
-    started = True
-
-    def __init__(self):
-        self.calls = []
-
-    def servers(self):
-        return {}
-
-    def request_quit(self):
-        self.calls.append("quit")
-
-    def stop(self):
-        self.calls.append("stop")
-
-    def start(self):
-        self.calls.append("start")
 
 
 def _stack(tmp_path, lanes, monkeypatch):
@@ -113,13 +85,13 @@ def test_a_dead_tuner_comes_back_with_back_off_and_one_that_keeps_dying_is_given
     st.service_procs["tuner0"] = start_tuner
     st.procs["tuner0"] = FakeProc()
     time_now = [1000.0]
-    assert st._restart_builders(time_now[0]) == []  # alive: nothing done
+    assert st._restart_services(time_now[0]) == []  # alive: nothing done
     deaths = 0
     while "tuner0" not in st.given_up:
         st.procs["tuner0"].returncode = -9  # it dies again at once
         deaths += 1
         waited = 0.0
-        while not st._restart_builders(time_now[0]) and "tuner0" not in st.given_up:
+        while not st._restart_services(time_now[0]) and "tuner0" not in st.given_up:
             time_now[0] += 0.5
             waited += 0.5
             assert waited < 60

@@ -103,11 +103,16 @@ class _LaneState:
             self.stop.wait(names.LANE_TTL_S / 3)
 
     def _heartbeat(self) -> None:
-        while not self.stop.wait(names.LANE_TTL_S / 3):
-            try:
-                self.announce()
-            except Exception:  # noqa: BLE001 - Redis may be restarting; the next beat retries
-                log.warning("lane heartbeat failed", exc_info=True)
+        _keep_announcing(self.stop, self.announce, "lane")
+
+
+def _keep_announcing(stop: threading.Event, announce, what: str) -> None:
+    """Refresh a liveness key well within its TTL until `stop` is set."""
+    while not stop.wait(names.LANE_TTL_S / 3):
+        try:
+            announce()
+        except Exception:  # noqa: BLE001 - Redis may be restarting; the next beat retries
+            log.warning("%s heartbeat failed", what, exc_info=True)
 
 
 class _BuilderState:
@@ -138,11 +143,7 @@ class _BuilderState:
             store.announce_builder(self.redis, self.info)
 
     def _heartbeat(self) -> None:
-        while not self.stop.wait(names.LANE_TTL_S / 3):
-            try:
-                self.announce()
-            except Exception:  # noqa: BLE001 - Redis may be restarting; the next beat retries
-                log.warning("builder heartbeat failed", exc_info=True)
+        _keep_announcing(self.stop, self.announce, "builder")
 
 
 STATE = _LaneState()
