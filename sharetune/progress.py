@@ -1,9 +1,9 @@
-"""Progress of a job as text: a bar for the job and one per task (trials, best latency, ETA).
-Pure functions of `Job.status()` and a clock, so the CLI's `watch` and the tests share them."""
+"""Progress of a job: a bar for the job and one per task (trials, best latency, ETA), as plain lines (logs,
+pipes) or as a rich table (a terminal, redrawn in place by `sharetune watch`). Pure functions of
+`Job.status()` and a clock, so the CLI's `watch` and the tests share them."""
 from __future__ import annotations
 
 import math
-
 
 
 def bar(fraction: float, width: int = 20) -> str:
@@ -72,6 +72,34 @@ def render(st: dict, now: float, width: int = 100) -> list[str]:
             + (f"  (+{t['reused_trials']} reused)" if t.get("reused_trials") else "")
         )
     return lines
+
+
+def live_view(st: dict, now: float):
+    """The same content as render(), as a rich renderable (imported here: the API image has no rich)."""
+    from rich.console import Group
+    from rich.progress_bar import ProgressBar
+    from rich.table import Table
+    from rich.text import Text
+
+    est = estimates(st, now)
+    head = Text.assemble(
+        (f"job {st['job_id']}", "bold"), f" ({st.get('name', '')}, {st.get('target', '')} at {st.get('share', '?')} %): ",
+        (str(st.get("state")), "bold green" if st.get("state") == "done" else "bold"),
+        (f" - {st['error']}", "red") if st.get("error") else "")
+    total = Table.grid(padding=(0, 2))
+    total.add_row(ProgressBar(total=1.0, completed=est["fraction"], width=30),
+                  f"{st.get('trials', 0)}/{st.get('budget', '?')} trials",
+                  f"{est['rate']:.2f} trials/s" if est["rate"] else "-", f"elapsed {fmt_s(est['elapsed_s'])}",
+                  f"ETA {fmt_s(est['eta_s'])}", f"sum of task bests x weight {fmt_us(_job_estimate_us(st))}")
+    tasks = Table(box=None, pad_edge=False, header_style="bold")
+    for col, justify in (("task", "left"), ("", "left"), ("trials", "right"), ("err", "right"), ("best", "right"),
+                         ("weight", "right"), ("ETA", "right"), ("reused", "right")):
+        tasks.add_column(col, justify=justify, overflow="ellipsis", no_wrap=True)
+    for t, e in zip(st.get("tasks", []), est["tasks"]):
+        tasks.add_row(t["task"], ProgressBar(total=1.0, completed=e["fraction"], width=12), str(t["trials"]),
+                      str(t["errors"]), fmt_us(t["best_us"]), f"x{t['weight']}", fmt_s(e["eta_s"]),
+                      str(t.get("reused_trials") or ""))
+    return Group(head, total, tasks)
 
 
 def _job_estimate_us(st: dict) -> float | None:

@@ -36,3 +36,16 @@ def test_formatting():
     assert bar(0.5, 4) == "[##..]" and bar(2, 2) == "[##]"
     assert fmt_us(1500) == "1.50 ms" and fmt_us(None) == "-"
     assert fmt_s(59) == "59s" and fmt_s(61) == "1m01s" and fmt_s(3700) == "1h01m" and fmt_s(None) == "-"
+
+
+def test_the_terminal_view_shows_what_the_lines_show():
+    from rich.console import Console
+
+    from sharetune.progress import live_view
+
+    console = Console(width=140, record=True, color_system=None)
+    console.print(live_view(_status(best=(100.0, 510.0)), now=1010.0))
+    text = console.export_text()
+    assert text.splitlines()[0] == "job j1 (tiny, llvm at 50 %): tuning"
+    assert "10/20 trials" in text and "ETA 10s" in text and "x weight 1.12 ms" in text
+    assert "t0" in text and "t1" in text and "100.0 us" in text and "510.0 us" in text
