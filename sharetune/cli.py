@@ -1,5 +1,5 @@
-"""`sharetune` command line. One parser function and one command function per subcommand (so that
-subcommands added in parallel merge cleanly); `--json` on the user-side commands is for scripts."""
+"""`sharetune` command line (Click). One function per subcommand taking its parsed options as attributes, and
+its options declared once, at the end; `--json` on the user-side commands is for scripts."""
 from __future__ import annotations
 
 import argparse
@@ -7,6 +7,8 @@ import json
 import os
 import sys
 import time
+
+import click
 
 
 def _redis_url() -> str:
@@ -31,34 +33,12 @@ def _print_json(obj) -> None:
 # ---- demo, up, down: the local topology -------------------------------------------------------------
 
 
-def parser_demo(sub) -> None:
-    d = sub.add_parser("demo", help="tune a built-in model on this CPU with an embedded Redis, then stop")
-    d.add_argument("--model", default="small_cnn")
-    d.add_argument("--trials", type=int, default=40)
-    d.add_argument("--per-iter", type=int, default=8)
-    d.add_argument("--work-dir", default="runs/demo")
-
 
 def cmd_demo(args) -> int:
     from sharetune.demo import run_demo
 
     return run_demo(args.model, args.trials, args.per_iter, args.work_dir)
 
-
-def parser_up(sub) -> None:
-    up = sub.add_parser("up", help="start the stack as local processes and leave it running")
-    up.add_argument("--work-dir", default="runs/stack")
-    up.add_argument("--lanes", default=None, help="comma-separated lane queues (default: one CPU lane per core)")
-    up.add_argument("--gpu", default=None, help="GPU lane spec on this host's GPUs, e.g. 4x25")
-    up.add_argument("--tuners", type=int, default=None,
-                    help="tuner clients (default: one per GPU lane, 4 physical cores each at least; 1 on CPU lanes)")
-    up.add_argument("--join", metavar="REDIS_URL", default=None,
-                    help="start only lanes, serving an existing stack (another host's, or this one's)")
-    up.add_argument("--builders", type=int, default=0,
-                    help="builder workers per build family: they build candidates so the lanes only time them")
-    up.add_argument("--builder-cores", default=None, help="cores the builders run on, e.g. 16-31")
-    up.add_argument("--builder-family", default=None,
-                    help="families to build for (e.g. cuda.sm_90); with --join and no lanes: a build-only host")
 
 
 def cmd_up(args) -> int:
@@ -102,10 +82,6 @@ def cmd_up(args) -> int:
     return 0
 
 
-def parser_down(sub) -> None:
-    down = sub.add_parser("down", help="stop the stack `up` started (by PID)")
-    down.add_argument("--work-dir", default="runs/stack")
-
 
 def cmd_down(args) -> int:
     from sharetune import supervise
@@ -117,11 +93,6 @@ def cmd_down(args) -> int:
     print("stopped: " + ", ".join(stopped))
     return 0
 
-
-def parser_services(sub) -> None:
-    sv = sub.add_parser("services", help="every process of the stack `up` started: pid, alive, restarts, given up")
-    sv.add_argument("--work-dir", default="runs/stack")
-    sv.add_argument("--json", action="store_true")
 
 
 def cmd_services(args) -> int:
@@ -150,24 +121,6 @@ def cmd_services(args) -> int:
 
 # ---- the user's side: submit, status, watch, results, export, lanes, cancel, report -------------------
 
-
-def parser_submit(sub) -> None:
-    s = sub.add_parser("submit", help="submit a model (zoo name, .onnx file) to a running stack")
-    s.add_argument("model")
-    s.add_argument("--target", default="llvm")
-    s.add_argument("--share", type=int, default=None,
-                   help="percent of a device (default: the share of the live lanes of the target's kind)")
-    s.add_argument("--wait-for-lanes", action="store_true",
-                   help="a share no live lane serves yet: wait for its lanes (until cancelled) instead of refusing")
-    s.add_argument("--trials", type=int, default=64)
-    s.add_argument("--per-iter", type=int, default=16)
-    s.add_argument("--retime-top-k", type=int, default=0)
-    s.add_argument("--seed", type=int, default=None)
-    s.add_argument("--clients", type=int, default=None,
-                   help="tuner clients searching the job's tasks at once (default: one per live client)")
-    s.add_argument("--wait", action="store_true", help="wait for the job to end, then print its status")
-    s.add_argument("--watch", action="store_true", help="show live progress until the job ends")
-    s.add_argument("--json", action="store_true")
 
 
 def cmd_submit(args) -> int:
@@ -201,11 +154,6 @@ def _print_advice(job, plan_wait_s: float = 20.0) -> None:
         print(f"budget advice: {st['advice']}", file=sys.stderr)
 
 
-def parser_status(sub) -> None:
-    st = sub.add_parser("status", help="a job's state and per-task progress (no JOB: the newest jobs)")
-    st.add_argument("job_id", nargs="?")
-    st.add_argument("--json", action="store_true")
-
 
 def cmd_status(args) -> int:
     from sharetune.progress import estimates, render
@@ -232,12 +180,6 @@ def cmd_status(args) -> int:
     return 0
 
 
-def parser_watch(sub) -> None:
-    w = sub.add_parser("watch", help="live progress bars of a job and its tasks until it ends")
-    w.add_argument("job_id")
-    w.add_argument("--json", action="store_true", help="one JSON status line per change")
-    w.add_argument("--interval", type=float, default=1.0)
-
 
 def cmd_watch(args) -> int:
     return _watch(_client().job(args.job_id), args.json, args.interval)
@@ -252,34 +194,32 @@ def _width() -> int:
 def _watch(job, as_json: bool = False, interval: float = 1.0) -> int:
     """Redraw in place on a terminal; elsewhere (a pipe, a log) print only when something changed."""
     from sharetune.client import FINAL_STATES
-    from sharetune.progress import estimates, render
+    from sharetune.progress import estimates, live_view, render
 
-    tty = sys.stdout.isatty() and not as_json
-    shown, last = 0, None
-    while True:
-        st = job.status()
-        key = (st["state"], st["trials"], tuple((t["trials"], t["best_us"]) for t in st["tasks"]))
-        if as_json:
-            if key != last:
-                print(json.dumps({**st, "estimates": estimates(st, time.time())}, default=str), flush=True)
-        else:
-            lines = render(st, time.time(), _width())
-            if tty:
-                sys.stdout.write(("\x1b[F\x1b[2K" * shown) + "\n".join(lines) + "\n")
-                sys.stdout.flush()
-                shown = len(lines)
+    live = None
+    if sys.stdout.isatty() and not as_json:
+        from rich.live import Live
+
+        live = Live(auto_refresh=False)
+        live.start()
+    last = None
+    try:
+        while True:
+            st = job.status()
+            key = (st["state"], st["trials"], tuple((t["trials"], t["best_us"]) for t in st["tasks"]))
+            if live is not None:
+                live.update(live_view(st, time.time()), refresh=True)
             elif key != last:
-                print("\n".join(lines), flush=True)
-        last = key
-        if st["state"] in FINAL_STATES:
-            return 0 if st["state"] == "done" else 1
-        time.sleep(interval)
+                print(json.dumps({**st, "estimates": estimates(st, time.time())}, default=str) if as_json
+                      else "\n".join(render(st, time.time(), _width())), flush=True)
+            last = key
+            if st["state"] in FINAL_STATES:
+                return 0 if st["state"] == "done" else 1
+            time.sleep(interval)
+    finally:
+        if live is not None:
+            live.stop()
 
-
-def parser_results(sub) -> None:
-    r = sub.add_parser("results", help="a finished job's best latency per task, tuned module and database")
-    r.add_argument("job_id")
-    r.add_argument("--json", action="store_true")
 
 
 def cmd_results(args) -> int:
@@ -330,14 +270,6 @@ def tuning_curve_points(job, points: int = 5) -> list[dict]:
     return [curve[i] for i in idx]
 
 
-def parser_export(sub) -> None:
-    e = sub.add_parser("export", help="write a job's records as TVM's JSON database (or JSON lines)")
-    e.add_argument("job_id")
-    e.add_argument("-o", "--out", default=None, help="directory (default: ./<job>-database)")
-    e.add_argument("--format", choices=("tvm", "jsonl"), default="tvm",
-                   help="tvm: database_workload.json + database_tuning_record.json; jsonl: every record, errors too")
-    e.add_argument("--json", action="store_true")
-
 
 def cmd_export(args) -> int:
     from pathlib import Path
@@ -367,10 +299,6 @@ def cmd_export(args) -> int:
     return 0
 
 
-def parser_lanes(sub) -> None:
-    ln = sub.add_parser("lanes", help="live measurer lanes (one line per worker)")
-    ln.add_argument("--json", action="store_true")
-
 
 def cmd_lanes(args) -> int:
     client = _client()
@@ -389,11 +317,6 @@ def cmd_lanes(args) -> int:
     return 0
 
 
-def parser_cancel(sub) -> None:
-    c = sub.add_parser("cancel", help="stop a job after the round in flight")
-    c.add_argument("job_id")
-    c.add_argument("--json", action="store_true")
-
 
 def cmd_cancel(args) -> int:
     state = _client().job(args.job_id).cancel()
@@ -403,12 +326,6 @@ def cmd_cancel(args) -> int:
         print(f"{args.job_id}: {state}")
     return 0
 
-
-def parser_report(sub) -> None:
-    r = sub.add_parser("report", help="write an HTML report with plots of a job")
-    r.add_argument("job_id")
-    r.add_argument("-o", "--out", default=None, help="HTML file (default: ./<job>-report.html)")
-    r.add_argument("--matrix", default=None, help="a share-matrix JSON (`sharetune matrix`) to plot as well")
 
 
 def cmd_report(args) -> int:
@@ -424,11 +341,6 @@ def cmd_report(args) -> int:
     return 0
 
 
-def parser_api(sub) -> None:
-    a = sub.add_parser("api", help="serve the HTTP API (submit, status, results, cancel; /docs, /openapi.json)")
-    a.add_argument("--host", default="127.0.0.1")
-    a.add_argument("--port", type=int, default=8000)
-
 
 def cmd_api(args) -> int:
     import uvicorn
@@ -438,25 +350,6 @@ def cmd_api(args) -> int:
     uvicorn.run(make_app(_redis_url()), host=args.host, port=args.port, log_level="info")
     return 0
 
-
-def parser_matrix(sub) -> None:
-    """`sharetune matrix MODEL --shares 25,50,100`: tune at each share, serve each tuned model at every
-    share, print the tuned-at x served-at table (with 95 % intervals), the recommended share, the knee and
-    what a share mismatch costs; write JSON + heatmap. Every task of the model by default."""
-    m = sub.add_parser("matrix", help="tune at each share, serve at every share: the latency matrix")
-    m.add_argument("model", help="zoo name or .onnx file")
-    m.add_argument("--shares", default=None, help="percentages, e.g. 10,25,50,100 (CPU: whole cores of this host)")
-    m.add_argument("--cores", default=None, help="CPU only, instead of --shares: core counts, e.g. 1,2")
-    m.add_argument("--device", choices=["cpu", "gpu"], default="cpu")
-    m.add_argument("--trials", type=int, default=None,
-                   help="trial budget of each share's tuning job (default 32 x tasks, at least 256)")
-    m.add_argument("--per-iter", type=int, default=64, help="candidates a search round (MetaSchedule's default)")
-    m.add_argument("--tasks", type=int, default=None, help="tune only the model's k heaviest tasks (default: all)")
-    m.add_argument("--gpu-index", type=int, default=0)
-    m.add_argument("--rounds", type=int, default=30,
-                   help="timing rounds per cell: the median, and a bootstrap 95 %% interval over them")
-    m.add_argument("--work-dir", default="runs/matrix")
-    m.add_argument("--out", default=None, help="JSON path (default WORK_DIR/share_matrix.json; PNG beside it)")
 
 
 def cmd_matrix(args) -> int:
@@ -488,26 +381,118 @@ def cmd_matrix(args) -> int:
     return 0 if report.complete else 1
 
 
-COMMANDS = ["demo", "up", "down", "services", "submit", "status", "watch", "results", "export", "lanes", "cancel", "report", "api",
-            "matrix"]
+# ---- the command line: every subcommand's options, declared once each ------------------------------------
+
+JSON = click.option("--json", is_flag=True, help="machine-readable output (for scripts)")
+WORK_DIR = click.option("--work-dir", default="runs/stack", show_default=True, help="the stack's work dir")
+JOB = click.argument("job_id")
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
+def cli() -> None:
+    """GPU/CPU autotuning with spatial sharing."""
+
+
+def command(name: str, help: str, *params):
+    """Register body(args) as subcommand `name`; its options arrive as attributes (args.trials, args.json)."""
+    def register(body):
+        cmd = click.Command(name, callback=lambda **kw: body(argparse.Namespace(**kw)), help=help,
+                            short_help=help.split("\n")[0])
+        for param in params:
+            param(cmd)
+        cli.add_command(cmd)
+        return body
+    return register
+
+
+command("demo", "tune a built-in model on this CPU with an embedded Redis, then stop",
+        click.option("--model", default="small_cnn", show_default=True),
+        click.option("--trials", type=int, default=40, show_default=True),
+        click.option("--per-iter", type=int, default=8, show_default=True),
+        click.option("--work-dir", default="runs/demo", show_default=True))(cmd_demo)
+command("up", "start the stack as local processes and leave it running", WORK_DIR,
+        click.option("--lanes", help="comma-separated lane queues (default: one CPU lane per core)"),
+        click.option("--gpu", help="GPU lane spec on this host's GPUs, e.g. 4x25"),
+        click.option("--tuners", type=int,
+                     help="tuner clients (default: one per GPU lane, 4 physical cores each at least; 1 on CPU lanes)"),
+        click.option("--join", metavar="REDIS_URL",
+                     help="start only lanes, serving an existing stack (another host's, or this one's)"),
+        click.option("--builders", type=int, default=0, show_default=True,
+                     help="builder workers per build family: they build candidates so the lanes only time them"),
+        click.option("--builder-cores", help="cores the builders run on, e.g. 16-31"),
+        click.option("--builder-family",
+                     help="families to build for (e.g. cuda.sm_90); with --join and no lanes: a build-only host"))(cmd_up)
+command("down", "stop the stack `up` started (by PID)", WORK_DIR)(cmd_down)
+command("services", "every process of the stack `up` started: pid, alive, restarts, given up", WORK_DIR, JSON)(cmd_services)
+command("submit", "submit a model (zoo name, .onnx file) to a running stack", click.argument("model"),
+        click.option("--target", default="llvm", show_default=True),
+        click.option("--share", type=int, help="percent of a device (default: the share of the live lanes of the "
+                     "target's kind)"),
+        click.option("--wait-for-lanes", is_flag=True,
+                     help="a share no live lane serves yet: wait for its lanes (until cancelled) instead of refusing"),
+        click.option("--trials", type=int, default=64, show_default=True),
+        click.option("--per-iter", type=int, default=16, show_default=True),
+        click.option("--retime-top-k", type=int, default=0, show_default=True),
+        click.option("--seed", type=int),
+        click.option("--clients", type=int,
+                     help="tuner clients searching the job's tasks at once (default: one per live client)"),
+        click.option("--wait", is_flag=True, help="wait for the job to end, then print its status"),
+        click.option("--watch", is_flag=True, help="show live progress until the job ends"), JSON)(cmd_submit)
+command("status", "a job's state and per-task progress (no JOB: the newest jobs)",
+        click.argument("job_id", required=False), JSON)(cmd_status)
+command("watch", "live progress bars of a job and its tasks until it ends", JOB,
+        click.option("--json", is_flag=True, help="one JSON status line per change"),
+        click.option("--interval", type=float, default=1.0, show_default=True))(cmd_watch)
+command("results", "a finished job's best latency per task, tuned module and database", JOB, JSON)(cmd_results)
+command("export", "write a job's records as TVM's JSON database (or JSON lines)", JOB,
+        click.option("-o", "--out", help="directory (default: ./<job>-database)"),
+        click.option("--format", type=click.Choice(["tvm", "jsonl"]), default="tvm", show_default=True,
+                     help="tvm: database_workload.json + database_tuning_record.json; jsonl: every record, errors too"),
+        JSON)(cmd_export)
+command("lanes", "live measurer lanes (one line per worker)", JSON)(cmd_lanes)
+command("cancel", "stop a job after the round in flight", JOB, JSON)(cmd_cancel)
+command("report", "write an HTML report with plots of a job", JOB,
+        click.option("-o", "--out", help="HTML file (default: ./<job>-report.html)"),
+        click.option("--matrix", help="a share-matrix JSON (`sharetune matrix`) to plot as well"))(cmd_report)
+command("api", "serve the HTTP API (submit, status, results, cancel; /docs, /openapi.json)",
+        click.option("--host", default="127.0.0.1", show_default=True),
+        click.option("--port", type=int, default=8000, show_default=True))(cmd_api)
+command("matrix", "tune at each share, serve at every share: the latency matrix\n\n"
+        "Tune at each share, serve each tuned model at every share, print the tuned-at x served-at table (with 95 % "
+        "intervals), the recommended share, the knee and what a share mismatch costs; write JSON + heatmap. Every "
+        "task of the model by default.",
+        click.argument("model"),
+        click.option("--shares", help="percentages, e.g. 10,25,50,100 (CPU: whole cores of this host)"),
+        click.option("--cores", help="CPU only, instead of --shares: core counts, e.g. 1,2"),
+        click.option("--device", type=click.Choice(["cpu", "gpu"]), default="cpu", show_default=True),
+        click.option("--trials", type=int, help="trial budget of each share's tuning job (default 32 x tasks, at least 256)"),
+        click.option("--per-iter", type=int, default=64, show_default=True,
+                     help="candidates a search round (MetaSchedule's default)"),
+        click.option("--tasks", type=int, help="tune only the model's k heaviest tasks (default: all)"),
+        click.option("--gpu-index", type=int, default=0, show_default=True),
+        click.option("--rounds", type=int, default=30, show_default=True,
+                     help="timing rounds per cell: the median, and a bootstrap 95 % interval over them"),
+        click.option("--work-dir", default="runs/matrix", show_default=True),
+        click.option("--out", help="JSON path (default WORK_DIR/share_matrix.json; PNG beside it)"))(cmd_matrix)
+
+COMMANDS = list(cli.commands)
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="sharetune", description="GPU/CPU autotuning with spatial sharing")
-    sub = ap.add_subparsers(dest="cmd", required=True)
-    module = sys.modules[__name__]
-    for name in COMMANDS:
-        getattr(module, f"parser_{name}")(sub)
-    args = ap.parse_args(argv)
-
+    """Run one subcommand; its exit status (2: bad input, named on stderr; 130: interrupted)."""
     from shared.errors import SharetuneError
 
     try:
-        return getattr(module, f"cmd_{args.cmd}")(args)
+        return cli.main(args=argv, prog_name="sharetune", standalone_mode=False) or 0
+    except click.exceptions.Exit as done:  # --help
+        return done.exit_code
+    except click.ClickException as err:  # a usage error: unknown option, a value of the wrong type
+        err.show()
+        return err.exit_code
     except SharetuneError as err:
         print(f"sharetune: {err}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, click.Abort):
         return 130
 
 
