@@ -71,7 +71,7 @@ def faulting_candidate(cid: str):
     import tvm
     from tvm.script import tirx as T
 
-    from shared.codec import dump_ir
+    from services.measurer.metaschedule.codec import dump_ir
     from shared.messages import Candidate
 
     @T.prim_func
@@ -91,7 +91,7 @@ def hanging_candidate(cid: str):
     import tvm
     from tvm.script import tirx as T
 
-    from shared.codec import dump_ir
+    from services.measurer.metaschedule.codec import dump_ir
     from shared.messages import Candidate
 
     @T.prim_func

@@ -157,7 +157,7 @@ def export_job_records(redis_url: str, job_id: str, out: Path) -> int:
     from tvm.s_tir import meta_schedule as ms
 
     from shared import store
-    from shared.codec import load_ir
+    from services.tuner.metaschedule.codec import load_ir
     from services.tuner.metaschedule.records import tvm_record
 
     r = store.connect(redis_url)

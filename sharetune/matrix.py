@@ -269,8 +269,6 @@ def heaviest_tasks(model: Any, k: int, device: str, example_inputs=None) -> list
 
 def model_tasks(model: Any, device: str, example_inputs=None) -> list[str]:
     """Names of all the model's tasks, heaviest (FLOPs x weight) first."""
-    import tvm  # noqa: F401 - the extraction below is TVM's; this process already pays for it
-
     from services.measurer.metaschedule.evaluate import cpu_target, gpu_target
     from services.tuner.metaschedule.extract import extract
     from sharetune.intake import to_relax

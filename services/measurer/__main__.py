@@ -59,9 +59,9 @@ def exec_builder(family: str, cores: str | None, loglevel: str) -> None:
 
     if family == "llvm":  # this host's CPU
         from shared.names import target_family
-        import tvm
+        from services.measurer.metaschedule.host import system_cpu
 
-        family = target_family({"kind": "llvm", "mcpu": tvm.target.codegen.llvm_get_system_cpu()})
+        family = target_family({"kind": "llvm", "mcpu": system_cpu()})
     try:
         queue = build_queue(check_family(family))
         if cores:

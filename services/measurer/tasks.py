@@ -19,7 +19,7 @@ from contextlib import nullcontext
 from celery import signals
 
 from shared import names, store
-from shared.celery_app import make_celery
+from services.celery_app import make_celery
 from shared.errors import MessageError
 from shared.messages import BuilderInfo, BuildRequest, LaneBatch, LaneInfo, MeasureBatch, MeasureResult
 from shared.settings import LaneSettings
@@ -373,17 +373,9 @@ def _gpu_shared() -> bool:
 
 
 def _cuda_alive() -> bool:
-    """After an unexplained run error: does this lane's CUDA context still work? (A sticky fault makes
-    every later call fail.)"""
-    try:
-        import tvm
+    from services.measurer.metaschedule.evaluate import cuda_context_alive
 
-        dev = tvm.cuda(0)
-        tvm.runtime.empty((1,), "float32", dev).copyfrom(__import__("numpy").zeros(1, "float32"))
-        dev.sync()
-        return True
-    except Exception:  # noqa: BLE001
-        return False
+    return cuda_context_alive()
 
 
 def _report_gpu_fault(chash: str, error: str, role: str) -> None:

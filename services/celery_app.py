@@ -72,7 +72,7 @@ def make_celery(role: str, redis_url: str) -> Celery:
         result_serializer="json",
         event_serializer="json",
         result_accept_content=["json"],
-        worker_consumer="shared.celery_app:GuardedConsumer",
+        worker_consumer="services.celery_app:GuardedConsumer",
         task_ignore_result=True,  # results travel through Redis keys the services own (shared.names)
         # crash safety: a message is acknowledged only after its task returns; a worker that dies
         # mid-task leaves it to be delivered again (batches are idempotent: results and records are
