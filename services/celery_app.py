@@ -34,8 +34,11 @@ def _loads_capped(data):
     return _json_loads(data)
 
 
-# the same content type as kombu's json, so producers are unchanged; only decoding gains the cap
-register("json", _json_dumps, _loads_capped, content_type="application/json", content_encoding="utf-8")
+def register_capped_json() -> None:
+    """Replace kombu's "json" codec with the size-capped one. kombu keeps one codec registry per process,
+    so this is done by make_celery, for the processes that make an app, never by importing this module.
+    The content type is kombu's own, so producers are unchanged; only decoding gains the cap."""
+    register("json", _json_dumps, _loads_capped, content_type="application/json", content_encoding="utf-8")
 
 
 def _dead_letter_refused(consumer, message, exc) -> None:
@@ -65,6 +68,7 @@ class GuardedConsumer(Consumer):
 
 
 def make_celery(role: str, redis_url: str) -> Celery:
+    register_capped_json()
     app = Celery(f"sharetune-{role}", broker=redis_url)  # a password in REDIS_URL is used as given
     app.conf.update(
         task_serializer="json",

@@ -423,13 +423,9 @@ class MatrixStack(Stack):
     """A stack whose lanes of different shares work one share at a time: a GPU lane's warm build pool
     gets the host's cores split among the lanes of its own share, not among every lane."""
 
-    def start_lane(self, queue: str, instance: int = 0):
+    def start_lane(self, queue: str, instance: int = 0, build_workers: int | None = None):
         lane = names.LaneName.parse(queue)
-        if lane.kind != "gpu" or "SHARETUNE_BUILD_WORKERS" in os.environ:
-            return super().start_lane(queue, instance)
+        if build_workers or lane.kind != "gpu" or "SHARETUNE_BUILD_WORKERS" in os.environ:
+            return super().start_lane(queue, instance, build_workers)
         cores = int(os.environ.get("SHARETUNE_MATRIX_CORES", os.cpu_count() or 1))
-        os.environ["SHARETUNE_BUILD_WORKERS"] = str(max(1, cores // self.lanes.count(queue)))
-        try:  # Stack reads it from this process's environment when it starts the lane
-            return super().start_lane(queue, instance)
-        finally:
-            del os.environ["SHARETUNE_BUILD_WORKERS"]
+        return super().start_lane(queue, instance, build_workers=max(1, cores // self.lanes.count(queue)))

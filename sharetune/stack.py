@@ -174,7 +174,9 @@ class Stack:
         proc = self.procs.get(name)
         return proc.pid if proc is not None and proc.poll() is None else None
 
-    def start_lane(self, queue: str, instance: int = 0) -> subprocess.Popen:
+    def start_lane(self, queue: str, instance: int = 0, build_workers: int | None = None) -> subprocess.Popen:
+        """`build_workers`: the size of a GPU lane's build pool (default: SHARETUNE_BUILD_WORKERS, else an
+        equal part of the host's cores, see gpu_build_workers)."""
         lane = names.LaneName.parse(queue)
         args = [sys.executable, "-m", "services.measurer", "--lane", queue, "--loglevel", self.log_level]
         if lane.kind == "gpu":
@@ -183,8 +185,9 @@ class Stack:
             args += ["--gpu-uuid", self.gpu_uuids[lane.gpu]]
         env = self._env()
         if lane.kind == "gpu":  # with builders the lane only times (it builds only what is re-sent to it)
+            asked = str(build_workers) if build_workers else os.environ.get("SHARETUNE_BUILD_WORKERS")
             env["SHARETUNE_BUILD_WORKERS"] = "0" if self.builders else str(
-                gpu_build_workers(self.lanes, queue, os.cpu_count() or 1, os.environ.get("SHARETUNE_BUILD_WORKERS")))
+                gpu_build_workers(self.lanes, queue, os.cpu_count() or 1, asked))
         name = f"lane-{queue}-{instance}" if instance else f"lane-{queue}"
         self.lane_procs[name] = (queue, instance)
         return self._spawn(name, args, env)

@@ -28,16 +28,18 @@ from services.measurer.lanes import lane_share
 
 log = logging.getLogger("sharetune.lane")
 settings = LaneSettings()
-app = make_celery("measurer", settings.redis_url)
-LANE = names.LaneName.parse(settings.lane)
-SANDBOXED = settings.sandbox if settings.sandbox is not None else LANE.kind == "cpu"
+app = make_celery("measurer", settings.redis_url)  # Celery connects when the worker starts, not here
+# Set when the worker starts (_init_worker), never at import: the lane this process serves, whether it
+# measures in a sandbox child, and a builder's state when it is a builder.
+LANE: names.LaneName | None = None
+SANDBOXED = False
 
 
 class _LaneState:
     """What this worker process keeps warm: the Redis connection, the lane's target and counters."""
 
     def __init__(self):
-        self.redis = store.connect(settings.redis_url)
+        self.redis = None  # connected when the worker starts (_init_worker)
         self.target = None
         self.info: LaneInfo | None = None
         self.lock = threading.Lock()
@@ -147,7 +149,17 @@ class _BuilderState:
 
 
 STATE = _LaneState()
-BUILDER = _BuilderState(settings.builder_family) if settings.builder_family else None
+BUILDER: _BuilderState | None = None
+
+
+@signals.worker_init.connect
+def _init_worker(**_):
+    """Before the worker consumes: parse its lane, connect to Redis, and make a builder's state."""
+    global LANE, SANDBOXED, BUILDER
+    LANE = names.LaneName.parse(settings.lane)
+    SANDBOXED = settings.sandbox if settings.sandbox is not None else LANE.kind == "cpu"
+    STATE.redis = store.connect(settings.redis_url)
+    BUILDER = _BuilderState(settings.builder_family) if settings.builder_family else None
 
 
 @signals.worker_ready.connect
