@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 from shared import names, store
+from shared.ids import gpu8
 from shared.settings import physical_cores
 
 REPO = Path(__file__).resolve().parent.parent
@@ -157,10 +158,10 @@ class Stack:
         self.procs[name] = proc
         return proc
 
-    def _worker(self, name: str, queue: str, module: str, env: dict | None = None) -> subprocess.Popen:
-        return self._spawn(name, [sys.executable, "-m", "celery", "-A", module, "worker", "-Q", queue, "-P", "solo",
-                                  "-c", "1", "--prefetch-multiplier", "1", "-n", f"{name}.{os.getpid()}@{socket.gethostname()}",
-                                  "--loglevel", self.log_level, "--without-gossip", "--without-mingle"], env)
+    def _worker(self, name: str, queue: str, env: dict | None = None) -> subprocess.Popen:
+        """A tuner-service worker (planner, tuner client, updater), through its service's entry point."""
+        return self._spawn(name, [sys.executable, "-m", "services.tuner", "--queue", queue, "--name", name,
+                                  "--loglevel", self.log_level], env)
 
     def start_tuner(self, name: str) -> subprocess.Popen:
         """One more tuner client (horizontal scaling): it takes shards of queued and later jobs. The
@@ -168,7 +169,7 @@ class Stack:
         env = self._env()
         if "SHARETUNE_SEARCH_THREADS" not in os.environ:
             env["SHARETUNE_SEARCH_THREADS"] = str(max(1, physical_cores() // max(1, self.tuners)))
-        return self._worker(name, names.TUNE_QUEUE, "services.tuner.tasks", env)
+        return self._worker(name, names.TUNE_QUEUE, env)
 
     def pid_of(self, name: str) -> int | None:
         proc = self.procs.get(name)
@@ -311,7 +312,7 @@ class Stack:
         from services.measurer.mps import MpsDaemon
         from services.measurer.observers import make_observer
 
-        self.gpu_uuids = {g.uuid.lower().removeprefix("gpu-")[:8]: g.uuid for g in make_observer().inventory()}
+        self.gpu_uuids = {gpu8(g.uuid): g.uuid for g in make_observer().inventory()}
         mps = MpsDaemon(self.work_dir / "mps" / "pipe", self.work_dir / "mps" / "log")
         mps.start()
         self.mps = mps
@@ -327,11 +328,10 @@ class Stack:
         if not self.lanes_only:
             import functools
 
-            self.service_procs["planner"] = functools.partial(self._worker, "planner", names.PLAN_QUEUE, "services.tuner.tasks")
+            self.service_procs["planner"] = functools.partial(self._worker, "planner", names.PLAN_QUEUE)
             for i in range(self.tuners):
                 self.service_procs[f"tuner{i}"] = functools.partial(self.start_tuner, f"tuner{i}")
-            self.service_procs["updater"] = functools.partial(self._worker, "updater", names.COSTMODEL_QUEUE,
-                                                              "services.tuner.tasks")
+            self.service_procs["updater"] = functools.partial(self._worker, "updater", names.COSTMODEL_QUEUE)
             for start in self.service_procs.values():
                 start()
         for i, lane in enumerate(self.lanes):

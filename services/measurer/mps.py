@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from shared.errors import LaneError, ShareError
+from shared.ids import gpu_hex as _hex
 from shared.names import LaneName
 
 CONTROL_BINARY = "nvidia-cuda-mps-control"
@@ -51,10 +52,6 @@ class GpuInfo:
         d = asdict(self)
         d["compute_capability"] = list(self.compute_capability) if self.compute_capability else None
         return d
-
-
-def _hex(uuid: str) -> str:
-    return uuid.strip().lower().removeprefix("gpu-").replace("-", "")
 
 
 # ------------------------------------------------------------------------------------ the runner

@@ -19,6 +19,7 @@ from contextlib import nullcontext
 from celery import signals
 
 from shared import names, store
+from shared.ids import worker_id
 from services.celery_app import make_celery
 from shared.errors import MessageError
 from shared.messages import BuilderInfo, BuildRequest, LaneBatch, LaneInfo, MeasureBatch, MeasureResult
@@ -96,7 +97,7 @@ class _LaneState:
 
     def keep_claim(self) -> None:
         """A replica that claimed its lane from a pool holds the claim while it lives."""
-        worker = f"{socket.gethostname()}.{os.getpid()}"
+        worker = worker_id()
         while not self.stop.is_set():
             try:
                 self.redis.set(settings.lane_claim, worker, ex=names.LANE_TTL_S)
@@ -187,7 +188,7 @@ def _on_shutdown(**_):
     try:
         if STATE.info is not None:
             store.retire_lane(STATE.redis, STATE.info)
-        if settings.lane_claim and STATE.redis.get(settings.lane_claim) == f"{socket.gethostname()}.{os.getpid()}".encode():
+        if settings.lane_claim and STATE.redis.get(settings.lane_claim) == worker_id().encode():
             STATE.redis.delete(settings.lane_claim)  # only our own claim: it may have passed to another
     except Exception:  # noqa: BLE001
         pass
@@ -209,7 +210,7 @@ def build_batch(payload):
         return {"error": str(err)}
     batch = req.batch
     r = b.redis if b else STATE.redis
-    worker = b.info.worker if b else f"{socket.gethostname()}.{os.getpid()}"
+    worker = b.info.worker if b else worker_id()
     store.mark_batch_building(r, batch.batch_id, worker, b.alive_key if b else "")
     if store.job_cancelled(r, batch.job_id):
         for cand in batch.candidates:
@@ -249,7 +250,7 @@ def measure_batch(payload):
     except MessageError as err:
         _answer_malformed(payload, str(err))
         return {"error": str(err)}
-    worker = STATE.info.worker if STATE.info else f"{socket.gethostname()}.{os.getpid()}"
+    worker = STATE.info.worker if STATE.info else worker_id()
     store.mark_batch_started(STATE.redis, batch.batch_id, LANE.queue, worker, batch.job_id, len(batch.candidates))
     if store.job_cancelled(STATE.redis, batch.job_id):  # answered, so no one waits on it
         for cand in batch.candidates:
@@ -327,7 +328,7 @@ def _in_process(batch: MeasureBatch, results, quarantined: dict, guard):
 
     gate = None
     if LANE.kind == "gpu":
-        worker = STATE.info.worker if STATE.info else f"{socket.gethostname()}.{os.getpid()}"
+        worker = STATE.info.worker if STATE.info else worker_id()
         gate = GpuGate(STATE.redis, LANE.gpu or "", worker, hold_s=batch.timing.timeout_s + 30)
     for cand in batch.candidates:
         if cand.candidate_id in quarantined:  # answered without building or running it
@@ -376,7 +377,7 @@ def _in_process(batch: MeasureBatch, results, quarantined: dict, guard):
 
 def _gpu_shared() -> bool:
     """Does another live lane worker use this lane's GPU (so a fault here may be a neighbour's)?"""
-    me = STATE.info.worker if STATE.info else f"{socket.gethostname()}.{os.getpid()}"
+    me = STATE.info.worker if STATE.info else worker_id()
     try:
         return any(l.kind == "gpu" and names.LaneName.parse(l.queue).gpu == LANE.gpu and l.worker != me
                    for l in store.live_lanes(STATE.redis))

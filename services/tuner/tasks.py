@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import socket
 import threading
 import time
 import traceback
@@ -20,6 +18,7 @@ import traceback
 from celery import signals
 
 from shared import names, store
+from shared.ids import worker_id
 from services.celery_app import make_celery
 from shared.errors import MessageError, SharetuneError
 from shared.messages import JobRef, ShardRef, TrainingBatch
@@ -29,7 +28,7 @@ log = logging.getLogger("sharetune.tuner")
 settings = TunerSettings()
 app = make_celery("tuner", settings.redis_url)
 _redis = None
-WORKER_ID = f"{socket.gethostname()}.{os.getpid()}"
+WORKER_ID = worker_id()  # a solo-pool worker: the process that imports this module is the one that works
 _stopping = threading.Event()  # set on warm shutdown: the running shard is handed back at its next round
 
 
