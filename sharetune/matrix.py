@@ -382,7 +382,7 @@ def matrix(model: Any, shares, *, device: str = "cpu", trials: int | None = None
     if redis_url is None:
         stack = MatrixStack(work_dir / "stack", lanes=placement.lanes(shares, max_lanes_per_share))
     elif device == "gpu":
-        from services.measurer.mps import MpsDaemon
+        from services.measurer.gpu import MpsDaemon
         from shared.errors import LaneError
 
         # serving below 100 % without a daemon would silently run on the whole GPU

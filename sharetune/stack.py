@@ -12,7 +12,6 @@ import time
 from pathlib import Path
 
 from shared import names, store
-from shared.ids import gpu8
 from shared.settings import physical_cores
 
 REPO = Path(__file__).resolve().parent.parent
@@ -28,7 +27,7 @@ def gpu_lanes(spec, max_total_percent: int = 100, observer=None) -> list[str]:
     """Lane queue names for a GPU lane spec ("4x25", "2x50", "25,25,50", or {gpu: spec}) on this host's
     GPUs, one entry per worker process. Refuses (ShareError) shares on one GPU summing past
     `max_total_percent`, percents outside 1..100 and GPUs this host lacks; LaneError without MPS."""
-    from services.measurer.mps import plan_gpu_lanes
+    from services.measurer.gpu import plan_gpu_lanes
     from services.measurer.observers import make_observer
 
     gpus = (observer or make_observer()).inventory()
@@ -130,7 +129,7 @@ class Stack:
         self._dead_seen: dict[str, float] = {}  # process name -> when the supervisor first saw it dead
         self.recoveries: list[dict] = []  # what the supervisor did, with times (faults bench, tests)
         self._restarts: dict[str, list[float]] = {}
-        self._gpu_attempts: dict = {}  # uuid8 -> services.measurer.mps.GpuAttempt being judged
+        self._gpu_attempts: dict = {}  # uuid8 -> services.measurer.gpu.GpuAttempt being judged
         self._gpu_failures: dict[str, int] = {}  # uuid8 -> recoveries that failed in a row
         self.gpus_given_up: dict[str, str] = {}  # uuid8 -> why: no lane of it is restarted again
         self._supervisor = None
@@ -309,8 +308,9 @@ class Stack:
 
     def _start_gpu_support(self) -> None:
         """Name GPUs by UUID, and start an MPS daemon (own pipe and log dirs) unless one answers."""
-        from services.measurer.mps import MpsDaemon
+        from services.measurer.gpu import MpsDaemon
         from services.measurer.observers import make_observer
+        from shared.ids import gpu8
 
         self.gpu_uuids = {gpu8(g.uuid): g.uuid for g in make_observer().inventory()}
         mps = MpsDaemon(self.work_dir / "mps" / "pipe", self.work_dir / "mps" / "log")
@@ -368,9 +368,9 @@ class Stack:
 
     def recover_once(self, faults_since: float) -> float:
         """One round: find lane processes that ended and GPU faults reported since `faults_since`, judge
-        the GPU recoveries still in doubt, act on services.measurer.mps.plan_recovery's decision; returns
+        the GPU recoveries still in doubt, act on services.measurer.gpu.plan_recovery's decision; returns
         the new `faults_since`."""
-        from services.measurer.mps import LaneExit, plan_recovery
+        from services.measurer.gpu import LaneExit, plan_recovery
 
         now = time.time()
         exits = [LaneExit(name, q, self.procs[name].returncode, now) for name, (q, _) in list(self.lane_procs.items())
@@ -420,7 +420,7 @@ class Stack:
     def _restart_gpu(self, gpu8: str, event: dict | None = None) -> list[str]:
         """End every MPS client of the GPU and, where it serves that GPU alone, its server; then start the
         GPU's lanes again and judge the recovery in later rounds."""
-        from services.measurer.mps import GpuAttempt
+        from services.measurer.gpu import GpuAttempt
 
         lanes = self._gpu_lane_names(gpu8)
         reset = self._reset_gpu_clients(gpu8)
@@ -438,7 +438,7 @@ class Stack:
         was done (errors as data)."""
         import logging
 
-        from services.measurer import mps as mps_mod
+        from services.measurer.gpu import plan_gpu_reset
 
         log = logging.getLogger("sharetune.stack")
         mine = self._gpu_lane_names(gpu8)
@@ -446,7 +446,7 @@ class Stack:
         # exited ones too: their sessions (a build pool left behind) belong to their own GPU
         other_roots = [p.pid for n, p in self.procs.items() if n in self.lane_procs and n not in mine]
         servers = self.mps.servers() if self.mps is not None else {}
-        plan = mps_mod.plan_gpu_reset(self._process_table(), gpu_roots, other_roots, servers,
+        plan = plan_gpu_reset(self._process_table(), gpu_roots, other_roots, servers,
                                       daemon_is_ours=bool(self.mps is not None and self.mps.started), me=os.getpid())
         done = {"servers": {str(k): list(v) for k, v in servers.items()}, "end": list(plan.end),
                 "kill_servers": list(plan.kill_servers), "kept_servers": list(plan.kept), "quit_daemon": plan.quit_daemon}
@@ -476,19 +476,19 @@ class Stack:
 
     # the host's process table and a signal sender; replaced by fakes in tests
     def _process_table(self) -> dict:
-        from services.measurer.mps import read_process_table
+        from services.measurer.gpu import read_process_table
 
         return read_process_table()
 
     def _end_pids(self, pids, grace_s: float = 3.0) -> dict:
-        from services.measurer.mps import end_processes
+        from services.measurer.gpu import end_processes
 
         return end_processes(pids, grace_s)
 
     def _judge_gpu_recoveries(self, now: float, faulted: set[str]) -> tuple[set[str], set[str]]:
-        """Judge each GPU recovery in doubt (services.measurer.mps.judge_recovery): returns the GPUs to
+        """Judge each GPU recovery in doubt (services.measurer.gpu.judge_recovery): returns the GPUs to
         recover again (their lanes never came back) and those to give up (recoveries failed twice in a row)."""
-        from services.measurer.mps import give_up_gpu, judge_recovery
+        from services.measurer.gpu import give_up_gpu, judge_recovery
 
         retry, give_up = set(), set()
         for gpu8, attempt in list(self._gpu_attempts.items()):

@@ -58,7 +58,7 @@ class _LaneState:
         if LANE.kind == "cpu":
             self.target = evaluate.cpu_target(len(LANE.cores))
         else:
-            from services.measurer.mps import MpsDaemon
+            from services.measurer.gpu.daemon import MpsDaemon
             from services.measurer.observers import make_observer
 
             # a lane below 100 % must never measure unshared: refuse unless an MPS daemon answers
@@ -324,7 +324,7 @@ def _in_process(batch: MeasureBatch, results, quarantined: dict, guard):
     the lane's). Each candidate's crash count is raised before it runs, so a lane that dies with it
     leaves the count; a CUDA fault ends the batch: the lane's context is gone."""
     from services.measurer.isolation import GpuGate, attribute
-    from services.measurer.mps import classify_cuda_error, watchdog_allowance_s
+    from services.measurer.gpu.faults import classify_cuda_error, watchdog_allowance_s
 
     gate = None
     if LANE.kind == "gpu":
@@ -409,7 +409,7 @@ _WATCHDOG = None
 def _watchdog():
     global _WATCHDOG
     if _WATCHDOG is None:
-        from services.measurer.mps import Watchdog
+        from services.measurer.gpu.faults import Watchdog
 
         _WATCHDOG = Watchdog(_on_hung_candidate, margin_s=WATCHDOG_MARGIN_S)
     return _WATCHDOG

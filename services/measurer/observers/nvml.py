@@ -10,7 +10,7 @@ import importlib
 import logging
 from typing import Any, Callable
 
-from services.measurer.mps import GpuInfo
+from services.measurer.observers.inventory import GpuInfo
 from services.measurer.observers.base import DEFAULT_INTERVAL_MS, DeviceSample, Observer
 from services.measurer.observers.null import NullObserver
 from shared.errors import LaneError
