@@ -1,6 +1,10 @@
 """The one Celery app factory: JSON only, size-capped, late acknowledgement, one message at a time per
 worker; a message a worker refuses to decode (pickle, too large, not JSON) is dead-lettered, not lost
-silently."""
+silently.
+
+It lives in `services`, beside the services whose tasks.py use it (and the client, which publishes plan
+messages with it), not in `shared`: whatever imports `shared` (the store, the contracts, the API, reports)
+then never loads Celery or kombu, and importing this module changes nothing until an app is made."""
 from __future__ import annotations
 
 import logging
