@@ -15,7 +15,9 @@ $(VENV)/.installed: requirements.txt pyproject.toml
 demo: install
 	$(PY) -m sharetune demo
 
+# the module boundaries first (pyproject.toml [tool.importlinter]): seconds, before an 11-minute suite
 test: install
+	$(VENV)/bin/lint-imports
 	$(PY) -m pytest -q --durations=25 -m "not gpu" tests
 
 bench: install

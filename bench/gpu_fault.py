@@ -38,7 +38,9 @@ WATCHDOG_MARGIN_S = 5.0
 def plan_lanes(uuids: list[str]) -> dict:
     """Lane queues of the run: GPU 0 at 4x25 % (job A, where faults are injected), GPU 1 at 2x50 %
     (job B, the bystander) when there is one."""
-    u8 = [u.lower().removeprefix("gpu-")[:8] for u in uuids]
+    from shared.ids import gpu8
+
+    u8 = [gpu8(u) for u in uuids]
     plan = {"faulted": f"measure.{u8[0]}.p25", "faulted_gpu8": u8[0], "lanes": [f"measure.{u8[0]}.p25"] * 4,
             "other": None, "other_gpu8": None}
     if len(u8) > 1:
@@ -71,7 +73,7 @@ def faulting_candidate(cid: str):
     import tvm
     from tvm.script import tirx as T
 
-    from shared.codec import dump_ir
+    from services.measurer.metaschedule.codec import dump_ir
     from shared.messages import Candidate
 
     @T.prim_func
@@ -91,7 +93,7 @@ def hanging_candidate(cid: str):
     import tvm
     from tvm.script import tirx as T
 
-    from shared.codec import dump_ir
+    from services.measurer.metaschedule.codec import dump_ir
     from shared.messages import Candidate
 
     @T.prim_func

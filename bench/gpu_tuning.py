@@ -141,7 +141,9 @@ def run_ours(args) -> list[dict]:
     obs = make_observer()
     gpus = obs.inventory()
     uuid = gpus[0].uuid
-    u8 = uuid.lower().removeprefix("gpu-")[:8]
+    from shared.ids import gpu8
+
+    u8 = gpu8(uuid)
     target = gpu_target()
     _, names, _ = heaviest(args.model, args.tasks, target)
     inputs = model_inputs(args.model)

@@ -157,7 +157,7 @@ def export_job_records(redis_url: str, job_id: str, out: Path) -> int:
     from tvm.s_tir import meta_schedule as ms
 
     from shared import store
-    from shared.codec import load_ir
+    from services.tuner.metaschedule.codec import load_ir
     from services.tuner.metaschedule.records import tvm_record
 
     r = store.connect(redis_url)
@@ -448,7 +448,7 @@ def finish_part_a(args, result: dict, gpus, work: Path) -> None:
     stock["tuned_module_at_trials"] = ok.get("stock")
     mps = None
     if uuid0:  # serving below 100 % needs an MPS daemon; each stack stopped its own
-        from services.measurer.mps import MpsDaemon
+        from services.measurer.gpu import MpsDaemon
 
         mps = MpsDaemon(work / "serve-mps" / "pipe", work / "serve-mps" / "log")
         mps.start()

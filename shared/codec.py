@@ -1,5 +1,6 @@
-"""How TVM objects cross a process boundary: TVM's own JSON (never pickle), zlib-compressed and
-base64-armoured where it travels inside a JSON message."""
+"""How TVM objects cross a process boundary: TVM's own JSON text (never pickle), zlib-compressed and
+base64-armoured where it travels inside a JSON message. Only the text half lives here, so `shared` needs
+no TVM: each TVM boundary (a service's metaschedule/ package) turns objects into that text and back."""
 from __future__ import annotations
 
 import base64
@@ -13,16 +14,3 @@ def pack_json_text(text: str) -> str:
 
 def unpack_json_text(packed: str) -> str:
     return zlib.decompress(base64.b64decode(packed.encode("ascii"))).decode()
-
-
-def dump_ir(mod) -> str:
-    """IRModule/PrimFunc -> packed TVM JSON (round-trips with TVM 0.27 + tvm-ffi 0.1.14)."""
-    import tvm
-
-    return pack_json_text(tvm.ir.save_json(mod))
-
-
-def load_ir(packed: str):
-    import tvm
-
-    return tvm.ir.load_json(unpack_json_text(packed))

@@ -10,6 +10,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from shared.errors import ShareError, TargetError
+from shared.ids import worker_id
 
 SUPPORTED_TARGET_KINDS = ("llvm", "cuda")
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024  # larger payloads are refused before parsing
@@ -247,7 +248,7 @@ class LaneInfo(Contract):
 
     @property
     def worker(self) -> str:
-        return f"{self.host}.{self.pid}"
+        return worker_id(self.host, self.pid)
     candidates: int = 0
 
 
@@ -324,7 +325,7 @@ class BuilderInfo(Contract):
 
     @property
     def worker(self) -> str:
-        return f"{self.host}.{self.pid}"
+        return worker_id(self.host, self.pid)
 
 
 class MeasureResult(Contract):

@@ -8,6 +8,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from shared.ids import gpu_hex
+
 PREFIX = "st"
 
 # Celery queues of the services other than the lanes.
@@ -53,7 +55,7 @@ class LaneName:
             from shared.errors import ShareError
 
             raise ShareError(f"GPU share {percent} % is outside 1..100 %")
-        hexdigits = uuid.lower().removeprefix("gpu-").replace("-", "")
+        hexdigits = gpu_hex(uuid)
         if len(hexdigits) < 8 or not re.fullmatch(r"[0-9a-f]+", hexdigits[:8]):
             raise ValueError(f"not a GPU UUID: {uuid!r}")
         return cls("gpu", gpu=hexdigits[:8], percent=int(percent))

@@ -9,8 +9,7 @@ import uuid
 from typing import Any
 
 from shared import names, store
-from shared.celery_app import make_celery
-from shared.codec import dump_ir
+from services.celery_app import make_celery
 from shared.errors import JobError, ModelError, ShareError, StoreError
 from shared.messages import (MAX_MODEL_BYTES, JobRef, JobResult, JobSpec, TaskProgress, check_job, check_share,
                              lane_kind)
@@ -99,7 +98,7 @@ class Job:
                    if p and os.path.exists(p)}
         if not modules:
             raise JobError(f"job {self.job_id}'s compiled modules are not on this host")
-        from shared.codec import load_ir
+        from services.tuner.metaschedule.codec import load_ir
         from sharetune.intake import _main_inputs
 
         mod = load_ir(store.job_model(self.client.redis, self.job_id).decode())
@@ -200,6 +199,8 @@ class Client:
             max_trials_per_task=max_trials_per_task, seed=seed, only_tasks=only_tasks, retime_top_k=retime_top_k,
             clients=clients, cost_model=cost_model, untuned_baseline=untuned_baseline, wait_for_lanes=wait_for_lanes,
         )
+        from services.tuner.metaschedule.codec import dump_ir  # the IR format the planner reads
+
         blob = dump_ir(relax_model.mod).encode()
         if len(blob) > MAX_MODEL_BYTES:
             raise ModelError(f"the model's Relax form is {len(blob)} bytes, over the limit of {MAX_MODEL_BYTES} bytes")

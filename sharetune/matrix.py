@@ -269,8 +269,6 @@ def heaviest_tasks(model: Any, k: int, device: str, example_inputs=None) -> list
 
 def model_tasks(model: Any, device: str, example_inputs=None) -> list[str]:
     """Names of all the model's tasks, heaviest (FLOPs x weight) first."""
-    import tvm  # noqa: F401 - the extraction below is TVM's; this process already pays for it
-
     from services.measurer.metaschedule.evaluate import cpu_target, gpu_target
     from services.tuner.metaschedule.extract import extract
     from sharetune.intake import to_relax
@@ -384,7 +382,7 @@ def matrix(model: Any, shares, *, device: str = "cpu", trials: int | None = None
     if redis_url is None:
         stack = MatrixStack(work_dir / "stack", lanes=placement.lanes(shares, max_lanes_per_share))
     elif device == "gpu":
-        from services.measurer.mps import MpsDaemon
+        from services.measurer.gpu import MpsDaemon
         from shared.errors import LaneError
 
         # serving below 100 % without a daemon would silently run on the whole GPU
@@ -425,13 +423,9 @@ class MatrixStack(Stack):
     """A stack whose lanes of different shares work one share at a time: a GPU lane's warm build pool
     gets the host's cores split among the lanes of its own share, not among every lane."""
 
-    def start_lane(self, queue: str, instance: int = 0):
+    def start_lane(self, queue: str, instance: int = 0, build_workers: int | None = None):
         lane = names.LaneName.parse(queue)
-        if lane.kind != "gpu" or "SHARETUNE_BUILD_WORKERS" in os.environ:
-            return super().start_lane(queue, instance)
+        if build_workers or lane.kind != "gpu" or "SHARETUNE_BUILD_WORKERS" in os.environ:
+            return super().start_lane(queue, instance, build_workers)
         cores = int(os.environ.get("SHARETUNE_MATRIX_CORES", os.cpu_count() or 1))
-        os.environ["SHARETUNE_BUILD_WORKERS"] = str(max(1, cores // self.lanes.count(queue)))
-        try:  # Stack reads it from this process's environment when it starts the lane
-            return super().start_lane(queue, instance)
-        finally:
-            del os.environ["SHARETUNE_BUILD_WORKERS"]
+        return super().start_lane(queue, instance, build_workers=max(1, cores // self.lanes.count(queue)))

@@ -27,7 +27,7 @@ def gpu_lanes(spec, max_total_percent: int = 100, observer=None) -> list[str]:
     """Lane queue names for a GPU lane spec ("4x25", "2x50", "25,25,50", or {gpu: spec}) on this host's
     GPUs, one entry per worker process. Refuses (ShareError) shares on one GPU summing past
     `max_total_percent`, percents outside 1..100 and GPUs this host lacks; LaneError without MPS."""
-    from services.measurer.mps import plan_gpu_lanes
+    from services.measurer.gpu import plan_gpu_lanes
     from services.measurer.observers import make_observer
 
     gpus = (observer or make_observer()).inventory()
@@ -129,7 +129,7 @@ class Stack:
         self._dead_seen: dict[str, float] = {}  # process name -> when the supervisor first saw it dead
         self.recoveries: list[dict] = []  # what the supervisor did, with times (faults bench, tests)
         self._restarts: dict[str, list[float]] = {}
-        self._gpu_attempts: dict = {}  # uuid8 -> services.measurer.mps.GpuAttempt being judged
+        self._gpu_attempts: dict = {}  # uuid8 -> services.measurer.gpu.GpuAttempt being judged
         self._gpu_failures: dict[str, int] = {}  # uuid8 -> recoveries that failed in a row
         self.gpus_given_up: dict[str, str] = {}  # uuid8 -> why: no lane of it is restarted again
         self._supervisor = None
@@ -157,10 +157,10 @@ class Stack:
         self.procs[name] = proc
         return proc
 
-    def _worker(self, name: str, queue: str, module: str, env: dict | None = None) -> subprocess.Popen:
-        return self._spawn(name, [sys.executable, "-m", "celery", "-A", module, "worker", "-Q", queue, "-P", "solo",
-                                  "-c", "1", "--prefetch-multiplier", "1", "-n", f"{name}.{os.getpid()}@{socket.gethostname()}",
-                                  "--loglevel", self.log_level, "--without-gossip", "--without-mingle"], env)
+    def _worker(self, name: str, queue: str, env: dict | None = None) -> subprocess.Popen:
+        """A tuner-service worker (planner, tuner client, updater), through its service's entry point."""
+        return self._spawn(name, [sys.executable, "-m", "services.tuner", "--queue", queue, "--name", name,
+                                  "--loglevel", self.log_level], env)
 
     def start_tuner(self, name: str) -> subprocess.Popen:
         """One more tuner client (horizontal scaling): it takes shards of queued and later jobs. The
@@ -168,13 +168,15 @@ class Stack:
         env = self._env()
         if "SHARETUNE_SEARCH_THREADS" not in os.environ:
             env["SHARETUNE_SEARCH_THREADS"] = str(max(1, physical_cores() // max(1, self.tuners)))
-        return self._worker(name, names.TUNE_QUEUE, "services.tuner.tasks", env)
+        return self._worker(name, names.TUNE_QUEUE, env)
 
     def pid_of(self, name: str) -> int | None:
         proc = self.procs.get(name)
         return proc.pid if proc is not None and proc.poll() is None else None
 
-    def start_lane(self, queue: str, instance: int = 0) -> subprocess.Popen:
+    def start_lane(self, queue: str, instance: int = 0, build_workers: int | None = None) -> subprocess.Popen:
+        """`build_workers`: the size of a GPU lane's build pool (default: SHARETUNE_BUILD_WORKERS, else an
+        equal part of the host's cores, see gpu_build_workers)."""
         lane = names.LaneName.parse(queue)
         args = [sys.executable, "-m", "services.measurer", "--lane", queue, "--loglevel", self.log_level]
         if lane.kind == "gpu":
@@ -183,8 +185,9 @@ class Stack:
             args += ["--gpu-uuid", self.gpu_uuids[lane.gpu]]
         env = self._env()
         if lane.kind == "gpu":  # with builders the lane only times (it builds only what is re-sent to it)
+            asked = str(build_workers) if build_workers else os.environ.get("SHARETUNE_BUILD_WORKERS")
             env["SHARETUNE_BUILD_WORKERS"] = "0" if self.builders else str(
-                gpu_build_workers(self.lanes, queue, os.cpu_count() or 1, os.environ.get("SHARETUNE_BUILD_WORKERS")))
+                gpu_build_workers(self.lanes, queue, os.cpu_count() or 1, asked))
         name = f"lane-{queue}-{instance}" if instance else f"lane-{queue}"
         self.lane_procs[name] = (queue, instance)
         return self._spawn(name, args, env)
@@ -305,10 +308,11 @@ class Stack:
 
     def _start_gpu_support(self) -> None:
         """Name GPUs by UUID, and start an MPS daemon (own pipe and log dirs) unless one answers."""
-        from services.measurer.mps import MpsDaemon
+        from services.measurer.gpu import MpsDaemon
         from services.measurer.observers import make_observer
+        from shared.ids import gpu8
 
-        self.gpu_uuids = {g.uuid.lower().removeprefix("gpu-")[:8]: g.uuid for g in make_observer().inventory()}
+        self.gpu_uuids = {gpu8(g.uuid): g.uuid for g in make_observer().inventory()}
         mps = MpsDaemon(self.work_dir / "mps" / "pipe", self.work_dir / "mps" / "log")
         mps.start()
         self.mps = mps
@@ -324,11 +328,10 @@ class Stack:
         if not self.lanes_only:
             import functools
 
-            self.service_procs["planner"] = functools.partial(self._worker, "planner", names.PLAN_QUEUE, "services.tuner.tasks")
+            self.service_procs["planner"] = functools.partial(self._worker, "planner", names.PLAN_QUEUE)
             for i in range(self.tuners):
                 self.service_procs[f"tuner{i}"] = functools.partial(self.start_tuner, f"tuner{i}")
-            self.service_procs["updater"] = functools.partial(self._worker, "updater", names.COSTMODEL_QUEUE,
-                                                              "services.tuner.tasks")
+            self.service_procs["updater"] = functools.partial(self._worker, "updater", names.COSTMODEL_QUEUE)
             for start in self.service_procs.values():
                 start()
         for i, lane in enumerate(self.lanes):
@@ -365,9 +368,9 @@ class Stack:
 
     def recover_once(self, faults_since: float) -> float:
         """One round: find lane processes that ended and GPU faults reported since `faults_since`, judge
-        the GPU recoveries still in doubt, act on services.measurer.mps.plan_recovery's decision; returns
+        the GPU recoveries still in doubt, act on services.measurer.gpu.plan_recovery's decision; returns
         the new `faults_since`."""
-        from services.measurer.mps import LaneExit, plan_recovery
+        from services.measurer.gpu import LaneExit, plan_recovery
 
         now = time.time()
         exits = [LaneExit(name, q, self.procs[name].returncode, now) for name, (q, _) in list(self.lane_procs.items())
@@ -417,7 +420,7 @@ class Stack:
     def _restart_gpu(self, gpu8: str, event: dict | None = None) -> list[str]:
         """End every MPS client of the GPU and, where it serves that GPU alone, its server; then start the
         GPU's lanes again and judge the recovery in later rounds."""
-        from services.measurer.mps import GpuAttempt
+        from services.measurer.gpu import GpuAttempt
 
         lanes = self._gpu_lane_names(gpu8)
         reset = self._reset_gpu_clients(gpu8)
@@ -435,7 +438,7 @@ class Stack:
         was done (errors as data)."""
         import logging
 
-        from services.measurer import mps as mps_mod
+        from services.measurer.gpu import plan_gpu_reset
 
         log = logging.getLogger("sharetune.stack")
         mine = self._gpu_lane_names(gpu8)
@@ -443,7 +446,7 @@ class Stack:
         # exited ones too: their sessions (a build pool left behind) belong to their own GPU
         other_roots = [p.pid for n, p in self.procs.items() if n in self.lane_procs and n not in mine]
         servers = self.mps.servers() if self.mps is not None else {}
-        plan = mps_mod.plan_gpu_reset(self._process_table(), gpu_roots, other_roots, servers,
+        plan = plan_gpu_reset(self._process_table(), gpu_roots, other_roots, servers,
                                       daemon_is_ours=bool(self.mps is not None and self.mps.started), me=os.getpid())
         done = {"servers": {str(k): list(v) for k, v in servers.items()}, "end": list(plan.end),
                 "kill_servers": list(plan.kill_servers), "kept_servers": list(plan.kept), "quit_daemon": plan.quit_daemon}
@@ -473,19 +476,19 @@ class Stack:
 
     # the host's process table and a signal sender; replaced by fakes in tests
     def _process_table(self) -> dict:
-        from services.measurer.mps import read_process_table
+        from services.measurer.gpu import read_process_table
 
         return read_process_table()
 
     def _end_pids(self, pids, grace_s: float = 3.0) -> dict:
-        from services.measurer.mps import end_processes
+        from services.measurer.gpu import end_processes
 
         return end_processes(pids, grace_s)
 
     def _judge_gpu_recoveries(self, now: float, faulted: set[str]) -> tuple[set[str], set[str]]:
-        """Judge each GPU recovery in doubt (services.measurer.mps.judge_recovery): returns the GPUs to
+        """Judge each GPU recovery in doubt (services.measurer.gpu.judge_recovery): returns the GPUs to
         recover again (their lanes never came back) and those to give up (recoveries failed twice in a row)."""
-        from services.measurer.mps import give_up_gpu, judge_recovery
+        from services.measurer.gpu import give_up_gpu, judge_recovery
 
         retry, give_up = set(), set()
         for gpu8, attempt in list(self._gpu_attempts.items()):

@@ -267,7 +267,7 @@ def stop(work_dir: Path, timeout_s: float = 120.0) -> list[str] | None:
             _signal_group(pid, signal.SIGKILL)
     stopped_itself = bool(sup) and not (work / STATE_FILE).exists()  # the supervisor removes it once all stopped
     if state.get("mps") and not stopped_itself:
-        from services.measurer.mps import MpsDaemon
+        from services.measurer.gpu import MpsDaemon
 
         mps = MpsDaemon(Path(state["mps"]["pipe"]), Path(state["mps"]["log"]))
         mps.started = True  # recorded as ours by the supervisor

@@ -19,7 +19,7 @@ ARGS = [["TENSOR", "float32", [16]], ["TENSOR", "float32", [16]]]
 def _candidate(func, cid: str, name: str = "main") -> Candidate:
     import tvm
 
-    from shared.codec import dump_ir
+    from services.measurer.metaschedule.codec import dump_ir
 
     return Candidate(candidate_id=cid, mod=dump_ir(tvm.IRModule({name: func.with_attr("global_symbol", name)})),
                      args_info=ARGS)

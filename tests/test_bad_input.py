@@ -73,7 +73,7 @@ def test_job_at_a_share_no_lane_serves_fails_clearly(stack, client, records_befo
 
     r = client.redis
     spec = JobSpec(job_id="noshare1", target="llvm", share=7, trials=4)
-    from shared.codec import dump_ir
+    from services.tuner.metaschedule.codec import dump_ir
     from sharetune.intake import to_relax
 
     store.create_job(r, spec, dump_ir(to_relax("tiny").mod).encode())

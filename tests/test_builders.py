@@ -100,7 +100,7 @@ def _artifact_batch(redis_conn, client):
     """Two built candidates of a trivial kernel for the first lane: (lane queue, batch)."""
     import tvm
 
-    from shared.codec import dump_ir
+    from services.measurer.metaschedule.codec import dump_ir
     from services.measurer.metaschedule import evaluate
 
     lane = client.lanes()[0]
@@ -122,7 +122,7 @@ def _artifact_batch(redis_conn, client):
 
 
 def test_a_corrupted_or_oversized_artifact_is_that_candidates_error(stack, client, redis_conn):
-    from shared.celery_app import make_celery
+    from services.celery_app import make_celery
 
     queue, batch, _ = _artifact_batch(redis_conn, client)
     make_celery("test-artifacts", stack.redis_url).send_task(names.MEASURE_TASK, args=[batch.model_dump(mode="json")],

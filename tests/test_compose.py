@@ -33,10 +33,9 @@ def test_build_contexts_and_dockerfiles_exist(compose):
 def test_worker_commands_name_real_apps_and_queues(compose):
     queues = {names.PLAN_QUEUE, names.TUNE_QUEUE, names.COSTMODEL_QUEUE}
     for name in ("planner", "tuner", "updater"):
-        cmd = compose["services"][name]["command"]
-        app = cmd[cmd.index("-A") + 1]
-        assert importlib.util.find_spec(app) is not None, app
-        assert cmd[cmd.index("-Q") + 1] in queues
+        cmd = compose["services"][name]["command"]  # the one worker command line, services/workers.py
+        assert cmd[:3] == ["python", "-m", "services.tuner"] and importlib.util.find_spec("services.tuner.__main__")
+        assert cmd[cmd.index("--queue") + 1] in queues
     for dockerfile in ROOT.glob("services/*/Dockerfile"):
         for module in re.findall(r"(services\.[a-z_.]+)", dockerfile.read_text()):
             assert importlib.util.find_spec(module) is not None, (dockerfile, module)

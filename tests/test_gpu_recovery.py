@@ -10,20 +10,16 @@ import time
 
 import pytest
 
-from services.measurer.mps import (
-    CommandResult,
+from services.measurer.gpu.daemon import CommandResult, MpsDaemon, parse_pids
+from services.measurer.gpu.faults import Watchdog, run_hung, watchdog_allowance_s
+from services.measurer.gpu.recovery import (
     GpuAttempt,
-    MpsDaemon,
     ProcEntry,
-    Watchdog,
     end_processes,
     give_up_gpu,
     judge_recovery,
-    parse_pids,
     plan_gpu_reset,
     process_family,
-    run_hung,
-    watchdog_allowance_s,
 )
 from shared import names, store
 from shared.messages import GpuFault, JobSpec, LaneInfo

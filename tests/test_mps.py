@@ -6,16 +6,9 @@ import time
 
 import pytest
 
-from services.measurer.mps import (
-    CommandResult,
-    GpuInfo,
-    MpsDaemon,
-    find_gpu,
-    gpu_for_lane,
-    parse_share_spec,
-    plan_gpu_lanes,
-    run_command,
-)
+from services.measurer.gpu.daemon import CommandResult, MpsDaemon, run_command
+from services.measurer.gpu.plan import find_gpu, gpu_for_lane, parse_share_spec, plan_gpu_lanes
+from services.measurer.observers.inventory import GpuInfo
 from shared.errors import LaneError, ShareError
 from shared.names import LaneName
 
@@ -303,7 +296,8 @@ def test_gpu_build_pools_stay_within_the_mps_client_limit():
 
 
 # ---- GPU faults: classification and the supervisor's recovery plan, on recorded events ---------------
-from services.measurer.mps import LaneExit, classify_cuda_error, diagnose, plan_recovery  # noqa: E402
+from services.measurer.gpu.faults import classify_cuda_error, diagnose  # noqa: E402
+from services.measurer.gpu.recovery import LaneExit, plan_recovery  # noqa: E402
 from shared.messages import GpuFault  # noqa: E402
 
 U8 = H200.uuid8

@@ -45,3 +45,35 @@ def test_lane_share_of_cpu_cores():
     assert env["TVM_NUM_THREADS"] == "2"
     env = lane_environment(LaneName.for_gpu("GPU-3f2a1c9b", 25), "GPU-3f2a1c9b-x")
     assert env == {"CUDA_VISIBLE_DEVICES": "GPU-3f2a1c9b-x", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "25"}
+
+
+def test_one_worker_id_and_one_gpu_uuid_spelling():
+    import os
+    import socket
+
+    from shared.ids import gpu8, gpu_hex, worker_id
+    from shared.messages import BuilderInfo
+
+    assert worker_id() == f"{socket.gethostname()}.{os.getpid()}"
+    assert BuilderInfo(family="llvm", host="h", pid=7, started_at=0).worker == worker_id("h", 7) == "h.7"
+    assert gpu_hex(" GPU-3F2A1C9B-0a1b ") == gpu_hex("3f2a1c9b0a1b") == "3f2a1c9b0a1b"
+    assert gpu8("GPU-3f2a1c9b-0a1b") == LaneName.for_gpu("GPU-3F2A1C9B-0a1b", 25).gpu == "3f2a1c9b"
+
+
+def test_one_celery_worker_command_line():
+    """Lanes, builders and the tuner's workers (stack, `sharetune up`, compose) all run services/workers.py's."""
+    import os
+    import socket
+    from pathlib import Path
+
+    from services.workers import worker_argv
+
+    argv = worker_argv("services.measurer.tasks", "measure.cpu.c0", "lane.measure.cpu.c0", "DEBUG", python="py")
+    assert argv == ["py", "-m", "celery", "-A", "services.measurer.tasks", "worker", "-Q", "measure.cpu.c0", "-P",
+                    "solo", "-c", "1", "--prefetch-multiplier", "1", "-n",
+                    f"lane.measure.cpu.c0.{os.getpid()}@{socket.gethostname()}", "--loglevel", "DEBUG",
+                    "--without-gossip", "--without-mingle"]
+    root = Path(__file__).resolve().parent.parent
+    for path in [*root.glob("services/**/*.py"), *root.glob("sharetune/*.py"), root / "docker-compose.yml"]:
+        if path.name != "workers.py":
+            assert '"worker", "-Q"' not in path.read_text() and "celery -A" not in path.read_text(), path

@@ -8,7 +8,7 @@ import types
 
 import pytest
 
-from services.measurer.mps import GpuInfo
+from services.measurer.observers.inventory import GpuInfo
 from services.measurer.observers import (
     DeviceSample,
     NullObserver,

@@ -38,7 +38,7 @@ def _store_with_two_candidates():
 
     from services.tuner.metaschedule.records import record_json, tuning_record
     from shared import store
-    from shared.codec import dump_ir
+    from services.tuner.metaschedule.codec import dump_ir
     from shared.messages import Record, Workload
 
     a = te.placeholder((64,), name="A")

@@ -4,7 +4,7 @@ import redis
 
 from services.broker.server import EmbeddedRedis
 from shared import store
-from shared.celery_app import make_celery
+from services.celery_app import make_celery
 
 
 def test_redis_password_in_the_url_is_honoured(tmp_path):

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import sys
 
+from shared.ids import worker_id
 from shared.names import LaneName
 from services.measurer.lanes import lane_environment, pin_to_lane
+from services.workers import exec_worker
 
 
 def main(argv=None) -> None:
@@ -44,13 +45,7 @@ def main(argv=None) -> None:
     if args.gpu_uuid:
         env["SHARETUNE_GPU_UUID"] = args.gpu_uuid
     pin_to_lane(lane)
-    cmd = [
-        sys.executable, "-m", "celery", "-A", "services.measurer.tasks", "worker",
-        "-Q", lane.queue, "-P", "solo", "-c", "1", "--prefetch-multiplier", "1",
-        "-n", f"lane.{lane.queue}.{os.getpid()}@{socket.gethostname()}", "--loglevel", args.loglevel,
-        "--without-gossip", "--without-mingle",
-    ]
-    os.execve(sys.executable, cmd, env)
+    exec_worker("services.measurer.tasks", lane.queue, f"lane.{lane.queue}", args.loglevel, env)
 
 
 def exec_builder(family: str, cores: str | None, loglevel: str) -> None:
@@ -59,9 +54,9 @@ def exec_builder(family: str, cores: str | None, loglevel: str) -> None:
 
     if family == "llvm":  # this host's CPU
         from shared.names import target_family
-        import tvm
+        from services.measurer.metaschedule.host import system_cpu
 
-        family = target_family({"kind": "llvm", "mcpu": tvm.target.codegen.llvm_get_system_cpu()})
+        family = target_family({"kind": "llvm", "mcpu": system_cpu()})
     try:
         queue = build_queue(check_family(family))
         if cores:
@@ -70,13 +65,7 @@ def exec_builder(family: str, cores: str | None, loglevel: str) -> None:
         sys.exit(f"measurer: {err}")
     hide = os.environ.get("SHARETUNE_BUILDER_HIDE_GPUS", "1") != "0"
     env = dict(os.environ, **builder_environment(family, hide), SHARETUNE_BUILDER_FAMILY=family)
-    cmd = [
-        sys.executable, "-m", "celery", "-A", "services.measurer.tasks", "worker",
-        "-Q", queue, "-P", "solo", "-c", "1", "--prefetch-multiplier", "1",
-        "-n", f"builder.{family}.{os.getpid()}@{socket.gethostname()}", "--loglevel", loglevel,
-        "--without-gossip", "--without-mingle",
-    ]
-    os.execve(sys.executable, cmd, env)
+    exec_worker("services.measurer.tasks", queue, f"builder.{family}", loglevel, env)
 
 
 def claim_lane(gpu_uuid: str | None) -> tuple[LaneName, str]:
@@ -89,8 +78,7 @@ def claim_lane(gpu_uuid: str | None) -> tuple[LaneName, str]:
 
     settings = LaneSettings()
     scope, pool = lane_pool(gpu_uuid, settings.lane_share, settings.lane_cores, settings.node)
-    worker = f"{socket.gethostname()}.{os.getpid()}"
-    slot = store.claim_slot(store.connect(settings.redis_url), scope, len(pool), worker)
+    slot = store.claim_slot(store.connect(settings.redis_url), scope, len(pool), worker_id())
     if slot is None:
         raise LaneError(f"all {len(pool)} lanes of pool {scope} ({pool[0]} ...) are held by live replicas; "
                         "scale the service down or give the new replicas another share or node")

@@ -19,7 +19,8 @@ from contextlib import nullcontext
 from celery import signals
 
 from shared import names, store
-from shared.celery_app import make_celery
+from shared.ids import worker_id
+from services.celery_app import make_celery
 from shared.errors import MessageError
 from shared.messages import BuilderInfo, BuildRequest, LaneBatch, LaneInfo, MeasureBatch, MeasureResult
 from shared.settings import LaneSettings
@@ -28,16 +29,18 @@ from services.measurer.lanes import lane_share
 
 log = logging.getLogger("sharetune.lane")
 settings = LaneSettings()
-app = make_celery("measurer", settings.redis_url)
-LANE = names.LaneName.parse(settings.lane)
-SANDBOXED = settings.sandbox if settings.sandbox is not None else LANE.kind == "cpu"
+app = make_celery("measurer", settings.redis_url)  # Celery connects when the worker starts, not here
+# Set when the worker starts (_init_worker), never at import: the lane this process serves, whether it
+# measures in a sandbox child, and a builder's state when it is a builder.
+LANE: names.LaneName | None = None
+SANDBOXED = False
 
 
 class _LaneState:
     """What this worker process keeps warm: the Redis connection, the lane's target and counters."""
 
     def __init__(self):
-        self.redis = store.connect(settings.redis_url)
+        self.redis = None  # connected when the worker starts (_init_worker)
         self.target = None
         self.info: LaneInfo | None = None
         self.lock = threading.Lock()
@@ -55,7 +58,7 @@ class _LaneState:
         if LANE.kind == "cpu":
             self.target = evaluate.cpu_target(len(LANE.cores))
         else:
-            from services.measurer.mps import MpsDaemon
+            from services.measurer.gpu.daemon import MpsDaemon
             from services.measurer.observers import make_observer
 
             # a lane below 100 % must never measure unshared: refuse unless an MPS daemon answers
@@ -94,7 +97,7 @@ class _LaneState:
 
     def keep_claim(self) -> None:
         """A replica that claimed its lane from a pool holds the claim while it lives."""
-        worker = f"{socket.gethostname()}.{os.getpid()}"
+        worker = worker_id()
         while not self.stop.is_set():
             try:
                 self.redis.set(settings.lane_claim, worker, ex=names.LANE_TTL_S)
@@ -147,7 +150,17 @@ class _BuilderState:
 
 
 STATE = _LaneState()
-BUILDER = _BuilderState(settings.builder_family) if settings.builder_family else None
+BUILDER: _BuilderState | None = None
+
+
+@signals.worker_init.connect
+def _init_worker(**_):
+    """Before the worker consumes: parse its lane, connect to Redis, and make a builder's state."""
+    global LANE, SANDBOXED, BUILDER
+    LANE = names.LaneName.parse(settings.lane)
+    SANDBOXED = settings.sandbox if settings.sandbox is not None else LANE.kind == "cpu"
+    STATE.redis = store.connect(settings.redis_url)
+    BUILDER = _BuilderState(settings.builder_family) if settings.builder_family else None
 
 
 @signals.worker_ready.connect
@@ -175,7 +188,7 @@ def _on_shutdown(**_):
     try:
         if STATE.info is not None:
             store.retire_lane(STATE.redis, STATE.info)
-        if settings.lane_claim and STATE.redis.get(settings.lane_claim) == f"{socket.gethostname()}.{os.getpid()}".encode():
+        if settings.lane_claim and STATE.redis.get(settings.lane_claim) == worker_id().encode():
             STATE.redis.delete(settings.lane_claim)  # only our own claim: it may have passed to another
     except Exception:  # noqa: BLE001
         pass
@@ -197,7 +210,7 @@ def build_batch(payload):
         return {"error": str(err)}
     batch = req.batch
     r = b.redis if b else STATE.redis
-    worker = b.info.worker if b else f"{socket.gethostname()}.{os.getpid()}"
+    worker = b.info.worker if b else worker_id()
     store.mark_batch_building(r, batch.batch_id, worker, b.alive_key if b else "")
     if store.job_cancelled(r, batch.job_id):
         for cand in batch.candidates:
@@ -237,7 +250,7 @@ def measure_batch(payload):
     except MessageError as err:
         _answer_malformed(payload, str(err))
         return {"error": str(err)}
-    worker = STATE.info.worker if STATE.info else f"{socket.gethostname()}.{os.getpid()}"
+    worker = STATE.info.worker if STATE.info else worker_id()
     store.mark_batch_started(STATE.redis, batch.batch_id, LANE.queue, worker, batch.job_id, len(batch.candidates))
     if store.job_cancelled(STATE.redis, batch.job_id):  # answered, so no one waits on it
         for cand in batch.candidates:
@@ -311,11 +324,11 @@ def _in_process(batch: MeasureBatch, results, quarantined: dict, guard):
     the lane's). Each candidate's crash count is raised before it runs, so a lane that dies with it
     leaves the count; a CUDA fault ends the batch: the lane's context is gone."""
     from services.measurer.isolation import GpuGate, attribute
-    from services.measurer.mps import classify_cuda_error, watchdog_allowance_s
+    from services.measurer.gpu.faults import classify_cuda_error, watchdog_allowance_s
 
     gate = None
     if LANE.kind == "gpu":
-        worker = STATE.info.worker if STATE.info else f"{socket.gethostname()}.{os.getpid()}"
+        worker = STATE.info.worker if STATE.info else worker_id()
         gate = GpuGate(STATE.redis, LANE.gpu or "", worker, hold_s=batch.timing.timeout_s + 30)
     for cand in batch.candidates:
         if cand.candidate_id in quarantined:  # answered without building or running it
@@ -364,7 +377,7 @@ def _in_process(batch: MeasureBatch, results, quarantined: dict, guard):
 
 def _gpu_shared() -> bool:
     """Does another live lane worker use this lane's GPU (so a fault here may be a neighbour's)?"""
-    me = STATE.info.worker if STATE.info else f"{socket.gethostname()}.{os.getpid()}"
+    me = STATE.info.worker if STATE.info else worker_id()
     try:
         return any(l.kind == "gpu" and names.LaneName.parse(l.queue).gpu == LANE.gpu and l.worker != me
                    for l in store.live_lanes(STATE.redis))
@@ -373,17 +386,9 @@ def _gpu_shared() -> bool:
 
 
 def _cuda_alive() -> bool:
-    """After an unexplained run error: does this lane's CUDA context still work? (A sticky fault makes
-    every later call fail.)"""
-    try:
-        import tvm
+    from services.measurer.metaschedule.evaluate import cuda_context_alive
 
-        dev = tvm.cuda(0)
-        tvm.runtime.empty((1,), "float32", dev).copyfrom(__import__("numpy").zeros(1, "float32"))
-        dev.sync()
-        return True
-    except Exception:  # noqa: BLE001
-        return False
+    return cuda_context_alive()
 
 
 def _report_gpu_fault(chash: str, error: str, role: str) -> None:
@@ -404,7 +409,7 @@ _WATCHDOG = None
 def _watchdog():
     global _WATCHDOG
     if _WATCHDOG is None:
-        from services.measurer.mps import Watchdog
+        from services.measurer.gpu.faults import Watchdog
 
         _WATCHDOG = Watchdog(_on_hung_candidate, margin_s=WATCHDOG_MARGIN_S)
     return _WATCHDOG

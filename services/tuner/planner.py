@@ -65,9 +65,7 @@ def plan(redis, job_id: str, lane_wait_s: float) -> list[ShardState]:
     """Extract the job's tasks, store workloads (once per distinct workload), record the job's tasks
     with how many records the store already holds for each, and split them into shards, one per tuner
     client that will search them at the same time."""
-    import tvm
-
-    from shared.codec import dump_ir, load_ir
+    from services.tuner.metaschedule.codec import dump_ir, load_ir, target_from_json
     from services.tuner.metaschedule.extract import extract, workload_key
 
     spec = store.job_spec(redis, job_id)
@@ -78,7 +76,7 @@ def plan(redis, job_id: str, lane_wait_s: float) -> list[ShardState]:
         store.set_state(redis, job_id, "planning")
     kind = lane_kind(spec.target)
     lanes = lanes_or_park(redis, job_id, kind, spec.share, lane_wait_s, spec.wait_for_lanes)
-    target = tvm.target.Target(json.loads(lanes[0].target))
+    target = target_from_json(lanes[0].target)
     mod = load_ir(store.job_model(redis, job_id).decode())
     tasks: list[JobTask] = []
     reused: dict[str, int] = {}

@@ -9,26 +9,24 @@ import time
 from pathlib import Path
 
 from shared import names, store
-from shared.codec import load_ir
 from shared.messages import JobResult, TaskBest, TimingConfig, lane_kind, lane_utilisation, target_kind
 from shared.ranking import rank_secs
 
 
-def tune_shard(app, redis, job_id: str, shard: int, work_dir: Path, grace_s: float = 120.0,
+def tune_shard(send, redis, job_id: str, shard: int, work_dir: Path, grace_s: float = 120.0,
                check=None, search_threads: int = 0, cold_start: bool = True, population: int = 512):
     """Search one shard's tasks until the job's budget is spent or its tasks are done. `check` raises
-    rounds.Stopped when the client must hand the shard back (shutdown, lost lease)."""
-    import tvm
-
+    rounds.Stopped when the client must hand the shard back (shutdown, lost lease). `send(task, payload,
+    queue)` publishes a message (services.tuner.tasks, the Celery boundary, gives it)."""
+    from services.tuner.metaschedule.codec import load_ir, target_from_json
     from services.tuner.metaschedule.intrinsics import load_tensor_intrinsics
 
     spec = store.job_spec(redis, job_id)
     state = store.job_state(redis, job_id)
-    target = tvm.target.Target(json.loads(state["target_json"]))
+    target = target_from_json(state["target_json"])
     kind = target_kind(spec.target)
     load_tensor_intrinsics(kind)
-    from tvm.s_tir import meta_schedule as ms
-
+    from services.tuner.metaschedule.context import tune_context
     from services.tuner.metaschedule.cost_model import SnapshotCostModel
     from services.tuner.metaschedule.lanes import CandidateStash, DeferredBuilder, LaneRunner, TimeSplit
     from services.tuner.metaschedule.records import StoreRecords, seed_database
@@ -44,26 +42,18 @@ def tune_shard(app, redis, job_id: str, shard: int, work_dir: Path, grace_s: flo
     mods = {t.task_id: load_ir(store.workload(redis, t.wkey).mod) for t in tasks}
 
     def make_context(task, cold: bool):
-        return ms.TuneContext(
-            mod=mods[task.task_id],
-            target=target,
-            space_generator="post-order-apply",
-            search_strategy="replay-trace" if cold else ms.search_strategy.EvolutionarySearch(population_size=population),
-            task_name=task.name,
-            rand_state=(spec.seed + shard) if spec.seed is not None else -1,
-            # the search runs on the tuner's host cores, as in stock tune_relax (a share of them when
-            # several clients run on one host)
-            num_threads=search_threads or "physical",
-        )
+        return tune_context(mods[task.task_id], target, task.name, cold, population,
+                            rand_state=(spec.seed + shard) if spec.seed is not None else -1,
+                            num_threads=search_threads)
 
     split = TimeSplit()
     stash = CandidateStash()
-    runner = LaneRunner(app, redis, job_id, lane_kind(spec.target), spec.share, str(target), stash, split,
+    runner = LaneRunner(send, redis, job_id, lane_kind(spec.target), spec.share, str(target), stash, split,
                         timing_for(kind), grace_s)
     family = _target_family(target, spec.share)
     if spec.cost_model == "per_client":
         family += f"-{job_id}-s{shard}"
-    cost_model = SnapshotCostModel(app, redis, family, wkeys, spec.seed)
+    cost_model = SnapshotCostModel(send, redis, family, wkeys, spec.seed)
     records = StoreRecords(redis, job_id, spec.share, wkeys, {t.name: t.task_id for t in tasks}, runner,
                            database, shard)
     t0 = time.time()
@@ -81,16 +71,16 @@ def tune_shard(app, redis, job_id: str, shard: int, work_dir: Path, grace_s: flo
     return run
 
 
-def finish_job(app, redis, job_id: str, work_dir: Path, grace_s: float = 120.0) -> JobResult:
+def finish_job(send, redis, job_id: str, work_dir: Path, grace_s: float = 120.0) -> JobResult:
     """Once every shard is done (or the job was cancelled and its clients stopped): re-time each task's
     top k (lanes idle now; not for a cancelled job), compile the tuned and the untuned model, and store
     the result. Idempotent: a finish that died is simply run again. A cancelled job stays cancelled
     (set_state never overwrites it)."""
-    import tvm
+    from services.tuner.metaschedule.codec import load_ir, target_from_json
 
     spec = store.job_spec(redis, job_id)
     state = store.job_state(redis, job_id)
-    target = tvm.target.Target(json.loads(state["target_json"]))
+    target = target_from_json(state["target_json"])
     kind = target_kind(spec.target)
     tasks = store.job_tasks(redis, job_id)
     job_dir = Path(work_dir) / "jobs" / job_id
@@ -103,7 +93,7 @@ def finish_job(app, redis, job_id: str, work_dir: Path, grace_s: float = 120.0) 
     if spec.retime_top_k and not cancelled:  # lanes answer a cancelled job's batches without running them
         store.set_state(redis, job_id, "retiming")
         t_retime = time.time()
-        runner = LaneRunner(app, redis, job_id, lane_kind(spec.target), spec.share, str(target), CandidateStash(),
+        runner = LaneRunner(send, redis, job_id, lane_kind(spec.target), spec.share, str(target), CandidateStash(),
                             TimeSplit(), timing_for(kind), grace_s)
         retime = retime_top_k(redis, runner, job_id, [t.wkey for t in tasks], spec.retime_top_k)
         retime["seconds"] = round(time.time() - t_retime, 3)

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import socket
 import threading
 import time
 import traceback
@@ -20,7 +18,8 @@ import traceback
 from celery import signals
 
 from shared import names, store
-from shared.celery_app import make_celery
+from shared.ids import worker_id
+from services.celery_app import make_celery
 from shared.errors import MessageError, SharetuneError
 from shared.messages import JobRef, ShardRef, TrainingBatch
 from shared.settings import TunerSettings, UpdaterSettings
@@ -29,7 +28,7 @@ log = logging.getLogger("sharetune.tuner")
 settings = TunerSettings()
 app = make_celery("tuner", settings.redis_url)
 _redis = None
-WORKER_ID = f"{socket.gethostname()}.{os.getpid()}"
+WORKER_ID = worker_id()  # a solo-pool worker: the process that imports this module is the one that works
 _stopping = threading.Event()  # set on warm shutdown: the running shard is handed back at its next round
 
 
@@ -47,7 +46,7 @@ def _warm_up(sender=None, **_):
     consumer = getattr(sender, "task_consumer", None) or getattr(getattr(sender, "consumer", None), "task_consumer", None)
     queues = {q.name for q in consumer.queues} if consumer is not None else set()
     if names.PLAN_QUEUE in queues:
-        import tvm.s_tir.meta_schedule  # noqa: F401 - the planner's first job should not pay the import
+        from services.tuner.metaschedule import extract  # noqa: F401 - the planner's first job should not pay TVM's import
     if names.TUNE_QUEUE not in queues:
         return
     from services.tuner.metaschedule.intrinsics import load_tensor_intrinsics
@@ -78,6 +77,11 @@ def _on_shutdown(**_):
         redis().delete(names.tuner_key(WORKER_ID))
     except Exception:  # noqa: BLE001
         pass
+
+
+def send(task_name: str, payload: dict, queue: str) -> None:
+    """Publish one message: what the search, its lanes runner and its cost model are given to send with."""
+    app.send_task(task_name, args=[payload], queue=queue)
 
 
 def send_shard(job_id: str, shard: int) -> None:
@@ -154,7 +158,7 @@ def tune_shard(payload):
         store.set_state(r, ref.job_id, "tuning")
     lease = _LeaseKeeper(ref.job_id, ref.shard)
     try:
-        run = search.tune_shard(app, r, ref.job_id, ref.shard, settings.work_dir, settings.batch_grace_s,
+        run = search.tune_shard(send, r, ref.job_id, ref.shard, settings.work_dir, settings.batch_grace_s,
                                 check=lease.check, search_threads=settings.search_threads,
                                 cold_start=settings.cold_start, population=settings.population())
     except Stopped as why:
@@ -212,7 +216,7 @@ def finish_job(payload):
     if state in ("done", "failed") or (state == "cancelled" and store.job_result(redis(), ref.job_id)):
         return {"job_id": ref.job_id, "skipped": state}
     try:
-        result = search.finish_job(app, redis(), ref.job_id, settings.work_dir, settings.batch_grace_s)
+        result = search.finish_job(send, redis(), ref.job_id, settings.work_dir, settings.batch_grace_s)
     except Exception as err:  # noqa: BLE001
         _fail(ref.job_id, "finishing", err)
         return None

@@ -11,7 +11,7 @@ import tvm
 from tvm.s_tir.meta_schedule.runner.config import EvaluatorConfig
 from tvm.s_tir.meta_schedule.runner.utils import alloc_argument_common, run_evaluator_common
 
-from shared.codec import dump_ir, load_ir
+from services.measurer.metaschedule.codec import dump_ir, load_ir
 from shared.messages import MAX_ARTIFACT_BYTES, Artifact, Candidate, MeasureResult, TimingConfig
 
 
@@ -23,6 +23,18 @@ def target_from_json(text: str) -> tvm.target.Target:
 
 def device_for(target: tvm.target.Target):
     return tvm.cuda(0) if target.kind.name == "cuda" else tvm.cpu(0)
+
+
+def cuda_context_alive() -> bool:
+    """After an unexplained run error: does this lane's CUDA context still work? (A sticky fault makes
+    every later call fail.)"""
+    try:
+        dev = tvm.cuda(0)
+        tvm.runtime.empty((1,), "float32", dev).copyfrom(__import__("numpy").zeros(1, "float32"))
+        dev.sync()
+        return True
+    except Exception:  # noqa: BLE001
+        return False
 
 
 def _random_fill(arr) -> None:
@@ -285,7 +297,7 @@ class BuildPool:
 
     def warm_up(self, target) -> float:
         """Build a trivial kernel in every worker, so each has paid its start-up before real work."""
-        from shared.codec import dump_ir
+        from services.measurer.metaschedule.codec import dump_ir
 
         t0 = time.perf_counter()
         packed = dump_ir(trivial_kernel(target))

@@ -19,7 +19,7 @@ READY_TIMEOUT_S = 600.0  # import tvm + a warm-up build on a loaded 2-core host
 
 def _serve(conn, target_json: str, warmup: bool, test_hooks: bool) -> None:
     """The child's loop: (candidate JSON, timing JSON) in, MeasureResult JSON out."""
-    from shared.codec import load_ir
+    from services.measurer.metaschedule.codec import load_ir
     from services.measurer.metaschedule import evaluate
 
     targets = {target_json: evaluate.target_from_json(target_json)}

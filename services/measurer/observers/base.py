@@ -6,7 +6,7 @@ import threading
 import time
 from dataclasses import asdict, dataclass, field
 
-from services.measurer.mps import GpuInfo
+from services.measurer.observers.inventory import GpuInfo
 
 DEFAULT_INTERVAL_MS = 50
 

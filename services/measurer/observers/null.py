@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import time
 
-from services.measurer.mps import GpuInfo
+from services.measurer.observers.inventory import GpuInfo
 from services.measurer.observers.base import DeviceSample, Observer, WindowStats
 
 

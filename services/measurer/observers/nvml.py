@@ -10,10 +10,11 @@ import importlib
 import logging
 from typing import Any, Callable
 
-from services.measurer.mps import GpuInfo
+from services.measurer.observers.inventory import GpuInfo
 from services.measurer.observers.base import DEFAULT_INTERVAL_MS, DeviceSample, Observer
 from services.measurer.observers.null import NullObserver
 from shared.errors import LaneError
+from shared.ids import gpu_hex as _hex
 
 log = logging.getLogger(__name__)
 
@@ -31,10 +32,6 @@ _CORES_PER_SM = {
 
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, (bytes, bytearray)) else str(value)
-
-
-def _hex(uuid: str) -> str:
-    return uuid.strip().lower().removeprefix("gpu-").replace("-", "")
 
 
 def _guard(fn: Callable[[], Any]) -> Any:

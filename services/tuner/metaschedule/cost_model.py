@@ -30,10 +30,11 @@ def candidate_vectors(extractor, context, candidates) -> np.ndarray:
 
 @derived_object
 class SnapshotCostModel(PyCostModel):
-    def __init__(self, celery_app, redis, target_key: str, groups: dict[str, str], seed: int | None = None):
-        """groups: task name -> workload key (costs are normalised per workload)."""
+    def __init__(self, send, redis, target_key: str, groups: dict[str, str], seed: int | None = None):
+        """groups: task name -> workload key (costs are normalised per workload); `send(task_name, payload,
+        queue)` publishes one message (the tuner's Celery boundary gives it)."""
         super().__init__()
-        self.app, self.redis, self.target_key, self.groups = celery_app, redis, target_key, groups
+        self._send, self.redis, self.target_key, self.groups = send, redis, target_key, groups
         self.extractor = PerStoreFeature(extract_workload=True)
         self.rng = np.random.default_rng(seed)
         self.version = 0
@@ -57,7 +58,7 @@ class SnapshotCostModel(PyCostModel):
             rows.append(TrainingRow(group=group, features=vec.tolist(), cost_s=cost))
         if rows:
             batch = TrainingBatch(target_key=self.target_key, rows=rows)
-            self.app.send_task(names.INGEST_TASK, args=[batch.model_dump(mode="json")], queue=names.COSTMODEL_QUEUE)
+            self._send(names.INGEST_TASK, batch.model_dump(mode="json"), names.COSTMODEL_QUEUE)
             self.rows_sent += len(rows)
 
     def trained(self) -> bool:

@@ -18,7 +18,7 @@ from tvm.s_tir.meta_schedule.builder import BuilderInput, BuilderResult, PyBuild
 from tvm.s_tir.meta_schedule.runner import PyRunner, PyRunnerFuture, RunnerFuture, RunnerInput, RunnerResult
 
 from shared import names, store
-from shared.codec import dump_ir
+from services.tuner.metaschedule.codec import dump_ir
 from shared.messages import BuildRequest, Candidate, LaneInfo, MeasureBatch, MeasureResult, TimingConfig
 
 HANDLE_PREFIX = "lane-candidate:"
@@ -188,10 +188,11 @@ class LaneRunner(PyRunner):
     """Sends candidates to the lanes that serve (kind, share); `lanes()` is re-read on every batch, so
     lanes that start or stop while a job runs are used or avoided."""
 
-    def __init__(self, celery_app, redis, job_id: str, kind: str, share: int, target_json: str,
+    def __init__(self, send, redis, job_id: str, kind: str, share: int, target_json: str,
                  stash: CandidateStash, split: TimeSplit, timing: TimingConfig, grace_s: float = 120.0):
+        """`send(task_name, payload, queue)` publishes one message (the tuner's Celery boundary gives it)."""
         super().__init__()
-        self.app, self.redis, self.job_id = celery_app, redis, job_id
+        self._send, self.redis, self.job_id = send, redis, job_id
         self.kind, self.share, self.target_json = kind, share, target_json
         self.stash, self.split, self.timing, self.grace_s = stash, split, timing, grace_s
         self.measured: dict[str, MeasureResult] = {}  # candidate handle -> result, for the record callback
@@ -284,9 +285,9 @@ class LaneRunner(PyRunner):
     def send(self, batch: MeasureBatch, queue: str, via: str | None = None) -> None:
         if via is not None:
             request = BuildRequest(lane=queue, batch=batch)
-            self.app.send_task(names.BUILD_TASK, args=[request.model_dump(mode="json")], queue=via)
+            self._send(names.BUILD_TASK, request.model_dump(mode="json"), via)
         else:
-            self.app.send_task(names.MEASURE_TASK, args=[batch.model_dump(mode="json")], queue=queue)
+            self._send(names.MEASURE_TASK, batch.model_dump(mode="json"), queue)
 
     def live_queue(self) -> str | None:
         """A lane queue of this job's share with a live worker (the least loaded is Celery's business)."""

@@ -12,7 +12,8 @@ import tvm
 from tvm.s_tir import meta_schedule as ms
 
 from shared import names, store
-from shared.codec import load_ir, pack_json_text, unpack_json_text
+from shared.codec import pack_json_text, unpack_json_text
+from services.tuner.metaschedule.codec import load_ir
 from shared.messages import Record, TaskProgress
 from shared.ranking import rank_secs
 
@@ -152,7 +153,7 @@ def retime_top_k(redis, runner, job_id: str, wkeys: list[str], k: int) -> dict:
     ones stay in shared_run_secs), and return the gap between shared and isolated timings."""
     from tvm.s_tir.meta_schedule.arg_info import ArgInfo
 
-    from shared.codec import dump_ir
+    from services.tuner.metaschedule.codec import dump_ir
     from shared.messages import Candidate
 
     picked: dict[str, tuple[Record, ms.database.TuningRecord]] = {}

@@ -1,6 +1,10 @@
 """The one Celery app factory: JSON only, size-capped, late acknowledgement, one message at a time per
 worker; a message a worker refuses to decode (pickle, too large, not JSON) is dead-lettered, not lost
-silently."""
+silently.
+
+It lives in `services`, beside the services whose tasks.py use it (and the client, which publishes plan
+messages with it), not in `shared`: whatever imports `shared` (the store, the contracts, the API, reports)
+then never loads Celery or kombu, and importing this module changes nothing until an app is made."""
 from __future__ import annotations
 
 import logging
@@ -34,8 +38,11 @@ def _loads_capped(data):
     return _json_loads(data)
 
 
-# the same content type as kombu's json, so producers are unchanged; only decoding gains the cap
-register("json", _json_dumps, _loads_capped, content_type="application/json", content_encoding="utf-8")
+def register_capped_json() -> None:
+    """Replace kombu's "json" codec with the size-capped one. kombu keeps one codec registry per process,
+    so this is done by make_celery, for the processes that make an app, never by importing this module.
+    The content type is kombu's own, so producers are unchanged; only decoding gains the cap."""
+    register("json", _json_dumps, _loads_capped, content_type="application/json", content_encoding="utf-8")
 
 
 def _dead_letter_refused(consumer, message, exc) -> None:
@@ -65,6 +72,7 @@ class GuardedConsumer(Consumer):
 
 
 def make_celery(role: str, redis_url: str) -> Celery:
+    register_capped_json()
     app = Celery(f"sharetune-{role}", broker=redis_url)  # a password in REDIS_URL is used as given
     app.conf.update(
         task_serializer="json",
@@ -72,7 +80,7 @@ def make_celery(role: str, redis_url: str) -> Celery:
         result_serializer="json",
         event_serializer="json",
         result_accept_content=["json"],
-        worker_consumer="shared.celery_app:GuardedConsumer",
+        worker_consumer="services.celery_app:GuardedConsumer",
         task_ignore_result=True,  # results travel through Redis keys the services own (shared.names)
         # crash safety: a message is acknowledged only after its task returns; a worker that dies
         # mid-task leaves it to be delivered again (batches are idempotent: results and records are

@@ -1,0 +1,16 @@
+"""TVM IR to and from the wire (shared.codec packs the text): candidates arrive as packed TVM JSON.
+The measurer keeps its own two lines rather than import the tuner's: the services are independent."""
+from __future__ import annotations
+
+import tvm
+
+from shared.codec import pack_json_text, unpack_json_text
+
+
+def dump_ir(mod) -> str:
+    """IRModule/PrimFunc -> packed TVM JSON (round-trips with TVM 0.27 + tvm-ffi 0.1.14)."""
+    return pack_json_text(tvm.ir.save_json(mod))
+
+
+def load_ir(packed: str):
+    return tvm.ir.load_json(unpack_json_text(packed))

@@ -1,0 +1,24 @@
+"""Start one tuner-service worker: `python -m services.tuner --queue plan|tune|costmodel` (the planner, a
+tuner client, the cost-model updater; the same image and code, a different queue)."""
+from __future__ import annotations
+
+import argparse
+import os
+
+from shared import names
+from services.workers import exec_worker
+
+ROLES = {names.PLAN_QUEUE: "planner", names.TUNE_QUEUE: "tuner", names.COSTMODEL_QUEUE: "updater"}
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m services.tuner")
+    ap.add_argument("--queue", required=True, choices=sorted(ROLES), help="the role: plan, tune or costmodel")
+    ap.add_argument("--name", default=None, help="worker name (default: planner, tuner or updater)")
+    ap.add_argument("--loglevel", default=os.environ.get("SHARETUNE_LOG_LEVEL", "INFO"))
+    args = ap.parse_args(argv)
+    exec_worker("services.tuner.tasks", args.queue, args.name or ROLES[args.queue], args.loglevel)
+
+
+if __name__ == "__main__":
+    main()
