@@ -12,10 +12,9 @@ from shared import names, store
 from shared.celery_app import make_celery
 from shared.codec import dump_ir
 from shared.errors import JobError, ModelError, ShareError, StoreError
-from shared.messages import (MAX_MODEL_BYTES, JobRef, JobResult, JobSpec, TaskProgress, check_job, check_share,
-                             lane_kind)
+from shared.messages import (FINAL_STATES, MAX_MODEL_BYTES, JobRef, JobResult, JobSpec, TaskProgress, check_job,
+                             check_share, lane_kind)
 
-FINAL_STATES = ("done", "failed", "cancelled")
 
 
 class Job:
@@ -89,9 +88,9 @@ class Job:
 
         import numpy as np
 
-        cached = self.state().get("latency_us")
+        cached = store.job_hash(self.client.redis, self.job_id).latency_us
         if cached:
-            return json.loads(cached)
+            return cached
         res, spec = self.result(), store.job_spec(self.client.redis, self.job_id)
         if lane_kind(spec.target) != "cpu":
             raise JobError("the end-to-end latency is timed for CPU jobs only (serve a GPU job's module at its share)")
@@ -105,7 +104,7 @@ class Job:
         mod = load_ir(store.job_model(self.client.redis, self.job_id).decode())
         rng = np.random.default_rng(0)
         inputs = [rng.standard_normal(shape).astype(dtype) for shape, dtype in _main_inputs(mod, "the job's model")]
-        queues = set(json.loads(self.state().get("lanes") or "[]"))
+        queues = set(store.job_hash(self.client.redis, self.job_id).lanes or [])
         cores = next((l.cores for l in self.client.lanes() if l.queue in queues and l.cores), None)
         n = len(cores) if cores else max(1, round((os.cpu_count() or 1) * spec.share / 100))
         with tempfile.TemporaryDirectory() as tmp:
@@ -123,7 +122,7 @@ class Job:
             raise JobError(f"timing job {self.job_id}'s modules failed: {tail}")
         out = json.loads(lines[-1])
         lat = {**out["latency_us"], "errors": out["errors"], "cores": n}
-        self.client.redis.hset(names.job_key(self.job_id), "latency_us", json.dumps(lat))
+        store.update_job(self.client.redis, self.job_id, latency_us=lat)
         return lat
 
 
@@ -141,18 +140,10 @@ CONNECT_TIMEOUT_S = 3.0
 def check_reachable(redis_url: str, timeout_s: float = CONNECT_TIMEOUT_S) -> None:
     """One ping with a connect timeout, no retries: a stale or missing Redis is a one-line StoreError
     in seconds, not a minute of the store's restart-riding retries and a traceback."""
-    import redis
-
-    try:
-        r = redis.Redis.from_url(redis_url, socket_connect_timeout=timeout_s, socket_timeout=timeout_s)
-        try:
-            r.ping()
-        finally:
-            r.close()
-    except (redis.exceptions.RedisError, ValueError, OSError) as err:
-        why = (str(err).strip().splitlines() or [type(err).__name__])[0]
+    why = store.unreachable(redis_url, timeout_s)
+    if why is not None:
         raise StoreError(f"cannot reach Redis at {_redacted(redis_url)}: {why} (is the stack up? `sharetune up` "
-                         f"prints the REDIS_URL to export)") from None
+                         f"prints the REDIS_URL to export)")
 
 
 def _redacted(url: str) -> str:

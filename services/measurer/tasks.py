@@ -97,7 +97,8 @@ class _LaneState:
         worker = f"{socket.gethostname()}.{os.getpid()}"
         while not self.stop.is_set():
             try:
-                self.redis.set(settings.lane_claim, worker, ex=names.LANE_TTL_S)
+                if not store.refresh_claim(self.redis, settings.lane_claim, worker):
+                    log.warning("lane claim %s is held by another replica", settings.lane_claim)
             except Exception:  # noqa: BLE001 - Redis may be restarting; the next beat retries
                 log.warning("lane claim refresh failed", exc_info=True)
             self.stop.wait(names.LANE_TTL_S / 3)
@@ -175,8 +176,8 @@ def _on_shutdown(**_):
     try:
         if STATE.info is not None:
             store.retire_lane(STATE.redis, STATE.info)
-        if settings.lane_claim and STATE.redis.get(settings.lane_claim) == f"{socket.gethostname()}.{os.getpid()}".encode():
-            STATE.redis.delete(settings.lane_claim)  # only our own claim: it may have passed to another
+        if settings.lane_claim:  # only our own claim: it may have passed to another
+            store.release_claim(STATE.redis, settings.lane_claim, f"{socket.gethostname()}.{os.getpid()}")
     except Exception:  # noqa: BLE001
         pass
 
