@@ -215,7 +215,7 @@ class Client:
         return share
 
     def job(self, job_id: str) -> Job:
-        store.job_state(self.redis, job_id)  # raises JobError if unknown
+        store.job_hash(self.redis, job_id)  # raises JobError if unknown
         return Job(self, job_id)
 
     def jobs(self, limit: int = 50) -> list[Job]:
