@@ -292,7 +292,8 @@ def direct_redis_calls(root: Path = REPO) -> list[str]:
     """file:line of every call `X.method(...)` outside shared/store.py where `method` is a Redis command
     (REDIS_METHODS) and `X` names a connection the way this code does: a variable `r`, `redis`, `conn`,
     `p`/`pipe` (pipelines) ..., an attribute `.redis`/`.r`/`.conn` (self.redis, STATE.redis), or a call
-    that makes one (`redis()`, `store.connect(url)`, `Redis.from_url(url)`, `r.pipeline()`). Receivers
+    that makes one (`redis()`, `store.connect(url)`, `Redis.from_url(url)`, `r.pipeline()`); and every
+    import of the redis package (a module that needs a connection takes one from the store). Receivers
     are matched by name, not by type, so `dict.get`, `os.environ.get` or `event.set` never match; a new
     name for a connection must be added here (keep to these names instead)."""
     hits = []
@@ -301,6 +302,10 @@ def direct_redis_calls(root: Path = REPO) -> list[str]:
             if path == root / "shared" / "store.py":
                 continue
             for node in ast.walk(ast.parse(path.read_text(), str(path))):
+                imported = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                            else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+                if any(m == "redis" or m.startswith("redis.") for m in imported):
+                    hits.append(f"{path.relative_to(root)}:{node.lineno}: import of redis")
                 if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
                         and node.func.attr in REDIS_METHODS and _is_connection(node.func.value)):
                     hits.append(f"{path.relative_to(root)}:{node.lineno}: {ast.unparse(node.func)}(...)")
@@ -320,7 +325,7 @@ def test_the_scan_finds_the_forms_the_code_uses(tmp_path):
     (tmp_path / "services" / "bad.py").write_text(
         "r.hget('k', 'f')\nself.redis.set('k', 1)\nredis().delete('k')\nstore.connect(u).scan_iter()\n"
         "with r.pipeline() as p:\n    p.hset('k', 'f', 1)\n"
-        "os.environ.get('X')\nd.get('k')\nevent.set()\nr.diagonal_wins.get('k')\n")
+        "os.environ.get('X')\nd.get('k')\nevent.set()\nr.diagonal_wins.get('k')\nimport redis.client\n")
     assert sorted(h.split(": ")[0] for h in direct_redis_calls(tmp_path)) == [
-        "services/bad.py:1", "services/bad.py:2", "services/bad.py:3", "services/bad.py:4", "services/bad.py:5",
-        "services/bad.py:6"]
+        "services/bad.py:1", "services/bad.py:11", "services/bad.py:2", "services/bad.py:3", "services/bad.py:4",
+        "services/bad.py:5", "services/bad.py:6"]
