@@ -35,7 +35,8 @@ def lanes_or_park(redis, job_id: str, kind: str, share: int, wait_s: float, wait
     if lanes:
         store.clear_job_fields(redis, job_id, "waiting_for")
         return lanes
-    waited = time.time() - store.parked_since(redis, job_id)
+    parked_at = store.parked_since(redis, job_id)
+    waited = time.time() - parked_at
     if wait_for_lanes or waited < wait_s:
         waiting_for = f"a live {kind} lane at {share} %"
         store.update_job(redis, job_id, waiting_for=waiting_for)
