@@ -464,6 +464,9 @@ def claim_requeue(r: redis.Redis, job_id: str, shard: int) -> bool:
     return bool(r.set(names.shard_requeue_key(job_id, shard), "1", nx=True, ex=names.LEASE_TTL_S))
 
 
+# ---- a job's per-task history and per-shard time split ------------------------------------------------------
+
+
 def push_history(r: redis.Redis, job_id: str, task_id: str, best_s: float) -> None:
     """Append a task's best latency after one of its rounds (one writer per task: its shard's client)."""
     key = names.job_history_key(job_id)
@@ -568,7 +571,7 @@ def known_records(r: redis.Redis, wkey: str, keys: list[str]) -> dict[str, Recor
     return {k: rec for k, rec in found.items() if valid_record(rec)}
 
 
-# ---- lanes -------------------------------------------------------------------------------------------
+# ---- lanes, builders and tuner clients (liveness keys), queues ------------------------------------------------
 
 
 def announce_lane(r: redis.Redis, info: LaneInfo) -> None:
