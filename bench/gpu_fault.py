@@ -186,6 +186,7 @@ def main() -> int:
     import faultlib
     from services.measurer.observers import make_observer
     from shared import store
+    from shared.messages import FINAL_STATES
     from sharetune.client import Client
     from sharetune.stack import Stack
 
@@ -210,7 +211,7 @@ def main() -> int:
             row_deadline = min(deadline - 20, time.time() + (deadline - 20 - time.time()) / (len(wanted) - i))
             result["rows"].append(run_row(kind, makers[kind], stack, client, plan, row_deadline))
         jobs = [j for j in (job_a, job_b) if j is not None]
-        wait_for(lambda: all(j.state().get("state") in ("done", "failed", "cancelled") for j in jobs), deadline, 0.5)
+        wait_for(lambda: all(j.state().get("state") in FINAL_STATES for j in jobs), deadline, 0.5)
         states = {j.job_id: j.state() for j in jobs}
         figures = faultlib.job_figures(r, job_a, args.trials)
         quarantined = [q.model_dump() for q in store.quarantined_all(r)]

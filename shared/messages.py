@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -83,6 +83,8 @@ def lane_kind(target: str | dict) -> str:
 # ---- jobs -------------------------------------------------------------------------------------------
 
 JobState = Literal["queued", "planning", "planned", "tuning", "retiming", "compiling", "done", "failed", "cancelled"]
+# the states a job never leaves: the one definition every service, the client and the store's scripts use
+FINAL_STATES: tuple[JobState, ...] = ("done", "failed", "cancelled")
 
 
 class JobSpec(Contract):
@@ -211,6 +213,84 @@ class JobResult(Contract):
     retime: dict[str, Any] = {}  # re-timing of the top-k: how many, mean and max shared-vs-isolated gap
     lanes: dict[str, Any] = {}  # each lane's own busy clock over the job (see lane_utilisation)
 
+
+class JobHash(BaseModel):
+    """A job's hash in Redis (names.job_key), typed: every field as the store writes it. Redis keeps
+    strings, so `from_redis` parses (JSON fields decoded, numbers validated) and `to_redis` dumps; a
+    partial write goes through `dump_fields`, which refuses a field this model does not have."""
+
+    # a field written by an older or newer version is ignored on read, so one stray field cannot make a
+    # job unreadable; writes are checked by dump_fields
+    model_config = ConfigDict(extra="ignore")
+
+    state: JobState
+    spec: JobSpec | None = None
+    updated_at: float | None = None
+    # when the job entered each state (set_state stamps "<state>_at"; ETAs and reports read them)
+    queued_at: float | None = None
+    planning_at: float | None = None
+    planned_at: float | None = None
+    tuning_at: float | None = None
+    retiming_at: float | None = None
+    compiling_at: float | None = None
+    done_at: float | None = None
+    failed_at: float | None = None
+    cancelled_at: float | None = None
+    error: str | None = None
+    gpu_error: str | None = None  # a GPU the supervisor gave up, while the job goes on elsewhere
+    target_json: str | None = None  # the exact target the planner resolved from the live lanes
+    lanes: list[str] | None = None  # the lane queues the planner saw serving the job
+    clients: int | None = None  # how many shards (tuner clients) the job was split into
+    advice: str | None = None  # budget advice from the planner
+    waiting_for: str | None = None  # parked: what the planner waits for
+    parked_at: float | None = None
+    result: JobResult | None = None
+    latency_us: dict[str, Any] | None = None  # end-to-end latency, once the client timed it
+
+    JSON_FIELDS: ClassVar[frozenset[str]] = frozenset({"spec", "result", "lanes", "latency_us"})
+
+    @classmethod
+    def from_redis(cls, raw: dict) -> "JobHash":
+        data = {}
+        for k, v in raw.items():
+            k = k.decode() if isinstance(k, bytes) else k
+            v = v.decode() if isinstance(v, bytes) else v
+            data[k] = json.loads(v) if k in cls.JSON_FIELDS else v
+        return cls.model_validate(data)
+
+    @classmethod
+    def dump_fields(cls, **fields) -> dict[str, str]:
+        """Validate some of the fields and encode them as the hash stores them (None: not written)."""
+        unknown = set(fields) - set(cls.model_fields)
+        if unknown:
+            raise ValueError(f"a job has no field {', '.join(sorted(unknown))}")
+        out = {}
+        for k, v in fields.items():
+            if v is None:
+                continue
+            v = _job_field(k).validate_python(v)
+            if isinstance(v, BaseModel):
+                out[k] = v.model_dump_json()
+            elif k in cls.JSON_FIELDS:
+                out[k] = json.dumps(v)
+            else:
+                out[k] = str(v)
+        return out
+
+    def to_redis(self) -> dict[str, str]:
+        return self.dump_fields(**{k: getattr(self, k) for k in type(self).model_fields})
+
+
+_JOB_FIELDS: dict[str, Any] = {}
+
+
+def _job_field(name: str):
+    """A validator for one field of JobHash (built once per field)."""
+    from pydantic import TypeAdapter
+
+    if name not in _JOB_FIELDS:
+        _JOB_FIELDS[name] = TypeAdapter(JobHash.model_fields[name].annotation)
+    return _JOB_FIELDS[name]
 
 def lane_utilisation(batches: list["LaneBatch"], start: float | None = None, end: float | None = None) -> dict:
     """Each lane worker's busy clock over a job: seconds inside batches and that time as a fraction of the

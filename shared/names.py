@@ -238,9 +238,19 @@ def training_rows_key(target_key: str) -> str:
     return f"{PREFIX}:cm:rows:{target_key}"
 
 
+def training_best_key(target_key: str) -> str:
+    """Hash workload group -> JSON list of its fastest training rows, for one target family."""
+    return training_rows_key(target_key) + ":best"
+
+
 def snapshot_key(target_key: str) -> str:
     """Newest cost-model snapshot (JSON CostModelSnapshot) for one target family."""
     return f"{PREFIX}:cm:snap:{target_key}"
+
+
+def snapshot_version_key(target_key: str) -> str:
+    """Counter of a target family's snapshot versions."""
+    return snapshot_key(target_key) + ":version"
 
 
 DEADLETTER_KEY = f"{PREFIX}:deadletter"  # list of rejected messages, with why

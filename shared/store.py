@@ -1,17 +1,27 @@
-"""Redis is the only shared state. These helpers read and write it through the contracts in
-shared.messages; every write is idempotent (keys derive from content), so a re-delivered message or a
-restarted process cannot duplicate or lose what is already recorded."""
+"""Redis is the only shared state, and this module its only client: every Redis command of the services,
+the client and the CLI is one of the functions below (tests/test_store_races.py checks that no other
+module calls Redis). They read and write through the contracts in shared.messages; every write is
+idempotent (keys derive from content), so a re-delivered message or a restarted process cannot duplicate
+or lose what is already recorded. Whatever is held by one owner (a shard's lease, a lane's claim, a GPU's
+gate) is renewed and released only by its owner, atomically (a Lua compare-and-expire/delete): an owner
+whose hold expired and was retaken never deletes its successor's. Callers pass the connection."""
 from __future__ import annotations
 
 import json
 import time
 
+from typing import Callable
+
 import redis
+from redis.commands.core import Script
 
 from shared import names
 from shared.errors import JobError
 from shared.messages import (
+    FINAL_STATES,
     BuilderInfo,
+    CostModelSnapshot,
+    JobHash,
     JobResult,
     JobSpec,
     JobTask,
@@ -23,6 +33,7 @@ from shared.messages import (
     Record,
     ShardState,
     TaskProgress,
+    TrainingRow,
     Workload,
 )
 
@@ -43,8 +54,28 @@ def connect(url: str) -> redis.Redis:
                                 retry_on_error=[redis.exceptions.ConnectionError, redis.exceptions.TimeoutError])
 
 
+def unreachable(url: str, timeout_s: float) -> str | None:
+    """One ping with a connect timeout and no retries: None when Redis answers, else why not (one line).
+    For a quick check before work starts, not for the services' connection (see connect)."""
+    try:
+        r = redis.Redis.from_url(url, socket_connect_timeout=timeout_s, socket_timeout=timeout_s)
+        try:
+            r.ping()
+        finally:
+            r.close()
+    except (redis.exceptions.RedisError, ValueError, OSError) as err:
+        return (str(err).strip().splitlines() or [type(err).__name__])[0]
+    return None
+
+
 def _s(v) -> str | None:
     return v.decode() if isinstance(v, bytes) else v
+
+
+def _script(source: str) -> Script:
+    """A Lua script run by its SHA: the server loads it once (and again after a restart that lost it);
+    it works on any connection or pipeline passed as `client`."""
+    return Script(None, source.encode())
 
 
 # ---- jobs --------------------------------------------------------------------------------------------
@@ -53,10 +84,7 @@ def _s(v) -> str | None:
 def create_job(r: redis.Redis, spec: JobSpec, model_blob: bytes) -> None:
     with r.pipeline() as p:
         p.set(names.job_model_key(spec.job_id), model_blob)
-        p.hset(
-            names.job_key(spec.job_id),
-            mapping={"spec": spec.model_dump_json(), "state": "queued", "updated_at": time.time()},
-        )
+        p.hset(names.job_key(spec.job_id), mapping=JobHash.dump_fields(spec=spec, state="queued", updated_at=time.time()))
         p.zadd(names.JOBS_KEY, {spec.job_id: spec.submitted_at})
         p.execute()
 
@@ -76,38 +104,38 @@ def job_model(r: redis.Redis, job_id: str) -> bytes:
 
 
 # A cancelled job stays cancelled: a planner or tuner still finishing a step must not overwrite it.
-_SET_STATE = """
+_SET_STATE = _script("""
 if redis.call('HGET', KEYS[1], 'state') == 'cancelled' then return 0 end
 redis.call('HSET', KEYS[1], unpack(ARGV))
 return 1
-"""
+""")
 
 
 def set_state(r: redis.Redis, job_id: str, state: str, error: str | None = None, **extra) -> bool:
-    """Move a job to `state` (and stamp `<state>_at`, for ETAs and reports); False if it was cancelled."""
+    """Move a job to `state` (and stamp `<state>_at`, for ETAs and reports); False if it was cancelled.
+    `extra` are other fields of the job (JobHash), validated before anything is written."""
     now = time.time()
-    mapping = {"state": state, "updated_at": now, f"{state}_at": now, **{k: str(v) for k, v in extra.items()}}
-    if error is not None:
-        mapping["error"] = error
-    args = [str(x) for kv in mapping.items() for x in kv]
-    return bool(r.eval(_SET_STATE, 1, names.job_key(job_id), *args))
+    mapping = JobHash.dump_fields(**{"state": state, "updated_at": now, f"{state}_at": now, "error": error, **extra})
+    args = [x for kv in mapping.items() for x in kv]
+    return bool(_SET_STATE(keys=[names.job_key(job_id)], args=args, client=r))
 
 
-_CANCEL = """
+_FINAL_LUA = " or ".join(f"state == '{s}'" for s in FINAL_STATES)
+_CANCEL = _script(f"""
 local state = redis.call('HGET', KEYS[1], 'state')
 if not state then return false end
-if state == 'done' or state == 'failed' or state == 'cancelled' then return state end
+if {_FINAL_LUA} then return state end
 redis.call('SET', KEYS[2], ARGV[1])
 redis.call('HSET', KEYS[1], 'state', 'cancelled', 'updated_at', ARGV[1], 'cancelled_at', ARGV[1])
 return 'cancelled'
-"""
+""")
 
 
 def cancel_job(r: redis.Redis, job_id: str) -> str:
     """Ask a job to stop: the tuner leaves the search after the current round, lanes skip its batches.
     Returns the state the job is in afterwards (a finished job stays done or failed). Atomic, so a
     job that finishes at the same moment is either done or cancelled, never both."""
-    state = r.eval(_CANCEL, 2, names.job_key(job_id), names.job_cancel_key(job_id), str(time.time()))
+    state = _CANCEL(keys=[names.job_key(job_id), names.job_cancel_key(job_id)], args=[repr(time.time())], client=r)
     if state is None:
         raise JobError(f"no job {job_id!r} in the store")
     return _s(state)
@@ -122,11 +150,52 @@ def jobs(r: redis.Redis, limit: int = 50) -> list[str]:
     return [_s(j) for j in r.zrevrange(names.JOBS_KEY, 0, limit - 1)]
 
 
-def job_state(r: redis.Redis, job_id: str) -> dict:
+def job_hash(r: redis.Redis, job_id: str) -> JobHash:
+    """The job's hash, typed."""
     raw = r.hgetall(names.job_key(job_id))
     if not raw:
         raise JobError(f"no job {job_id!r} in the store")
-    return {_s(k): _s(v) for k, v in raw.items()}
+    return JobHash.from_redis(raw)
+
+
+def job_state(r: redis.Redis, job_id: str) -> dict[str, str]:
+    """The job's hash as the store keeps it (field -> string): the client's plain view of a job."""
+    return job_hash(r, job_id).to_redis()
+
+
+def update_job(r: redis.Redis, job_id: str, **fields) -> None:
+    """Write some fields of a job (JobHash's, validated); None leaves a field as it is."""
+    mapping = JobHash.dump_fields(**fields)
+    if mapping:
+        r.hset(names.job_key(job_id), mapping=mapping)
+
+
+def clear_job_fields(r: redis.Redis, job_id: str, *fields: str) -> None:
+    JobHash.dump_fields(**{f: None for f in fields})  # only fields a job has
+    r.hdel(names.job_key(job_id), *fields)
+
+
+def parked_since(r: redis.Redis, job_id: str) -> float:
+    """When the planner first parked the job (stamped now if this is the first time)."""
+    with r.pipeline() as p:
+        p.hsetnx(names.job_key(job_id), "parked_at", repr(time.time()))
+        p.hget(names.job_key(job_id), "parked_at")
+        _, at = p.execute()
+    return float(at)
+
+
+def active_jobs(r: redis.Redis) -> list[str]:
+    """The jobs whose shards may be searched (the reaper's list)."""
+    return [_s(j) for j in r.smembers(names.ACTIVE_JOBS_KEY)]
+
+
+def deactivate_job(r: redis.Redis, job_id: str) -> None:
+    r.srem(names.ACTIVE_JOBS_KEY, job_id)
+
+
+def claim_finish(r: redis.Redis, job_id: str, who: str, ttl_s: int = 900) -> bool:
+    """Exactly one process sends a job's finishing step (until the guard lapses, for a finish that died)."""
+    return bool(r.set(names.job_finish_key(job_id), who, nx=True, ex=ttl_s))
 
 
 def set_result(r: redis.Redis, result: JobResult) -> None:
@@ -165,11 +234,11 @@ def put_progress(r: redis.Redis, job_id: str, prog: TaskProgress) -> None:
     r.hset(names.job_progress_key(job_id), prog.task_id, prog.model_dump_json())
 
 
-# ---- shards, the job-wide budget and the leases of tuner clients ---------------------------------------
+# ---- the job-wide budget ---------------------------------------------------------------------------------
 
 # Claim up to ARGV[1] trials from the job's budget for shard ARGV[2]; returns how many were granted.
 # Atomic, so concurrent clients never overspend; the claim stays on the shard until its records land.
-_CLAIM = """
+_CLAIM = _script("""
 local left = tonumber(redis.call('GET', KEYS[1]) or '0')
 local want = tonumber(ARGV[1])
 local k = math.min(left, want)
@@ -178,34 +247,168 @@ if k > 0 then
   redis.call('HINCRBY', KEYS[2], ARGV[2], k)
 end
 return k
-"""
+""")
 
 # Hand back what a shard claimed but never recorded (its client died); returns the amount.
-_REFUND = """
+_REFUND = _script("""
 local k = tonumber(redis.call('HGET', KEYS[2], ARGV[1]) or '0')
 if k > 0 then
   redis.call('INCRBY', KEYS[1], k)
   redis.call('HSET', KEYS[2], ARGV[1], 0)
 end
 return k
-"""
+""")
 
-# Take a shard's lease if free or already ours (a redelivered message of the same client).
-_LEASE = """
+
+def budget_left(r: redis.Redis, job_id: str) -> int:
+    return int(r.get(names.job_budget_key(job_id)) or 0)
+
+
+def claim_trials(r: redis.Redis, job_id: str, shard: int, want: int) -> int:
+    return int(_CLAIM(keys=[names.job_budget_key(job_id), names.job_claims_key(job_id)], args=[int(want), str(shard)],
+                      client=r))
+
+
+def settle_claim(r: redis.Redis, job_id: str, shard: int, recorded: int) -> None:
+    """Trials of a shard's claim whose records are now in the store are spent for good (r may be a pipeline)."""
+    r.hincrby(names.job_claims_key(job_id), str(shard), -int(recorded))
+
+
+def refund_claim(r: redis.Redis, job_id: str, shard: int) -> int:
+    return int(_REFUND(keys=[names.job_budget_key(job_id), names.job_claims_key(job_id)], args=[str(shard)], client=r))
+
+
+# ---- leases, claims and gates: held by one owner, renewed and released by that owner only -------------------
+
+# Take a key if it is free or already ours (a redelivered message of the same owner); 1 when held now.
+_TAKE = _script("""
 local cur = redis.call('GET', KEYS[1])
 if cur and cur ~= ARGV[1] then return 0 end
 redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[2])
 return 1
-"""
+""")
 
-# Renew a lease only while we hold it; 0 means it is lost (expired and taken by a replacement).
-_RENEW = """
+# Renew only while we hold it; 0 means it is lost (expired, perhaps taken by another owner).
+_RENEW = _script("""
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   redis.call('EXPIRE', KEYS[1], ARGV[2])
   return 1
 end
 return 0
-"""
+""")
+
+# Delete only our own: one that expired and was taken by another owner stays theirs.
+_RELEASE = _script("""
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('DEL', KEYS[1])
+  return 1
+end
+return 0
+""")
+
+
+def take_lease(r: redis.Redis, job_id: str, shard: int, owner: str, ttl_s: int = names.LEASE_TTL_S) -> bool:
+    return bool(_TAKE(keys=[names.shard_lease_key(job_id, shard)], args=[owner, int(ttl_s)], client=r))
+
+
+def renew_lease(r: redis.Redis, job_id: str, shard: int, owner: str, ttl_s: int = names.LEASE_TTL_S) -> bool:
+    return bool(_RENEW(keys=[names.shard_lease_key(job_id, shard)], args=[owner, int(ttl_s)], client=r))
+
+
+def lease_owner(r: redis.Redis, job_id: str, shard: int) -> str | None:
+    return _s(r.get(names.shard_lease_key(job_id, shard)))
+
+
+def release_lease(r: redis.Redis, job_id: str, shard: int, owner: str) -> bool:
+    """True when it was ours and is released; a lease another owner holds now is left alone."""
+    return bool(_RELEASE(keys=[names.shard_lease_key(job_id, shard)], args=[owner], client=r))
+
+
+def claim_slot(r: redis.Redis, scope: str, slots: int, worker: str, ttl_s: int = names.LANE_TTL_S) -> int | None:
+    """Claim the first free slot of a lane pool for `worker` (atomic per slot); None when all are taken.
+    The claim lives while its owner refreshes it (the lane's heartbeat)."""
+    for i in range(slots):
+        if r.set(names.lane_claim_key(scope, i), worker, nx=True, ex=ttl_s):
+            return i
+    return None
+
+
+def refresh_claim(r: redis.Redis, claim_key: str, worker: str, ttl_s: int = names.LANE_TTL_S) -> bool:
+    """Keep a lane-pool claim (taken again if it lapsed and is still free); False when another replica
+    holds it now, which is then left alone."""
+    return bool(_TAKE(keys=[claim_key], args=[worker, int(ttl_s)], client=r))
+
+
+def release_claim(r: redis.Redis, claim_key: str, worker: str) -> bool:
+    return bool(_RELEASE(keys=[claim_key], args=[worker], client=r))
+
+
+# A GPU's gate (isolation.GpuGate): a hash {holder, until}. Taken only if free or lapsed (its deadline lets a
+# dead holder's gate go); the key's TTL follows the deadline.
+_GATE_TAKE = _script("""
+local now = tonumber(ARGV[2])
+local holder = redis.call('HGET', KEYS[1], 'holder')
+local until_ = tonumber(redis.call('HGET', KEYS[1], 'until') or '0')
+if holder and holder ~= ARGV[1] and until_ > now then return 0 end
+redis.call('HSET', KEYS[1], 'holder', ARGV[1], 'until', ARGV[3])
+redis.call('EXPIRE', KEYS[1], math.ceil(tonumber(ARGV[3]) - now) + 1)
+return 1
+""")
+
+_GATE_RELEASE = _script("""
+if redis.call('HGET', KEYS[1], 'holder') == ARGV[1] then
+  redis.call('DEL', KEYS[1])
+  return 1
+end
+return 0
+""")
+
+
+def take_gpu_gate(r: redis.Redis, gpu8: str, worker: str, now: float, until: float) -> bool:
+    return bool(_GATE_TAKE(keys=[names.gpu_gate_key(gpu8)], args=[worker, repr(now), repr(until)], client=r))
+
+
+def release_gpu_gate(r: redis.Redis, gpu8: str, worker: str) -> bool:
+    """True when the gate was ours and is released; a gate that lapsed and was taken by another stays."""
+    return bool(_GATE_RELEASE(keys=[names.gpu_gate_key(gpu8)], args=[worker], client=r))
+
+
+def enter_gpu_running(r: redis.Redis, gpu8: str, worker: str, until: float) -> tuple[str | None, float]:
+    """Announce a candidate running on the GPU, then read its gate, in this order and one round trip;
+    returns the gate's (holder, deadline)."""
+    with r.pipeline(transaction=False) as p:
+        p.hset(names.gpu_running_key(gpu8), worker, repr(until))
+        p.hmget(names.gpu_gate_key(gpu8), "holder", "until")
+        _, (holder, deadline) = p.execute()
+    return _s(holder), float(deadline or 0)
+
+
+def set_gpu_running(r: redis.Redis, gpu8: str, worker: str, until: float) -> None:
+    r.hset(names.gpu_running_key(gpu8), worker, repr(until))
+
+
+def leave_gpu_running(r: redis.Redis, gpu8: str, worker: str) -> None:
+    r.hdel(names.gpu_running_key(gpu8), worker)
+
+
+def gpu_running(r: redis.Redis, gpu8: str) -> dict[str, float]:
+    """worker -> deadline of every lane announcing a candidate on the GPU (lapsed entries included)."""
+    return {_s(w): float(u) for w, u in r.hgetall(names.gpu_running_key(gpu8)).items()}
+
+
+# ---- shards --------------------------------------------------------------------------------------------------
+
+# Compare-and-set one shard's state: written only if it is still what the writer read (ARGV[2]; '' = absent),
+# and, with an owner (ARGV[4]), only while that owner holds the shard's lease; ARGV[5] = '1' releases the
+# lease in the same step. 1 written, 0 the shard changed meanwhile, -1 the lease is not ours.
+_CAS_SHARD = _script("""
+if ARGV[4] ~= '' and redis.call('GET', KEYS[2]) ~= ARGV[4] then return -1 end
+local cur = redis.call('HGET', KEYS[1], ARGV[1])
+if (cur or '') ~= ARGV[2] then return 0 end
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[3])
+if ARGV[5] == '1' then redis.call('DEL', KEYS[2]) end
+return 1
+""")
 
 
 def put_shards(r: redis.Redis, job_id: str, shards: list[ShardState], budget: int) -> None:
@@ -223,42 +426,45 @@ def shards(r: redis.Redis, job_id: str) -> dict[int, ShardState]:
     return {int(_s(k)): ShardState.parse(v) for k, v in raw.items()}
 
 
-def put_shard(r: redis.Redis, job_id: str, sh: ShardState) -> None:
-    r.hset(names.job_shards_key(job_id), str(sh.shard), sh.model_dump_json())
+def update_shard(r: redis.Redis, job_id: str, shard: int, change: Callable[[ShardState], bool | None],
+                 owner: str | None = None, release: bool = False, attempts: int = 5) -> ShardState | None:
+    """Read a shard, let `change` modify it (returning False: leave it), and write it back only if nobody
+    wrote it meanwhile (compare-and-set), so the reaper and a client never overwrite each other's newer
+    state; on such a conflict `change` runs again on the newer state, up to `attempts` times. With `owner`,
+    only while that owner holds the shard's lease (`release`: and the lease is released with the write).
+    Returns the state written, or None: declined, the lease is not the owner's, or every attempt lost."""
+    key, lease = names.job_shards_key(job_id), names.shard_lease_key(job_id, shard)
+    for _ in range(attempts):
+        raw = r.hget(key, str(shard))
+        if raw is None:
+            return None
+        sh = ShardState.parse(raw)
+        if change(sh) is False:
+            return None
+        got = _CAS_SHARD(keys=[key, lease], args=[str(shard), raw, sh.model_dump_json(), owner or "",
+                                                  "1" if release else "0"], client=r)
+        if got == 1:
+            return sh
+        if got == -1:
+            return None
+    return None
 
 
-def budget_left(r: redis.Redis, job_id: str) -> int:
-    return int(r.get(names.job_budget_key(job_id)) or 0)
+def finish_shard(r: redis.Redis, job_id: str, shard: int, owner: str) -> bool:
+    """Mark a shard done and release its lease, atomically, only while `owner` still holds the lease
+    (a client that lost it was replaced: the replacement's state stands). True when done by us."""
+    def done(sh: ShardState) -> None:
+        sh.state, sh.finished_at = "done", time.time()
+
+    return update_shard(r, job_id, shard, done, owner=owner, release=True) is not None
 
 
-def claim_trials(r: redis.Redis, job_id: str, shard: int, want: int) -> int:
-    return int(r.eval(_CLAIM, 2, names.job_budget_key(job_id), names.job_claims_key(job_id), int(want), str(shard)))
+def claim_requeue(r: redis.Redis, job_id: str, shard: int) -> bool:
+    """One reaper re-sends a shard (for a lease's time)."""
+    return bool(r.set(names.shard_requeue_key(job_id, shard), "1", nx=True, ex=names.LEASE_TTL_S))
 
 
-def settle_claim(r: redis.Redis, job_id: str, shard: int, recorded: int, pipe=None) -> None:
-    """Trials of a shard's claim whose records are now in the store are spent for good."""
-    (pipe or r).hincrby(names.job_claims_key(job_id), str(shard), -int(recorded))
-
-
-def refund_claim(r: redis.Redis, job_id: str, shard: int) -> int:
-    return int(r.eval(_REFUND, 2, names.job_budget_key(job_id), names.job_claims_key(job_id), str(shard)))
-
-
-def take_lease(r: redis.Redis, job_id: str, shard: int, owner: str, ttl_s: int = names.LEASE_TTL_S) -> bool:
-    return bool(r.eval(_LEASE, 1, names.shard_lease_key(job_id, shard), owner, int(ttl_s)))
-
-
-def renew_lease(r: redis.Redis, job_id: str, shard: int, owner: str, ttl_s: int = names.LEASE_TTL_S) -> bool:
-    return bool(r.eval(_RENEW, 1, names.shard_lease_key(job_id, shard), owner, int(ttl_s)))
-
-
-def lease_owner(r: redis.Redis, job_id: str, shard: int) -> str | None:
-    return _s(r.get(names.shard_lease_key(job_id, shard)))
-
-
-def release_lease(r: redis.Redis, job_id: str, shard: int, owner: str) -> None:
-    if lease_owner(r, job_id, shard) == owner:
-        r.delete(names.shard_lease_key(job_id, shard))
+# ---- a job's per-task history and per-shard time split ------------------------------------------------------
 
 
 def push_history(r: redis.Redis, job_id: str, task_id: str, best_s: float) -> None:
@@ -271,6 +477,15 @@ def push_history(r: redis.Redis, job_id: str, task_id: str, best_s: float) -> No
 
 def history(r: redis.Redis, job_id: str) -> dict[str, list[float]]:
     return {_s(k): json.loads(_s(v)) for k, v in r.hgetall(names.job_history_key(job_id)).items()}
+
+
+def put_split(r: redis.Redis, job_id: str, shard: int, times: dict) -> None:
+    """A shard's time split (search, build, run, ...), summed over shards in the job's result."""
+    r.hset(names.job_splits_key(job_id), str(shard), json.dumps(times))
+
+
+def splits(r: redis.Redis, job_id: str) -> list[dict]:
+    return [json.loads(v) for v in r.hvals(names.job_splits_key(job_id))]
 
 
 # ---- workloads and records ------------------------------------------------------------------------------
@@ -300,7 +515,7 @@ def valid_record(rec: Record) -> bool:
 
 # A record is kept once (idempotent), except that a valid measurement replaces an error record: a later
 # job that measures a candidate which once failed (e.g. for a transient reason) leaves the measurement.
-_PUT_RECORD = """
+_PUT_RECORD = _script("""
 local old = redis.call('HGET', KEYS[1], ARGV[1])
 if old and ARGV[3] == '1' then
   local o = cjson.decode(old)
@@ -312,14 +527,25 @@ elseif old then
 end
 redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
 return 1
-"""
+""")
 
 
 def put_record(r: redis.Redis, rec: Record) -> bool:
     """Idempotent: the candidate key is a hash of workload + trace, so a re-measured candidate keeps
     its first valid record. True when the record was written (on a pipeline: queued, returns False)."""
-    return bool(r.eval(_PUT_RECORD, 1, names.records_key(rec.wkey), rec.candidate_key, rec.model_dump_json(),
-                       "1" if valid_record(rec) else "0"))
+    return bool(_PUT_RECORD(keys=[names.records_key(rec.wkey)],
+                            args=[rec.candidate_key, rec.model_dump_json(), "1" if valid_record(rec) else "0"], client=r))
+
+
+def record_round(r: redis.Redis, job_id: str, shard: int, recs: list[Record], prog: TaskProgress, claimed: int) -> None:
+    """One round of a shard in one transaction: its records, its task's progress and the settling of the
+    shard's trial claim, so a client that dies mid-round leaves all of the round in the store or none."""
+    with r.pipeline(transaction=True) as p:
+        for rec in recs:
+            put_record(p, rec)
+        put_progress(p, job_id, prog)
+        settle_claim(p, job_id, shard, claimed)
+        p.execute()
 
 
 def replace_record(r: redis.Redis, rec: Record) -> None:
@@ -345,7 +571,7 @@ def known_records(r: redis.Redis, wkey: str, keys: list[str]) -> dict[str, Recor
     return {k: rec for k, rec in found.items() if valid_record(rec)}
 
 
-# ---- lanes -------------------------------------------------------------------------------------------
+# ---- lanes, builders and tuner clients (liveness keys), queues ------------------------------------------------
 
 
 def announce_lane(r: redis.Redis, info: LaneInfo) -> None:
@@ -368,6 +594,16 @@ def live_lanes(r: redis.Redis) -> list[LaneInfo]:
 def lane_alive(r: redis.Redis, queue: str) -> bool:
     """True while at least one worker of the lane keeps its liveness key."""
     return next(iter(r.scan_iter(match=names.lane_key(queue), count=500)), None) is not None
+
+
+def lane_worker_alive(r: redis.Redis, queue: str, worker: str) -> bool:
+    """True while this worker of the lane keeps its liveness key."""
+    return bool(r.exists(names.lane_key(queue, worker)))
+
+
+def builder_alive(r: redis.Redis, alive_key: str) -> bool:
+    """True while the builder whose liveness key this is keeps it (names.builder_key)."""
+    return bool(r.exists(alive_key))
 
 
 def announce_builder(r: redis.Redis, info: BuilderInfo) -> None:
@@ -397,13 +633,22 @@ def mark_batch_building(r: redis.Redis, batch_id: str, worker: str, alive_key: s
         p.execute()
 
 
-def claim_slot(r: redis.Redis, scope: str, slots: int, worker: str, ttl_s: int = names.LANE_TTL_S) -> int | None:
-    """Claim the first free slot of a lane pool for `worker` (atomic per slot); None when all are taken.
-    The claim lives while its owner refreshes it (the lane's heartbeat)."""
-    for i in range(slots):
-        if r.set(names.lane_claim_key(scope, i), worker, nx=True, ex=ttl_s):
-            return i
-    return None
+def announce_tuner(r: redis.Redis, worker: str) -> None:
+    r.set(names.tuner_key(worker), "ready", ex=names.LANE_TTL_S)
+
+
+def retire_tuner(r: redis.Redis, worker: str) -> None:
+    r.delete(names.tuner_key(worker))
+
+
+def live_tuners(r: redis.Redis) -> int:
+    """How many tuner clients keep their liveness key."""
+    return sum(1 for _ in r.scan_iter(match=names.TUNERS_PATTERN, count=500))
+
+
+def queue_length(r: redis.Redis, queue: str) -> int:
+    """Messages waiting in a Celery queue (its Redis list), not counting those a worker has taken."""
+    return int(r.llen(queue))
 
 
 # ---- measurement results -----------------------------------------------------------------------------
@@ -534,7 +779,7 @@ def give_up_gpu(r: redis.Redis, gpu8: str, error: str, lanes: list[str]) -> list
         planned = json.loads(_s(r.hget(names.job_key(job_id), "lanes")) or "[]")
         used = set(planned) | {b.lane for b in lane_batches(r, job_id)}
         if any(_lane_gpu(q) == gpu8 for q in used):
-            r.hset(names.job_key(job_id), mapping={"gpu_error": error, "updated_at": time.time()})
+            update_job(r, job_id, gpu_error=error, updated_at=time.time())
             hit.append(job_id)
     return sorted(hit)
 
@@ -549,3 +794,53 @@ def _lane_gpu(queue: str) -> str | None:
         return names.LaneName.parse(queue).gpu
     except ValueError:
         return None
+
+
+# ---- cost models ---------------------------------------------------------------------------------------------
+
+
+def push_training_rows(r: redis.Redis, target_key: str, rows: list[TrainingRow]) -> None:
+    if rows:
+        r.rpush(names.training_rows_key(target_key), *[row.model_dump_json() for row in rows])
+
+
+def training_row_count(r: redis.Redis, target_key: str) -> int:
+    return int(r.llen(names.training_rows_key(target_key)))
+
+
+def newest_training_rows(r: redis.Redis, target_key: str, n: int) -> list[TrainingRow]:
+    return [TrainingRow.model_validate_json(raw) for raw in r.lrange(names.training_rows_key(target_key), -n, -1)]
+
+
+def best_rows(r: redis.Redis, target_key: str, group: str) -> list[TrainingRow]:
+    """A workload group's kept fastest rows, fastest first."""
+    raw = r.hget(names.training_best_key(target_key), group)
+    return [TrainingRow.model_validate(d) for d in json.loads(raw)] if raw else []
+
+
+def put_best_rows(r: redis.Redis, target_key: str, group: str, rows: list[TrainingRow]) -> None:
+    r.hset(names.training_best_key(target_key), group, json.dumps([row.model_dump() for row in rows]))
+
+
+def all_best_rows(r: redis.Redis, target_key: str) -> dict[str, list[TrainingRow]]:
+    return {_s(group): [TrainingRow.model_validate(d) for d in json.loads(raw)]
+            for group, raw in r.hgetall(names.training_best_key(target_key)).items()}
+
+
+def next_snapshot_version(r: redis.Redis, target_key: str) -> int:
+    return int(r.incr(names.snapshot_version_key(target_key)))
+
+
+def put_snapshot(r: redis.Redis, snap: CostModelSnapshot) -> None:
+    r.hset(names.snapshot_key(snap.target_key), mapping={"version": snap.version, "snapshot": snap.model_dump_json()})
+
+
+def snapshot_version(r: redis.Redis, target_key: str) -> int:
+    """The newest published version (0: none yet); cheap, for a client polling for a new model."""
+    v = r.hget(names.snapshot_key(target_key), "version")
+    return int(v) if v else 0
+
+
+def snapshot(r: redis.Redis, target_key: str) -> CostModelSnapshot | None:
+    raw = r.hget(names.snapshot_key(target_key), "snapshot")
+    return CostModelSnapshot.parse(raw) if raw else None

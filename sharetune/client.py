@@ -11,10 +11,9 @@ from typing import Any
 from shared import names, store
 from services.celery_app import make_celery
 from shared.errors import JobError, ModelError, ShareError, StoreError
-from shared.messages import (MAX_MODEL_BYTES, JobRef, JobResult, JobSpec, TaskProgress, check_job, check_share,
-                             lane_kind)
+from shared.messages import (FINAL_STATES, MAX_MODEL_BYTES, JobRef, JobResult, JobSpec, TaskProgress, check_job,
+                             check_share, lane_kind)
 
-FINAL_STATES = ("done", "failed", "cancelled")
 
 
 class Job:
@@ -88,9 +87,9 @@ class Job:
 
         import numpy as np
 
-        cached = self.state().get("latency_us")
+        cached = store.job_hash(self.client.redis, self.job_id).latency_us
         if cached:
-            return json.loads(cached)
+            return cached
         res, spec = self.result(), store.job_spec(self.client.redis, self.job_id)
         if lane_kind(spec.target) != "cpu":
             raise JobError("the end-to-end latency is timed for CPU jobs only (serve a GPU job's module at its share)")
@@ -104,7 +103,7 @@ class Job:
         mod = load_ir(store.job_model(self.client.redis, self.job_id).decode())
         rng = np.random.default_rng(0)
         inputs = [rng.standard_normal(shape).astype(dtype) for shape, dtype in _main_inputs(mod, "the job's model")]
-        queues = set(json.loads(self.state().get("lanes") or "[]"))
+        queues = set(store.job_hash(self.client.redis, self.job_id).lanes or [])
         cores = next((l.cores for l in self.client.lanes() if l.queue in queues and l.cores), None)
         n = len(cores) if cores else max(1, round((os.cpu_count() or 1) * spec.share / 100))
         with tempfile.TemporaryDirectory() as tmp:
@@ -122,7 +121,7 @@ class Job:
             raise JobError(f"timing job {self.job_id}'s modules failed: {tail}")
         out = json.loads(lines[-1])
         lat = {**out["latency_us"], "errors": out["errors"], "cores": n}
-        self.client.redis.hset(names.job_key(self.job_id), "latency_us", json.dumps(lat))
+        store.update_job(self.client.redis, self.job_id, latency_us=lat)
         return lat
 
 
@@ -140,18 +139,10 @@ CONNECT_TIMEOUT_S = 3.0
 def check_reachable(redis_url: str, timeout_s: float = CONNECT_TIMEOUT_S) -> None:
     """One ping with a connect timeout, no retries: a stale or missing Redis is a one-line StoreError
     in seconds, not a minute of the store's restart-riding retries and a traceback."""
-    import redis
-
-    try:
-        r = redis.Redis.from_url(redis_url, socket_connect_timeout=timeout_s, socket_timeout=timeout_s)
-        try:
-            r.ping()
-        finally:
-            r.close()
-    except (redis.exceptions.RedisError, ValueError, OSError) as err:
-        why = (str(err).strip().splitlines() or [type(err).__name__])[0]
+    why = store.unreachable(redis_url, timeout_s)
+    if why is not None:
         raise StoreError(f"cannot reach Redis at {_redacted(redis_url)}: {why} (is the stack up? `sharetune up` "
-                         f"prints the REDIS_URL to export)") from None
+                         f"prints the REDIS_URL to export)")
 
 
 def _redacted(url: str) -> str:
@@ -225,7 +216,7 @@ class Client:
         return share
 
     def job(self, job_id: str) -> Job:
-        store.job_state(self.redis, job_id)  # raises JobError if unknown
+        store.job_hash(self.redis, job_id)  # raises JobError if unknown
         return Job(self, job_id)
 
     def jobs(self, limit: int = 50) -> list[Job]:

@@ -17,10 +17,10 @@ from shared.ranking import rank_secs
 
 def job_data(r, job_id: str) -> dict:
     """What the plots need, as plain data (tested without a browser)."""
-    state = store.job_state(r, job_id)
+    job = store.job_hash(r, job_id)
     spec = store.job_spec(r, job_id)
     tasks = store.job_tasks(r, job_id)
-    t0 = float(state.get("tuning_at") or spec.submitted_at)
+    t0 = job.tuning_at or spec.submitted_at
     per_task, events = {}, []
     for t in tasks:
         recs = sorted((x for x in store.records(r, t.wkey) if x.job_id == job_id), key=lambda x: x.measured_at)
@@ -47,7 +47,7 @@ def job_data(r, job_id: str) -> dict:
         lanes.setdefault(f"{b.lane} @ {b.worker}", []).append((b.started_at - t0, b.finished_at - t0, b.candidates))
     end = max([b.finished_at - t0 for b in batches] + [c["t"] for p in per_task.values() for c in p["curve"]] + [1.0])
     return {"job_id": job_id, "name": spec.name, "target": spec.target, "share": spec.share, "budget": spec.trials,
-            "state": state.get("state"), "error": state.get("error"), "tasks": per_task, "job_curve": job_curve,
+            "state": job.state, "error": job.error, "tasks": per_task, "job_curve": job_curve,
             "lanes": lanes, "utilisation": utilisation(lanes, end), "end_s": end,
             "result": json.loads(store.job_result(r, job_id).model_dump_json()) if store.job_result(r, job_id) else None}
 

@@ -540,7 +540,7 @@ class Stack:
         r = store.connect(self.redis_url)
         deadline = time.time() + timeout_s
         while time.time() < deadline:
-            if len(list(r.scan_iter(match=names.TUNERS_PATTERN))) >= count:
+            if store.live_tuners(r) >= count:
                 return
             time.sleep(0.2)
         raise TimeoutError(f"{count} tuner client(s) did not warm up in {timeout_s} s; see {self.work_dir / 'logs'}")

@@ -246,7 +246,7 @@ def test_a_gpu_that_faults_again_at_once_twice_is_given_up_and_others_go_on(tmp_
     spec = JobSpec(job_id="job1", target="cuda", share=25, trials=16)
     store.create_job(r, spec, b"model")
     store.put_shards(r, "job1", [], 16)
-    store.set_state(r, "job1", "tuning", lanes=json.dumps([LANE_A]))
+    store.set_state(r, "job1", "tuning", lanes=[LANE_A])
     st, started, ended = _stack(tmp_path, redis_url, monkeypatch)
     b_names = [n for n in st.lane_procs if GPU_B in n]
     since = 0.0

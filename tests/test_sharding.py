@@ -118,11 +118,13 @@ def test_concurrent_claims_never_overspend(redis_conn):
     [t.join() for t in threads]
     assert sum(got) == 100 and store.budget_left(redis_conn, job) == 0
     # a dead client's unsettled claim goes back; a settled one does not
-    claimed0 = int(redis_conn.hget(names.job_claims_key(job), "0"))
-    store.settle_claim(redis_conn, job, 0, claimed0 - 3)
-    assert store.refund_claim(redis_conn, job, 0) == 3
+    # (a shard whose thread claimed something: under load one thread may find the budget already spent)
+    claims = {int(k): int(v) for k, v in redis_conn.hgetall(names.job_claims_key(job)).items()}
+    shard, claimed = max(claims.items(), key=lambda kv: kv[1])
+    store.settle_claim(redis_conn, job, shard, claimed - 3)
+    assert store.refund_claim(redis_conn, job, shard) == 3
     assert store.budget_left(redis_conn, job) == 3
-    assert store.refund_claim(redis_conn, job, 0) == 0  # once only
+    assert store.refund_claim(redis_conn, job, shard) == 0  # once only
     redis_conn.srem(names.ACTIVE_JOBS_KEY, job)  # not a real job: keep the stack's reaper off it
 
 

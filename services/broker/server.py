@@ -10,7 +10,7 @@ import subprocess
 import time
 from pathlib import Path
 
-import redis
+from shared import store
 
 CONFIG = {
     "appendonly": "yes",
@@ -62,11 +62,9 @@ class EmbeddedRedis:
         while time.time() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"redis-server exited with {self.proc.returncode}; see {self.data_dir / 'redis.log'}")
-            try:
-                if redis.Redis.from_url(self.url).ping():
-                    return self
-            except redis.exceptions.ConnectionError:
-                time.sleep(0.05)
+            if store.unreachable(self.url, timeout_s=1.0) is None:
+                return self
+            time.sleep(0.05)
         raise RuntimeError(f"redis-server did not answer on port {self.port} within {timeout_s} s")
 
     def stop(self) -> None:

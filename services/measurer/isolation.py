@@ -15,35 +15,21 @@ from __future__ import annotations
 import time
 from contextlib import contextmanager
 
-import redis as redis_lib
-
-from shared import names
-
-# take the gate only if it is free; the deadline lets a dead holder's gate lapse
-_TAKE = """
-local now = tonumber(ARGV[2])
-local holder = redis.call('HGET', KEYS[1], 'holder')
-local until_ = tonumber(redis.call('HGET', KEYS[1], 'until') or '0')
-if holder and holder ~= ARGV[1] and until_ > now then return 0 end
-redis.call('HSET', KEYS[1], 'holder', ARGV[1], 'until', ARGV[3])
-redis.call('EXPIRE', KEYS[1], math.ceil(tonumber(ARGV[3]) - now) + 1)
-return 1
-"""
+from shared import store
 
 
 class GpuGate:
     """Candidates of the lanes of one GPU: `ordinary()` around a candidate with no fault behind it,
     `alone()` around a suspect. Ordinary candidates of different lanes run together as usual."""
 
-    def __init__(self, r: redis_lib.Redis, gpu8: str, worker: str, hold_s: float, poll_s: float = 0.02):
-        self.r, self.worker, self.hold_s, self.poll_s = r, worker, float(hold_s), poll_s
-        self.gate_key, self.running_key = names.gpu_gate_key(gpu8), names.gpu_running_key(gpu8)
+    def __init__(self, r, gpu8: str, worker: str, hold_s: float, poll_s: float = 0.02):
+        self.r, self.gpu8, self.worker, self.hold_s, self.poll_s = r, gpu8, worker, float(hold_s), poll_s
 
-    def _held_by_other(self, holder, until, now: float) -> bool:
-        return holder is not None and holder.decode() != self.worker and float(until or 0) > now
+    def _held_by_other(self, holder: str | None, until: float, now: float) -> bool:
+        return holder is not None and holder != self.worker and until > now
 
     def _others_running(self, now: float) -> bool:
-        return any(w.decode() != self.worker and float(u) > now for w, u in self.r.hgetall(self.running_key).items())
+        return any(w != self.worker and u > now for w, u in store.gpu_running(self.r, self.gpu8).items())
 
     @contextmanager
     def ordinary(self):
@@ -52,37 +38,33 @@ class GpuGate:
         # Both steps go in one round trip, in order: this runs before every candidate of a GPU lane
         while True:
             now = time.time()
-            with self.r.pipeline(transaction=False) as p:
-                p.hset(self.running_key, self.worker, now + self.hold_s)
-                p.hmget(self.gate_key, "holder", "until")
-                _, (holder, until) = p.execute()
+            holder, until = store.enter_gpu_running(self.r, self.gpu8, self.worker, now + self.hold_s)
             if not self._held_by_other(holder, until, now):
                 break
-            self.r.hdel(self.running_key, self.worker)
+            store.leave_gpu_running(self.r, self.gpu8, self.worker)
             time.sleep(self.poll_s)
         try:
             yield
         finally:
-            self.r.hdel(self.running_key, self.worker)
+            store.leave_gpu_running(self.r, self.gpu8, self.worker)
 
     @contextmanager
     def alone(self):
         """Run a suspect with the GPU to itself (the lanes', at least); yields the gate, whose waited_s says
         how long the suspect waited for it."""
         t0 = time.time()
-        while not self.r.eval(_TAKE, 1, self.gate_key, self.worker, time.time(), time.time() + 2 * self.hold_s):
+        while not store.take_gpu_gate(self.r, self.gpu8, self.worker, time.time(), time.time() + 2 * self.hold_s):
             time.sleep(self.poll_s)  # another suspect is being tried
         try:
             while self._others_running(time.time()):
                 time.sleep(self.poll_s)  # neighbours finish the candidate they started
             self.waited_s = time.time() - t0
-            self.r.hset(self.running_key, self.worker, time.time() + self.hold_s)
+            store.set_gpu_running(self.r, self.gpu8, self.worker, time.time() + self.hold_s)
             yield self
         finally:
-            self.r.hdel(self.running_key, self.worker)
-            holder = self.r.hget(self.gate_key, "holder")
-            if holder is not None and holder.decode() == self.worker:
-                self.r.delete(self.gate_key)
+            store.leave_gpu_running(self.r, self.gpu8, self.worker)
+            # ours only: a gate that lapsed (this suspect overran its deadline) and was taken stays taken
+            store.release_gpu_gate(self.r, self.gpu8, self.worker)
 
 
 def attribute(role: str | None, ran_alone: bool, shared_gpu: bool = False) -> str | None:

@@ -100,7 +100,8 @@ class _LaneState:
         worker = worker_id()
         while not self.stop.is_set():
             try:
-                self.redis.set(settings.lane_claim, worker, ex=names.LANE_TTL_S)
+                if not store.refresh_claim(self.redis, settings.lane_claim, worker):
+                    log.warning("lane claim %s is held by another replica", settings.lane_claim)
             except Exception:  # noqa: BLE001 - Redis may be restarting; the next beat retries
                 log.warning("lane claim refresh failed", exc_info=True)
             self.stop.wait(names.LANE_TTL_S / 3)
@@ -188,8 +189,8 @@ def _on_shutdown(**_):
     try:
         if STATE.info is not None:
             store.retire_lane(STATE.redis, STATE.info)
-        if settings.lane_claim and STATE.redis.get(settings.lane_claim) == worker_id().encode():
-            STATE.redis.delete(settings.lane_claim)  # only our own claim: it may have passed to another
+        if settings.lane_claim:  # only our own claim: it may have passed to another
+            store.release_claim(STATE.redis, settings.lane_claim, worker_id())
     except Exception:  # noqa: BLE001
         pass
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 import json
 import time
 
-from shared import names, store
+from shared import store
 from shared.errors import ModelError, ShareError
-from shared.messages import JobTask, LaneInfo, ShardState, Workload, lane_kind
+from shared.messages import FINAL_STATES, JobTask, LaneInfo, ShardState, Workload, lane_kind
 from services.tuner.sharding import partition
 
 
@@ -31,16 +31,15 @@ class Parked(Exception):
 def lanes_or_park(redis, job_id: str, kind: str, share: int, wait_s: float, wait_for_lanes: bool = False) -> list[LaneInfo]:
     """The lanes serving (kind, share); none yet: Parked while the job may still wait (`wait_s` since it was
     first parked, or without limit with `wait_for_lanes`), then ShareError naming the live lanes."""
-    key = names.job_key(job_id)
     lanes = lanes_for(redis, kind, share)
     if lanes:
-        redis.hdel(key, "waiting_for")
+        store.clear_job_fields(redis, job_id, "waiting_for")
         return lanes
-    redis.hsetnx(key, "parked_at", time.time())
-    waited = time.time() - float(redis.hget(key, "parked_at"))
+    parked_at = store.parked_since(redis, job_id)
+    waited = time.time() - parked_at
     if wait_for_lanes or waited < wait_s:
         waiting_for = f"a live {kind} lane at {share} %"
-        redis.hset(key, "waiting_for", waiting_for)
+        store.update_job(redis, job_id, waiting_for=waiting_for)
         raise Parked(job_id, waiting_for)
     live = ", ".join(f"{l.queue} ({l.kind} {l.share} %)" for l in store.live_lanes(redis)) or "none"
     raise ShareError(f"no live measurer lane serves {kind} at {share} % (waited {waited:.0f} s); live lanes: {live}")
@@ -58,7 +57,7 @@ def budget_advice(trials: int, per_iter: int, tasks: int) -> str | None:
 
 
 def live_tuners(redis) -> int:
-    return sum(1 for _ in redis.scan_iter(match=names.TUNERS_PATTERN, count=500))
+    return store.live_tuners(redis)
 
 
 def plan(redis, job_id: str, lane_wait_s: float) -> list[ShardState]:
@@ -69,8 +68,8 @@ def plan(redis, job_id: str, lane_wait_s: float) -> list[ShardState]:
     from services.tuner.metaschedule.extract import extract, workload_key
 
     spec = store.job_spec(redis, job_id)
-    state = store.job_state(redis, job_id).get("state")
-    if state in ("cancelled", "failed", "done"):
+    state = store.job_hash(redis, job_id).state
+    if state in FINAL_STATES:
         return []  # e.g. a parked job cancelled while it waited for lanes
     if state != "planning":  # a parked job's re-check keeps its first planning_at
         store.set_state(redis, job_id, "planning")
@@ -100,6 +99,6 @@ def plan(redis, job_id: str, lane_wait_s: float) -> list[ShardState]:
         store.put_shards(redis, job_id, partition(store.job_tasks(redis, job_id), n), spec.trials)
         shards = store.shards(redis, job_id)
     advice = budget_advice(spec.trials, spec.trials_per_iter, len(tasks))
-    store.set_state(redis, job_id, "planned", target_json=str(target), lanes=json.dumps([l.queue for l in lanes]),
+    store.set_state(redis, job_id, "planned", target_json=str(target), lanes=[l.queue for l in lanes],
                     clients=len(shards), **({"advice": advice} if advice else {}))
     return [shards[k] for k in sorted(shards)]

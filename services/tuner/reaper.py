@@ -3,15 +3,17 @@ shards whose client died (running, but no lease left) or whose message nobody to
 unrecorded trial claims back to the job's budget and sends them again; and it re-sends the finishing
 step of a job whose shards are all done when the client that should have finished it died. Guards in
 Redis make one reaper act, not all of them; taking a shard needs its lease, so a shard is never
-searched by two clients at once."""
+searched by two clients at once. The reaper holds a shard's lease itself while it sends the shard again,
+and writes the shard with a compare-and-set, so a client and a reaper never overwrite each other."""
 from __future__ import annotations
 
 import logging
 import time
+import uuid
 from typing import Callable
 
 from shared import names, store
-from shared.messages import ShardRef
+from shared.messages import FINAL_STATES, ShardRef, ShardState
 
 log = logging.getLogger("sharetune.tuner.reaper")
 
@@ -20,39 +22,51 @@ def reap(redis, send_shard: Callable[[ShardRef], None], send_finish: Callable[[s
          now: float | None = None) -> list[str]:
     """One pass over the active jobs; returns what it did (for logs and tests)."""
     now = time.time() if now is None else now
+    me = f"reaper.{uuid.uuid4().hex[:12]}"  # holds a shard's lease while it sends the shard again
     actions = []
-    for raw in redis.smembers(names.ACTIVE_JOBS_KEY):
-        job_id = raw.decode() if isinstance(raw, bytes) else raw
+    for job_id in store.active_jobs(redis):
         try:
-            state = store.job_state(redis, job_id).get("state")
+            state = store.job_hash(redis, job_id).state
         except Exception:  # noqa: BLE001 - a job deleted under us
-            redis.srem(names.ACTIVE_JOBS_KEY, job_id)
+            store.deactivate_job(redis, job_id)
             continue
-        if state in ("done", "failed", "cancelled"):
-            redis.srem(names.ACTIVE_JOBS_KEY, job_id)
+        if state in FINAL_STATES:
+            store.deactivate_job(redis, job_id)
             continue
         shards = store.shards(redis, job_id)
-        queue_empty = redis.llen(names.TUNE_QUEUE) == 0
+        queue_empty = store.queue_length(redis, names.TUNE_QUEUE) == 0
+
+        def orphaned(sh: ShardState) -> bool:
+            return sh.state == "running" or (
+                sh.state == "pending" and queue_empty and now - sh.queued_at > names.STRANDED_AFTER_S)
+
         for sh in shards.values():
-            if sh.state == "done" or store.lease_owner(redis, job_id, sh.shard) is not None:
+            # a shard with a lease has a live client; a free one is leased by the reaper for the re-send, so
+            # no client can start (or finish) it meanwhile
+            if not orphaned(sh) or not store.take_lease(redis, job_id, sh.shard, me):
                 continue
-            dead = sh.state == "running"
-            stranded = sh.state == "pending" and queue_empty and now - sh.queued_at > names.STRANDED_AFTER_S
-            if not (dead or stranded):
-                continue
-            if not redis.set(names.shard_requeue_key(job_id, sh.shard), "1", nx=True, ex=names.LEASE_TTL_S):
-                continue  # another reaper is on it
-            refunded = store.refund_claim(redis, job_id, sh.shard)
-            why = f"client {sh.owner} lost its lease" if dead else "its message was never taken"
-            sh.state, sh.owner, sh.queued_at, sh.refunded = "pending", None, now, sh.refunded + refunded
-            store.put_shard(redis, job_id, sh)
+            try:
+                if not store.claim_requeue(redis, job_id, sh.shard):
+                    continue  # another reaper is on it
+                dead, refunded = sh.state == "running", 0
+
+                def requeued(cur: ShardState):
+                    nonlocal refunded
+                    if not orphaned(cur):  # changed since this pass read it (e.g. its client finished it)
+                        return False
+                    refunded += store.refund_claim(redis, job_id, cur.shard)  # once: a second call finds 0
+                    cur.state, cur.owner, cur.queued_at, cur.refunded = "pending", None, now, cur.refunded + refunded
+
+                if store.update_shard(redis, job_id, sh.shard, requeued, owner=me) is None:
+                    continue
+            finally:
+                store.release_lease(redis, job_id, sh.shard, me)
             send_shard(ShardRef(job_id=job_id, shard=sh.shard))
+            why = f"client {sh.owner} lost its lease" if dead else "its message was never taken"
             actions.append(f"job {job_id} shard {sh.shard} sent again ({why}; {refunded} trials refunded)")
-        if shards and all(sh.state == "done" for sh in shards.values()) \
-                and not redis.exists(names.job_finish_key(job_id)):
-            if redis.set(names.job_finish_key(job_id), "reaper", nx=True, ex=900):
-                send_finish(job_id)
-                actions.append(f"job {job_id} finish sent again")
+        if shards and all(sh.state == "done" for sh in shards.values()) and store.claim_finish(redis, job_id, "reaper"):
+            send_finish(job_id)
+            actions.append(f"job {job_id} finish sent again")
     for a in actions:
         log.warning("reaper: %s", a)
     return actions

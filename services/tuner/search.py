@@ -8,7 +8,7 @@ import os
 import time
 from pathlib import Path
 
-from shared import names, store
+from shared import store
 from shared.messages import JobResult, TaskBest, TimingConfig, lane_kind, lane_utilisation, target_kind
 from shared.ranking import rank_secs
 
@@ -22,8 +22,7 @@ def tune_shard(send, redis, job_id: str, shard: int, work_dir: Path, grace_s: fl
     from services.tuner.metaschedule.intrinsics import load_tensor_intrinsics
 
     spec = store.job_spec(redis, job_id)
-    state = store.job_state(redis, job_id)
-    target = target_from_json(state["target_json"])
+    target = target_from_json(store.job_hash(redis, job_id).target_json)
     kind = target_kind(spec.target)
     load_tensor_intrinsics(kind)
     from services.tuner.metaschedule.context import tune_context
@@ -67,7 +66,7 @@ def tune_shard(send, redis, job_id: str, shard: int, work_dir: Path, grace_s: fl
     times["steer_wait"] = round(run.waited_s, 3)
     times["tune_total"] = round(tune_s, 3)
     times.update(rounds=run.rounds, trials=run.trials, reused=run.reused, warm_switches=run.warm_switches)
-    redis.hset(names.job_splits_key(job_id), str(shard), json.dumps(times))
+    store.put_split(redis, job_id, shard, times)
     return run
 
 
@@ -79,8 +78,8 @@ def finish_job(send, redis, job_id: str, work_dir: Path, grace_s: float = 120.0)
     from services.tuner.metaschedule.codec import load_ir, target_from_json
 
     spec = store.job_spec(redis, job_id)
-    state = store.job_state(redis, job_id)
-    target = target_from_json(state["target_json"])
+    state = store.job_hash(redis, job_id)
+    target = target_from_json(state.target_json)
     kind = target_kind(spec.target)
     tasks = store.job_tasks(redis, job_id)
     job_dir = Path(work_dir) / "jobs" / job_id
@@ -89,7 +88,7 @@ def finish_job(send, redis, job_id: str, work_dir: Path, grace_s: float = 120.0)
     from services.tuner.metaschedule.records import export_json_database, retime_top_k
 
     retime = {}
-    cancelled = state.get("state") == "cancelled"  # finished on what was measured; it stays cancelled
+    cancelled = state.state == "cancelled"  # finished on what was measured; it stays cancelled
     if spec.retime_top_k and not cancelled:  # lanes answer a cancelled job's batches without running them
         store.set_state(redis, job_id, "retiming")
         t_retime = time.time()
@@ -117,7 +116,7 @@ def finish_job(send, redis, job_id: str, work_dir: Path, grace_s: float = 120.0)
             best_candidate=best.candidate_key if best else None, best_lane=best.lane if best else None,
         ))
     shards = store.shards(redis, job_id)
-    splits = [json.loads(v) for v in redis.hvals(names.job_splits_key(job_id))]
+    splits = store.splits(redis, job_id)
     times = {k: round(sum(sp.get(k, 0.0) for sp in splits), 3)
              for k in ("serialize", "wait", "queue", "build", "run", "search", "steer_wait")}
     started = min((sh.started_at for sh in shards.values() if sh.started_at), default=t_compile)
@@ -143,7 +142,7 @@ def finish_job(send, redis, job_id: str, work_dir: Path, grace_s: float = 120.0)
     )
     store.set_result(redis, result)
     store.set_state(redis, job_id, "done")
-    redis.srem(names.ACTIVE_JOBS_KEY, job_id)
+    store.deactivate_job(redis, job_id)
     return result
 
 

@@ -21,7 +21,7 @@ from shared import names, store
 from shared.ids import worker_id
 from services.celery_app import make_celery
 from shared.errors import MessageError, SharetuneError
-from shared.messages import JobRef, ShardRef, TrainingBatch
+from shared.messages import FINAL_STATES, JobRef, ShardRef, TrainingBatch
 from shared.settings import TunerSettings, UpdaterSettings
 
 log = logging.getLogger("sharetune.tuner")
@@ -61,7 +61,7 @@ def _warm_up(sender=None, **_):
             try:
                 if _stopping.is_set():
                     return
-                redis().set(names.tuner_key(WORKER_ID), "ready", ex=names.LANE_TTL_S)
+                store.announce_tuner(redis(), WORKER_ID)
                 reaper.reap(redis(), lambda ref: send_shard(ref.job_id, ref.shard), send_finish)
             except Exception as err:  # noqa: BLE001 - a Redis hiccup must not end the heartbeat
                 log.warning("heartbeat/reaper: %s", err)
@@ -74,7 +74,7 @@ def _warm_up(sender=None, **_):
 def _on_shutdown(**_):
     _stopping.set()
     try:  # a stopped client is no longer counted when jobs are split into shards
-        redis().delete(names.tuner_key(WORKER_ID))
+        store.retire_tuner(redis(), WORKER_ID)
     except Exception:  # noqa: BLE001
         pass
 
@@ -139,10 +139,10 @@ def tune_shard(payload):
     if ref is None:
         return None
     r = redis()
-    state = store.job_state(r, ref.job_id).get("state")
+    state = store.job_hash(r, ref.job_id).state
     if state == "cancelled":
         _finish_cancelled(r, ref.job_id)  # a shard no client took: the job may be finished now
-    if state in ("done", "cancelled", "failed"):
+    if state in FINAL_STATES:
         return {"job_id": ref.job_id, "skipped": state}  # a re-delivered message for a finished job
     shard = store.shards(r, ref.job_id).get(ref.shard)
     if shard is None or shard.state == "done":
@@ -151,9 +151,16 @@ def tune_shard(payload):
         if _stopping.is_set():
             send_shard(ref.job_id, ref.shard)  # taken while shutting down: hand it straight back
         return {"job_id": ref.job_id, "shard": ref.shard, "skipped": "held by another client"}
-    shard.state, shard.owner, shard.attempts = "running", WORKER_ID, shard.attempts + 1
-    shard.started_at = shard.started_at or time.time()
-    store.put_shard(r, ref.job_id, shard)
+
+    def running(sh):
+        if sh.state == "done":  # finished by the client that held it until we took the lease
+            return False
+        sh.state, sh.owner, sh.attempts = "running", WORKER_ID, sh.attempts + 1
+        sh.started_at = sh.started_at or time.time()
+
+    if store.update_shard(r, ref.job_id, ref.shard, running, owner=WORKER_ID) is None:
+        store.release_lease(r, ref.job_id, ref.shard, WORKER_ID)
+        return {"job_id": ref.job_id, "shard": ref.shard, "skipped": "done, or the lease lapsed"}
     if state in ("planned", "queued"):
         store.set_state(r, ref.job_id, "tuning")
     lease = _LeaseKeeper(ref.job_id, ref.shard)
@@ -164,31 +171,35 @@ def tune_shard(payload):
     except Stopped as why:
         log.warning("job %s shard %s handed back: %s", ref.job_id, ref.shard, why)
         lease.stop()
-        if lease.held() and store.job_state(r, ref.job_id).get("state") not in ("failed", "cancelled"):
-            shard = store.shards(r, ref.job_id)[ref.shard]
-            shard.refunded += store.refund_claim(r, ref.job_id, ref.shard)
-            shard.state, shard.owner, shard.queued_at = "pending", None, time.time()
-            store.put_shard(r, ref.job_id, shard)
-            store.release_lease(r, ref.job_id, ref.shard, WORKER_ID)
-            send_shard(ref.job_id, ref.shard)
-        elif lease.held() and store.job_state(r, ref.job_id).get("state") == "cancelled":
-            shard = store.shards(r, ref.job_id)[ref.shard]  # its in-flight round is recorded: it is over
-            shard.state, shard.finished_at = "done", time.time()
-            store.put_shard(r, ref.job_id, shard)
-            store.release_lease(r, ref.job_id, ref.shard, WORKER_ID)
-            _finish_cancelled(r, ref.job_id)
+        state = store.job_hash(r, ref.job_id).state
+        if lease.held() and state not in ("failed", "cancelled"):
+            refunded = store.refund_claim(r, ref.job_id, ref.shard)
+
+            def handed_back(sh):
+                sh.refunded += refunded
+                sh.state, sh.owner, sh.queued_at = "pending", None, time.time()
+
+            # written only while the lease is ours, and released with it: a client that lost its lease
+            # was replaced, and the replacement's state stands
+            if store.update_shard(r, ref.job_id, ref.shard, handed_back, owner=WORKER_ID, release=True):
+                send_shard(ref.job_id, ref.shard)
+        elif lease.held() and state == "cancelled":
+            # its in-flight round is recorded: it is over
+            if store.finish_shard(r, ref.job_id, ref.shard, WORKER_ID):
+                _finish_cancelled(r, ref.job_id)
         return {"job_id": ref.job_id, "shard": ref.shard, "handed_back": str(why)}
     except Exception as err:  # noqa: BLE001
         lease.stop()
         _fail(ref.job_id, f"tuning shard {ref.shard}", err)
         return None
     lease.stop()
-    shard = store.shards(r, ref.job_id)[ref.shard]
-    shard.state, shard.finished_at = "done", time.time()
-    store.put_shard(r, ref.job_id, shard)
-    store.release_lease(r, ref.job_id, ref.shard, WORKER_ID)
+    if not store.finish_shard(r, ref.job_id, ref.shard, WORKER_ID):
+        # the lease lapsed (this client stalled): the reaper sent the shard again, and its next client,
+        # which resumes from the records this one stored, marks it done
+        log.warning("job %s shard %s: lease lost before the shard was marked done", ref.job_id, ref.shard)
+        return {"job_id": ref.job_id, "shard": ref.shard, "lease_lost": True, "trials": run.trials}
     if all(sh.state == "done" for sh in store.shards(r, ref.job_id).values()):
-        if r.set(names.job_finish_key(ref.job_id), WORKER_ID, nx=True, ex=900):
+        if store.claim_finish(r, ref.job_id, WORKER_ID):
             send_finish(ref.job_id)
     return {"job_id": ref.job_id, "shard": ref.shard, "trials": run.trials, "reused": run.reused}
 
@@ -201,7 +212,7 @@ def _finish_cancelled(r, job_id: str) -> None:
         return
     if any(sh.state == "running" for sh in store.shards(r, job_id).values()):
         return  # the client still searching finishes it when it stops
-    if r.set(names.job_finish_key(job_id), WORKER_ID, nx=True, ex=900):
+    if store.claim_finish(r, job_id, WORKER_ID):
         send_finish(job_id)
 
 
@@ -212,7 +223,7 @@ def finish_job(payload):
     ref = _job_ref(payload, names.TUNE_QUEUE)
     if ref is None:
         return None
-    state = store.job_state(redis(), ref.job_id).get("state")
+    state = store.job_hash(redis(), ref.job_id).state
     if state in ("done", "failed") or (state == "cancelled" and store.job_result(redis(), ref.job_id)):
         return {"job_id": ref.job_id, "skipped": state}
     try:
@@ -253,7 +264,7 @@ class _LeaseKeeper:
             raise Stopped("the tuner client is shutting down")
         if self._lost.is_set():
             raise Stopped("the shard's lease was lost (this client stalled past its TTL)")
-        state = store.job_state(redis(), self.job_id).get("state")
+        state = store.job_hash(redis(), self.job_id).state
         if state in ("failed", "cancelled"):
             raise Stopped(f"the job is {state}")
         if passed and time.time() - self.started > settings.shard_quantum_s:

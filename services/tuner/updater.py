@@ -9,14 +9,13 @@ normalised by each workload's best cost ever seen. Every row stays in the store.
 from __future__ import annotations
 
 import base64
-import json
 import os
 import time
 from collections import defaultdict
 
 import numpy as np
 
-from shared import names
+from shared import store
 from shared.messages import CostModelSnapshot, TrainingBatch, TrainingRow
 
 XGB_PARAMS = {
@@ -55,35 +54,27 @@ def train(rows: list[TrainingRow], rounds: int, best: dict[str, float] | None = 
     return bytes(booster.save_raw(raw_format="json"))
 
 
-def _best_key(target_key: str) -> str:
-    return names.training_rows_key(target_key) + ":best"
-
-
 def keep_best(redis, target_key: str, rows: list[TrainingRow], per_group: int) -> None:
     """Fold new rows into each workload's fastest `per_group` (one updater consumes the queue, so this
     read-modify-write has no concurrent writer)."""
     by_group: dict[str, list[TrainingRow]] = defaultdict(list)
     for r in rows:
         by_group[r.group].append(r)
-    key = _best_key(target_key)
     for group, new in by_group.items():
-        raw = redis.hget(key, group)
-        kept = [TrainingRow.model_validate(d) for d in json.loads(raw)] if raw else []
-        merged = sorted(kept + new, key=lambda r: r.cost_s)[:per_group]
-        redis.hset(key, group, json.dumps([r.model_dump() for r in merged]))
+        kept = store.best_rows(redis, target_key, group)
+        store.put_best_rows(redis, target_key, group, sorted(kept + new, key=lambda r: r.cost_s)[:per_group])
 
 
 def training_set(redis, target_key: str, window: int, per_group: int) -> tuple[list[TrainingRow], dict[str, float]]:
     """The newest `window` rows, plus every workload's kept fastest rows not among them; and each
     workload's best cost."""
-    raw_new = redis.lrange(names.training_rows_key(target_key), -window, -1)
-    rows = [TrainingRow.model_validate_json(raw) for raw in raw_new]
+    rows = store.newest_training_rows(redis, target_key, window)
     have = {r.model_dump_json() for r in rows}
     best: dict[str, float] = {}
-    for group, raw in redis.hgetall(_best_key(target_key)).items():
-        kept = [TrainingRow.model_validate(d) for d in json.loads(raw)][:per_group]
+    for group, kept in store.all_best_rows(redis, target_key).items():
+        kept = kept[:per_group]
         if kept:
-            best[group.decode() if isinstance(group, bytes) else group] = kept[0].cost_s
+            best[group] = kept[0].cost_s
         rows += [r for r in kept if r.model_dump_json() not in have]
     return rows, best
 
@@ -91,12 +82,11 @@ def training_set(redis, target_key: str, window: int, per_group: int) -> tuple[l
 def ingest(redis, batch: TrainingBatch, warmup_rows: int, rounds: int, window: int = TRAIN_WINDOW,
            best_per_group: int = BEST_PER_GROUP, threads: int | None = None) -> CostModelSnapshot | None:
     """Append the batch's rows; retrain and publish when enough rows exist. Returns the new snapshot."""
-    key = names.training_rows_key(batch.target_key)
     good = [r for r in batch.rows if np.isfinite(r.cost_s) and r.cost_s > 0]
     if good:
-        redis.rpush(key, *[r.model_dump_json() for r in good])
+        store.push_training_rows(redis, batch.target_key, good)
         keep_best(redis, batch.target_key, good, best_per_group)
-    stored = int(redis.llen(key))
+    stored = store.training_row_count(redis, batch.target_key)
     if stored < warmup_rows:
         return None
     rows, best = training_set(redis, batch.target_key, window, best_per_group)
@@ -104,28 +94,25 @@ def ingest(redis, batch: TrainingBatch, warmup_rows: int, rounds: int, window: i
     if len(dims) != 1:
         return None
     model = train(rows, rounds, best, threads or os.cpu_count() or 1)
-    version = int(redis.incr(names.snapshot_key(batch.target_key) + ":version"))
     snap = CostModelSnapshot(
         target_key=batch.target_key,
-        version=version,
+        version=store.next_snapshot_version(redis, batch.target_key),
         n_rows=stored,
         train_rows=len(rows),
         feature_dim=dims.pop(),
         model=base64.b64encode(model).decode("ascii"),
         trained_at=time.time(),
     )
-    redis.hset(names.snapshot_key(batch.target_key), mapping={"version": version, "snapshot": snap.model_dump_json()})
+    store.put_snapshot(redis, snap)
     return snap
 
 
 def latest_version(redis, target_key: str) -> int:
-    v = redis.hget(names.snapshot_key(target_key), "version")
-    return int(v) if v else 0
+    return store.snapshot_version(redis, target_key)
 
 
 def latest_snapshot(redis, target_key: str) -> CostModelSnapshot | None:
-    raw = redis.hget(names.snapshot_key(target_key), "snapshot")
-    return CostModelSnapshot.parse(raw) if raw else None
+    return store.snapshot(redis, target_key)
 
 
 def load_booster(snap: CostModelSnapshot):

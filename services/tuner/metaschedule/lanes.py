@@ -111,12 +111,12 @@ class BatchWatch:
         timeout = self.runner.timing.timeout_s
         why = None
         if self.started_at is not None:
-            if self.worker and not self.redis.exists(names.lane_key(self.lane, self.worker)):
+            if self.worker and not store.lane_worker_alive(self.redis, self.lane, self.worker):
                 why = f"lane {self.lane} worker {self.worker} died during batch {self.batch.batch_id}"
             elif now - self.started_at > len(self.batch.candidates) * timeout + self.runner.grace_s:
                 why = f"lane {self.lane} did not finish batch {self.batch.batch_id} in time"
         elif self.via and building and not building.get("forwarded"):
-            if building.get("alive_key") and not self.redis.exists(building["alive_key"]):
+            if building.get("alive_key") and not store.builder_alive(self.redis, building["alive_key"]):
                 why = f"builder {building.get('worker')} died while building batch {self.batch.batch_id}"
             elif now - building["at"] > len(self.batch.candidates) * timeout + self.runner.grace_s:
                 why = f"builder {building.get('worker')} did not finish batch {self.batch.batch_id} in time"

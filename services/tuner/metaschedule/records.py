@@ -11,7 +11,7 @@ import time
 import tvm
 from tvm.s_tir import meta_schedule as ms
 
-from shared import names, store
+from shared import store
 from shared.codec import pack_json_text, unpack_json_text
 from services.tuner.metaschedule.codec import load_ir
 from shared.messages import Record, TaskProgress
@@ -138,12 +138,7 @@ class StoreRecords:
                 us = 1e6 * rank_secs(run_secs)
                 prog.best_us = us if prog.best_us is None else min(prog.best_us, us)
         self.progress[prog.task_id] = prog
-        with self.redis.pipeline(transaction=True) as p:
-            for rec in recs:
-                store.put_record(p, rec)
-            p.hset(names.job_progress_key(self.job_id), prog.task_id, prog.model_dump_json())
-            store.settle_claim(self.redis, self.job_id, self.shard, claimed, pipe=p)
-            p.execute()
+        store.record_round(self.redis, self.job_id, self.shard, recs, prog, claimed)
         return prog
 
 
