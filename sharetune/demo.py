@@ -6,7 +6,6 @@ stops what it started."""
 from __future__ import annotations
 
 import os
-import sys
 import time
 from pathlib import Path
 
@@ -32,7 +31,6 @@ def run_demo(model: str = "small_cnn", trials: int = 40, per_iter: int = 8, work
              timeout_s: float = 900) -> int:
     from sharetune.client import Client
     from sharetune.stack import Stack
-    from sharetune.zoo import get
 
     t0 = time.time()
     work = Path(work_dir)
@@ -59,7 +57,6 @@ def run_demo(model: str = "small_cnn", trials: int = 40, per_iter: int = 8, work
 
 def report(model_name: str, status: dict, res, tune_wall: float, work_dir: Path) -> None:
     from sharetune import evaluate
-    from sharetune.zoo import get
 
     torch_model, example = get(model_name).build()
     inputs = [t.detach().numpy() for t in example]

@@ -1,7 +1,6 @@
 """Faults with real processes: a lane worker killed with SIGKILL in the middle of a batch, Redis stopped
 and started again in the middle of a job, and twenty jobs at once on one stack. Each scenario also writes
 its figures row for bench/faults.py (tests/faultlib.record_row)."""
-import json
 import os
 import signal
 import time

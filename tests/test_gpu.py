@@ -1,6 +1,5 @@
 """GPU lanes on a real NVIDIA GPU under MPS (marker gpu: run on the GPU machine with
 `pytest -m gpu tests/test_gpu.py`; CI has no GPU and deselects them)."""
-import os
 
 import pytest
 

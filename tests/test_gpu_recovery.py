@@ -4,7 +4,6 @@ decision; and the supervisor end to end on a real Redis with fake lane processes
 from __future__ import annotations
 
 import json
-import os
 import signal
 import time
 

@@ -3,7 +3,6 @@ A job names a target kind and a share; the lanes that serve (kind, share) say wh
 (cores, CPU model; later GPU arch) the tasks are tuned for."""
 from __future__ import annotations
 
-import json
 import time
 
 from shared import store
