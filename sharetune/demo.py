@@ -57,6 +57,7 @@ def run_demo(model: str = "small_cnn", trials: int = 40, per_iter: int = 8, work
 
 def report(model_name: str, status: dict, res, tune_wall: float, work_dir: Path) -> None:
     from sharetune import evaluate
+    from sharetune.zoo import get
 
     torch_model, example = get(model_name).build()
     inputs = [t.detach().numpy() for t in example]
