@@ -296,28 +296,26 @@ def test_the_lanes_view_shows_a_given_up_gpu(redis_url, capsys, monkeypatch):
 
 
 def test_a_hung_candidate_is_reported_answered_and_the_lane_exits(redis_url, monkeypatch):
-    from services.measurer import tasks
+    from services.measurer import worker as lane_worker
     from shared.names import LaneName
+    from shared.settings import LaneSettings
 
     r = store.connect(redis_url)
     r.flushdb()
-    monkeypatch.setattr(tasks, "LANE", LaneName.parse(LANE_A))
-    monkeypatch.setattr(tasks.STATE, "redis", r)
-    monkeypatch.setattr(tasks.STATE, "info", None)
-    monkeypatch.setattr(tasks.settings, "max_crashes", 2)
+    lane = lane_worker.LaneWorker(LaneSettings(max_crashes=2), LaneName.parse(LANE_A), r)  # never started
     exits = []
 
     def exit_(code):
         exits.append(code)
         raise SystemExit(code)
 
-    monkeypatch.setattr(tasks.os, "_exit", exit_)
+    monkeypatch.setattr(lane_worker.os, "_exit", exit_)
     for crashes, batch in ((1, "b1"), (2, "b2")):
         r.hset(names.CRASHES_KEY, "spin", crashes)  # raised before it ran, as the lane does
         armed = {"batch_id": batch, "candidate_id": "c", "chash": "spin", "crashes": crashes, "job_id": "j",
                  "timeout_s": 60.0, "allowance_s": 120.0, "started_at": 0.0}
         with pytest.raises(SystemExit):
-            tasks._on_hung_candidate(armed)
+            lane.on_hung_candidate(armed)
         if crashes == 1:
             assert store.crash_count(r, "spin") == 1 and store.quarantined(r, "spin") is None  # count kept
     assert exits == [names.EXIT_GPU_FAULT] * 2

@@ -21,7 +21,7 @@ def classify_cuda_error(error: str | None) -> str | None:
     """How a candidate's error bears on its lane's CUDA context: "culprit" (its own kernel faulted),
     "victim" (a neighbour's fault took the context), or None (an ordinary error: a failed build, too many
     threads, out of memory; the lane goes on). The lane probes its context after any other run error and
-    calls a dead one "unknown" (see services.measurer.tasks)."""
+    calls a dead one "unknown" (see services.measurer.worker)."""
     if not error:
         return None
     text = error.lower()

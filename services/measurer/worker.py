@@ -1,0 +1,395 @@
+"""The measurer's cores, free of Celery: a lane worker (`LaneWorker.measure(batch) -> results`) and a
+builder (`Builder.build(request)`), each built once when its worker process starts and kept warm.
+
+A lane measures every batch its queue ever receives in the same warm process: in a sandbox child (CPU
+lanes, so a candidate that segfaults, aborts or hangs kills only the child) or in the lane process itself
+(GPU lanes: the CUDA context and the MPS share are the lane's), where a CUDA fault ends the lane and a
+watchdog catches a kernel that never returns. A builder needs no GPU: it builds each candidate for its
+target family and hands the built ones to `forward`, which sends them to their lane. Both write results,
+liveness and counters through shared.store."""
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable
+from contextlib import nullcontext
+
+from shared import names, store
+from shared.ids import worker_id
+from shared.messages import (BuilderInfo, BuildRequest, GpuFault, LaneBatch, LaneInfo, MeasureBatch, MeasureResult,
+                             Quarantined)
+from shared.settings import LaneSettings
+from services.measurer import poison
+from services.measurer.lanes import lane_share
+
+log = logging.getLogger("sharetune.lane")
+
+# past its build wait and its run timeout (plus this), a candidate's kernel is taken as hung
+WATCHDOG_MARGIN_S = float(os.environ.get("SHARETUNE_WATCHDOG_MARGIN_S", "15"))
+
+
+def keep_announcing(stop: threading.Event, announce: Callable[[], None], what: str) -> None:
+    """Refresh a liveness key well within its TTL until `stop` is set."""
+    while not stop.wait(names.LANE_TTL_S / 3):
+        try:
+            announce()
+        except Exception:  # noqa: BLE001 - Redis may be restarting; the next beat retries
+            log.warning("%s heartbeat failed", what, exc_info=True)
+
+
+class LaneWorker:
+    """One lane's warm state (Redis connection, target, sandbox or build pool, NVML observer, watchdog,
+    counters) and its one job: measure a batch and write one result per candidate."""
+
+    def __init__(self, settings: LaneSettings, lane: names.LaneName, redis, sandboxed: bool | None = None):
+        self.settings, self.lane, self.redis = settings, lane, redis
+        # CPU lanes isolate candidates in a child unless told otherwise; GPU lanes measure in-process
+        self.sandboxed = sandboxed if sandboxed is not None else lane.kind == "cpu"
+        self.target = None
+        self.info: LaneInfo | None = None
+        self.lock = threading.Lock()
+        self.stop = threading.Event()
+        self.pool = None  # evaluate.BuildPool when the lane builds beside itself
+        self.sandbox = None  # sandbox.Sandbox: the child that builds and times, when the lane isolates candidates
+        self.observer = None  # NVML observer of a GPU lane's device, when NVML sees it
+        self.gpu_fault: str | None = None  # set when this lane's CUDA context died: it measures no more
+        self._watchdog = None
+
+    @property
+    def worker(self) -> str:
+        return self.info.worker if self.info else worker_id()
+
+    # ------------------------------------------------------------------------- life cycle
+    def start(self) -> None:
+        """Warm up (build pool, sandbox child or a trivial kernel), announce the lane, keep it announced."""
+        from services.measurer.metaschedule import evaluate
+
+        s, lane = self.settings, self.lane
+        if s.lane_claim:  # before the warm-up, which may outlast the claim's TTL
+            threading.Thread(target=self.keep_claim, name="lane-claim", daemon=True).start()
+        if s.build_workers > 0:  # spawned before this process touches CUDA
+            self.pool = evaluate.BuildPool(s.build_workers)
+        if lane.kind == "cpu":
+            self.target = evaluate.cpu_target(len(lane.cores))
+        else:
+            from services.measurer.gpu.daemon import MpsDaemon
+            from services.measurer.observers import make_observer
+
+            # a lane below 100 % must never measure unshared: refuse unless an MPS daemon answers
+            MpsDaemon(os.environ.get("CUDA_MPS_PIPE_DIRECTORY", "/tmp/nvidia-mps"),
+                      os.environ.get("CUDA_MPS_LOG_DIRECTORY", "/var/log/nvidia-mps")).check_lane(lane)
+            observer = make_observer()
+            self.observer = observer if s.gpu_uuid and observer.inventory() else None
+            self.target = evaluate.gpu_target()
+        if self.sandboxed:
+            from services.measurer.metaschedule.sandbox import Sandbox
+
+            self.sandbox = Sandbox(str(self.target), s.warmup, s.sandbox_recycle, s.test_fault_hooks)
+            warm_s = self.sandbox.start()
+        else:
+            warm_s = evaluate.warm_up(self.target) if s.warmup else 0.0
+        if self.pool is not None and s.warmup:
+            warm_s += self.pool.warm_up(self.target)
+        self.info = LaneInfo(
+            queue=lane.queue,
+            kind=lane.kind,
+            share=lane_share(lane),
+            cores=list(lane.cores),
+            gpu_uuid=s.gpu_uuid,
+            target=str(self.target),
+            host=socket.gethostname(),
+            pid=os.getpid(),
+            started_at=time.time(),
+        )
+        self.announce()
+        threading.Thread(target=keep_announcing, args=(self.stop, self.announce, "lane"), name="lane-heartbeat",
+                         daemon=True).start()
+        log.info("lane %s ready (share %s %%, warm-up %.2f s, target %s)", lane.queue, self.info.share, warm_s,
+                 self.target)
+
+    def announce(self) -> None:
+        with self.lock:
+            store.announce_lane(self.redis, self.info)
+
+    def keep_claim(self) -> None:
+        """A replica that claimed its lane from a pool holds the claim while it lives."""
+        worker = worker_id()
+        while not self.stop.is_set():
+            try:
+                if not store.refresh_claim(self.redis, self.settings.lane_claim, worker):
+                    log.warning("lane claim %s is held by another replica", self.settings.lane_claim)
+            except Exception:  # noqa: BLE001 - Redis may be restarting; the next beat retries
+                log.warning("lane claim refresh failed", exc_info=True)
+            self.stop.wait(names.LANE_TTL_S / 3)
+
+    def close(self) -> None:
+        """Warm shutdown: stop the heartbeat, end the sandbox child, leave the lane list, free the claim."""
+        self.stop.set()
+        if self.sandbox is not None:
+            self.sandbox.close()
+        try:
+            if self.info is not None:
+                store.retire_lane(self.redis, self.info)
+            if self.settings.lane_claim:  # only our own claim: it may have passed to another
+                store.release_claim(self.redis, self.settings.lane_claim, worker_id())
+        except Exception:  # noqa: BLE001
+            pass
+
+    def leave(self) -> None:
+        """Stop serving at once: no more heartbeats, and the liveness key retired, so the tuner re-sends
+        what this lane left unanswered."""
+        self.stop.set()
+        if self.info is not None:
+            store.retire_lane(self.redis, self.info)
+
+    # ------------------------------------------------------------------------- measuring
+    def measure(self, batch: MeasureBatch) -> list[MeasureResult]:
+        """Build and time a batch's candidates; write each answered candidate's MeasureResult to the store
+        and return them. After a GPU fault (`gpu_fault` set) the rest of the batch stays unanswered (the
+        tuner re-sends it) and the lane has left the lane list: the caller ends the process."""
+        from services.measurer.metaschedule import evaluate
+
+        r, lane, s = self.redis, self.lane, self.settings
+        worker = self.worker
+        store.mark_batch_started(r, batch.batch_id, lane.queue, worker, batch.job_id, len(batch.candidates))
+        if store.job_cancelled(r, batch.job_id):  # answered, so no one waits on it
+            cancelled = [MeasureResult(candidate_id=c.candidate_id, error=store.CANCELLED, lane=lane.queue)
+                         for c in batch.candidates]
+            for res in cancelled:
+                store.put_result(r, batch.batch_id, res)
+            return cancelled
+        started = time.time()
+        target = evaluate.target_from_json(batch.target) if batch.target else self.target
+        window = self.observer is not None
+        if window:
+            self.observer.start_window(s.gpu_uuid)
+        guard = dict(max_crashes=s.max_crashes, lane=lane.queue, job_id=batch.job_id, batch_id=batch.batch_id)
+        if self.sandbox is not None:
+            sandboxed = lambda c: self.sandbox.measure(c, batch.timing, batch.target or None)  # noqa: E731
+            results = (poison.measure_guarded(r, cand, sandboxed, **guard) for cand in batch.candidates)
+        else:
+            quarantined = {c.candidate_id: q for c in batch.candidates
+                           if (q := poison.already_poison(r, store.candidate_hash(c.mod), **guard)) is not None}
+            todo = [c for c in batch.candidates if c.candidate_id not in quarantined]
+            if self.pool is not None:
+                measuring = self.pool.measure_batch(todo, target, batch.timing)
+            else:
+                measuring = (evaluate.measure(c, target, batch.timing) for c in todo)
+            results = self._in_process(batch, measuring, quarantined, guard)
+        answered = []
+        for res in results:
+            res.lane, res.share = lane.queue, self.info.share if self.info else None
+            res.device = {"host": socket.gethostname(), "cores": list(lane.cores), "gpu_uuid": s.gpu_uuid}
+            answered.append(res)
+            if not window:  # else sent when the window closes, with the device facts of the batch
+                store.put_result(r, batch.batch_id, res)
+        if window:
+            facts = self.observer.stop_window().summary()
+            sample = self.observer.sample(s.gpu_uuid)
+            facts.update({"name": sample.name, "sm_clock_mhz": sample.sm_clock_mhz} if sample else {})
+            for res in answered:
+                res.device.update(facts)
+                store.put_result(r, batch.batch_id, res)
+        ok = sum(res.error is None for res in answered)
+        store.log_lane_batch(r, batch.job_id, LaneBatch(
+            batch_id=batch.batch_id, lane=lane.queue, worker=worker, started_at=started, finished_at=time.time(),
+            candidates=len(batch.candidates), errors=len(batch.candidates) - ok))
+        if self.gpu_fault is not None:
+            # a lost CUDA context cannot be recovered in-process: leave before the message is acknowledged
+            self.leave()
+            return answered
+        with self.lock:
+            self.info.batches += 1
+            self.info.candidates += len(batch.candidates)
+        self.announce()
+        return answered
+
+    def _in_process(self, batch: MeasureBatch, results, quarantined: dict, guard):
+        """Candidates measured in the lane process itself (GPU lanes: the CUDA context and the MPS share are
+        the lane's). Each candidate's crash count is raised before it runs, so a lane that dies with it
+        leaves the count; a CUDA fault ends the batch: the lane's context is gone."""
+        from services.measurer.isolation import GpuGate, attribute
+        from services.measurer.gpu.faults import classify_cuda_error, watchdog_allowance_s
+
+        r, gpu_lane = self.redis, self.lane.kind == "gpu"
+        gate = None
+        if gpu_lane:
+            gate = GpuGate(r, self.lane.gpu or "", self.worker, hold_s=batch.timing.timeout_s + 30)
+        for cand in batch.candidates:
+            if cand.candidate_id in quarantined:  # answered without building or running it
+                yield poison.quarantined_result(quarantined[cand.candidate_id], cand.candidate_id)
+                continue
+            chash = store.candidate_hash(cand.mod)
+            crashes = store.crash_pending(r, chash)
+            # in flight at an earlier fault of its GPU (the count raised then was never cleared): run it alone
+            alone = gate is not None and crashes > 1
+            with gate.alone() if alone else gate.ordinary() if gate is not None else nullcontext():
+                if gpu_lane:
+                    self.watchdog().arm(watchdog_allowance_s(batch.timing.timeout_s, self.pool is not None),
+                                        batch_id=batch.batch_id, candidate_id=cand.candidate_id, chash=chash,
+                                        crashes=crashes, job_id=batch.job_id, timeout_s=batch.timing.timeout_s)
+                try:
+                    res = next(results)
+                finally:
+                    if gpu_lane:
+                        self.watchdog().disarm()
+            role = classify_cuda_error(res.error) if gpu_lane and res.error else None
+            if role is None and gpu_lane and res.error and res.error.startswith("run failed") and not _cuda_alive():
+                role = "unknown"
+            if role is not None:
+                role = attribute(role, alone, shared_gpu=self._gpu_shared())
+            if role is None:
+                store.crash_clear(r, chash)
+                yield res
+                continue
+            self._report_gpu_fault(chash, res.error, role)
+            if role == "victim":
+                store.crash_clear(r, chash)  # an MPS neighbour's fault took it: re-sent, not counted
+            elif crashes >= guard["max_crashes"]:  # faulted (or was in flight at a fault) max_crashes times
+                store.quarantine(r, Quarantined(candidate_hash=chash, error=res.error, crashes=crashes,
+                                                lane=self.lane.queue, job_id=guard["job_id"],
+                                                batch_id=guard["batch_id"]))
+                res.fault, res.error = "crash", f"quarantined after {crashes} crashes: {res.error}"
+                yield res
+            elif role == "culprit":  # answered; its count stays until it reaches max_crashes
+                res.fault = "crash"
+                yield res
+            # unknown, below the cap: unanswered with its count kept, so the tuner re-sends it to a restarted
+            # lane, where it runs alone: a culprit faults again and is named, an innocent clears its count
+            return  # the rest of the batch is unanswered and re-sent by the tuner's batch watch
+
+    # ------------------------------------------------------------------------- GPU faults
+    def _gpu_shared(self) -> bool:
+        """Does another live lane worker use this lane's GPU (so a fault here may be a neighbour's)?"""
+        me = self.worker
+        try:
+            return any(l.kind == "gpu" and names.LaneName.parse(l.queue).gpu == self.lane.gpu and l.worker != me
+                       for l in store.live_lanes(self.redis))
+        except Exception:  # noqa: BLE001 - Redis unreachable: assume neighbours, so no innocent is blamed
+            return True
+
+    def _report_gpu_fault(self, chash: str, error: str, role: str) -> None:
+        self.gpu_fault = f"{role}: {error[:300]}"
+        log.error("lane %s lost its CUDA context (%s) on candidate %s: %s", self.lane.queue, role, chash, error[:300])
+        store.report_gpu_fault(self.redis, GpuFault(gpu8=self.lane.gpu or "", lane=self.lane.queue,
+                                                    worker=self.info.worker if self.info else "",
+                                                    candidate_hash=chash, error=error[:2000], role=role))
+
+    def watchdog(self):
+        if self._watchdog is None:
+            from services.measurer.gpu.faults import Watchdog
+
+            self._watchdog = Watchdog(self.on_hung_candidate, margin_s=WATCHDOG_MARGIN_S)
+        return self._watchdog
+
+    def on_hung_candidate(self, armed: dict) -> None:
+        """From the watchdog thread: the lane's own thread is stuck in a kernel that does not return, and a
+        context with a spinning kernel cannot be saved. Report the candidate as the GPU's culprit (its raised
+        crash count stays; at the cap it is quarantined), answer it, leave the lane list, and exit with the
+        GPU-fault code so the supervisor recovers the GPU as after any fault."""
+        code = names.EXIT_GPU_FAULT
+        try:
+            allowance = armed["allowance_s"] + WATCHDOG_MARGIN_S
+            error = (f"run hung: the candidate's kernel did not return within {allowance:.0f} s (timeout "
+                     f"{armed['timeout_s']:.0f} s, build wait and margin included); the lane exits")
+            self._report_gpu_fault(armed["chash"], error, "culprit")
+            res = MeasureResult(candidate_id=armed["candidate_id"], error=error, fault="crash", lane=self.lane.queue)
+            if armed["crashes"] >= self.settings.max_crashes:
+                store.quarantine(self.redis, Quarantined(candidate_hash=armed["chash"], error=error,
+                                                         crashes=armed["crashes"], lane=self.lane.queue,
+                                                         job_id=armed["job_id"], batch_id=armed["batch_id"]))
+                res.error = f"quarantined after {armed['crashes']} crashes: {error}"
+            store.put_result(self.redis, armed["batch_id"], res)
+            self.leave()
+        except BaseException:  # noqa: BLE001 - exit regardless: a lane stuck in a kernel serves nobody
+            log.exception("reporting a hung candidate failed")
+        finally:
+            logging.shutdown()
+            os._exit(code)
+
+
+def _cuda_alive() -> bool:
+    from services.measurer.metaschedule.evaluate import cuda_context_alive
+
+    return cuda_context_alive()
+
+
+class Builder:
+    """Builds candidates for one target family and forwards the built ones to their lane with
+    `forward(batch, lane_queue)`; a candidate that fails to build is answered as its error. With no
+    family it is a lane's own builder for a build message that reached it: no liveness key, no counters."""
+
+    def __init__(self, redis, forward: Callable[[MeasureBatch, str], None], family: str | None = None):
+        self.redis, self.forward = redis, forward
+        self.family = names.check_family(family) if family else None
+        self.info = (BuilderInfo(family=family, host=socket.gethostname(), pid=os.getpid(), started_at=time.time())
+                     if family else None)
+        self.alive_key = names.builder_key(family, self.info.worker) if family else ""
+        self.lock = threading.Lock()
+        self.stop = threading.Event()
+
+    @property
+    def worker(self) -> str:
+        return self.info.worker if self.info else worker_id()
+
+    def start(self) -> None:
+        """Warm up for the family (a builder that cannot build exits before it takes work), then announce."""
+        from services.measurer.metaschedule import evaluate
+
+        try:
+            warm_s = evaluate.warm_up_builder(self.family)
+        except Exception as err:  # noqa: BLE001 - a builder that cannot build must not take work
+            log.error("%s", err)
+            os._exit(3)
+        self.announce()
+        threading.Thread(target=keep_announcing, args=(self.stop, self.announce, "builder"),
+                         name="builder-heartbeat", daemon=True).start()
+        log.info("builder for %s ready (warm-up %.2f s)", self.family, warm_s)
+
+    def announce(self) -> None:
+        with self.lock:
+            store.announce_builder(self.redis, self.info)
+
+    def close(self) -> None:
+        self.stop.set()
+        try:
+            store.retire_builder(self.redis, self.info)
+        except Exception:  # noqa: BLE001
+            pass
+
+    def build(self, req: BuildRequest) -> dict:
+        """Build every candidate of the request's batch: failed builds are answered, the built ones are
+        forwarded to the request's lane as one batch. Returns counts."""
+        from services.measurer.metaschedule import evaluate
+
+        batch, r, worker = req.batch, self.redis, self.worker
+        store.mark_batch_building(r, batch.batch_id, worker, self.alive_key)
+        if store.job_cancelled(r, batch.job_id):
+            for cand in batch.candidates:
+                store.put_result(r, batch.batch_id,
+                                 MeasureResult(candidate_id=cand.candidate_id, error=store.CANCELLED, lane=req.lane))
+            return {"batch_id": batch.batch_id, "built": 0, "cancelled": True}
+        target = evaluate.target_from_json(batch.target)
+        built, failed, secs = [], 0, 0.0
+        for cand in batch.candidates:
+            art, error, spent = evaluate.build_artifact(cand, target, worker)
+            secs += spent
+            if art is None:
+                failed += 1
+                store.put_result(r, batch.batch_id, MeasureResult(candidate_id=cand.candidate_id, error=error,
+                                                                  build_s=spent, lane=req.lane))
+            else:
+                built.append(cand.model_copy(update={"artifact": art}))
+        if built:
+            self.forward(batch.model_copy(update={"candidates": built}), req.lane)
+        store.mark_batch_building(r, batch.batch_id, worker, self.alive_key, forwarded=True)
+        if self.info is not None:
+            with self.lock:
+                self.info.built += len(built)
+                self.info.failed += failed
+                self.info.build_s += secs
+            self.announce()
+        return {"batch_id": batch.batch_id, "built": len(built), "failed": failed}
