@@ -1,0 +1,216 @@
+"""A tuner client's core, free of Celery: the shard runner, built once when the worker starts.
+
+A client holds the shard it searches with a lease (a Redis key with a TTL that a thread renews). A client
+that dies loses its lease; any live client's reaper (its heartbeat runs it) then refunds the shard's
+unrecorded claim and sends the shard again, and the next client resumes it from the store. A client
+asked to stop hands its shard back at the next round; a finished shard is marked done only under the
+lease, and the client that marks a job's last shard done sends the job's finishing step.
+
+Sending is given: `send(task_name, payload, queue)`, `send_shard(job_id, shard)`, `send_finish(job_id)`."""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import traceback
+from collections.abc import Callable
+
+from shared import names, store
+from shared.errors import SharetuneError
+from shared.messages import FINAL_STATES, ShardRef
+from shared.settings import TunerSettings
+
+log = logging.getLogger("sharetune.tuner")
+
+
+def fail_job(r, job_id: str, stage: str, err: BaseException) -> None:
+    """End a job with a message naming the stage and the problem (logged with its traceback)."""
+    msg = str(err) if isinstance(err, SharetuneError) else f"{type(err).__name__}: {err}"
+    log.error("job %s failed while %s: %s\n%s", job_id, stage, msg, traceback.format_exc())
+    store.set_state(r, job_id, "failed", error=f"{stage}: {msg}")
+
+
+class ShardRunner:
+    """Leases, searches, hands back and finishes shards for one tuner client (one worker process)."""
+
+    def __init__(self, redis, worker: str, settings: TunerSettings, send: Callable[[str, dict, str], None],
+                 send_shard: Callable[[str, int], None], send_finish: Callable[[str], None]):
+        self.redis, self.worker, self.settings = redis, worker, settings
+        self.send, self.send_shard, self.send_finish = send, send_shard, send_finish
+        self.stopping = threading.Event()  # set on warm shutdown: the running shard is handed back at its next round
+
+    # ------------------------------------------------------------------------- life cycle
+    def start(self) -> None:
+        """Keep a liveness key (the stack waits for it; the planner counts clients by it) and run the
+        reaper, which re-sends the shards of clients that died, until the client stops."""
+        from services.tuner import reaper
+
+        def beat():
+            while not self.stopping.is_set():
+                try:
+                    store.announce_tuner(self.redis, self.worker)
+                    reaper.reap(self.redis, lambda ref: self.send_shard(ref.job_id, ref.shard), self.send_finish)
+                except Exception as err:  # noqa: BLE001 - a Redis hiccup must not end the heartbeat
+                    log.warning("heartbeat/reaper: %s", err)
+                time.sleep(names.LANE_TTL_S / 3)
+
+        threading.Thread(target=beat, name="tuner-heartbeat", daemon=True).start()
+
+    def stop(self) -> None:
+        self.stopping.set()
+        try:  # a stopped client is no longer counted when jobs are split into shards
+            store.retire_tuner(self.redis, self.worker)
+        except Exception:  # noqa: BLE001
+            pass
+
+    # ------------------------------------------------------------------------- one shard
+    def run(self, ref: ShardRef) -> dict | None:
+        """Search one shard under its lease until its tasks' budget is spent (then mark it done), or hand it
+        back when told to stop. None when the job failed (its state says why)."""
+        from services.tuner import search
+        from services.tuner.metaschedule.rounds import Stopped
+
+        r, me, s = self.redis, self.worker, self.settings
+        state = store.job_hash(r, ref.job_id).state
+        if state == "cancelled":
+            self.finish_cancelled(ref.job_id)  # a shard no client took: the job may be finished now
+        if state in FINAL_STATES:
+            return {"job_id": ref.job_id, "skipped": state}  # a re-delivered message for a finished job
+        shard = store.shards(r, ref.job_id).get(ref.shard)
+        if shard is None or shard.state == "done":
+            return {"job_id": ref.job_id, "shard": ref.shard, "skipped": "done"}
+        if self.stopping.is_set() or not store.take_lease(r, ref.job_id, ref.shard, me):
+            if self.stopping.is_set():
+                self.send_shard(ref.job_id, ref.shard)  # taken while shutting down: hand it straight back
+            return {"job_id": ref.job_id, "shard": ref.shard, "skipped": "held by another client"}
+
+        def running(sh):
+            if sh.state == "done":  # finished by the client that held it until we took the lease
+                return False
+            sh.state, sh.owner, sh.attempts = "running", me, sh.attempts + 1
+            sh.started_at = sh.started_at or time.time()
+
+        if store.update_shard(r, ref.job_id, ref.shard, running, owner=me) is None:
+            store.release_lease(r, ref.job_id, ref.shard, me)
+            return {"job_id": ref.job_id, "shard": ref.shard, "skipped": "done, or the lease lapsed"}
+        if state in ("planned", "queued"):
+            store.set_state(r, ref.job_id, "tuning")
+        lease = Lease(r, ref.job_id, ref.shard, me, self.stopping, s.shard_quantum_s)
+        try:
+            run = search.tune_shard(self.send, r, ref.job_id, ref.shard, s.work_dir, s.batch_grace_s,
+                                    check=lease.check, search_threads=s.search_threads,
+                                    cold_start=s.cold_start, population=s.population())
+        except Stopped as why:
+            lease.stop()
+            self._hand_back(ref, lease, why)
+            return {"job_id": ref.job_id, "shard": ref.shard, "handed_back": str(why)}
+        except Exception as err:  # noqa: BLE001
+            lease.stop()
+            fail_job(r, ref.job_id, f"tuning shard {ref.shard}", err)
+            return None
+        lease.stop()
+        if not store.finish_shard(r, ref.job_id, ref.shard, me):
+            # the lease lapsed (this client stalled): the reaper sent the shard again, and its next client,
+            # which resumes from the records this one stored, marks it done
+            log.warning("job %s shard %s: lease lost before the shard was marked done", ref.job_id, ref.shard)
+            return {"job_id": ref.job_id, "shard": ref.shard, "lease_lost": True, "trials": run.trials}
+        if all(sh.state == "done" for sh in store.shards(r, ref.job_id).values()):
+            if store.claim_finish(r, ref.job_id, me):
+                self.send_finish(ref.job_id)
+        return {"job_id": ref.job_id, "shard": ref.shard, "trials": run.trials, "reused": run.reused}
+
+    def _hand_back(self, ref: ShardRef, lease: Lease, why: BaseException) -> None:
+        """A stopped search: a live job's shard goes back to pending with its unrecorded claim refunded and
+        is sent again; a cancelled job's shard is over (its in-flight round is recorded)."""
+        r, me = self.redis, self.worker
+        log.warning("job %s shard %s handed back: %s", ref.job_id, ref.shard, why)
+        state = store.job_hash(r, ref.job_id).state
+        if lease.held() and state not in ("failed", "cancelled"):
+            refunded = store.refund_claim(r, ref.job_id, ref.shard)
+
+            def handed_back(sh):
+                sh.refunded += refunded
+                sh.state, sh.owner, sh.queued_at = "pending", None, time.time()
+
+            # written only while the lease is ours, and released with it: a client that lost its lease
+            # was replaced, and the replacement's state stands
+            if store.update_shard(r, ref.job_id, ref.shard, handed_back, owner=me, release=True):
+                self.send_shard(ref.job_id, ref.shard)
+        elif lease.held() and state == "cancelled":
+            if store.finish_shard(r, ref.job_id, ref.shard, me):
+                self.finish_cancelled(ref.job_id)
+
+    # ------------------------------------------------------------------------- a job's end
+    def finish_cancelled(self, job_id: str) -> None:
+        """A cancelled job gets the same finishing step as a finished one, on what was measured (best so far
+        per task, the exported database, a compiled model), once no client searches it any more; its state
+        stays "cancelled"."""
+        r = self.redis
+        if store.job_result(r, job_id) is not None:
+            return
+        if any(sh.state == "running" for sh in store.shards(r, job_id).values()):
+            return  # the client still searching finishes it when it stops
+        if store.claim_finish(r, job_id, self.worker):
+            self.send_finish(job_id)
+
+    def finish(self, job_id: str) -> dict | None:
+        """The job's finishing step (re-time, export, compile, result), once; None when it failed."""
+        from services.tuner import search
+
+        r = self.redis
+        state = store.job_hash(r, job_id).state
+        if state in ("done", "failed") or (state == "cancelled" and store.job_result(r, job_id)):
+            return {"job_id": job_id, "skipped": state}
+        try:
+            result = search.finish_job(self.send, r, job_id, self.settings.work_dir, self.settings.batch_grace_s)
+        except Exception as err:  # noqa: BLE001
+            fail_job(r, job_id, "finishing", err)
+            return None
+        return {"job_id": job_id, "trials": result.trials}
+
+
+class Lease:
+    """Renews a client's lease on a shard while it searches; `check` (called between rounds) raises
+    Stopped once the client stops or the lease was lost (this client stalled and was replaced), the job
+    failed or was cancelled, or it is time to take turns with a shard no client has taken."""
+
+    def __init__(self, redis, job_id: str, shard: int, worker: str, stopping: threading.Event, quantum_s: float):
+        self.redis, self.job_id, self.shard, self.worker = redis, job_id, shard, worker
+        self.stopping, self.quantum_s = stopping, quantum_s
+        self.started = time.time()
+        self._lost = threading.Event()
+        self._done = threading.Event()
+        threading.Thread(target=self._renew, name=f"lease-{job_id}-{shard}", daemon=True).start()
+
+    def _renew(self):
+        while not self._done.wait(names.LEASE_TTL_S / 4):
+            try:
+                if not store.renew_lease(self.redis, self.job_id, self.shard, self.worker):
+                    self._lost.set()
+                    return
+            except Exception as err:  # noqa: BLE001 - Redis away for a moment: try again
+                log.warning("lease renewal of %s/%s: %s", self.job_id, self.shard, err)
+
+    def held(self) -> bool:
+        return not self._lost.is_set()
+
+    def check(self, passed: bool = False) -> None:
+        from services.tuner.metaschedule.rounds import Stopped
+
+        if self.stopping.is_set():
+            raise Stopped("the tuner client is shutting down")
+        if self._lost.is_set():
+            raise Stopped("the shard's lease was lost (this client stalled past its TTL)")
+        state = store.job_hash(self.redis, self.job_id).state
+        if state in ("failed", "cancelled"):
+            raise Stopped(f"the job is {state}")
+        if passed and time.time() - self.started > self.quantum_s:
+            # fewer clients than shards: once each of its tasks has had a round, a client takes turns
+            # with a shard that waits for a client, so every task of the job gets its first rounds
+            waiting = [sh.shard for sh in store.shards(self.redis, self.job_id).values()
+                       if sh.state == "pending" and time.time() - sh.queued_at > 2.0]
+            if waiting:
+                raise Stopped(f"taking turns with shard {waiting[0]}, which no client has taken")
+
+    def stop(self):
+        self._done.set()
