@@ -347,16 +347,19 @@ def verdict(c: dict) -> str:
     o, m = c["ours"], c["metaschedule"]
     score = lambda x: (x["best_in_top1"] + x["best_in_top5"] + x["best_in_top10"]) / 3  # noqa: E731
     so, sm = score(o), score(m)
-    spd = m["train_s"] / o["train_s"] if o["train_s"] else None
-    timing = f"training: ours {o['train_s']} s, MetaSchedule {m['train_s']} s ({spd:.1f}x)" if spd else ""
+    faster = "ours" if o["train_s"] <= m["train_s"] else "MetaSchedule's"
+    timing = (f"training on the same {c['train_rows']} rows: ours {o['train_s']} s, MetaSchedule {m['train_s']} s "
+              f"({faster} faster)")
     if sm > so + 0.1:
-        return (f"MetaSchedule's XGBModel ranks clearly better (mean best-in-top-k {sm:.2f} vs ours {so:.2f}); "
-                f"{timing}. Not switched here: the maintainer decides.")
+        lead = (f"MetaSchedule's XGBModel ranks better here (mean best-in-top-k {sm:.2f} vs ours {so:.2f}, "
+                f"{o['tasks']} tasks)")
+        if o["tasks"] < 10:
+            lead += ", but on so few tasks one task's hit decides it: not a clear difference"
+        return f"{lead}; {timing}. Not switched here: the maintainer decides."
     if so > sm + 0.1:
-        return f"ours ranks clearly better (mean best-in-top-k {so:.2f} vs {sm:.2f}); {timing}. Keep ours."
+        return f"ours ranks better (mean best-in-top-k {so:.2f} vs {sm:.2f}, {o['tasks']} tasks); {timing}."
     return (f"no clear difference in ranking (mean best-in-top-k ours {so:.2f}, MetaSchedule {sm:.2f}, "
-            f"{c['ours']['tasks']} tasks: within what this sample can tell); {timing}. Keep ours: same ranking, "
-            f"its training is bounded by the updater's window and runs once per batch centrally.")
+            f"{o['tasks']} tasks); {timing}. Not switched here: the maintainer decides.")
 
 
 def main(argv=None) -> None:
