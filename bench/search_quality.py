@@ -208,7 +208,7 @@ def stock_database(work: Path, lines: dict[str, list[str]], trials: list[dict], 
 
 
 def run_ours(model: str, relax_mod, trials: int, per_iter: int, seed: int, work: Path, budgets: list[int],
-             timeout_s: float) -> dict:
+             timeout_s: float, resume: bool = False) -> dict:
     """Tune with the service; its trials in measurement order, and a JSON database per budget (written
     while the stack's Redis is up)."""
     from tvm.s_tir import meta_schedule as ms
@@ -223,20 +223,34 @@ def run_ours(model: str, relax_mod, trials: int, per_iter: int, seed: int, work:
 
     lanes = default_cpu_lanes()
     share = lane_share(LaneName.parse(lanes[0]))
-    stack = Stack(work / "ours", lanes=lanes)
-    print(f"[ours] {model} seed {seed}: stack with lanes {lanes}", flush=True)
-    try:
-        t0 = time.time()
+    resumed = resume and (work / "ours" / "redis").exists()
+    if resumed:  # a finished job of an earlier try, from its store (AOF)
+        from services.broker.server import EmbeddedRedis
+
+        stack = EmbeddedRedis(work / "ours" / "redis")
         stack.start()
-        startup_s = time.time() - t0
-        client = Client(stack.redis_url)
-        t1 = time.time()
-        job = client.submit(relax_mod, target="llvm", share=share, trials=trials, name=model,
-                            trials_per_iter=per_iter, seed=seed)
-        job.wait(timeout_s=timeout_s)
-        res = job.result()
-        wall_s = time.time() - t1
-        r = client.redis
+        r = store.connect(stack.url)
+        job = SimpleNamespace(job_id=store.jobs(r)[0])
+        res = store.job_result(r, job.job_id)
+        startup_s = wall_s = None
+        t1 = float(store.job_state(r, job.job_id).get("tuning_at") or 0.0)
+        print(f"[ours] {model}: job {job.job_id} read from the earlier try's store", flush=True)
+    else:
+        stack = Stack(work / "ours", lanes=lanes)
+        print(f"[ours] {model} seed {seed}: stack with lanes {lanes}", flush=True)
+    try:
+        if not resumed:
+            t0 = time.time()
+            stack.start()
+            startup_s = time.time() - t0
+            client = Client(stack.redis_url)
+            t1 = time.time()
+            job = client.submit(relax_mod, target="llvm", share=share, trials=trials, name=model,
+                                trials_per_iter=per_iter, seed=seed)
+            job.wait(timeout_s=timeout_s)
+            res = job.result()
+            wall_s = time.time() - t1
+            r = client.redis
         state = store.job_state(r, job.job_id)
         t_start = float(state.get("tuning_at") or t1)
         jtasks = store.job_tasks(r, job.job_id)
@@ -266,10 +280,10 @@ def run_ours(model: str, relax_mod, trials: int, per_iter: int, seed: int, work:
             dbs[b] = d
     finally:
         stack.stop()
-    print(f"[ours] start-up {startup_s:.1f} s, submit->result {wall_s:.1f} s, {res.trials} trials", flush=True)
+    print(f"[ours] start-up {startup_s} s, submit->result {wall_s} s, {res.trials} trials", flush=True)
     return {"wall_s": _r(wall_s), "startup_s": _r(startup_s), "tuner_wall_s": _r(res.wall_s), "trials_run": res.trials,
             "errors": sum(1 for tr in trials_out if tr["us"] is None), "lanes": lanes, "share": share,
-            "job_id": res.job_id, "trials": trials_out, "tasks": tasks, "dbs": dbs}
+            "job_id": res.job_id, "trials": trials_out, "tasks": tasks, "dbs": dbs, "resumed": resumed}
 
 
 # ---- compile + time -----------------------------------------------------------------------------------
@@ -304,7 +318,7 @@ def one_run(args, model: str, seed: int, work: Path, foreign: ForeignLoad) -> di
     s_trials, s_tasks, s_db = stock_trials(work, fuse(rm.mod), target)
     base = task_baselines(fuse(rm.mod), target)
     foreign.set_phase(f"{model}/s{seed}/ours")
-    ours = run_ours(model, rm.mod, top, args.per_iter, seed, work, args.budgets, args.timeout)
+    ours = run_ours(model, rm.mod, top, args.per_iter, seed, work, args.budgets, args.timeout, args.reuse_stock)
     shares = _shares(ours["tasks"])
     foreign.set_phase(f"{model}/s{seed}/compile")
     libs, compile_s, budgets = {}, {}, {}
@@ -355,7 +369,7 @@ def one_run(args, model: str, seed: int, work: Path, foreign: ForeignLoad) -> di
                   "breakdown_s": stock["breakdown_s"],
                   "curve": curve_points(s_trials, s_tasks, base)},
         "ours": {k: ours[k] for k in ("wall_s", "startup_s", "tuner_wall_s", "trials_run", "errors", "lanes", "share",
-                                     "job_id")} | {"curve": curve_points(ours["trials"], ours["tasks"], base)},
+                                     "job_id", "resumed")} | {"curve": curve_points(ours["trials"], ours["tasks"], base)},
     }
 
 
@@ -441,7 +455,7 @@ def main(argv=None) -> None:
     ap.add_argument("--keep", action="store_true")
     ap.add_argument("--rehearse", action="store_true", help="tiny model, budgets 16,32, 16 a round")
     ap.add_argument("--out", default=None)
-    ap.add_argument("--reuse-stock", action="store_true", help="with --work-dir: keep a finished stock run there")
+    ap.add_argument("--reuse-stock", action="store_true", help="with --work-dir: keep a finished stock run and a finished job of ours there (resume)")
     args = ap.parse_args(argv)
     if args.rehearse:
         args.models, args.budgets, args.per_iter, args.number, args.repeat = "small_cnn", "16,32", 16, 5, 5
