@@ -344,7 +344,7 @@ def one_run(args, model: str, seed: int, work: Path, foreign: ForeignLoad) -> di
     untuned = work / "untuned.so"
     import tvm
 
-    tvm.compile(_legalized(rm.mod), target=target).export_library(str(untuned))
+    tvm.compile(rm.mod, target=target)  # its default pipeline legalizes.export_library(str(untuned))
     libs["untuned"] = str(untuned)
     foreign.set_phase(f"{model}/s{seed}/latency")
     lat = latency(model, libs, args.number, args.repeat)
@@ -371,10 +371,6 @@ def one_run(args, model: str, seed: int, work: Path, foreign: ForeignLoad) -> di
         "ours": {k: ours[k] for k in ("wall_s", "startup_s", "tuner_wall_s", "trials_run", "errors", "lanes", "share",
                                      "job_id", "resumed")} | {"curve": curve_points(ours["trials"], ours["tasks"], base)},
     }
-
-
-def _legalized(mod):
-    return mod  # tvm.compile runs the default pipeline (legalize included) itself
 
 
 def _shares(tasks: dict[str, dict]) -> dict[str, float]:
