@@ -219,7 +219,7 @@ def stock_main(args) -> None:
             num_trials_per_iter=args.per_iter,
             builder=ms.builder.LocalBuilder(max_workers=2, timeout_sec=STOCK_BUILDER_TIMEOUT_S),
             runner=ms.runner.LocalRunner(),
-            seed=0,
+            seed=getattr(args, "seed", 0),
         )
         wall_s = time.time() - t0
     profile = {str(k): float(v) for k, v in prof.get().items()}
@@ -300,7 +300,7 @@ def run_stock(args, work_dir: Path) -> dict:
     out_path = work_dir / "stock_result.json"
     cmd = [sys.executable, str(Path(__file__).resolve()), "--stock-only", "--model", args.model,
            "--trials", str(args.trials), "--per-iter", str(args.per_iter), "--work-dir", str(work_dir / "stock"),
-           "--stock-out", str(out_path)]
+           "--stock-out", str(out_path), "--seed", str(getattr(args, "seed", 0))]
     env = dict(os.environ)
     env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
     env["TVM_NUM_THREADS"] = "1"
@@ -535,6 +535,7 @@ def main(argv=None) -> None:
     ap.add_argument("--timeout", type=float, default=3600.0, help="per side, seconds")
     ap.add_argument("--number", type=int, default=20, help="latency: runs per repeat")
     ap.add_argument("--repeat", type=int, default=30, help="latency: repeats (median reported)")
+    ap.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)  # stock's seed (bench/search_quality.py)
     ap.add_argument("--stock-only", action="store_true", help=argparse.SUPPRESS)  # the fresh stock subprocess
     ap.add_argument("--stock-out", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
