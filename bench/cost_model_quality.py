@@ -279,6 +279,7 @@ def updater_cost(data: dict, work_dir: Path, repeats: int) -> dict:
     updater.train = timed_train
     threads = settings.train_threads or os.cpu_count() or 1
     out = {"window": settings.train_window, "best_per_group": settings.train_best_per_group,
+           "best_rows": settings.train_best_rows,
            "boost_rounds": settings.boost_rounds, "threads": threads, "batch_rows": 64, "real_rows": len(real),
            "repeats": repeats, "shapes": {}}
     with EmbeddedRedis(work_dir / "redis") as srv:
@@ -300,7 +301,8 @@ def updater_cost(data: dict, work_dir: Path, repeats: int) -> dict:
                     batch = TrainingBatch(target_key=tkey, rows=synthetic_rows(real, 64, per_group, rng))
                     t0 = time.time()
                     snap = updater.ingest(r, batch, settings.warmup_rows, settings.boost_rounds,
-                                          settings.train_window, settings.train_best_per_group, threads)
+                                          settings.train_window, settings.train_best_per_group, threads,
+                                          settings.train_best_rows)
                     times.append(time.time() - t0)
                 rows_out.append({"stored_rows": int(snap.n_rows), "train_rows": int(snap.train_rows),
                                  "groups": len(r.hkeys(names.training_rows_key(tkey) + ":best")),

@@ -78,6 +78,7 @@ class TunerSettings(CommonSettings):
 class UpdaterSettings(CommonSettings):
     warmup_rows: int = 32  # fewer rows than this: no snapshot, the tuner samples at random (as XGBModel)
     boost_rounds: int = 100
-    train_window: int = Field(8192, ge=1)  # newest rows a model is trained on (its cost stays bounded)
-    train_best_per_group: int = Field(64, ge=0)  # plus each workload's fastest rows, however old
+    train_window: int = Field(1536, ge=1)  # newest rows a model is trained on (its cost stays bounded)
+    train_best_per_group: int = Field(64, ge=0)  # each workload's fastest rows kept, however old
+    train_best_rows: int = Field(512, ge=0)  # of which at most this many, of the window's workloads, are trained on
     train_threads: int = Field(0, ge=0)  # XGBoost threads; 0: the host's cores

@@ -69,3 +69,24 @@ def test_training_is_bounded_and_keeps_each_workloads_best(fresh_redis):
     snap = updater.ingest(fresh_redis, TrainingBatch(target_key="b", rows=rows[:1]), warmup_rows=1, rounds=2,
                           window=50, best_per_group=3, threads=1)
     assert snap.n_rows == 1002 and snap.train_rows <= 50 + 5 * 3
+
+
+def test_training_set_is_bounded_in_workloads_too(fresh_redis):
+    """A store that grows by new workloads (a long-lived deployment) does not grow the training set: only
+    the window's workloads bring their kept fastest rows, at most best_rows of them, each workload's fastest
+    first."""
+    rng = np.random.default_rng(2)
+    for g in range(200):  # 200 old workloads, 10 rows each
+        rows = [TrainingRow(group=f"old{g}", features=rng.uniform(size=2).tolist(), cost_s=1e-3 * (1 + k))
+                for k in range(10)]
+        updater.ingest(fresh_redis, TrainingBatch(target_key="w", rows=rows), warmup_rows=10**9, rounds=1)
+    now = [TrainingRow(group=f"new{i % 4}", features=rng.uniform(size=2).tolist(), cost_s=1e-3 * (1 + rng.uniform()))
+           for i in range(40)]
+    early = TrainingRow(group="new0", features=[9.0, 9.0], cost_s=1e-7)  # new0's fastest, older than the window
+    updater.ingest(fresh_redis, TrainingBatch(target_key="w", rows=[early]), warmup_rows=10**9, rounds=1)
+    updater.ingest(fresh_redis, TrainingBatch(target_key="w", rows=now), warmup_rows=10**9, rounds=1)
+    rows, best = updater.training_set(fresh_redis, "w", window=20, per_group=8, best_rows=6)
+    assert len(rows) <= 20 + 6
+    assert {r.group for r in rows} <= {f"new{i}" for i in range(4)}  # old workloads left with the window
+    assert early in rows and best["new0"] == 1e-7  # the first rank of every window workload comes first
+    assert set(best) == {f"new{i}" for i in range(4)}

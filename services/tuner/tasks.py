@@ -126,5 +126,6 @@ def ingest_results(payload):
         return None
     up = UpdaterSettings()
     snap = updater.ingest(RUNNER.redis, batch, up.warmup_rows, up.boost_rounds, window=up.train_window,
-                          best_per_group=up.train_best_per_group, threads=up.train_threads or None)
+                          best_per_group=up.train_best_per_group, threads=up.train_threads or None,
+                          best_rows=up.train_best_rows)
     return {"rows": len(batch.rows), "version": snap.version if snap else None}

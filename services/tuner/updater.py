@@ -3,9 +3,11 @@ a versioned snapshot. Like MetaSchedule's XGBModel, the target is normalised
 throughput (the group's best cost / this cost, per workload), and no model is published before a
 warm-up number of rows (the tuner samples at random until then). No TVM here: rows are numbers.
 
-The cost of an update is bounded whatever the store holds: a model is trained on the newest `window` rows
-plus each workload's `best_per_group` fastest rows however old (what the search most needs ranked right),
-normalised by each workload's best cost ever seen. Every row stays in the store."""
+The cost of an update is bounded whatever the store holds, in rows and in workloads: a model is trained on
+the newest `window` rows plus at most `best_rows` of the fastest rows ever seen of the workloads those rows
+belong to (the workloads being tuned now, whose candidates the search must rank; each workload's fastest
+first, then each one's second, ...), normalised by each workload's best cost ever seen. Workloads no longer
+tuned leave the training set with the window. Every row stays in the store."""
 from __future__ import annotations
 
 import base64
@@ -29,8 +31,9 @@ XGB_PARAMS = {
 }
 
 
-TRAIN_WINDOW = 8192  # newest rows a model is trained on
-BEST_PER_GROUP = 64  # and each workload's fastest rows, however old
+TRAIN_WINDOW = 1536  # newest rows a model is trained on
+BEST_PER_GROUP = 64  # each workload's fastest rows kept, however old
+BEST_ROWS = 512  # of which at most this many join a training set
 
 
 def normalised_targets(rows: list[TrainingRow], best: dict[str, float] | None = None) -> np.ndarray:
@@ -65,22 +68,32 @@ def keep_best(redis, target_key: str, rows: list[TrainingRow], per_group: int) -
         store.put_best_rows(redis, target_key, group, sorted(kept + new, key=lambda r: r.cost_s)[:per_group])
 
 
-def training_set(redis, target_key: str, window: int, per_group: int) -> tuple[list[TrainingRow], dict[str, float]]:
-    """The newest `window` rows, plus every workload's kept fastest rows not among them; and each
-    workload's best cost."""
+def training_set(redis, target_key: str, window: int, per_group: int,
+                 best_rows: int = BEST_ROWS) -> tuple[list[TrainingRow], dict[str, float]]:
+    """The newest `window` rows, plus up to `best_rows` kept fastest rows of their workloads not among them
+    (round-robin by rank over the workloads, the most recently tuned first); and each workload's best cost."""
     rows = store.newest_training_rows(redis, target_key, window)
     have = {r.model_dump_json() for r in rows}
-    best: dict[str, float] = {}
-    for group, kept in store.all_best_rows(redis, target_key).items():
-        kept = kept[:per_group]
-        if kept:
-            best[group] = kept[0].cost_s
-        rows += [r for r in kept if r.model_dump_json() not in have]
-    return rows, best
+    recent: dict[str, None] = {}
+    for r in reversed(rows):
+        recent.setdefault(r.group, None)
+    kept = {g: ks[:per_group] for g, ks in store.best_rows_of(redis, target_key, list(recent)).items()}
+    best = {g: ks[0].cost_s for g, ks in kept.items() if ks}
+    extra: list[TrainingRow] = []
+    for rank in range(per_group):
+        if len(extra) >= best_rows:
+            break
+        for g in recent:
+            if rank < len(kept.get(g, ())) and kept[g][rank].model_dump_json() not in have:
+                extra.append(kept[g][rank])
+                if len(extra) >= best_rows:
+                    break
+    return rows + extra, best
 
 
 def ingest(redis, batch: TrainingBatch, warmup_rows: int, rounds: int, window: int = TRAIN_WINDOW,
-           best_per_group: int = BEST_PER_GROUP, threads: int | None = None) -> CostModelSnapshot | None:
+           best_per_group: int = BEST_PER_GROUP, threads: int | None = None,
+           best_rows: int = BEST_ROWS) -> CostModelSnapshot | None:
     """Append the batch's rows; retrain and publish when enough rows exist. Returns the new snapshot."""
     good = [r for r in batch.rows if np.isfinite(r.cost_s) and r.cost_s > 0]
     if good:
@@ -89,7 +102,7 @@ def ingest(redis, batch: TrainingBatch, warmup_rows: int, rounds: int, window: i
     stored = store.training_row_count(redis, batch.target_key)
     if stored < warmup_rows:
         return None
-    rows, best = training_set(redis, batch.target_key, window, best_per_group)
+    rows, best = training_set(redis, batch.target_key, window, best_per_group, best_rows)
     dims = {len(r.features) for r in rows}
     if len(dims) != 1:
         return None
