@@ -94,7 +94,7 @@ def rebuild(task: dict, target):
     from tvm.s_tir import meta_schedule as ms
 
     from services.tuner.metaschedule.records import tuning_record
-    from shared.codec import load_ir
+    from services.tuner.metaschedule.codec import load_ir
     from shared.ranking import rank_secs
 
     mod = load_ir(task["mod"])

@@ -216,7 +216,7 @@ def run_ours(model: str, relax_mod, trials: int, per_iter: int, seed: int, work:
     from services.measurer.lanes import lane_share
     from services.tuner.metaschedule.records import tvm_record
     from shared import store
-    from shared.codec import load_ir
+    from services.tuner.metaschedule.codec import load_ir
     from shared.names import LaneName
     from sharetune.client import Client
     from sharetune.stack import Stack, default_cpu_lanes
