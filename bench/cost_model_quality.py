@@ -42,7 +42,7 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from bench.cpu_tuning import _r, git_state, lane_target  # noqa: E402
+from bench.cpu_tuning import _r, git_state, lane_target, write_report  # noqa: E402
 
 SIZES = (1000, 5000, 20000, 50000)
 KS = (1, 5, 10)
@@ -415,12 +415,7 @@ def main(argv=None) -> None:
         "code": git_state(),
     }
     rep["verdict"] = verdict(ranking)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(rep, indent=2) + "\n")
-    print()
-    print(table(rep))
-    print(f"\nwrote {out}")
+    write_report(rep, args.out, table)
 
 
 if __name__ == "__main__":

@@ -115,6 +115,17 @@ def target_dict(target) -> dict:
     return json.loads(str(target))
 
 
+def write_report(rep: dict, out, table) -> Path:
+    """A benchmark's end: its JSON written, its table printed."""
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(rep, indent=2) + "\n")
+    print()
+    print(table(rep))
+    print(f"\nwrote {out}")
+    return out
+
+
 def _r(x, nd=3):
     return None if x is None else round(float(x), nd)
 
@@ -604,12 +615,7 @@ def main(argv=None) -> None:
         "notes": NOTES,
         "scratch_dir": keep_note,
     }
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(rep, indent=2) + "\n")
-    print()
-    print(table(rep))
-    print(f"\nwrote {out}")
+    write_report(rep, args.out, table)
     if keep_note is None:
         shutil.rmtree(scratch, ignore_errors=True)
     else:
