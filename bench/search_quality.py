@@ -344,7 +344,7 @@ def one_run(args, model: str, seed: int, work: Path, foreign: ForeignLoad) -> di
     untuned = work / "untuned.so"
     import tvm
 
-    tvm.compile(rm.mod, target=target)  # its default pipeline legalizes.export_library(str(untuned))
+    tvm.compile(rm.mod, target=target).export_library(str(untuned))  # its default pipeline legalizes
     libs["untuned"] = str(untuned)
     foreign.set_phase(f"{model}/s{seed}/latency")
     lat = latency(model, libs, args.number, args.repeat)
