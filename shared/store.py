@@ -158,6 +158,14 @@ def job_hash(r: redis.Redis, job_id: str) -> JobHash:
     return JobHash.from_redis(raw)
 
 
+def job_status(r: redis.Redis, job_id: str) -> str:
+    """Only the job's state (one field: the tuner checks it every round, the reaper every pass)."""
+    state = r.hget(names.job_key(job_id), "state")
+    if state is None:
+        raise JobError(f"no job {job_id!r} in the store")
+    return _s(state)
+
+
 def job_state(r: redis.Redis, job_id: str) -> dict[str, str]:
     """The job's hash as the store keeps it (field -> string): the client's plain view of a job."""
     return job_hash(r, job_id).to_redis()

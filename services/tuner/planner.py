@@ -67,7 +67,7 @@ def plan(redis, job_id: str, lane_wait_s: float) -> list[ShardState]:
     from services.tuner.metaschedule.extract import extract, workload_key
 
     spec = store.job_spec(redis, job_id)
-    state = store.job_hash(redis, job_id).state
+    state = store.job_status(redis, job_id)
     if state in FINAL_STATES:
         return []  # e.g. a parked job cancelled while it waited for lanes
     if state != "planning":  # a parked job's re-check keeps its first planning_at

@@ -26,7 +26,7 @@ def reap(redis, send_shard: Callable[[ShardRef], None], send_finish: Callable[[s
     actions = []
     for job_id in store.active_jobs(redis):
         try:
-            state = store.job_hash(redis, job_id).state
+            state = store.job_status(redis, job_id)
         except Exception:  # noqa: BLE001 - a job deleted under us
             store.deactivate_job(redis, job_id)
             continue

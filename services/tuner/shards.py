@@ -71,7 +71,7 @@ class ShardRunner:
         from services.tuner.metaschedule.rounds import Stopped
 
         r, me, s = self.redis, self.worker, self.settings
-        state = store.job_hash(r, ref.job_id).state
+        state = store.job_status(r, ref.job_id)
         if state == "cancelled":
             self.finish_cancelled(ref.job_id)  # a shard no client took: the job may be finished now
         if state in FINAL_STATES:
@@ -124,7 +124,7 @@ class ShardRunner:
         is sent again; a cancelled job's shard is over (its in-flight round is recorded)."""
         r, me = self.redis, self.worker
         log.warning("job %s shard %s handed back: %s", ref.job_id, ref.shard, why)
-        state = store.job_hash(r, ref.job_id).state
+        state = store.job_status(r, ref.job_id)
         if lease.held() and state not in ("failed", "cancelled"):
             refunded = store.refund_claim(r, ref.job_id, ref.shard)
 
@@ -158,7 +158,7 @@ class ShardRunner:
         from services.tuner import search
 
         r = self.redis
-        state = store.job_hash(r, job_id).state
+        state = store.job_status(r, job_id)
         if state in ("done", "failed") or (state == "cancelled" and store.job_result(r, job_id)):
             return {"job_id": job_id, "skipped": state}
         try:
@@ -201,7 +201,7 @@ class Lease:
             raise Stopped("the tuner client is shutting down")
         if self._lost.is_set():
             raise Stopped("the shard's lease was lost (this client stalled past its TTL)")
-        state = store.job_hash(self.redis, self.job_id).state
+        state = store.job_status(self.redis, self.job_id)
         if state in ("failed", "cancelled"):
             raise Stopped(f"the job is {state}")
         if passed and time.time() - self.started > self.quantum_s:
