@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # On the GPU machine, after ../shared/device/stage.sh's install step (PYTHONPATH=/tmp/site:$PWD):
-#   bash bench/device_run.sh smoke|gputest|stock|ours|sharding|matrix|gpufault|scale [A|B]  -> writes under $OUT
+#   bash bench/device_run.sh smoke|gputest|stock|ours|sharding|matrix|gpufault|scale [A|B]|searchq|searchq-wait  -> writes under $OUT
 set -uo pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site:$PWD
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -57,6 +57,20 @@ PY
          timeout 580 python3 bench/scale_h200.py --part "$part" "${@:3}" 2>&1 | tail -40
          wait
          keep_logs /tmp/scale_bench "scale_logs_$part" ;;
+  # issue 17: search quality per trial on the H200 (bench/search_quality_gpu.py), in the background (setsid) so
+  # that it outlives a call's 10 minutes; `searchq-wait` waits for it in the next call (back to back)
+  searchq) mkdir -p /tmp/sqg
+           setsid nohup python3 bench/search_quality_gpu.py --out /tmp/sqg/search_quality_h200.json "${@:2}" \
+               > /tmp/sqg/driver.log 2>&1 < /dev/null &
+           bash "$0" searchq-wait ;;
+  searchq-wait)
+    t0=$(date +%s)
+    while [ $(( $(date +%s) - t0 )) -lt ${SQ_WAIT_S:-560} ]; do
+      grep -q '"phase": "done"' /tmp/sqg/search_quality_h200.json 2>/dev/null && break
+      sleep 5
+    done
+    cp /tmp/sqg/search_quality_h200.json "$OUT/" 2>/dev/null; tail -c 30000 /tmp/sqg/driver.log
+    keep_logs /tmp/sqg searchq_logs ;;
   gpufault) nvidia-smi --query-gpu=index,uuid,name --format=csv,noheader
     timeout 280 python3 bench/gpu_fault.py "${@:2}" 2>&1 | tail -60
     keep_logs /tmp/gpu_fault gpu_fault_logs ;;

@@ -5,11 +5,12 @@ on CPU lanes, same model, same budgets, same seed; tuned end-to-end latency and 
                                    [--seeds 0] [--out bench/results/search_quality.json]
     python bench/search_quality.py --rehearse      # tiny model, 32 trials: checks the script in minutes
 
-Per model and seed, each side tunes ONCE for the largest budget, and the smaller budgets are read off that
-run's tuning curve: neither scheduler's choices depend on the total budget (stock: `tune_relax` with
-max_trials_per_task = max_trials_global, the gradient scheduler picks by history only; ours: the job's
-tasks are capped at the job's budget too, and its priority rule looks at trials spent, not left), and
-with budgets that are multiples of the round size no round is cut short at a smaller budget.
+Per model and seed, stock tunes ONCE for the largest budget and its smaller budgets are read off that run's
+tuning curve: its choices do not depend on the total budget (`tune_relax` with max_trials_per_task =
+max_trials_global; the gradient scheduler picks by history only, and with budgets that are multiples of
+the round size no round is cut short at a smaller budget). Ours tunes once PER BUDGET, each in a fresh
+store: when the budget cannot give every task a full round, the first rounds share it evenly
+(services/tuner/sharding.first_round_size), so its choices depend on the budget.
 
 - stock: `bench/cpu_tuning.py`'s fresh subprocess (`tune_relax`, LocalBuilder(max_workers=2,
   timeout_sec=120), LocalRunner(), seed S). Its order of measurement: the task scheduler's log ("TaskScheduler
@@ -17,8 +18,8 @@ with budgets that are multiples of the round size no round is cut short at a sma
   records in that task's batch order (records are committed when the task is revisited, so the file is not
   in global order), so the j-th batch of task i is the next N records of task i in the file. A batch's time
   is the time its "Sending M valid sample(s) to runner" line was logged (its build done; 1 s resolution).
-- ours: a fresh local Stack (embedded Redis, one single-core lane per core), `Client.submit(..., seed=S)`;
-  order and times: each record's `measured_at` (as `sharetune results` draws the curve).
+- ours: a fresh local Stack (embedded Redis, one single-core lane per core) per budget,
+  `Client.submit(..., trials=B, seed=S)`; order and times: each record's `measured_at` (as `sharetune results` draws the curve).
 - at each budget B, per side: the first B trials; per task its trials and best; the estimate
   sum(weight x best task latency); a JSON database of those records only, compiled with `compile_relax`
   (both sides the same way, lane target), and all libraries timed at the end in this process, pinned to one
@@ -208,9 +209,10 @@ def stock_database(work: Path, lines: dict[str, list[str]], trials: list[dict], 
 
 
 def run_ours(model: str, relax_mod, trials: int, per_iter: int, seed: int, work: Path, budgets: list[int],
-             timeout_s: float, resume: bool = False) -> dict:
-    """Tune with the service; its trials in measurement order, and a JSON database per budget (written
-    while the stack's Redis is up)."""
+             timeout_s: float, resume: bool = False, *, lanes: list[str] | None = None, target: str = "llvm",
+             share: int | None = None, stack_kw: dict | None = None) -> dict:
+    """Tune with the service (a fresh local Stack: CPU lanes unless `lanes` name others); its trials in
+    measurement order, and a JSON database per budget (written while the stack's Redis is up)."""
     from tvm.s_tir import meta_schedule as ms
 
     from services.measurer.lanes import lane_share
@@ -221,8 +223,8 @@ def run_ours(model: str, relax_mod, trials: int, per_iter: int, seed: int, work:
     from sharetune.client import Client
     from sharetune.stack import Stack, default_cpu_lanes
 
-    lanes = default_cpu_lanes()
-    share = lane_share(LaneName.parse(lanes[0]))
+    lanes = lanes or default_cpu_lanes()
+    share = share or lane_share(LaneName.parse(lanes[0]))
     resumed = resume and (work / "ours" / "redis").exists()
     if resumed:  # a finished job of an earlier try, from its store (AOF)
         from services.broker.server import EmbeddedRedis
@@ -236,7 +238,7 @@ def run_ours(model: str, relax_mod, trials: int, per_iter: int, seed: int, work:
         t1 = float(store.job_state(r, job.job_id).get("tuning_at") or 0.0)
         print(f"[ours] {model}: job {job.job_id} read from the earlier try's store", flush=True)
     else:
-        stack = Stack(work / "ours", lanes=lanes)
+        stack = Stack(work / "ours", lanes=lanes, **(stack_kw or {}))
         print(f"[ours] {model} seed {seed}: stack with lanes {lanes}", flush=True)
     try:
         if not resumed:
@@ -245,8 +247,8 @@ def run_ours(model: str, relax_mod, trials: int, per_iter: int, seed: int, work:
             startup_s = time.time() - t0
             client = Client(stack.redis_url)
             t1 = time.time()
-            job = client.submit(relax_mod, target="llvm", share=share, trials=trials, name=model,
-                                trials_per_iter=per_iter, seed=seed)
+            job = client.submit(relax_mod, target=target, share=share, trials=trials, name=model,
+                                trials_per_iter=per_iter, seed=seed, untuned_baseline=target == "llvm")
             job.wait(timeout_s=timeout_s)
             res = job.result()
             wall_s = time.time() - t1
@@ -318,17 +320,22 @@ def one_run(args, model: str, seed: int, work: Path, foreign: ForeignLoad) -> di
     s_trials, s_tasks, s_db = stock_trials(work, fuse(rm.mod), target)
     base = task_baselines(fuse(rm.mod), target)
     foreign.set_phase(f"{model}/s{seed}/ours")
-    ours = run_ours(model, rm.mod, top, args.per_iter, seed, work, args.budgets, args.timeout, args.reuse_stock)
+    ours_by = {}
+    for b in args.budgets:
+        print(f"[ours] {model} seed {seed}: a job of {b} trials", flush=True)
+        ours_by[b] = run_ours(model, rm.mod, b, args.per_iter, seed, work / f"ours_{b}", [b], args.timeout,
+                              args.reuse_stock)
+    ours = ours_by[top]
     shares = _shares(ours["tasks"])
     foreign.set_phase(f"{model}/s{seed}/compile")
     libs, compile_s, budgets = {}, {}, {}
     for b in args.budgets:
         sdb = stock_database(work, s_db["lines"], s_trials, b, work / "stock" / f"db_{b}")
-        for side, d in (("stock", sdb), ("ours", ours["dbs"][b])):
+        for side, d in (("stock", sdb), ("ours", ours_by[b]["dbs"][b])):
             lib = work / f"{side}_{b}.so"
             compile_s[f"{side}_{b}"] = _r(compile_at(d, rm.mod, target, lib))
             libs[f"{side}_{b}"] = str(lib)
-        sb, ob = at_budget(s_trials, s_tasks, b, base), at_budget(ours["trials"], ours["tasks"], b, base)
+        sb, ob = at_budget(s_trials, s_tasks, b, base), at_budget(ours_by[b]["trials"], ours_by[b]["tasks"], b, base)
         budgets[str(b)] = {
             "stock": {k: v for k, v in sb.items() if k != "tasks"},
             "ours": {k: v for k, v in ob.items() if k != "tasks"},
@@ -369,7 +376,11 @@ def one_run(args, model: str, seed: int, work: Path, foreign: ForeignLoad) -> di
                   "breakdown_s": stock["breakdown_s"],
                   "curve": curve_points(s_trials, s_tasks, base)},
         "ours": {k: ours[k] for k in ("wall_s", "startup_s", "tuner_wall_s", "trials_run", "errors", "lanes", "share",
-                                     "job_id", "resumed")} | {"curve": curve_points(ours["trials"], ours["tasks"], base)},
+                                     "job_id", "resumed")}
+                | {"curve": curve_points(ours["trials"], ours["tasks"], base),
+                   "by_budget": {str(b): {k: o[k] for k in ("wall_s", "tuner_wall_s", "trials_run", "errors", "job_id")}
+                                 | {"curve": curve_points(o["trials"], o["tasks"], base)}
+                                 for b, o in ours_by.items()}},
     }
 
 
@@ -427,7 +438,7 @@ def table(rep: dict) -> str:
                          f"{e['ours']['latency_us']:10.1f} {e['latency_ratio']:10.3f} {_f(e['stock']['est_us'])} "
                          f"{_f(e['ours']['est_us'])} {_f(e['stock']['t_s'], 9)} {_f(e['ours']['t_s'], 9)}")
         lines.append(f"{'':12s} untuned {r['untuned_latency_us']} us; stock wall {r['stock']['wall_s']} s, "
-                     f"ours wall {r['ours']['wall_s']} s (+ start-up {r['ours']['startup_s']} s)")
+                     f"ours wall {r['ours']['wall_s']} s at {max(r['budgets'], key=int)} trials (+ start-up {r['ours']['startup_s']} s)")
     s = rep["summary"]
     lines.append(f"latency_vs_stock_max {s['latency_vs_stock_max']}, starved_tasks {s['starved_tasks']} "
                  f"(stock's own: {len(s['stock_starved_tasks'])})")
@@ -495,15 +506,16 @@ def report(args, runs, foreign, load_start, t_all, argv, final: bool) -> dict:
         "complete": final,
         "target": target_dict(lane_target()),
         "method": {
-            "budgets": "each side tuned once per model and seed for the largest budget; smaller budgets read off "
-                       "that run (the first B trials in measurement order): neither scheduler's choices depend on "
-                       "the total budget",
+            "budgets": "stock tuned once per model and seed for the largest budget, smaller budgets read off that "
+                       "run (the first B trials in measurement order: its choices do not depend on the total budget); "
+                       "ours tuned once per budget in a fresh store (its first rounds share a small budget evenly, "
+                       "so its choices depend on the budget)",
             "stock": "bench/cpu_tuning.py's fresh subprocess: tune_relax (gradient task scheduler), "
                      "LocalBuilder(max_workers=2, timeout_sec=120), LocalRunner(), seed as listed; measurement "
                      "order from the task scheduler's log (batches of task i = task i's records in its database "
                      "file order); a batch's time = its 'Sending M valid sample(s) to runner' log line (1 s resolution)",
-            "ours": "fresh local Stack (one single-core lane per core), Client.submit(seed=...); order and time "
-                    "= each record's measured_at",
+            "ours": "fresh local Stack per budget (one single-core lane per core), Client.submit(trials=B, seed=...); "
+                    "order and time = each record's measured_at; ours.curve is the largest budget's job",
             "latency": f"compile_relax with the records of the first B trials (JSON database per side and budget), "
                        f"all libraries of a model timed in this process pinned to one core, TVM_NUM_THREADS=1, "
                        f"interleaved: median over {args.repeat} rounds of the mean of {args.number} runs",

@@ -99,9 +99,9 @@ def test_budget_advice_rule():
     from services.tuner.planner import budget_advice
 
     assert budget_advice(64, 16, 4) is None
-    assert budget_advice(32, 16, 10) == ("32 trials at 16 a round reach at most 2 of the 10 tasks; "
-                                         "160 trials (--trials 160) give every task one round")
-    assert "at most 1 of the 2 tasks" in budget_advice(3, 4, 2)  # a partial round still reaches a task
+    assert budget_advice(32, 16, 10) == ("32 trials at 16 a round give each of the 10 tasks a first round of "
+                                         "3 candidates; 160 trials (--trials 160) give every task a full round")
+    assert "reach 3 of the 5 tasks with one candidate each" in budget_advice(3, 4, 5)
 
 
 def test_small_budget_is_advised_and_results_show_end_to_end_latency(stack, client, lane_share):
@@ -113,7 +113,8 @@ def test_small_budget_is_advised_and_results_show_end_to_end_latency(stack, clie
     assert st["advice"] and f"--trials {4 * n}" in st["advice"], st
     out, _ = _cli("results", job.job_id, redis_url=stack.redis_url, timeout=300)
     assert out.returncode == 0, out.stderr
-    assert f"budget advice: 4 trials at 4 a round reach at most 1 of the {n} tasks" in out.stdout, out.stdout
+    assert f"budget advice: 4 trials at 4 a round give each of the {n} tasks a first round of {4 // n} candidate" in out.stdout, out.stdout
+    assert all(t["trials"] >= 1 for t in st["tasks"]), st["tasks"]  # the small budget left no task out
     line = next(l for l in out.stdout.splitlines() if l.startswith("end-to-end latency"))
     assert "tuned" in line and "untuned" in line and line.endswith("x"), line
     lat = job.latency_us()  # kept in the job's state: the same figures again

@@ -71,7 +71,7 @@ class _Records:
         return {k: self.measured[k] for k in keys if k in self.measured}
 
 
-def _loop(task, population):
+def _loop(task, population, first_round=None):
     from tvm.s_tir import meta_schedule as ms
 
     from services.tuner.metaschedule.rounds import ShardLoop
@@ -88,7 +88,8 @@ def _loop(task, population):
             num_threads=2)
 
     loop = ShardLoop(None, "job", 0, [job_task], make_context, None, None, ms.database.MemoryDatabase(),
-                     ms.cost_model.RandomModel(), _Records(), trials_per_iter=8, max_trials_per_task=1000)
+                     ms.cost_model.RandomModel(), _Records(), trials_per_iter=8, max_trials_per_task=1000,
+                     first_round=first_round)
     return loop, loop.tasks[0], target
 
 
@@ -133,3 +134,30 @@ def test_a_tiny_space_still_ends_quickly():
         _measure(loop, t, target, fresh)
     assert len(loop.records.measured) < 20  # a handful of schedules, each measured once
     assert t.dry == 5
+
+
+def test_first_rounds_share_a_small_budget_evenly():
+    from services.tuner.sharding import first_round_size
+
+    assert first_round_size(4, 2, 4) == 2
+    assert first_round_size(64, 54, 64) == 1  # every task one candidate before any task a second
+    assert first_round_size(256, 54, 64) == 4
+    assert first_round_size(20, 54, 64) == 1  # fewer trials than tasks: one each while they last
+    assert first_round_size(27 * 64, 27, 64) == 64  # a full round each: the user's round size
+    assert first_round_size(10_000, 27, 64) == 64
+
+
+def test_a_tasks_first_round_measures_its_even_share_then_full_rounds():
+    from shared.messages import TaskProgress
+
+    loop, t, target = _loop(_task(_DepthwiseConv()), population=64, first_round=3)
+    assert loop._room(t) == 3
+    loop._start_context(t, cold=True)
+    _, fresh = loop._search(t, loop._room(t))
+    assert len(fresh) == 3
+    _measure(loop, t, target, fresh)
+    t.started = True  # what _round marks once the batch is sent
+    loop.records.progress[t.job_task.task_id] = TaskProgress(task_id="t0", name=t.job_task.name, trials=3)
+    assert loop._room(t) == 1000 - 3
+    _, fresh = loop._search(t, loop._room(t))
+    assert 3 < len(fresh) <= 8  # up to trials_per_iter (a sample the store holds is not measured again)

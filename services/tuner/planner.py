@@ -8,7 +8,7 @@ import time
 from shared import store
 from shared.errors import ModelError, ShareError
 from shared.messages import FINAL_STATES, JobTask, LaneInfo, ShardState, Workload, lane_kind
-from services.tuner.sharding import partition
+from services.tuner.sharding import first_round_size, partition
 
 
 def lanes_for(redis, kind: str, share: int) -> list[LaneInfo]:
@@ -45,14 +45,18 @@ def lanes_or_park(redis, job_id: str, kind: str, share: int, wait_s: float, wait
 
 
 def budget_advice(trials: int, per_iter: int, tasks: int) -> str | None:
-    """A budget that cannot give every task one search round (trials < tasks x trials per round) leaves
-    tasks untuned while the job looks finished: say so, and name the budget that would."""
+    """A budget that cannot give every task a full search round (trials < tasks x trials per round) is
+    shared evenly by the first rounds (sharding.first_round_size): say how thin, and name the budget that
+    gives every task a full round."""
     need = tasks * per_iter
     if trials >= need:
         return None
-    reached = min(tasks, -(-trials // per_iter))
-    return (f"{trials} trials at {per_iter} a round reach at most {reached} of the {tasks} tasks; "
-            f"{need} trials (--trials {need}) give every task one round")
+    if trials < tasks:
+        reach = f"reach {trials} of the {tasks} tasks with one candidate each"
+    else:
+        k = first_round_size(trials, tasks, per_iter)
+        reach = f"give each of the {tasks} tasks a first round of {k} candidate{'s' if k > 1 else ''}"
+    return f"{trials} trials at {per_iter} a round {reach}; {need} trials (--trials {need}) give every task a full round"
 
 
 def live_tuners(redis) -> int:

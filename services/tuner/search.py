@@ -30,9 +30,11 @@ def tune_shard(send, redis, job_id: str, shard: int, work_dir: Path, grace_s: fl
     from services.tuner.metaschedule.lanes import CandidateStash, DeferredBuilder, LaneRunner, TimeSplit
     from services.tuner.metaschedule.records import StoreRecords, seed_database
     from services.tuner.metaschedule.rounds import ShardLoop
+    from services.tuner.sharding import first_round_size
 
     plan = store.shards(redis, job_id)[shard]
     by_id = {t.task_id: t for t in store.job_tasks(redis, job_id)}
+    first_round = first_round_size(spec.trials, len(by_id), spec.trials_per_iter)
     tasks = [by_id[tid] for tid in plan.task_ids]
     job_dir = Path(work_dir) / "jobs" / job_id
     job_dir.mkdir(parents=True, exist_ok=True)
@@ -58,7 +60,7 @@ def tune_shard(send, redis, job_id: str, shard: int, work_dir: Path, grace_s: fl
     t0 = time.time()
     loop = ShardLoop(redis, job_id, shard, tasks, make_context, DeferredBuilder(stash, split), runner, database,
                      cost_model, records, spec.trials_per_iter, spec.max_trials_per_task or spec.trials,
-                     check=check, cold_start=cold_start)
+                     check=check, cold_start=cold_start, first_round=first_round)
     run = loop.run()
     tune_s = time.time() - t0
     times = split.as_dict()

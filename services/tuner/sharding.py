@@ -38,6 +38,18 @@ def partition(tasks: list[JobTask], n: int) -> list[ShardState]:
     return [ShardState(shard=i, task_ids=members[i], expected_cost=round(loads[i], 6)) for i in range(n)]
 
 
+def first_round_size(trials: int, n_tasks: int, per_iter: int) -> int:
+    """How many candidates a task's first round measures. Every task of the job gets its first round
+    before any task gets a second (MetaSchedule's round-robin start); when the job's budget cannot give
+    every task a full round (trials < tasks x per_iter), first rounds share it evenly, at least one
+    candidate each, and what is left goes by the gradient. Ordering full first rounds by some guess of
+    which tasks matter (FLOPs x weight, or stock's extraction order) leaves most tasks on their default
+    schedule at such budgets, and the few first candidates of a task are the ones that gain the most."""
+    if n_tasks <= 0:
+        return per_iter
+    return max(1, min(per_iter, trials // n_tasks))
+
+
 def gradient(history: list[float], weight: float, alpha: float = ALPHA, window: int = WINDOW) -> float:
     """MetaSchedule's task gradient: how much the weighted latency of a task is expected to fall with
     its next round. A task with no round yet comes first (+inf); a task with no valid result last."""

@@ -52,6 +52,7 @@ class _Task:
     inflight: tuple | None = None  # (candidates, builder results, futures, claimed)
     reused: int = 0
     cold: bool = False
+    started: bool = False  # had its first round (job-wide: a resumed shard's tasks may have)
 
 
 @dataclass
@@ -75,12 +76,14 @@ class ShardLoop:
     def __init__(self, redis, job_id: str, shard: int, tasks: list[JobTask], make_context: Callable, builder,
                  runner, database, cost_model, records: StoreRecords, trials_per_iter: int,
                  max_trials_per_task: int, steering: Steering | None = None,
-                 check: Callable[[bool], None] | None = None, cold_start: bool = True):
+                 check: Callable[[bool], None] | None = None, cold_start: bool = True,
+                 first_round: int | None = None):
         self.redis, self.job_id, self.shard = redis, job_id, shard
         self.make_context, self.cold_start = make_context, cold_start
         self.tasks = [_Task(t, None) for t in tasks]
         self.builder, self.runner, self.database, self.cost_model = builder, runner, database, cost_model
         self.records, self.per_iter, self.max_per_task = records, trials_per_iter, max_trials_per_task
+        self.first_round = first_round or trials_per_iter  # sharding.first_round_size
         self.steering = steering or Steering()
         # raises Stopped when the client must hand the shard back; its argument says whether every task
         # of the shard has had a round (a client may then yield to a shard no client has taken)
@@ -96,8 +99,9 @@ class ShardLoop:
             self._start_context(t, cold)
             past = hist.get(t.job_task.task_id) or []
             t.best_s = min(past) if past else self._best_in_store(t)
+            t.started = bool(past)
         try:
-            # first every task once (MetaSchedule's round-robin start), heaviest first
+            # first every task once (MetaSchedule's round-robin start; sharding.first_round_size), heaviest first
             for t in self.tasks:
                 self.check(False)
                 if not self._round(t):
@@ -185,15 +189,15 @@ class ShardLoop:
             self._join(t)
         if t.done:
             return True
-        prog = self.records.progress.get(t.job_task.task_id)
-        if prog is not None and prog.trials >= self.max_per_task:
+        room = self._room(t)
+        if room <= 0:
             return self._finish_task(t)
         if store.budget_left(self.redis, self.job_id) <= 0:
             return False
         if t.cold and not t.dry and self.cost_model.trained():
             # the central model is trained: evolve against it (unless evolution just came up empty)
             self._start_context(t, cold=False)
-        cands, fresh = self._search(t, self.max_per_task - (prog.trials if prog is not None else 0))
+        cands, fresh = self._search(t, room)
         if not fresh:
             return True
         claimed = store.claim_trials(self.redis, self.job_id, self.shard, len(fresh))
@@ -211,8 +215,16 @@ class ShardLoop:
         futures = self.runner.run(inputs) if inputs else []
         by_slot = dict(zip(slots, futures))
         t.inflight = (fresh, built, [by_slot.get(i) or _Failed(b.error_msg) for i, b in enumerate(built)], claimed)
+        t.started = True
         self.run_stats.rounds += 1
         return True
+
+    def _room(self, t: _Task) -> int:
+        """How many candidates task t's next round may measure: its first round the job's even share
+        (sharding.first_round_size), then up to its own limit."""
+        prog = self.records.progress.get(t.job_task.task_id)
+        room = self.max_per_task - (prog.trials if prog is not None else 0)
+        return room if t.started or room <= 0 else min(room, self.first_round)
 
     def _search(self, t: _Task, room: int) -> tuple[list, list]:
         """One search of task t: (its candidates, those not in the store yet, at most `room`). What the

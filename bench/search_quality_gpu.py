@@ -1,0 +1,323 @@
+"""Search quality per trial on the GPU (the H200 run of bench/search_quality.py): stock MetaSchedule against
+this service on whole models, every task, 64 candidates a round, equal trials, side by side on the 2-GPU host
+as DESIGN.md section 4 says.
+
+    python bench/search_quality_gpu.py --models mobilenetv2,resnet18 --budgets 64,128,256
+    python bench/search_quality_gpu.py --rehearse      # the same code on CPU (llvm), small_cnn, 16 a round
+
+- stock: `tune_tasks` over every task of the model (its gradient task scheduler, LocalBuilder on its cores,
+  LocalRunner), seed 0, up to the largest budget, in its own process on the last GPU and cores 16-31
+  (bench/scale_h200.py --stock-tune); smaller budgets are read off that run in measurement order (its task
+  scheduler's log, as bench/search_quality.py does on the CPU).
+- ours, at the same time on GPU 0 and cores 0-15: one job per budget, each in a fresh stack (one 100 % lane,
+  16 builders, 4 tuner clients), seed 0: its first rounds share a small budget evenly, so its choices depend
+  on the budget.
+- then, on the whole host: each side's records of its first B trials compiled into the whole model
+  (`compile_relax`, JSON database; tasks without records get DLight's default GPU schedules, as the untuned
+  model does), in parallel processes, and every library of a model timed in one fresh process on GPU 0 at
+  100 %, interleaved rounds, output checked against PyTorch.
+
+The driver writes its JSON after every phase (`--out`), so a run stopped early keeps what it measured."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import threading
+import time
+import traceback
+from pathlib import Path
+from types import SimpleNamespace
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from bench import scale_h200 as sh  # noqa: E402
+from bench import search_quality as sq  # noqa: E402
+from bench.cpu_tuning import _r, git_state  # noqa: E402
+
+OURS_CORES, STOCK_CORES = "0-15", "16-31"
+
+
+def run_stock(model: str, top: int, args, work: Path, uuid: str | None) -> dict:
+    """Stock tune_tasks on every task of the model up to `top` trials, in its own process group."""
+    import signal
+    import subprocess
+
+    ms_dir = work / "stock" / "ms"
+    ms_dir.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ, PYTHONPATH=f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    cores = "1" if args.rehearse else STOCK_CORES
+    if uuid:
+        env["CUDA_VISIBLE_DEVICES"] = uuid
+    cmd = ["taskset", "-c", cores, sys.executable, str(REPO / "bench" / "scale_h200.py"), "--stock-tune",
+           "--stock-work", str(ms_dir), "--model", model, "--per-iter", str(args.per_iter),
+           "--stock-max-trials", str(top)] + (["--rehearse"] if args.rehearse else [])
+    t0 = time.time()
+    sampler = sh.BusySampler(uuid)
+    with open(work / "stock.log", "w") as log:
+        proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            rc = proc.wait(timeout=args.stock_timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)  # its builder pool too
+            proc.wait(30)
+            rc = "timeout"
+    return {"wall_s": _r(time.time() - t0), "rc": rc, "gpu_busy_frac": sampler.stop(), "cores": cores}
+
+
+def stock_side(args, uuid: str | None, work: Path, stock: dict) -> None:
+    for model in args.models:
+        try:
+            stock[model] = run_stock(model, max(args.budgets), args, work / model, uuid)
+        except Exception as err:  # noqa: BLE001 - kept in the JSON; the other side goes on
+            stock[model] = {"error": f"{type(err).__name__}: {err}", "trace": traceback.format_exc()[-1500:]}
+        print(f"[stock] {model}: {json.dumps(stock[model])[:300]}", flush=True)
+
+
+def ours_side(args, uuid: str | None, work: Path, ours: dict, save) -> None:
+    from sharetune.intake import to_relax
+
+    if args.rehearse:
+        lanes, target, share, stack_kw = None, "llvm", None, {}
+    else:
+        lanes, target, share = [f"measure.{uuid.lower().removeprefix('gpu-')[:8]}.p100"], "cuda", 100
+        stack_kw = {"tuners": args.tuners, "builders": 16, "builder_cores": OURS_CORES, "log_level": "INFO"}
+        os.environ["SHARETUNE_SEARCH_THREADS"] = str(max(1, 16 // args.tuners))
+    for model in args.models:
+        mod = to_relax(model).mod
+        ours[model] = {}
+        for b in args.budgets:
+            try:
+                ours[model][b] = sq.run_ours(model, mod, b, args.per_iter, 0, work / model / f"ours_{b}", [b],
+                                             args.job_timeout, lanes=lanes, target=target, share=share,
+                                             stack_kw=stack_kw)
+            except Exception as err:  # noqa: BLE001
+                ours[model][b] = {"error": f"{type(err).__name__}: {err}", "trace": traceback.format_exc()[-1500:]}
+            print(f"[ours] {model} @ {b}: {ours[model][b].get('wall_s')} s, {ours[model][b].get('trials_run')} trials "
+                  f"{ours[model][b].get('error', '')}", flush=True)
+            save()
+
+
+def compile_all(args, work: Path, stock_rows: dict, ours: dict, uuid: str | None) -> dict:
+    """Every library of every model in parallel processes: stock and ours at each budget, and untuned."""
+    from sharetune.intake import to_relax
+    from services.tuner.metaschedule.extract import fuse
+
+    target = sh.make_target(args.rehearse)
+    procs, meta = {}, {}
+    for model in args.models:
+        w = work / model
+        meta[model] = {}
+        if "error" not in stock_rows.get(model, {"error": 1}):
+            try:
+                s_trials, s_tasks, s_db = sq.stock_trials(w, fuse(to_relax(model).mod), target)
+                meta[model]["stock"] = (s_trials, s_tasks, s_db)
+                for b in args.budgets:
+                    db = sq.stock_database(w, s_db["lines"], s_trials, b, w / "stock" / f"db_{b}")
+                    procs[(model, f"stock_{b}")] = (db, w / f"stock_{b}.so")
+            except Exception as err:  # noqa: BLE001
+                meta[model]["stock_error"] = f"{type(err).__name__}: {err}"
+        for b in args.budgets:
+            o = ours.get(model, {}).get(b, {})
+            if "dbs" in o:
+                procs[(model, f"ours_{b}")] = (o["dbs"][b], w / f"ours_{b}.so")
+        empty = w / "untuned_db"
+        empty.mkdir(parents=True, exist_ok=True)
+        for name in ("database_workload.json", "database_tuning_record.json"):
+            (empty / name).write_text("")
+        procs[(model, "untuned")] = (empty, w / "untuned.so")
+    cores = "0-1" if args.rehearse else "0-31"
+    t0 = time.time()
+    running = {k: sh.spawn_compile(SimpleNamespace(model=k[0], rehearse=args.rehearse), db, 10**9, lib, cores, uuid)
+               for k, (db, lib) in procs.items()}
+    libs = {}
+    for k, p in running.items():
+        try:
+            p.wait(timeout=args.compile_timeout)
+        except Exception:  # noqa: BLE001
+            p.kill()
+        lib = procs[k][1]
+        if lib.exists():
+            libs.setdefault(k[0], {})[k[1]] = str(lib)
+        else:
+            log = Path(str(lib) + ".log")
+            meta[k[0]].setdefault("compile_errors", {})[k[1]] = log.read_text(errors="replace")[-800:] if log.exists() else "?"
+    print(f"[compile] {sum(len(v) for v in libs.values())} of {len(procs)} libraries in "
+          f"{time.time() - t0:.0f} s", flush=True)
+    return {"libs": libs, "meta": meta, "compile_s": _r(time.time() - t0)}
+
+
+def serve_model(args, model: str, libs: dict, uuid: str | None, work: Path) -> dict:
+    """Time one model's libraries in one fresh process at 100 % (GPU 0), interleaved, checked against PyTorch."""
+    import subprocess
+
+    import numpy as np
+
+    from sharetune import zoo
+    from sharetune.intake import reference_output
+
+    module, example = zoo.get(model).build()
+    inputs = work / model / "inputs.npz"
+    np.savez(inputs, **{f"arg{i}": t.detach().numpy() for i, t in enumerate(example)})
+    ref = work / model / "reference.npy"
+    np.save(ref, reference_output(module, example))
+    env = dict(os.environ, PYTHONPATH=f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", TVM_NUM_THREADS="1")
+    cmd = [sys.executable, "-m", "sharetune.evaluate", "--inputs", str(inputs), "--reference", str(ref),
+           "--rounds", str(args.rounds)]
+    if uuid:
+        env["CUDA_VISIBLE_DEVICES"] = uuid
+        cmd += ["--device", "gpu"]
+    else:
+        cmd += ["--device", "cpu", "--cores", "0"]
+    for label, path in libs.items():
+        cmd += ["--module", f"{label}={path}"]
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.serve_timeout)
+    try:
+        return json.loads(out.stdout.strip().splitlines()[-1])
+    except (IndexError, json.JSONDecodeError):
+        return {"latency_us": {}, "errors": {"serve": (out.stderr or out.stdout)[-800:]}}
+
+
+def assemble(args, model: str, stock_row: dict, ours_m: dict, meta: dict, served: dict) -> dict:
+    """The run's entry in the shape bench/search_quality.py writes (so its summary applies)."""
+    lat, err = served.get("latency_us", {}), served.get("max_abs_err", {})
+    top = ours_m.get(max(args.budgets), {})
+    tasks = top.get("tasks") or next((o["tasks"] for o in ours_m.values() if "tasks" in o), {})
+    shares = sq._shares(tasks) if tasks else {}
+    s_trials, s_tasks, s_db = meta.get("stock", ([], {}, {}))
+    budgets = {}
+    for b in args.budgets:
+        o = ours_m.get(b, {})
+        if "trials" not in o or not s_trials:
+            continue
+        sb, ob = sq.at_budget(s_trials, s_tasks, b, {}), sq.at_budget(o["trials"], o["tasks"], b, {})
+        e = {"stock": {k: v for k, v in sb.items() if k != "tasks"} | {"latency_us": lat.get(f"stock_{b}"),
+                                                                        "max_abs_err": err.get(f"stock_{b}")},
+             "ours": {k: v for k, v in ob.items() if k != "tasks"} | {"latency_us": lat.get(f"ours_{b}"),
+                                                                      "max_abs_err": err.get(f"ours_{b}"),
+                                                                      "wall_s": o.get("wall_s")},
+             "trials_per_task": {"stock": {k: v["trials"] for k, v in sb["tasks"].items()},
+                                 "ours": {k: v["trials"] for k, v in ob["tasks"].items()}},
+             "best_us_per_task": {"stock": {k: v["best_us"] for k, v in sb["tasks"].items()},
+                                  "ours": {k: v["best_us"] for k, v in ob["tasks"].items()}},
+             "starved": {"ours": sq.starved({k: v["trials"] for k, v in ob["tasks"].items()}, shares),
+                         "stock": sq.starved({k: v["trials"] for k, v in sb["tasks"].items()}, shares)}}
+        if e["stock"]["latency_us"] and e["ours"]["latency_us"]:
+            e["latency_ratio"] = _r(e["ours"]["latency_us"] / e["stock"]["latency_us"], 4)
+        budgets[str(b)] = e
+    return {
+        "model": model, "seed": 0,
+        "tasks": {k: {"weight": v["weight"], "flops_share": _r(shares.get(k), 5)} for k, v in tasks.items()},
+        "budgets": budgets,
+        "untuned_latency_us": lat.get("untuned"),
+        "latency_detail": served,
+        "stock": stock_row | {"trials": len(s_trials), "errors": sum(1 for t in s_trials if t["us"] is None),
+                              "batches": s_db.get("batches"), "unmatched_records": s_db.get("unmatched_records")},
+        "ours": {str(b): {k: o.get(k) for k in ("wall_s", "startup_s", "tuner_wall_s", "trials_run", "errors", "job_id",
+                                                 "error")} for b, o in ours_m.items()},
+        "compile": {k: v for k, v in meta.items() if k not in ("stock",)},
+    }
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--models", default="mobilenetv2,resnet18")
+    ap.add_argument("--budgets", default="64,128,256")
+    ap.add_argument("--per-iter", type=int, default=64)
+    ap.add_argument("--tuners", type=int, default=4)
+    ap.add_argument("--rounds", type=int, default=20, help="timing: interleaved rounds")
+    ap.add_argument("--stock-timeout", type=float, default=900.0, help="per model")
+    ap.add_argument("--job-timeout", type=float, default=600.0, help="per job of ours")
+    ap.add_argument("--compile-timeout", type=float, default=400.0)
+    ap.add_argument("--serve-timeout", type=float, default=300.0)
+    ap.add_argument("--work-dir", default="/tmp/sqg")
+    ap.add_argument("--out", default=None, help="default: $OUT or the work dir, search_quality_h200.json")
+    ap.add_argument("--rehearse", action="store_true", help="CPU lanes and llvm, small_cnn, budgets 16,32, 16 a round")
+    args = ap.parse_args(argv)
+    if args.rehearse:
+        args.models, args.budgets, args.per_iter, args.rounds = "small_cnn", "16,32", 16, 5
+    args.models = [m for m in args.models.split(",") if m]
+    args.budgets = sorted(int(b) for b in args.budgets.split(","))
+    work = Path(args.work_dir).resolve()
+    work.mkdir(parents=True, exist_ok=True)
+    out = Path(args.out or Path(os.environ.get("OUT") or work) / ("search_quality_gpu_rehearsal.json" if args.rehearse
+                                                                     else "search_quality_h200.json"))
+    os.environ.pop("REDIS_URL", None)
+    gpus = []
+    if not args.rehearse:
+        from services.measurer.observers import make_observer
+
+        gpus = make_observer().inventory()
+        probe = sh.probe_hidden_gpu_build()
+        if not probe.get("cubin"):
+            os.environ["SHARETUNE_BUILDER_HIDE_GPUS"] = "0"
+    uuid_ours = gpus[0].uuid if gpus else None
+    uuid_stock = gpus[-1].uuid if gpus else None
+    t_all = time.time()
+    stock, ours = {}, {}
+    rep = {"models": args.models, "budgets": args.budgets, "per_iter": args.per_iter, "complete": False,
+           "gpus": [g.uuid for g in gpus], "host_cores": os.cpu_count(), "command": " ".join(
+               ["python", "bench/search_quality_gpu.py"] + (argv if argv is not None else sys.argv[1:])),
+           "code": git_state(), "method": __doc__.split("\n\n", 2)[2]}
+
+    def save(**extra):
+        rep.update(extra, stock_side={m: {k: v for k, v in s.items() if k != "trace"} for m, s in stock.items()},
+                   ours_side={m: {str(b): {k: v for k, v in o.items() if k in ("wall_s", "trials_run", "error", "job_id")}
+                                  for b, o in om.items()} for m, om in ours.items()},
+                   elapsed_s=_r(time.time() - t_all))
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(rep, indent=1, default=str) + "\n")
+
+    save(phase="tuning")
+    stock_thread = threading.Thread(target=stock_side, args=(args, uuid_stock, work, stock), daemon=True)
+    stock_thread.start()
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, sh.cores_of("0" if args.rehearse else OURS_CORES))  # the stacks inherit it
+    try:
+        ours_side(args, uuid_ours, work, ours, save)
+    finally:
+        os.sched_setaffinity(0, before)
+    stock_thread.join()
+    tune_s = time.time() - t_all
+    save(phase="compiling", tune_s=_r(tune_s))
+    comp = compile_all(args, work, stock, ours, uuid_ours)
+    save(phase="timing", compile_s=comp["compile_s"])
+    runs = []
+    for model in args.models:
+        try:
+            served = serve_model(args, model, comp["libs"].get(model, {}), uuid_ours, work) if comp["libs"].get(model) else {}
+            runs.append(assemble(args, model, stock.get(model, {}), ours.get(model, {}), comp["meta"].get(model, {}),
+                                 served))
+        except Exception as err:  # noqa: BLE001 - the other model still gets its figures
+            runs.append({"model": model, "budgets": {}, "error": f"{type(err).__name__}: {err}",
+                         "trace": traceback.format_exc()[-1500:]})
+        rep["runs"] = runs
+        save()
+    complete = [r for r in runs if r["budgets"] and all("latency_ratio" in e for e in r["budgets"].values())]
+    summary = sq.summarise(complete, [b for b in args.budgets if all(str(b) in r["budgets"] for r in complete)]) \
+        if complete else None
+    save(phase="done", complete=len(complete) == len(args.models), summary=summary, total_s=_r(time.time() - t_all))
+    print(table(rep), flush=True)
+    print(f"wrote {out}", flush=True)
+    return 0
+
+
+def table(rep: dict) -> str:
+    lines = [f"{'model':12s} {'budget':>6s} {'stock us':>10s} {'ours us':>10s} {'ours/stock':>10s} {'ours wall s':>11s}"]
+    for r in rep.get("runs", []):
+        for b, e in r["budgets"].items():
+            lines.append(f"{r['model']:12s} {b:>6s} {sq._f(e['stock']['latency_us'])} {sq._f(e['ours']['latency_us'])} "
+                         f"{e.get('latency_ratio') or float('nan'):10.3f} {sq._f(e['ours']['wall_s'], 11)}")
+        lines.append(f"{'':12s} untuned {r['untuned_latency_us']} us; stock {r['stock'].get('wall_s')} s for "
+                     f"{r['stock'].get('trials')} trials")
+    if rep.get("summary"):
+        s = rep["summary"]
+        lines.append(f"latency_vs_stock_max {s['latency_vs_stock_max']}, starved_tasks {s['starved_tasks']}")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
