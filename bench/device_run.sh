@@ -67,6 +67,7 @@ PY
     t0=$(date +%s)
     while [ $(( $(date +%s) - t0 )) -lt ${SQ_WAIT_S:-560} ]; do
       grep -q '"phase": "done"' /tmp/sqg/search_quality_h200.json 2>/dev/null && break
+      grep -q '^\[ours-error\]\|^Traceback' /tmp/sqg/driver.log 2>/dev/null && { echo "driver error: stopped waiting"; break; }
       sleep 5
     done
     cp /tmp/sqg/search_quality_h200.json "$OUT/" 2>/dev/null; tail -c 30000 /tmp/sqg/driver.log

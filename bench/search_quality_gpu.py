@@ -2,7 +2,7 @@
 this service on whole models, every task, 64 candidates a round, equal trials, side by side on the 2-GPU host
 as DESIGN.md section 4 says.
 
-    python bench/search_quality_gpu.py --models mobilenetv2,resnet18 --budgets 64,128,256
+    python bench/search_quality_gpu.py --models mobilenetv2,resnet18 --budgets 64,128,256 [--model-budgets resnet18=64,128]
     python bench/search_quality_gpu.py --rehearse      # the same code on CPU (llvm), small_cnn, 16 a round
 
 - stock: `tune_tasks` over every task of the model (its gradient task scheduler, LocalBuilder on its cores,
@@ -41,6 +41,10 @@ from bench.cpu_tuning import _r, git_state  # noqa: E402
 OURS_CORES, STOCK_CORES = "0-15", "16-31"
 
 
+def budgets_of(args, model: str) -> list[int]:
+    return args.model_budgets.get(model, args.budgets)
+
+
 def run_stock(model: str, top: int, args, work: Path, uuid: str | None) -> dict:
     """Stock tune_tasks on every task of the model up to `top` trials, in its own process group."""
     import signal
@@ -71,7 +75,7 @@ def run_stock(model: str, top: int, args, work: Path, uuid: str | None) -> dict:
 def stock_side(args, uuid: str | None, work: Path, stock: dict) -> None:
     for model in args.models:
         try:
-            stock[model] = run_stock(model, max(args.budgets), args, work / model, uuid)
+            stock[model] = run_stock(model, max(budgets_of(args, model)), args, work / model, uuid)
         except Exception as err:  # noqa: BLE001 - kept in the JSON; the other side goes on
             stock[model] = {"error": f"{type(err).__name__}: {err}", "trace": traceback.format_exc()[-1500:]}
         print(f"[stock] {model}: {json.dumps(stock[model])[:300]}", flush=True)
@@ -89,13 +93,14 @@ def ours_side(args, uuid: str | None, work: Path, ours: dict, save) -> None:
     for model in args.models:
         mod = to_relax(model).mod
         ours[model] = {}
-        for b in args.budgets:
+        for b in budgets_of(args, model):
             try:
                 ours[model][b] = sq.run_ours(model, mod, b, args.per_iter, 0, work / model / f"ours_{b}", [b],
                                              args.job_timeout, lanes=lanes, target=target, share=share,
                                              stack_kw=stack_kw)
             except Exception as err:  # noqa: BLE001
                 ours[model][b] = {"error": f"{type(err).__name__}: {err}", "trace": traceback.format_exc()[-1500:]}
+                print(f"[ours-error] {model} @ {b}:\n{ours[model][b]['trace']}", flush=True)  # the device call stops waiting
             print(f"[ours] {model} @ {b}: {ours[model][b].get('wall_s')} s, {ours[model][b].get('trials_run')} trials "
                   f"{ours[model][b].get('error', '')}", flush=True)
             save()
@@ -115,12 +120,12 @@ def compile_all(args, work: Path, stock_rows: dict, ours: dict, uuid: str | None
             try:
                 s_trials, s_tasks, s_db = sq.stock_trials(w, fuse(to_relax(model).mod), target)
                 meta[model]["stock"] = (s_trials, s_tasks, s_db)
-                for b in args.budgets:
+                for b in budgets_of(args, model):
                     db = sq.stock_database(w, s_db["lines"], s_trials, b, w / "stock" / f"db_{b}")
                     procs[(model, f"stock_{b}")] = (db, w / f"stock_{b}.so")
             except Exception as err:  # noqa: BLE001
                 meta[model]["stock_error"] = f"{type(err).__name__}: {err}"
-        for b in args.budgets:
+        for b in budgets_of(args, model):
             o = ours.get(model, {}).get(b, {})
             if "dbs" in o:
                 procs[(model, f"ours_{b}")] = (o["dbs"][b], w / f"ours_{b}.so")
@@ -184,12 +189,12 @@ def serve_model(args, model: str, libs: dict, uuid: str | None, work: Path) -> d
 def assemble(args, model: str, stock_row: dict, ours_m: dict, meta: dict, served: dict) -> dict:
     """The run's entry in the shape bench/search_quality.py writes (so its summary applies)."""
     lat, err = served.get("latency_us", {}), served.get("max_abs_err", {})
-    top = ours_m.get(max(args.budgets), {})
+    top = ours_m.get(max(budgets_of(args, model)), {})
     tasks = top.get("tasks") or next((o["tasks"] for o in ours_m.values() if "tasks" in o), {})
     shares = sq._shares(tasks) if tasks else {}
     s_trials, s_tasks, s_db = meta.get("stock", ([], {}, {}))
     budgets = {}
-    for b in args.budgets:
+    for b in budgets_of(args, model):
         o = ours_m.get(b, {})
         if "trials" not in o or not s_trials:
             continue
@@ -226,6 +231,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--models", default="mobilenetv2,resnet18")
     ap.add_argument("--budgets", default="64,128,256")
+    ap.add_argument("--model-budgets", default="", help="per model, e.g. resnet18=64,128;mobilenetv2=64")
     ap.add_argument("--per-iter", type=int, default=64)
     ap.add_argument("--tuners", type=int, default=4)
     ap.add_argument("--rounds", type=int, default=20, help="timing: interleaved rounds")
@@ -241,17 +247,23 @@ def main(argv=None) -> int:
         args.models, args.budgets, args.per_iter, args.rounds = "small_cnn", "16,32", 16, 5
     args.models = [m for m in args.models.split(",") if m]
     args.budgets = sorted(int(b) for b in args.budgets.split(","))
+    args.model_budgets = {m: sorted(int(b) for b in bs.split(",")) for m, bs in
+                          (kv.split("=", 1) for kv in args.model_budgets.split(";") if kv)}
     work = Path(args.work_dir).resolve()
     work.mkdir(parents=True, exist_ok=True)
     out = Path(args.out or Path(os.environ.get("OUT") or work) / ("search_quality_gpu_rehearsal.json" if args.rehearse
                                                                      else "search_quality_h200.json"))
     os.environ.pop("REDIS_URL", None)
-    gpus = []
+    gpus, rep_probe = [], None
     if not args.rehearse:
         from services.measurer.observers import make_observer
 
         gpus = make_observer().inventory()
-        probe = sh.probe_hidden_gpu_build()
+        try:
+            probe = sh.probe_hidden_gpu_build()
+        except Exception as err:  # noqa: BLE001 - e.g. its timeout: builders keep the GPU in view
+            probe = {"cubin": False, "error": f"{type(err).__name__}: {err}"}
+        rep_probe = probe
         if not probe.get("cubin"):
             os.environ["SHARETUNE_BUILDER_HIDE_GPUS"] = "0"
     uuid_ours = gpus[0].uuid if gpus else None
@@ -261,7 +273,7 @@ def main(argv=None) -> int:
     rep = {"models": args.models, "budgets": args.budgets, "per_iter": args.per_iter, "complete": False,
            "gpus": [g.uuid for g in gpus], "host_cores": os.cpu_count(), "command": " ".join(
                ["python", "bench/search_quality_gpu.py"] + (argv if argv is not None else sys.argv[1:])),
-           "code": git_state(), "method": __doc__.split("\n\n", 2)[2]}
+           "code": git_state(), "builder_probe": rep_probe, "method": __doc__.split("\n\n", 2)[2]}
 
     def save(**extra):
         rep.update(extra, stock_side={m: {k: v for k, v in s.items() if k != "trace"} for m, s in stock.items()},
@@ -297,12 +309,23 @@ def main(argv=None) -> int:
         rep["runs"] = runs
         save()
     complete = [r for r in runs if r["budgets"] and all("latency_ratio" in e for e in r["budgets"].values())]
-    summary = sq.summarise(complete, [b for b in args.budgets if all(str(b) in r["budgets"] for r in complete)]) \
-        if complete else None
-    save(phase="done", complete=len(complete) == len(args.models), summary=summary, total_s=_r(time.time() - t_all))
+    save(phase="done", complete=len(complete) == len(args.models), summary=summary_of(complete),
+         total_s=_r(time.time() - t_all))
     print(table(rep), flush=True)
     print(f"wrote {out}", flush=True)
     return 0
+
+
+def summary_of(runs: list[dict]) -> dict | None:
+    """bench/search_quality.py's summary, each model over its own budgets."""
+    if not runs:
+        return None
+    per = [sq.summarise([r], [int(b) for b in r["budgets"]]) for r in runs]
+    return {"latency_vs_stock_max": max(p["latency_vs_stock_max"] for p in per),
+            "starved_tasks": sum(p["starved_tasks"] for p in per),
+            "starved_detail": [d for p in per for d in p["starved_detail"]],
+            "stock_starved_tasks": [d for p in per for d in p["stock_starved_tasks"]],
+            "per_model": {k: v for p in per for k, v in p["per_model"].items()}, "goals": per[0]["goals"]}
 
 
 def table(rep: dict) -> str:
