@@ -72,6 +72,9 @@ PY
     done
     cp /tmp/sqg/search_quality_h200.json "$OUT/" 2>/dev/null; tail -c 30000 /tmp/sqg/driver.log
     keep_logs /tmp/sqg searchq_logs ;;
+  # the default-schedule guard on that run's records (carry .sqg: its databases and JSON)
+  searchq-guard) mkdir -p /tmp/sqg && tar xzf .sqg/sqg_dbs.tgz -C /tmp/sqg
+           timeout 560 python3 bench/search_quality_guard.py --work-dir /tmp/sqg --first-run .sqg/search_quality_h200.json "${@:2}" 2>&1 | tail -40 ;;
   gpufault) nvidia-smi --query-gpu=index,uuid,name --format=csv,noheader
     timeout 280 python3 bench/gpu_fault.py "${@:2}" 2>&1 | tail -60
     keep_logs /tmp/gpu_fault gpu_fault_logs ;;

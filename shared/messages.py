@@ -188,6 +188,7 @@ class TaskProgress(Contract):
     errors: int = 0
     best_us: float | None = None
     reused_trials: int = 0  # records found in the store before this job (identical workloads)
+    exhausted: bool = False  # its design space is spent (nothing new over several rounds), not its budget
 
 
 class TaskBest(Contract):
@@ -198,6 +199,8 @@ class TaskBest(Contract):
     best_us: float | None
     best_candidate: str | None = None  # record key of the best candidate (st:rec:<wkey> field)
     best_lane: str | None = None
+    default_us: float | None = None  # its default schedule on a lane (None: not measured, or it failed)
+    applied: bool = True  # the tuned model runs its best record (False: the default was as fast or faster)
 
 
 class JobResult(Contract):
@@ -463,6 +466,17 @@ class Record(Contract):
     measured_at: float = Field(default_factory=time.time)
     shared_run_secs: list[float] | None = None  # as measured while neighbouring lanes worked
     retimed_at: float | None = None  # set when re-timed with the job's other lanes idle
+
+
+class DefaultTiming(Contract):
+    """A workload's default schedule (what the model runs for that task without a tuning record: DLight's
+    rules on a GPU, the plain loop nest on a CPU), timed once on a lane of the workload's share."""
+
+    wkey: str
+    run_secs: list[float] | None = None
+    error: str | None = None
+    lane: str = ""
+    measured_at: float = Field(default_factory=time.time)
 
 
 class Workload(Contract):

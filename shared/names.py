@@ -228,6 +228,11 @@ def records_key(wkey: str) -> str:
     return f"{PREFIX}:rec:{wkey}"
 
 
+def default_key(wkey: str) -> str:
+    """A workload's default schedule as measured on a lane (DefaultTiming JSON): what a task runs untuned."""
+    return f"{PREFIX}:default:{wkey}"
+
+
 def batch_results_key(batch_id: str) -> str:
     """Hash candidate_id -> MeasureResult JSON, written by the lane that measured the batch."""
     return f"{PREFIX}:batch:{batch_id}"

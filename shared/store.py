@@ -21,6 +21,7 @@ from shared.messages import (
     FINAL_STATES,
     BuilderInfo,
     CostModelSnapshot,
+    DefaultTiming,
     JobHash,
     JobResult,
     JobSpec,
@@ -568,6 +569,18 @@ def records(r: redis.Redis, wkey: str) -> list[Record]:
 def record_count(r: redis.Redis, wkey: str) -> int:
     """The valid records of a workload: what a new job reuses (error records are measured again)."""
     return sum(1 for rec in records(r, wkey) if valid_record(rec))
+
+
+def put_default(r: redis.Redis, timing: DefaultTiming) -> None:
+    """A workload's default-schedule timing; a valid one is kept (a later failure never replaces it)."""
+    old = default_timing(r, timing.wkey)
+    if old is None or not old.run_secs:
+        r.set(names.default_key(timing.wkey), timing.model_dump_json())
+
+
+def default_timing(r: redis.Redis, wkey: str) -> DefaultTiming | None:
+    raw = r.get(names.default_key(wkey))
+    return DefaultTiming.parse(raw) if raw else None
 
 
 def known_records(r: redis.Redis, wkey: str, keys: list[str]) -> dict[str, Record]:

@@ -66,13 +66,14 @@ def test_exported_database_compiles_with_stock_tvm(tuned_tiny, tmp_path):
     from shared import store
 
     # every valid record the store holds for the job's workloads (this job's, and an earlier job's of the
-    # same workload: identical workloads share their records)
+    # same workload: identical workloads share their records), of the tasks whose best beats their default
     path = os.path.join(res.database_dir, "database_tuning_record.json")
-    valid = sum(1 for t in store.job_tasks(tuned_tiny.client.redis, tuned_tiny.job_id)
+    applied = {b.task_id for b in res.tasks if b.applied}
+    valid = sum(1 for t in store.job_tasks(tuned_tiny.client.redis, tuned_tiny.job_id) if t.task_id in applied
                 for r in store.records(tuned_tiny.client.redis, t.wkey)
                 if r.error is None and r.run_secs and r.measured_at <= os.path.getmtime(path))
     with open(path) as f:
-        assert len(f.readlines()) == valid >= res.trials - _errors(tuned_tiny)
+        assert len(f.readlines()) == valid > 0
     db = ms.database.JSONDatabase(work_dir=res.database_dir)
     target = tvm.target.Target(json.loads(res.target))
     model, example = get("tiny").build()
@@ -113,3 +114,34 @@ def test_top_candidates_are_retimed_and_both_figures_kept(tuned_tiny, redis_conn
         if mine:
             best_iso = min(1e6 * sum(r.run_secs) / len(r.run_secs) for r in mine)
             assert by_task[t.task_id].best_us <= best_iso + 1e-9
+
+
+def test_each_tasks_default_schedule_is_timed_and_guards_the_tuned_model(tuned_tiny, redis_conn):
+    """Every task's default schedule is timed once on a lane; the exported database (what the tuned model
+    is compiled from) holds a task's records only when their best beats that default."""
+    from shared.ranking import rank_secs
+
+    res = tuned_tiny.result()
+    wkeys = {t.task_id: t.wkey for t in store.job_tasks(redis_conn, tuned_tiny.job_id)}
+    for best in res.tasks:
+        timing = store.default_timing(redis_conn, wkeys[best.task_id])
+        assert timing is not None and timing.error is None and timing.run_secs, best.name
+        assert timing.lane.startswith("measure.cpu.")
+        assert best.default_us == pytest.approx(1e6 * rank_secs(timing.run_secs))
+        assert best.applied == (best.best_us is not None and best.best_us < best.default_us)
+    db = res.database_dir
+    with open(f"{db}/database_workload.json") as f:
+        n_workloads = sum(1 for line in f if line.strip())
+    with open(f"{db}/database_tuning_record.json") as f:
+        with_records = {json.loads(line)[0] for line in f if line.strip()}
+    assert n_workloads == len(res.tasks)
+    assert len(with_records) == sum(1 for b in res.tasks if b.applied)
+
+
+def test_a_record_applies_only_when_it_beats_the_default():
+    from services.tuner.metaschedule.defaults import keeps_records
+
+    assert keeps_records(1e-4, 2e-4)
+    assert not keeps_records(2e-4, 2e-4) and not keeps_records(3e-4, 2e-4)
+    assert keeps_records(3e-4, None)  # no default timed: the records apply as MetaSchedule would
+    assert not keeps_records(None, 2e-4) and not keeps_records(None, None)

@@ -58,9 +58,12 @@ def tune_shard(send, redis, job_id: str, shard: int, work_dir: Path, grace_s: fl
     records = StoreRecords(redis, job_id, spec.share, wkeys, {t.name: t.task_id for t in tasks}, runner,
                            database, shard)
     t0 = time.time()
+    from services.tuner.metaschedule.defaults import measure_defaults
+
     loop = ShardLoop(redis, job_id, shard, tasks, make_context, DeferredBuilder(stash, split), runner, database,
                      cost_model, records, spec.trials_per_iter, spec.max_trials_per_task or spec.trials,
-                     check=check, cold_start=cold_start, first_round=first_round)
+                     check=check, cold_start=cold_start, first_round=first_round,
+                     defaults=lambda ts: measure_defaults(redis, runner, ts, mods, target))
     run = loop.run()
     tune_s = time.time() - t0
     times = split.as_dict()
@@ -108,14 +111,19 @@ def finish_job(send, redis, job_id: str, work_dir: Path, grace_s: float = 120.0)
     untuned = compile_untuned(model, target, str(job_dir / "untuned.so")) if spec.untuned_baseline else None
     compile_s = time.time() - t_compile
     progress = store.job_progress(redis, job_id)
+    from services.tuner.metaschedule.defaults import default_secs, keeps_records
+
     bests = []
     for t in tasks:
         best = _best_record(redis, t.wkey)
+        best_s = rank_secs(best.run_secs) if best else None
+        default_s = default_secs(store.default_timing(redis, t.wkey))
         bests.append(TaskBest(
             task_id=t.task_id, name=t.name, weight=t.weight,
             trials=progress[t.task_id].trials if t.task_id in progress else 0,
-            best_us=1e6 * rank_secs(best.run_secs) if best else None,
+            best_us=1e6 * best_s if best else None,
             best_candidate=best.candidate_key if best else None, best_lane=best.lane if best else None,
+            default_us=1e6 * default_s if default_s else None, applied=keeps_records(best_s, default_s),
         ))
     shards = store.shards(redis, job_id)
     splits = store.splits(redis, job_id)

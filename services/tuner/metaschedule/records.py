@@ -60,19 +60,27 @@ def seed_database(redis, wkeys: list[str]) -> tuple[ms.database.MemoryDatabase, 
 def export_json_database(redis, wkeys: list[str], out_dir: str) -> tuple[str, int]:
     """Write database_workload.json + database_tuning_record.json (stock TVM's JSONDatabase) for these
     workloads, and every repeat of every record to database_repeats.json; returns the directory and the
-    number of records written (TVM applies the same best as we report: see tvm_record)."""
+    number of records written (TVM applies the same best as we report: see tvm_record). The records of a
+    workload whose best does not beat its default schedule are left out (TVM then compiles the default)."""
     os.makedirs(out_dir, exist_ok=True)
     for name in ("database_workload.json", "database_tuning_record.json", REPEATS_FILE):
         path = os.path.join(out_dir, name)
         if os.path.exists(path):
             os.remove(path)
+    from services.tuner.metaschedule.defaults import default_secs, keeps_records
+
     db = ms.database.JSONDatabase(work_dir=out_dir, module_equality="structural")
     n = 0
     with open(os.path.join(out_dir, REPEATS_FILE), "w") as repeats:
         for wkey in wkeys:
             wl = db.commit_workload(load_ir(store.workload(redis, wkey).mod))
-            for r in ranked(store.records(redis, wkey)):
-                db.commit_tuning_record(tvm_record(r, wl))
+            recs = ranked(store.records(redis, wkey))
+            # a task whose best does not beat its default schedule keeps the default (defaults.py)
+            apply = keeps_records(rank_secs(recs[0].run_secs) if recs else None,
+                                  default_secs(store.default_timing(redis, wkey)))
+            for r in recs:
+                if apply:
+                    db.commit_tuning_record(tvm_record(r, wl))
                 repeats.write(json.dumps({"wkey": wkey, "candidate_key": r.candidate_key, "run_secs": r.run_secs,
                                           "shared_run_secs": r.shared_run_secs, "lane": r.lane}) + "\n")
                 n += 1

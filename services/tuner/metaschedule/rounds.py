@@ -77,13 +77,15 @@ class ShardLoop:
                  runner, database, cost_model, records: StoreRecords, trials_per_iter: int,
                  max_trials_per_task: int, steering: Steering | None = None,
                  check: Callable[[bool], None] | None = None, cold_start: bool = True,
-                 first_round: int | None = None):
+                 first_round: int | None = None, defaults: Callable[[list[JobTask]], dict] | None = None):
         self.redis, self.job_id, self.shard = redis, job_id, shard
         self.make_context, self.cold_start = make_context, cold_start
         self.tasks = [_Task(t, None) for t in tasks]
         self.builder, self.runner, self.database, self.cost_model = builder, runner, database, cost_model
         self.records, self.per_iter, self.max_per_task = records, trials_per_iter, max_trials_per_task
         self.first_round = first_round or trials_per_iter  # sharding.first_round_size
+        # task_id -> seconds of its default schedule (metaschedule/defaults.py), timed before the first rounds
+        self.defaults = defaults
         self.steering = steering or Steering()
         # raises Stopped when the client must hand the shard back; its argument says whether every task
         # of the shard has had a round (a client may then yield to a shard no client has taken)
@@ -95,10 +97,14 @@ class ShardLoop:
     def run(self) -> ShardRun:
         hist = store.history(self.redis, self.job_id)
         cold = self.cold_start and not self.cost_model.trained()
+        # a task runs its default schedule until a candidate beats it: that is its latency to the gradient
+        default = self.defaults([t.job_task for t in self.tasks]) if self.defaults else {}
         for t in self.tasks:
             self._start_context(t, cold)
             past = hist.get(t.job_task.task_id) or []
             t.best_s = min(past) if past else self._best_in_store(t)
+            if default.get(t.job_task.task_id):
+                t.best_s = min(t.best_s, default[t.job_task.task_id])
             t.started = bool(past)
         try:
             # first every task once (MetaSchedule's round-robin start; sharding.first_round_size), heaviest first
@@ -255,7 +261,7 @@ class ShardLoop:
             return cands, fresh[:room]
         t.dry += 1
         if t.dry >= EMPTY_ROUNDS:
-            self._finish_task(t)
+            self._finish_task(t, exhausted=True)
         else:
             self._start_context(t, cold=not t.cold)
         return cands, []
@@ -276,8 +282,13 @@ class ShardLoop:
         self.run_stats.trials += len(cands)
         self.run_stats.per_task[t.job_task.name] = self.run_stats.per_task.get(t.job_task.name, 0) + len(cands)
 
-    def _finish_task(self, t: _Task) -> bool:
+    def _finish_task(self, t: _Task, exhausted: bool = False) -> bool:
         t.done = True
+        if exhausted:  # said in its progress: fewer trials than others is then no starvation
+            prog = self.records.progress.get(t.job_task.task_id)
+            if prog is not None and self.redis is not None:
+                prog.exhausted = True
+                store.put_progress(self.redis, self.job_id, prog)
         return True
 
 
