@@ -24,12 +24,16 @@ PREFIX = "default:"
 
 
 def default_module(mod: tvm.IRModule, target: tvm.target.Target) -> tvm.IRModule:
+    """The task's module as the untuned model compiles it. DLight schedules the module it is given in
+    place, so it gets a copy: the workload must stay as the search and the store know it."""
     if target.kind.name == "cuda":
         from tvm.s_tir import dlight as dl
 
+        from services.tuner.metaschedule.codec import load_ir
+
         with target:
             return dl.ApplyDefaultSchedule(dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(),
-                                           dl.gpu.GeneralReduction(), dl.gpu.Fallback())(mod)
+                                           dl.gpu.GeneralReduction(), dl.gpu.Fallback())(load_ir(dump_ir(mod)))
     return mod
 
 
