@@ -265,16 +265,25 @@ def run_ours(model: str, relax_mod, trials: int, per_iter: int, seed: int, work:
 
         trials_out = [{"task": t.name, "t": x.measured_at - t_start,
                        "us": 1e6 * rank_secs(x.run_secs) if store.valid_record(x) else None} for x, t in recs]
-        dbs = {}
+        from services.tuner.metaschedule.defaults import default_secs, keeps_records
+
+        dbs, left_on_default = {}, {}
         for b in budgets:
             d = work / "ours" / f"db_{b}"
             if d.exists():
                 shutil.rmtree(d)
             d.mkdir(parents=True)
             db = ms.database.JSONDatabase(work_dir=str(d), module_equality="structural")
+            # as the service exports: a task's records only when their best beats its default schedule
+            best: dict[str, float] = {}
+            for x, t in recs[:b]:
+                if store.valid_record(x):
+                    best[t.wkey] = min(best.get(t.wkey, float("inf")), rank_secs(x.run_secs))
+            keep = {w for w, s in best.items() if keeps_records(s, default_secs(store.default_timing(r, w)))}
+            left_on_default[b] = sorted(t.name for t in jtasks if t.wkey in set(best) - keep)
             wls = {}
             for x, t in recs[:b]:
-                if not store.valid_record(x):
+                if not store.valid_record(x) or t.wkey not in keep:
                     continue
                 if t.wkey not in wls:
                     wls[t.wkey] = db.commit_workload(load_ir(store.workload(r, t.wkey).mod))
@@ -285,7 +294,8 @@ def run_ours(model: str, relax_mod, trials: int, per_iter: int, seed: int, work:
     print(f"[ours] start-up {startup_s} s, submit->result {wall_s} s, {res.trials} trials", flush=True)
     return {"wall_s": _r(wall_s), "startup_s": _r(startup_s), "tuner_wall_s": _r(res.wall_s), "trials_run": res.trials,
             "errors": sum(1 for tr in trials_out if tr["us"] is None), "lanes": lanes, "share": share,
-            "job_id": res.job_id, "trials": trials_out, "tasks": tasks, "dbs": dbs, "resumed": resumed}
+            "job_id": res.job_id, "trials": trials_out, "tasks": tasks, "dbs": dbs, "resumed": resumed,
+            "left_on_default": left_on_default}
 
 
 # ---- compile + time -----------------------------------------------------------------------------------
@@ -338,7 +348,8 @@ def one_run(args, model: str, seed: int, work: Path, foreign: ForeignLoad) -> di
         sb, ob = at_budget(s_trials, s_tasks, b, base), at_budget(ours_by[b]["trials"], ours_by[b]["tasks"], b, base)
         budgets[str(b)] = {
             "stock": {k: v for k, v in sb.items() if k != "tasks"},
-            "ours": {k: v for k, v in ob.items() if k != "tasks"},
+            "ours": {k: v for k, v in ob.items() if k != "tasks"}
+                    | {"tasks_left_on_default": ours_by[b].get("left_on_default", {}).get(b)},
             "trials_per_task": {"stock": {k: v["trials"] for k, v in sb["tasks"].items()},
                                 "ours": {k: v["trials"] for k, v in ob["tasks"].items()}},
             "best_us_per_task": {"stock": {k: v["best_us"] for k, v in sb["tasks"].items()},
@@ -515,7 +526,9 @@ def report(args, runs, foreign, load_start, t_all, argv, final: bool) -> dict:
                      "order from the task scheduler's log (batches of task i = task i's records in its database "
                      "file order); a batch's time = its 'Sending M valid sample(s) to runner' log line (1 s resolution)",
             "ours": "fresh local Stack per budget (one single-core lane per core), Client.submit(trials=B, seed=...); "
-                    "order and time = each record's measured_at; ours.curve is the largest budget's job",
+                    "order and time = each record's measured_at; ours.curve is the largest budget's job; its "
+                    "database per budget holds a task's records only when their best beats the task's default "
+                    "schedule as a lane timed it (as the service exports: services/tuner/metaschedule/defaults.py)",
             "latency": f"compile_relax with the records of the first B trials (JSON database per side and budget), "
                        f"all libraries of a model timed in this process pinned to one core, TVM_NUM_THREADS=1, "
                        f"interleaved: median over {args.repeat} rounds of the mean of {args.number} runs",
