@@ -1,6 +1,14 @@
-"""Pure logic of sharding one job over several tuner clients: how tasks are split into shards, the
-gradient that says where the next trials pay most (MetaSchedule's gradient task scheduler, computed
-job-wide from the store), and when a client should let other shards' tasks go first."""
+"""Pure logic of sharding one job over several tuner clients: how tasks are split into shards, how the
+job's trials are allocated, and when a client should let other shards' tasks go first.
+
+The allocation rule, job-wide across shards and clients (README, "How trials are allocated"):
+1. every task gets its first round before any task gets a second; a budget too small for a full round of
+   every task is shared evenly by the first rounds (`first_round_size`);
+2. then rounds go by MetaSchedule's task gradient (`gradient`), computed from every shard's history in the
+   store, a task's latency being its default schedule's until a candidate beats it
+   (metaschedule/defaults.py);
+3. a task with >= 1 % of the job's FLOPs x weight stays a round ahead of every task under 0.1 % (`behind`);
+4. a task ends early only when its design space is spent (metaschedule/rounds.py, EMPTY_ROUNDS)."""
 from __future__ import annotations
 
 import math
