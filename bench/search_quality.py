@@ -112,11 +112,44 @@ def at_budget(trials: list[dict], tasks: dict[str, dict], budget: int, base: dic
             "t_s": _r(trials[min(budget, len(trials)) - 1]["t"], 1) if trials else None, "tasks": per}
 
 
-def starved(per_task_trials: dict[str, int], shares: dict[str, float]) -> list[str]:
+def starved(per_task_trials: dict[str, int], shares: dict[str, float], exhausted: set[str] = frozenset()) -> list[str]:
+    """Tasks with >= 1 % of the FLOPs that got fewer trials than some task under 0.1 %, unless their design
+    space was spent (ours says so in a task's progress; stock does not, so none of its tasks is exempt)."""
     light = [per_task_trials.get(k, 0) for k, s in shares.items() if s < LIGHT]
     if not light:
         return []
-    return sorted(k for k, s in shares.items() if s >= HEAVY and per_task_trials.get(k, 0) < max(light))
+    return sorted(k for k, s in shares.items()
+                  if s >= HEAVY and per_task_trials.get(k, 0) < max(light) and k not in exhausted)
+
+
+def exhausted_tasks(r, job_id: str) -> list[str]:
+    from shared import store
+
+    return sorted(p.name for p in store.job_progress(r, job_id).values() if p.exhausted)
+
+
+def rescore(out_path: Path, work: Path) -> None:
+    """Recount starved tasks of a finished run with each job's exhausted tasks, read from the stores its
+    jobs left in the work dir (runs made before the job's progress said which tasks were exhausted)."""
+    from services.broker.server import EmbeddedRedis
+    from shared import store
+
+    rep = json.loads(out_path.read_text())
+    for run in rep["runs"]:
+        shares = {k: v["flops_share"] for k, v in run["tasks"].items()}
+        for b, e in run["budgets"].items():
+            red = EmbeddedRedis(work / f"{run['model']}_s{run['seed']}" / f"ours_{b}" / "ours" / "redis")
+            red.start()
+            try:
+                r = store.connect(red.url)
+                ex = exhausted_tasks(r, store.jobs(r)[0])
+            finally:
+                red.stop()
+            e["ours"]["tasks_exhausted"] = ex
+            e["starved"]["ours"] = starved(e["trials_per_task"]["ours"], shares, set(ex))
+    rep["summary"] = summarise(rep["runs"], [int(b) for b in rep["runs"][0]["budgets"]])
+    out_path.write_text(json.dumps(rep, indent=2) + "\n")
+    print(table(rep))
 
 
 # ---- stock --------------------------------------------------------------------------------------------
@@ -267,6 +300,8 @@ def run_ours(model: str, relax_mod, trials: int, per_iter: int, seed: int, work:
                        "us": 1e6 * rank_secs(x.run_secs) if store.valid_record(x) else None} for x, t in recs]
         from services.tuner.metaschedule.defaults import default_secs, keeps_records
 
+        exhausted = exhausted_tasks(r, job.job_id)
+
         dbs, left_on_default = {}, {}
         for b in budgets:
             d = work / "ours" / f"db_{b}"
@@ -295,7 +330,7 @@ def run_ours(model: str, relax_mod, trials: int, per_iter: int, seed: int, work:
     return {"wall_s": _r(wall_s), "startup_s": _r(startup_s), "tuner_wall_s": _r(res.wall_s), "trials_run": res.trials,
             "errors": sum(1 for tr in trials_out if tr["us"] is None), "lanes": lanes, "share": share,
             "job_id": res.job_id, "trials": trials_out, "tasks": tasks, "dbs": dbs, "resumed": resumed,
-            "left_on_default": left_on_default}
+            "left_on_default": left_on_default, "exhausted": exhausted}
 
 
 # ---- compile + time -----------------------------------------------------------------------------------
@@ -349,12 +384,14 @@ def one_run(args, model: str, seed: int, work: Path, foreign: ForeignLoad) -> di
         budgets[str(b)] = {
             "stock": {k: v for k, v in sb.items() if k != "tasks"},
             "ours": {k: v for k, v in ob.items() if k != "tasks"}
-                    | {"tasks_left_on_default": ours_by[b].get("left_on_default", {}).get(b)},
+                    | {"tasks_left_on_default": ours_by[b].get("left_on_default", {}).get(b),
+                       "tasks_exhausted": ours_by[b].get("exhausted")},
             "trials_per_task": {"stock": {k: v["trials"] for k, v in sb["tasks"].items()},
                                 "ours": {k: v["trials"] for k, v in ob["tasks"].items()}},
             "best_us_per_task": {"stock": {k: v["best_us"] for k, v in sb["tasks"].items()},
                                  "ours": {k: v["best_us"] for k, v in ob["tasks"].items()}},
-            "starved": {"ours": starved({k: v["trials"] for k, v in ob["tasks"].items()}, shares),
+            "starved": {"ours": starved({k: v["trials"] for k, v in ob["tasks"].items()}, shares,
+                                        set(ours_by[b].get("exhausted", []))),
                         "stock": starved({k: v["trials"] for k, v in sb["tasks"].items()}, shares)},
         }
         print(f"[compile] {model} budget {b}: stock {compile_s[f'stock_{b}']} s, ours {compile_s[f'ours_{b}']} s",
@@ -473,8 +510,13 @@ def main(argv=None) -> None:
     ap.add_argument("--keep", action="store_true")
     ap.add_argument("--rehearse", action="store_true", help="tiny model, budgets 16,32, 16 a round")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--rescore", default=None, help="with --work-dir: recount a finished run's starved tasks "
+                    "(this JSON) with the exhausted tasks its jobs' stores name")
     ap.add_argument("--reuse-stock", action="store_true", help="with --work-dir: keep a finished stock run and a finished job of ours there (resume)")
     args = ap.parse_args(argv)
+    if args.rescore:
+        rescore(Path(args.rescore), Path(args.work_dir))
+        return
     if args.rehearse:
         args.models, args.budgets, args.per_iter, args.number, args.repeat = "small_cnn", "16,32", 16, 5, 5
     args.models = [m for m in args.models.split(",") if m]
