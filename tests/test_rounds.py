@@ -14,7 +14,7 @@ CUDA = {"kind": "cuda", "arch": "sm_90", "max_threads_per_block": 1024, "max_sha
         "thread_warp_size": 32}
 
 
-def _task(build):
+def _task(build, target=None):
     from tvm import relax
 
     from services.tuner.metaschedule.extract import extract
@@ -24,7 +24,7 @@ def _task(build):
         with bb.dataflow():
             out = bb.emit_output(build(bb))
         bb.emit_func_output(out)
-    (task,) = extract(bb.get(), tvm.target.Target(CUDA))
+    (task,) = extract(bb.get(), target or tvm.target.Target(CUDA))
     return task
 
 
@@ -71,14 +71,14 @@ class _Records:
         return {k: self.measured[k] for k in keys if k in self.measured}
 
 
-def _loop(task, population, first_round=None):
+def _loop(task, population, first_round=None, target=None):
     from tvm.s_tir import meta_schedule as ms
 
     from services.tuner.metaschedule.rounds import ShardLoop
     from shared.messages import JobTask
 
     load_tensor_intrinsics("cuda")
-    target = tvm.target.Target(CUDA)
+    target = target or tvm.target.Target(CUDA)
     job_task = JobTask(task_id="t0", name=task.name, weight=1, wkey="w0", flops=task.flops)
 
     def make_context(_, cold):
@@ -133,7 +133,7 @@ def test_a_tiny_space_still_ends_quickly():
         _, fresh = loop._search(t, room=8)
         _measure(loop, t, target, fresh)
     assert len(loop.records.measured) < 20  # a handful of schedules, each measured once
-    assert t.dry == 5
+    assert t.fixed and rounds == 2  # no sampled decision: the round after its schedules were proposed ends it
 
 
 def test_first_rounds_share_a_small_budget_evenly():
@@ -161,3 +161,26 @@ def test_a_tasks_first_round_measures_its_even_share_then_full_rounds():
     assert loop._room(t) == 1000 - 3
     _, fresh = loop._search(t, loop._room(t))
     assert 3 < len(fresh) <= 8  # up to trials_per_iter (a sample the store holds is not measured again)
+
+
+def test_a_second_round_leaves_budget_for_first_rounds_other_clients_still_owe():
+    from services.tuner.sharding import first_rounds_reserve
+
+    tasks = [f"t{i}" for i in range(54)]
+    assert first_rounds_reserve(tasks, set(tasks), 1) == 0
+    assert first_rounds_reserve(tasks, set(tasks[:50]), 1) == 4  # four tasks of another shard not reached yet
+    assert first_rounds_reserve(tasks, set(tasks[:50]), 4) == 16
+
+
+def test_a_space_without_sampled_decisions_is_spent_after_one_round():
+    """An elementwise task on a CPU: one schedule and no decision to sample. Its one round proposes it; the
+    task is then exhausted at once, not after 5 empty rounds (and says so: fewer trials is no starvation)."""
+    cpu = tvm.target.Target({"kind": "llvm", "num-cores": 1})
+    loop, t, target = _loop(_task(_Add(), cpu), population=64, target=cpu)
+    loop._start_context(t, cold=True)
+    assert t.fixed
+    _, fresh = loop._search(t, room=8)
+    assert 1 <= len(fresh) <= 8 and t.spent and not t.done
+    _measure(loop, t, target, fresh)
+    _, fresh = loop._search(t, room=8)
+    assert fresh == [] and t.done and t.dry == 0

@@ -3,7 +3,8 @@ job's trials are allocated, and when a client should let other shards' tasks go 
 
 The allocation rule, job-wide across shards and clients (README, "How trials are allocated"):
 1. every task gets its first round before any task gets a second; a budget too small for a full round of
-   every task is shared evenly by the first rounds (`first_round_size`);
+   every task is shared evenly by the first rounds (`first_round_size`), and a second round leaves in the
+   budget what the job's remaining first rounds need (`first_rounds_reserve`);
 2. then rounds go by MetaSchedule's task gradient (`gradient`), computed from every shard's history in the
    store, a task's latency being its default schedule's until a candidate beats it
    (metaschedule/defaults.py);
@@ -56,6 +57,13 @@ def first_round_size(trials: int, n_tasks: int, per_iter: int) -> int:
     if n_tasks <= 0:
         return per_iter
     return max(1, min(per_iter, trials // n_tasks))
+
+
+def first_rounds_reserve(job_task_ids: list[str], had_round: set[str], first_round: int) -> int:
+    """Trials a second round must leave in the budget: a first round for every task of the job that has
+    not had one yet, in any shard (rule 1 across clients: a client done with its first rounds must not spend
+    what another client's first rounds still need)."""
+    return first_round * sum(1 for tid in job_task_ids if tid not in had_round)
 
 
 def gradient(history: list[float], weight: float, alpha: float = ALPHA, window: int = WINDOW) -> float:

@@ -25,7 +25,7 @@ from shared import store
 from shared.messages import JobTask
 from shared.ranking import rank_secs
 from services.tuner.metaschedule.records import StoreRecords, candidate_key
-from services.tuner.sharding import Steering, behind, flops_shares, priority
+from services.tuner.sharding import Steering, behind, first_rounds_reserve, flops_shares, priority
 
 log = logging.getLogger("sharetune.tuner.rounds")
 
@@ -36,6 +36,9 @@ EMPTY_ROUNDS = 5
 # store already held too: a task of a re-submitted workload would stop before measuring anything new. The
 # strategy gets this much room; the task's own limit (fresh trials) is kept here.
 SEARCH_ROOM = 1 << 20
+# how long a client's second rounds wait for other clients' first rounds before they stop leaving them budget
+# (a shard nobody runs must not hold the job back for good)
+RESERVE_WAIT_S = 300.0
 
 
 class Stopped(Exception):
@@ -53,6 +56,8 @@ class _Task:
     reused: int = 0
     cold: bool = False
     started: bool = False  # had its first round (job-wide: a resumed shard's tasks may have)
+    fixed: bool = False  # its design space has no sampled decisions: a handful of schedules, all known at once
+    spent: bool = False  # every schedule of a fixed space has been proposed
 
 
 @dataclass
@@ -91,6 +96,7 @@ class ShardLoop:
         # of the shard has had a round (a client may then yield to a shard no client has taken)
         self.check = check or (lambda passed: None)
         self.run_stats = ShardRun()
+        self._reserve_since: float | None = None
         self.mine = {t.job_task.task_id for t in self.tasks}
 
     # -- the loop -------------------------------------------------------------------------------------
@@ -130,8 +136,9 @@ class ShardLoop:
         if t.ctx is not None:
             t.ctx.post_tuning()
         t.ctx, t.cold = self.make_context(t.job_task, cold), cold
-        t.ctx.pre_tuning(SEARCH_ROOM, self.per_iter, t.ctx.generate_design_space(), self.database,
-                         self.cost_model)
+        spaces = t.ctx.generate_design_space()
+        t.fixed = all(len(sp.trace.decisions) == 0 for sp in spaces)
+        t.ctx.pre_tuning(SEARCH_ROOM, self.per_iter, spaces, self.database, self.cost_model)
         if not cold:
             self.run_stats.warm_switches += 1
         log.info("job %s shard %s: task %s %s", self.job_id, self.shard, t.job_task.name,
@@ -198,15 +205,21 @@ class ShardLoop:
         room = self._room(t)
         if room <= 0:
             return self._finish_task(t)
-        if store.budget_left(self.redis, self.job_id) <= 0:
+        left = store.budget_left(self.redis, self.job_id)
+        if left <= 0:
             return False
+        if t.started:  # a later round: leave what the job's remaining first rounds need
+            left -= self._reserve()
+            if left <= 0:
+                time.sleep(0.2)  # other clients' first rounds are due; the loop picks again
+                return True
         if t.cold and not t.dry and self.cost_model.trained():
             # the central model is trained: evolve against it (unless evolution just came up empty)
             self._start_context(t, cold=False)
         cands, fresh = self._search(t, room)
         if not fresh:
             return True
-        claimed = store.claim_trials(self.redis, self.job_id, self.shard, len(fresh))
+        claimed = store.claim_trials(self.redis, self.job_id, self.shard, min(len(fresh), left))
         if claimed == 0:
             t.ctx.notify_runner_results(fresh, [RunnerResult(None, "not measured: the job's budget is spent")] * len(fresh))
             return False
@@ -222,8 +235,25 @@ class ShardLoop:
         by_slot = dict(zip(slots, futures))
         t.inflight = (fresh, built, [by_slot.get(i) or _Failed(b.error_msg) for i, b in enumerate(built)], claimed)
         t.started = True
+        if t.spent and claimed == len(fresh):
+            self._finish_task(t, exhausted=True)
         self.run_stats.rounds += 1
         return True
+
+    def _reserve(self) -> int:
+        """Trials to leave for first rounds no client has made yet (a task whose first round found nothing
+        new counts as having had it); 0 once this client has waited RESERVE_WAIT_S for them."""
+        if self._reserve_since is None:
+            self._reserve_since = time.time()
+        if time.time() - self._reserve_since > RESERVE_WAIT_S:
+            return 0
+        had = set(store.history(self.redis, self.job_id)) | {t.job_task.task_id for t in self.tasks
+                                                              if t.started or t.done or t.dry}
+        reserve = first_rounds_reserve([t.task_id for t in store.job_tasks(self.redis, self.job_id)], had,
+                                       self.first_round)
+        if reserve == 0:
+            self._reserve_since = time.time()  # the wait clock starts again at the next shortfall
+        return reserve
 
     def _room(self, t: _Task) -> int:
         """How many candidates task t's next round may measure: its first round the job's even share
@@ -258,8 +288,15 @@ class ShardLoop:
                     t.best_s = min(t.best_s, rank_secs(r.run_secs))
         if fresh:
             t.dry = 0
+            # a space without sampled decisions yields every schedule it has in one round
+            t.spent = t.fixed and len(fresh) <= room
             return cands, fresh[:room]
+        if t.fixed:  # nothing new in a space whose every schedule one round proposes: spent
+            self._finish_task(t, exhausted=True)
+            return cands, []
         t.dry += 1
+        if self.redis is not None:  # a round all the same: other clients stop reserving its first round
+            store.push_history(self.redis, self.job_id, t.job_task.task_id, t.best_s if t.best_s < math.inf else 1e9)
         if t.dry >= EMPTY_ROUNDS:
             self._finish_task(t, exhausted=True)
         else:
