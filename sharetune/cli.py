@@ -236,7 +236,9 @@ def cmd_results(args) -> int:
         print(f"budget advice: {advice}")
     print(f"job {res.job_id}: {res.trials} trials in {res.wall_s:.0f} s on {res.target}")
     for t in res.tasks:
-        print(f"  {t.name:<40} x{t.weight:<2} {t.trials:>4} trials  best {fmt_us(t.best_us):>10}  lane {t.best_lane or '-'}")
+        kept = "" if t.applied or t.best_us is None else "  (default kept: as fast or faster)"
+        print(f"  {t.name:<40} x{t.weight:<2} {t.trials:>4} trials  best {fmt_us(t.best_us):>10}  "
+              f"default {fmt_us(t.default_us):>10}  lane {t.best_lane or '-'}{kept}")
     print(f"tuned module:   {res.tuned_module_path}\nuntuned module: {res.untuned_module_path}")
     print(f"TVM database:   {res.database_dir}")
     print("time split (s): " + ", ".join(f"{k} {v}" for k, v in res.time_split_s.items()))
