@@ -134,25 +134,34 @@ def compile_all(args, work: Path, stock_rows: dict, ours: dict, uuid: str | None
         for name in ("database_workload.json", "database_tuning_record.json"):
             (empty / name).write_text("")
         procs[(model, "untuned")] = (empty, w / "untuned.so")
-    cores = "0-1" if args.rehearse else "0-31"
     t0 = time.time()
+    libs, errors = compile_parallel(args, procs, uuid)
+    for (model, label), err in errors.items():
+        meta[model].setdefault("compile_errors", {})[label] = err
+    print(f"[compile] {sum(len(v) for v in libs.values())} of {len(procs)} libraries in "
+          f"{time.time() - t0:.0f} s", flush=True)
+    return {"libs": libs, "meta": meta, "compile_s": _r(time.time() - t0)}
+
+
+def compile_parallel(args, procs: dict, uuid: str | None) -> tuple[dict, dict]:
+    """{(model, label): (database dir, library path)} -> each compiled in its own process, all at once on
+    the host's cores: ({model: {label: path}}, {(model, label): the log's tail} for those that failed)."""
+    cores = "0-1" if args.rehearse else "0-31"
     running = {k: sh.spawn_compile(SimpleNamespace(model=k[0], rehearse=args.rehearse), db, 10**9, lib, cores, uuid)
                for k, (db, lib) in procs.items()}
-    libs = {}
+    libs, errors = {}, {}
     for k, p in running.items():
         try:
             p.wait(timeout=args.compile_timeout)
-        except Exception:  # noqa: BLE001
+        except Exception:  # noqa: BLE001 - its library is missing: reported below
             p.kill()
         lib = procs[k][1]
         if lib.exists():
             libs.setdefault(k[0], {})[k[1]] = str(lib)
         else:
             log = Path(str(lib) + ".log")
-            meta[k[0]].setdefault("compile_errors", {})[k[1]] = log.read_text(errors="replace")[-800:] if log.exists() else "?"
-    print(f"[compile] {sum(len(v) for v in libs.values())} of {len(procs)} libraries in "
-          f"{time.time() - t0:.0f} s", flush=True)
-    return {"libs": libs, "meta": meta, "compile_s": _r(time.time() - t0)}
+            errors[k] = log.read_text(errors="replace")[-800:] if log.exists() else "?"
+    return libs, errors
 
 
 def serve_model(args, model: str, libs: dict, uuid: str | None, work: Path) -> dict:

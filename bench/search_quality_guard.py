@@ -19,7 +19,6 @@ import statistics
 import sys
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
@@ -158,17 +157,8 @@ def main(argv=None) -> int:
         compiles[(model, "untuned")] = (w / "untuned_db", w / "untuned.so")
         out.write_text(json.dumps(rep, indent=1, default=str) + "\n")
     rep["defaults_s"] = _r(time.time() - t0)
-    cores = "0-1" if args.rehearse else "0-31"
-    procs = {k: sh.spawn_compile(SimpleNamespace(model=k[0], rehearse=args.rehearse), db, 10**9, lib, cores, uuid)
-             for k, (db, lib) in compiles.items()}
-    libs = {}
-    for k, p in procs.items():
-        try:
-            p.wait(timeout=args.compile_timeout)
-        except Exception:  # noqa: BLE001
-            p.kill()
-        if compiles[k][1].exists():
-            libs.setdefault(k[0], {})[k[1]] = str(compiles[k][1])
+    libs, errors = sqg.compile_parallel(args, compiles, uuid)
+    rep["compile_errors"] = {f"{m}/{label}": err for (m, label), err in errors.items()}
     rep["compile_s"] = _r(time.time() - t0 - rep["defaults_s"])
     for run in first["runs"]:
         model = run["model"]
