@@ -298,7 +298,8 @@ def run_ours(model: str, relax_mod, trials: int, per_iter: int, seed: int, work:
 
         trials_out = [{"task": t.name, "t": x.measured_at - t_start,
                        "us": 1e6 * rank_secs(x.run_secs) if store.valid_record(x) else None} for x, t in recs]
-        from services.tuner.metaschedule.defaults import default_secs, keeps_records
+        from services.tuner.metaschedule.defaults import keeps_records
+        from shared.ranking import default_secs
 
         exhausted = exhausted_tasks(r, job.job_id)
 

@@ -10,7 +10,7 @@ import math
 from pathlib import Path
 
 from shared import store
-from shared.ranking import rank_secs
+from shared.ranking import default_secs, rank_secs
 
 # ---- data --------------------------------------------------------------------------------------------
 
@@ -33,11 +33,13 @@ def job_data(r, job_id: str) -> dict:
             events.append((rec.measured_at, t.task_id, best))
         per_task[t.task_id] = {"name": t.name, "weight": t.weight, "curve": curve, "best_us": best,
                                "errors": sum(1 for x in recs if x.error is not None)}
-    # the model: sum of the tasks' bests x weight, from the moment every task has a best
-    bests, job_curve = {}, []
+    # the model: sum of weight x each task's latency (its best, or its default schedule while that is
+    # faster or no candidate is valid yet), from the moment every task has one
+    bests = {t.task_id: 1e6 * s for t in tasks if (s := default_secs(store.default_timing(r, t.wkey)))}
+    job_curve = []
     for n, (at, tid, best) in enumerate(sorted(events), 1):
         if best is not None:
-            bests[tid] = best
+            bests[tid] = min(best, bests.get(tid, math.inf))
         if len(bests) == len(tasks):
             job_curve.append({"trial": n, "t": at - t0,
                               "est_us": sum(bests[t.task_id] * t.weight for t in tasks)})

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from shared import store
 from shared.messages import JobResult, TaskBest, TimingConfig, lane_kind, lane_utilisation, target_kind
-from shared.ranking import rank_secs
+from shared.ranking import default_secs, rank_secs
 
 
 def tune_shard(send, redis, job_id: str, shard: int, work_dir: Path, grace_s: float = 120.0,
@@ -111,7 +111,7 @@ def finish_job(send, redis, job_id: str, work_dir: Path, grace_s: float = 120.0)
     untuned = compile_untuned(model, target, str(job_dir / "untuned.so")) if spec.untuned_baseline else None
     compile_s = time.time() - t_compile
     progress = store.job_progress(redis, job_id)
-    from services.tuner.metaschedule.defaults import default_secs, keeps_records
+    from services.tuner.metaschedule.defaults import keeps_records
 
     bests = []
     for t in tasks:

@@ -16,7 +16,7 @@ import tvm
 
 from shared import store
 from shared.messages import Candidate, DefaultTiming, JobTask
-from shared.ranking import rank_secs
+from shared.ranking import default_secs
 from services.tuner.metaschedule.codec import dump_ir
 
 log = logging.getLogger("sharetune.tuner.defaults")
@@ -35,10 +35,6 @@ def default_module(mod: tvm.IRModule, target: tvm.target.Target) -> tvm.IRModule
             return dl.ApplyDefaultSchedule(dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(),
                                            dl.gpu.GeneralReduction(), dl.gpu.Fallback())(load_ir(dump_ir(mod)))
     return mod
-
-
-def default_secs(timing: DefaultTiming | None) -> float | None:
-    return rank_secs(timing.run_secs) if timing is not None and timing.error is None and timing.run_secs else None
 
 
 def keeps_records(best_secs: float | None, default: float | None) -> bool:

@@ -15,7 +15,7 @@ from shared import store
 from shared.codec import pack_json_text, unpack_json_text
 from services.tuner.metaschedule.codec import load_ir
 from shared.messages import Record, TaskProgress
-from shared.ranking import rank_secs
+from shared.ranking import default_secs, rank_secs
 
 
 REPEATS_FILE = "database_repeats.json"  # beside TVM's two files: every repeat of every exported record
@@ -67,7 +67,7 @@ def export_json_database(redis, wkeys: list[str], out_dir: str) -> tuple[str, in
         path = os.path.join(out_dir, name)
         if os.path.exists(path):
             os.remove(path)
-    from services.tuner.metaschedule.defaults import default_secs, keeps_records
+    from services.tuner.metaschedule.defaults import keeps_records
 
     db = ms.database.JSONDatabase(work_dir=out_dir, module_equality="structural")
     n = 0
