@@ -54,9 +54,24 @@ def cancelled(client, redis_conn, lane_share):
     job = client.submit("tiny", target="llvm", share=lane_share, trials=400, trials_per_iter=16, seed=77,
                         cost_model="per_client", untuned_baseline=False, name="cancel-me")
     deadline = time.time() + 600
-    while not _batches_of(redis_conn, job.job_id):
+
+    def started() -> set:
+        return {k for k in redis_conn.scan_iter(match=names.batch_results_key("*"), count=1000)
+                if json.loads((redis_conn.hget(k, "_started") or b"{}").decode()).get("job_id") == job.job_id}
+
+    # its first batches time the tasks' default schedules (unless an earlier job did): wait for those,
+    # then for a batch of candidates
+    while True:
+        tasks = store.job_tasks(redis_conn, job.job_id)
+        if tasks and all(store.default_timing(redis_conn, t.wkey) for t in tasks):
+            break
         assert job.state()["state"] not in ("failed", "done"), job.status()
-        assert time.time() < deadline, "no batch of the job ever started"
+        assert time.time() < deadline, "the job's default schedules were never timed"
+        time.sleep(0.05)
+    before = started()
+    while not started() - before:
+        assert job.state()["state"] not in ("failed", "done"), job.status()
+        assert time.time() < deadline, "no batch of the job's candidates ever started"
         time.sleep(0.05)
     assert job.cancel() == "cancelled"
     return job

@@ -291,12 +291,12 @@ class ShardLoop:
             # a space without sampled decisions yields every schedule it has in one round
             t.spent = t.fixed and len(fresh) <= room
             return cands, fresh[:room]
+        if self.redis is not None:  # a round all the same: other clients stop reserving its first round
+            store.push_history(self.redis, self.job_id, t.job_task.task_id, t.best_s if t.best_s < math.inf else 1e9)
         if t.fixed:  # nothing new in a space whose every schedule one round proposes: spent
             self._finish_task(t, exhausted=True)
             return cands, []
         t.dry += 1
-        if self.redis is not None:  # a round all the same: other clients stop reserving its first round
-            store.push_history(self.redis, self.job_id, t.job_task.task_id, t.best_s if t.best_s < math.inf else 1e9)
         if t.dry >= EMPTY_ROUNDS:
             self._finish_task(t, exhausted=True)
         else:
