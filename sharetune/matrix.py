@@ -26,7 +26,7 @@ from pydantic import BaseModel, ConfigDict
 
 from shared import names
 from shared.errors import ShareError
-from sharetune.share_matrix import ShareMatrix, cores_for_share, default_trials, parse_shares, per_task_cap
+from sharetune.share_matrix import ShareMatrix, cores_for_share, default_trials, parse_shares
 from sharetune.stack import Stack
 
 REPO = Path(__file__).resolve().parent.parent
@@ -171,14 +171,15 @@ def run_matrix(client, model: Any, shares: list[int], placement: Placement, work
         n_tasks = len(only_tasks)
     elif n_tasks is None:
         n_tasks = len(model_tasks(model, device, example_inputs))
+    # a budget too small for a full round of every task is shared evenly by the first rounds (the service's
+    # allocation rule, services/tuner/sharding.py): no task is left untuned
     trials = trials or default_trials(n_tasks)
-    cap = per_task_cap(trials, n_tasks, trials_per_iter)
 
     def snapshot() -> ShareMatrix:
         return ShareMatrix.build(name, device, shares, latency, rounds_us=samples, cores=cores, errors=dict(errors),
                                  tasks_tuned=len(only_tasks) if only_tasks else "all", trials_per_share=trials,
                                  info={"jobs": dict(jobs), "trials_per_iter": trials_per_iter, "tasks": n_tasks,
-                                       "max_trials_per_task": cap, "only_tasks": only_tasks, "target": target,
+                                       "only_tasks": only_tasks, "target": target,
                                        "serve_rounds": rounds,
                                        "max_abs_err_vs_torch": max_err if reference_path else None})
 
@@ -195,10 +196,9 @@ def run_matrix(client, model: Any, shares: list[int], placement: Placement, work
         t0 = time.time()
         # no untuned baseline: the matrix compares tuned models only, and each compile costs ~20 s on a GPU host
         job = client.submit(relax_mod, target=target, share=p, trials=trials, trials_per_iter=trials_per_iter,
-                            max_trials_per_task=cap, seed=seed, only_tasks=only_tasks, name=f"{name}@{p}",
+                            seed=seed, only_tasks=only_tasks, name=f"{name}@{p}",
                             untuned_baseline=False)
-        log(f"[matrix {name}] tuning at {p} %: job {job.job_id}, {trials} trials over {n_tasks} tasks"
-            + (f" (at most {cap} a task)" if cap else ""))
+        log(f"[matrix {name}] tuning at {p} %: job {job.job_id}, {trials} trials over {n_tasks} tasks")
         timeout = job_timeout_s if left is None else max(30.0, min(job_timeout_s, left))
         try:
             final = job.wait(timeout_s=timeout, poll_s=1.0)

@@ -108,15 +108,6 @@ def default_trials(n_tasks: int) -> int:
     return max(MIN_TRIALS, TRIALS_PER_TASK * max(1, n_tasks))
 
 
-def per_task_cap(trials: int, n_tasks: int, per_iter: int) -> int | None:
-    """Trials one task may take, so that every task gets its round: when the budget cannot give each
-    task a full round (trials < per_iter x tasks), the first tasks of the round-robin would spend it all;
-    capping each at its even part stops that. None (no cap: the gradient decides) when it can."""
-    if n_tasks <= 0 or trials >= per_iter * n_tasks:
-        return None
-    return max(1, math.ceil(trials / n_tasks))
-
-
 def fit_trials(n_tasks: int, n_shares: int, seconds: float, *, per_iter: int = 64, clients: int = 4,
                trial_s: float = 0.25, round_s: float = 10.0, share_fixed_s: float = 35.0, step: int = 8) -> int:
     """The largest per-share budget (a multiple of `step`) whose estimated tuning time, over `n_shares`

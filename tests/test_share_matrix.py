@@ -7,7 +7,7 @@ import pytest
 from shared.errors import ShareError
 from sharetune.share_matrix import (NOISE, ShareMatrix, bootstrap_ci, compare, cores_for_share, cross_costs,
                                     default_trials, diagonal_wins, fit_trials, good_range, knee, normalise,
-                                    parse_shares, per_task_cap, robust_choice, shares_from_cores)
+                                    parse_shares, robust_choice, shares_from_cores)
 
 SHARES = [10, 25, 50, 100]
 # A paper-like matrix (µs, rows tuned at, columns served at): each column is won by its diagonal, tuning
@@ -185,9 +185,10 @@ def test_json_carries_intervals_verdicts_and_advice():
 
 def test_budget_scales_with_the_model_and_every_task_gets_its_round():
     assert default_trials(3) == 256 and default_trials(8) == 256 and default_trials(22) == 704
-    assert per_task_cap(704, 22, 64) == 32  # 704 < 64 x 22: each task its even part
-    assert per_task_cap(256, 3, 64) is None  # a full round each fits: the gradient decides
-    assert per_task_cap(4, 3, 4) == 2
+    from services.tuner.sharding import first_round_size
+
+    assert first_round_size(704, 22, 64) == 32  # 704 < 64 x 22: each task's first round its even part
+    assert first_round_size(256, 3, 64) == 64  # a full round each fits
 
 
 def test_fit_trials_fits_the_time():
