@@ -44,15 +44,12 @@ def default_timings(model: str, target, rehearse: bool, work: Path) -> dict[str,
 
     import tvm
     from tvm.s_tir import meta_schedule as ms
-    from tvm.s_tir.meta_schedule.arg_info import ArgInfo
 
     from services.measurer.metaschedule.evaluate import time_module
-    from services.tuner.metaschedule.codec import dump_ir
     from services.tuner.metaschedule.defaults import default_module
     from services.tuner.metaschedule.extract import fuse
-    from services.tuner.metaschedule.lanes import _plain
+    from services.tuner.metaschedule.lanes import module_candidate
     from services.tuner.search import timing_for
-    from shared.messages import Candidate
     from shared.ranking import rank_secs
     from sharetune.intake import to_relax
 
@@ -62,8 +59,7 @@ def default_timings(model: str, target, rehearse: bool, work: Path) -> dict[str,
     out_dir.mkdir(parents=True, exist_ok=True)
     for t in tasks:
         mod = default_module(t.dispatched[0], target)
-        cands[t.task_name] = Candidate(candidate_id=t.task_name, mod=dump_ir(mod),
-                                       args_info=[_plain(a.as_json()) for a in ArgInfo.from_prim_func(mod["main"])])
+        cands[t.task_name] = module_candidate(t.task_name, mod)
         jobs.append((cands[t.task_name].mod, str(target), str(out_dir)))
     workers = 2 if rehearse else min(32, os.cpu_count() or 1)
     with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:

@@ -15,7 +15,7 @@ import logging
 import tvm
 
 from shared import store
-from shared.messages import Candidate, DefaultTiming, JobTask
+from shared.messages import DefaultTiming, JobTask
 from shared.ranking import default_secs
 from services.tuner.metaschedule.codec import dump_ir
 
@@ -46,9 +46,7 @@ def keeps_records(best_secs: float | None, default: float | None) -> bool:
 def measure_defaults(redis, runner, tasks: list[JobTask], mods: dict, target) -> dict[str, float | None]:
     """Each task's default-schedule seconds (task_id -> s, None when it cannot be built or run), timed on
     the job's lanes for the workloads the store has no valid timing of yet."""
-    from tvm.s_tir.meta_schedule.arg_info import ArgInfo
-
-    from services.tuner.metaschedule.lanes import _plain
+    from services.tuner.metaschedule.lanes import module_candidate
 
     out, candidates, by_cand = {}, [], {}
     for t in tasks:
@@ -57,13 +55,11 @@ def measure_defaults(redis, runner, tasks: list[JobTask], mods: dict, target) ->
             out[t.task_id] = default_secs(known)
             continue
         try:
-            mod = default_module(mods[t.task_id], target)
-            args = [_plain(a.as_json()) for a in ArgInfo.from_prim_func(mod["main"])]
+            cand = module_candidate(PREFIX + t.wkey, default_module(mods[t.task_id], target))
         except Exception as err:  # noqa: BLE001 - no default to compare against: records apply as they are
             log.info("task %s: no default schedule (%s)", t.name, err)
             out[t.task_id] = None
             continue
-        cand = Candidate(candidate_id=PREFIX + t.wkey, mod=dump_ir(mod), args_info=args)
         candidates.append(cand)
         by_cand[cand.candidate_id] = t
     if candidates:

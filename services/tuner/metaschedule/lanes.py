@@ -314,6 +314,15 @@ class LaneRunner(PyRunner):
                 self.split.queue += max(0.0, watch.started_at - watch.sent_at)
 
 
+def module_candidate(candidate_id: str, mod) -> Candidate:
+    """A scheduled module (its PrimFunc "main") as a candidate the lanes measure outside the search
+    (re-timing, default schedules)."""
+    from tvm.s_tir.meta_schedule.arg_info import ArgInfo
+
+    return Candidate(candidate_id=candidate_id, mod=dump_ir(mod),
+                     args_info=[_plain(a.as_json()) for a in ArgInfo.from_prim_func(mod["main"])])
+
+
 def _plain(obj):
     """ArgInfo.as_json() holds TVM containers and IntImm; make plain JSON values of them."""
     if isinstance(obj, (str, bool)) or obj is None:

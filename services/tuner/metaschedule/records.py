@@ -154,10 +154,7 @@ def retime_top_k(redis, runner, job_id: str, wkeys: list[str], k: int) -> dict:
     """Before a task's best is final: re-time its k best candidates at the same share with the job's
     other lanes idle (tuning is over), keep the re-timed figures as the record's run_secs (the shared
     ones stay in shared_run_secs), and return the gap between shared and isolated timings."""
-    from tvm.s_tir.meta_schedule.arg_info import ArgInfo
-
-    from services.tuner.metaschedule.codec import dump_ir
-    from shared.messages import Candidate
+    from services.tuner.metaschedule.lanes import module_candidate
 
     picked: dict[str, tuple[Record, ms.database.TuningRecord]] = {}
     candidates = []
@@ -169,9 +166,7 @@ def retime_top_k(redis, runner, job_id: str, wkeys: list[str], k: int) -> dict:
             trec = tuning_record(rec.trace, wl)
             sch = tvm.s_tir.Schedule(workload_mod)
             trec.trace.apply_to_schedule(sch, remove_postproc=False)
-            args = [a.as_json() for a in ArgInfo.from_prim_func(sch.mod["main"])]
-            candidates.append(Candidate(candidate_id=rec.candidate_key, mod=dump_ir(sch.mod),
-                                        args_info=[_plain_json(a) for a in args]))
+            candidates.append(module_candidate(rec.candidate_key, sch.mod))
             picked[rec.candidate_key] = (rec, trec)
     if not candidates:
         return {"retimed": 0}
@@ -189,9 +184,3 @@ def retime_top_k(redis, runner, job_id: str, wkeys: list[str], k: int) -> dict:
         gaps.append(rank_secs(res.run_secs) / rank_secs(shared) - 1.0)
     return {"retimed": len(gaps), "mean_gap": round(sum(gaps) / len(gaps), 4) if gaps else None,
             "max_gap": round(max(gaps, key=abs), 4) if gaps else None}
-
-
-def _plain_json(obj):
-    from services.tuner.metaschedule.lanes import _plain
-
-    return _plain(obj)
