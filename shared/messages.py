@@ -82,6 +82,12 @@ def lane_kind(target: str | dict) -> str:
 
 # ---- jobs -------------------------------------------------------------------------------------------
 
+# "full": the job's TimingConfig (number x repeat, min_repeat_ms floor); "brief": the screening window only
+# (the candidate was not within its bar of the task's best, so it got no more lane time)
+Timing = Literal["full", "brief"]
+TimingPolicy = Literal["screen", "uniform"]
+
+
 JobState = Literal["queued", "planning", "planned", "tuning", "retiming", "compiling", "done", "failed", "cancelled"]
 # the states a job never leaves: the one definition every service, the client and the store's scripts use
 FINAL_STATES: tuple[JobState, ...] = ("done", "failed", "cancelled")
@@ -105,6 +111,9 @@ class JobSpec(Contract):
     # family; "per_client": each shard trains its own (kept to measure which is better)
     cost_model: Literal["shared", "per_client"] = "shared"
     untuned_baseline: bool = True  # also compile the model without tuning records, to compare against
+    # "screen": a candidate gets the full timing only when a brief one puts it within SCREEN_MARGIN of
+    # its task's best so far; "uniform": every candidate gets the full timing
+    timing: TimingPolicy = "screen"
     wait_for_lanes: bool = False  # no live lane serves (kind, share) yet: wait for one (parked) until cancelled
     submitted_at: float = Field(default_factory=time.time)
 
@@ -354,6 +363,9 @@ class TimingConfig(Contract):
     repeat: int = Field(default=1, ge=1)
     min_repeat_ms: int = Field(default=100, ge=0)
     timeout_s: float = Field(default=60.0, gt=0)
+    # screening (a candidate that carries `full_below_s`): one launch, then about this much kernel time in
+    # three repeats; only a candidate whose brief median is under its bar gets the full timing above
+    brief_ms: float = Field(default=10.0, gt=0, le=1000)
 
 
 MAX_ARTIFACT_BYTES = 16 * 1024 * 1024  # a built candidate larger than this is refused by the lane
@@ -369,6 +381,7 @@ class Artifact(Contract):
     size: int
     sha256: str
     build_s: float = 0.0
+    build_cpu_s: float | None = None  # CPU seconds of the builder's process for this build
     builder: str = ""  # the builder worker (host.pid) that built it
 
 
@@ -377,6 +390,9 @@ class Candidate(Contract):
     mod: str  # packed TVM JSON of the scheduled IRModule (shared.codec)
     args_info: list[Any]  # ArgInfo.as_json() of each argument: ["TENSOR", dtype, shape]
     artifact: Artifact | None = None  # built by a builder: the lane only times it
+    # screened timing: timed briefly first, fully only when the brief median is under this many seconds
+    # (the task's best so far plus a margin); None: the full timing (uniform policy, or nothing to beat yet)
+    full_below_s: float | None = Field(default=None, gt=0)
 
 
 class MeasureBatch(Contract):
@@ -423,6 +439,8 @@ class MeasureResult(Contract):
     # how the candidate failed when it took its process with it: "crash" (signal), "timeout" (hung and
     # killed), "quarantined" (crashed max_crashes times before: answered without running)
     fault: Literal["crash", "timeout", "quarantined"] | None = None
+    timing: Timing | None = None  # which timing run_secs come from
+    build_cpu_s: float | None = None  # CPU seconds its build took (builder or lane build pool)
 
 
 class Quarantined(Contract):
@@ -466,6 +484,9 @@ class Record(Contract):
     measured_at: float = Field(default_factory=time.time)
     shared_run_secs: list[float] | None = None  # as measured while neighbouring lanes worked
     retimed_at: float | None = None  # set when re-timed with the job's other lanes idle
+    timing: Timing = "full"  # "brief": screened out, run_secs are the brief window's (never an exported best)
+    brief_run_secs: list[float] | None = None  # a brief record later given the full timing: its brief figures
+    build_cpu_s: float | None = None
 
 
 class DefaultTiming(Contract):
@@ -494,6 +515,7 @@ class TrainingRow(Contract):
     group: str  # workload key: costs are normalised within a group
     features: list[float]
     cost_s: float  # mean run time; infinite costs (errors) are not sent
+    brief: bool = False  # timed by the brief screening window only (noisier): trained with a lower weight
 
 
 class TrainingBatch(Contract):

@@ -13,3 +13,17 @@ def rank_secs(run_secs) -> float:
 def default_secs(timing) -> float | None:
     """A workload's default-schedule seconds from its DefaultTiming (None: not timed, or it failed)."""
     return rank_secs(timing.run_secs) if timing is not None and timing.error is None and timing.run_secs else None
+
+
+# Screened timing (JobSpec.timing "screen"): a candidate gets the full timing when its brief one is within
+# this fraction of its task's best so far. A shared GPU's brief figures wander by ~10 %; a candidate that
+# could be a new best is never judged on them.
+SCREEN_MARGIN = 0.25
+
+
+def screen_bar(best_s: float | None) -> float | None:
+    """The brief median under which a candidate of a task whose best so far is `best_s` gets the full
+    timing (None: nothing to beat yet, so every candidate gets it)."""
+    import math
+
+    return best_s * (1.0 + SCREEN_MARGIN) if best_s is not None and 0 < best_s < math.inf else None

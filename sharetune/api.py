@@ -6,7 +6,7 @@ FastAPI app only maps routes and errors onto them. Start it with `sharetune api`
 from __future__ import annotations
 
 import base64
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -31,6 +31,8 @@ class SubmitRequest(BaseModel):
     seed: int | None = None
     only_tasks: list[str] | None = None
     retime_top_k: int = Field(default=0, ge=0, le=32)
+    timing: Literal["screen", "uniform"] = Field(
+        default="screen", description="screen: full timing only for candidates near their task's best")
 
     @model_validator(mode="after")
     def _one_model(self):
@@ -93,7 +95,7 @@ class Handlers:
                                  name=req.name or (req.model or "onnx"), trials_per_iter=req.trials_per_iter,
                                  max_trials_per_task=req.max_trials_per_task, seed=req.seed,
                                  only_tasks=req.only_tasks, retime_top_k=req.retime_top_k,
-                                 wait_for_lanes=req.wait_for_lanes)
+                                 wait_for_lanes=req.wait_for_lanes, timing=req.timing)
         return Submitted(job_id=job.job_id, state=job.state().get("state"))
 
     def status(self, job_id: str) -> JobStatus:

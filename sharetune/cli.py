@@ -126,7 +126,7 @@ def cmd_services(args) -> int:
 def cmd_submit(args) -> int:
     job = _client().submit(args.model, target=args.target, share=args.share, trials=args.trials,
                            trials_per_iter=args.per_iter, retime_top_k=args.retime_top_k, seed=args.seed,
-                           clients=args.clients, wait_for_lanes=args.wait_for_lanes)
+                           clients=args.clients, wait_for_lanes=args.wait_for_lanes, timing=args.timing)
     if args.json and not (args.wait or args.watch):
         _print_json({"job_id": job.job_id})
     elif not args.json:
@@ -435,6 +435,8 @@ command("submit", "submit a model (zoo name, .onnx file) to a running stack", cl
         click.option("--trials", type=int, default=64, show_default=True),
         click.option("--per-iter", type=int, default=16, show_default=True),
         click.option("--retime-top-k", type=int, default=0, show_default=True),
+        click.option("--timing", type=click.Choice(["screen", "uniform"]), default="screen", show_default=True,
+                     help="screen: a candidate is timed briefly, fully only near its task's best; uniform: all fully"),
         click.option("--seed", type=int),
         click.option("--clients", type=int,
                      help="tuner clients searching the job's tasks at once (default: one per live client)"),

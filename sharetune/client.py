@@ -163,7 +163,8 @@ class Client:
                example_inputs=None, name: str | None = None, trials_per_iter: int = 16,
                max_trials_per_task: int | None = None, seed: int | None = None,
                only_tasks: list[str] | None = None, retime_top_k: int = 0, clients: int | None = None,
-               cost_model: str = "shared", untuned_baseline: bool = True, wait_for_lanes: bool = False) -> Job:
+               cost_model: str = "shared", untuned_baseline: bool = True, wait_for_lanes: bool = False,
+               timing: str = "screen") -> Job:
         """Submit a model (torch nn.Module + example_inputs, ONNX path/bytes/ModelProto, Relax IRModule,
         or a zoo name) for tuning at `share` % of a device of kind `target`. `clients` tuner clients
         search its tasks at once (default: one per live tuner client), spending `trials` together.
@@ -171,7 +172,11 @@ class Client:
 
         `share` None: the share of the live lanes of the target's kind when they all agree. A share no live
         lane serves is refused (ShareError naming the shares served) unless `wait_for_lanes`: then the
-        job waits, parked, until such a lane appears or it is cancelled."""
+        job waits, parked, until such a lane appears or it is cancelled.
+
+        `timing` "screen" (default): each candidate is timed briefly first and gets the full timing only
+        within a margin of its task's best so far (a task's exported best always has it); "uniform":
+        every candidate gets the full timing."""
         from sharetune.intake import to_relax
 
         if share is not None:
@@ -179,7 +184,7 @@ class Client:
         kind = lane_kind(target)
         check_job(share=share or 100, trials=trials, trials_per_iter=trials_per_iter, max_trials_per_task=max_trials_per_task,
                   seed=seed, only_tasks=only_tasks, retime_top_k=retime_top_k, clients=clients, cost_model=cost_model,
-                  untuned_baseline=untuned_baseline)
+                  untuned_baseline=untuned_baseline, timing=timing)
         share = self._share_for(kind, share, wait_for_lanes)
         _check_model_size(model)
         relax_model = to_relax(model, example_inputs)
@@ -189,6 +194,7 @@ class Client:
             target=target, share=share, trials=trials, trials_per_iter=trials_per_iter,
             max_trials_per_task=max_trials_per_task, seed=seed, only_tasks=only_tasks, retime_top_k=retime_top_k,
             clients=clients, cost_model=cost_model, untuned_baseline=untuned_baseline, wait_for_lanes=wait_for_lanes,
+            timing=timing,
         )
         from services.tuner.metaschedule.codec import dump_ir  # the IR format the planner reads
 

@@ -147,3 +147,34 @@ def test_a_record_applies_only_when_it_beats_the_default():
     assert not keeps_records(2e-4, 2e-4) and not keeps_records(3e-4, 2e-4)
     assert keeps_records(3e-4, None)  # no default timed: the records apply as MetaSchedule would
     assert not keeps_records(None, 2e-4) and not keeps_records(None, None)
+
+
+def test_no_reported_or_exported_best_is_a_brief_timing(tuned_tiny, redis_conn):
+    """Screened timing (the default): whatever got only the brief timing, each task's reported best and every
+    record the tuned model is compiled from had the full one."""
+    res = tuned_tiny.result()
+    tasks = store.job_tasks(redis_conn, tuned_tiny.job_id)
+    wkeys = {t.task_id: t.wkey for t in tasks}
+    assert "full_timing_of_bests" in res.retime
+    for best in res.tasks:
+        if best.best_candidate:
+            rec = next(r for r in store.records(redis_conn, wkeys[best.task_id]) if r.candidate_key == best.best_candidate)
+            assert rec.timing == "full", best.name
+    with open(f"{res.database_dir}/database_tuning_record.json") as f:
+        per_workload = {}
+        for line in f:
+            if line.strip():
+                i = json.loads(line)[0]
+                per_workload[i] = per_workload.get(i, 0) + 1
+    for i, t in enumerate(tasks):  # the export writes workloads in the job's task order
+        full = [r for r in store.records(redis_conn, t.wkey) if store.valid_record(r) and r.timing == "full"]
+        assert per_workload.get(i, 0) in (0, len(full)), t.name  # a task's full records, or none (its default)
+
+
+def test_uniform_timing_times_every_candidate_fully(client, lane_share, redis_conn):
+    job = client.submit("tiny", target="llvm", share=lane_share, trials=8, trials_per_iter=8, seed=5, timing="uniform")
+    assert job.wait(timeout_s=600)["state"] == "done"
+    mine = [r for t in store.job_tasks(redis_conn, job.job_id) for r in store.records(redis_conn, t.wkey)
+            if r.job_id == job.job_id]
+    assert mine and all(r.timing == "full" for r in mine)
+    assert store.job_spec(redis_conn, job.job_id).timing == "uniform"

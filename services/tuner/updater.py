@@ -48,12 +48,19 @@ def normalised_targets(rows: list[TrainingRow], best: dict[str, float] | None = 
     return np.array([seen[r.group] / r.cost_s for r in rows], dtype="float32")
 
 
+# A row timed by the brief screening window (a candidate well off its task's best) counts this much: its
+# figure is noisier, and the search needs the model's ranking most among the contenders, which are timed fully.
+BRIEF_WEIGHT = 0.5
+
+
 def train(rows: list[TrainingRow], rounds: int, best: dict[str, float] | None = None, threads: int = 1) -> bytes:
     import xgboost as xgb
 
     xs = np.array([r.features for r in rows], dtype="float32")
     params = dict(XGB_PARAMS, nthread=max(1, threads))
-    booster = xgb.train(params, xgb.DMatrix(xs, label=normalised_targets(rows, best)), num_boost_round=rounds)
+    weights = np.array([BRIEF_WEIGHT if r.brief else 1.0 for r in rows], dtype="float32")
+    booster = xgb.train(params, xgb.DMatrix(xs, label=normalised_targets(rows, best), weight=weights),
+                        num_boost_round=rounds)
     return bytes(booster.save_raw(raw_format="json"))
 
 

@@ -54,6 +54,10 @@ def _random_fill(arr) -> None:
 def build(mod, target):
     from tvm.s_tir.transform import RemoveWeightLayoutRewriteBlock
 
+    if target.kind.name == "cuda":
+        from services.measurer.metaschedule import cuda_compile
+
+        cuda_compile.install()
     mod = RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True)(mod)
     with target:  # CUDA codegen reads the current target when it compiles to a cubin
         return tvm.build(mod, target=target)
@@ -64,15 +68,15 @@ def measure(candidate: Candidate, target, timing: TimingConfig) -> MeasureResult
     exception."""
     if candidate.artifact is not None:
         return measure_built(candidate, target, timing)
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), cpu_now()
     try:
         rt_mod = build(load_ir(candidate.mod), target)
     except Exception as err:  # noqa: BLE001 - a failed build is a result, not a crash
-        return MeasureResult(
-            candidate_id=candidate.candidate_id, error=f"build failed: {_clip(err)}", build_s=time.perf_counter() - t0
-        )
+        return MeasureResult(candidate_id=candidate.candidate_id, error=f"build failed: {_clip(err)}",
+                             build_s=time.perf_counter() - t0, build_cpu_s=cpu_since(c0))
+    cpu = cpu_since(c0)
     res = time_module(rt_mod, candidate, target, timing)
-    res.build_s = time.perf_counter() - t0 - res.run_s
+    res.build_s, res.build_cpu_s = time.perf_counter() - t0 - res.run_s, cpu
     return res
 
 
@@ -98,20 +102,20 @@ def build_artifact(candidate: Candidate, target, builder: str = "") -> tuple[Art
     import os
     import tempfile
 
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), cpu_now()
     try:
         rt_mod = build(load_ir(candidate.mod), target)
         check_built(target, rt_mod)
         with tempfile.TemporaryDirectory(prefix="sharetune-build-") as tmp:
             path = os.path.join(tmp, "candidate.so")
-            rt_mod.export_library(path)
+            rt_mod.export_library(path)  # links with the host compiler: a child process, counted below
             with open(path, "rb") as f:
                 data = f.read()
     except Exception as err:  # noqa: BLE001 - a failed build is a result, not a crash
         return None, f"build failed: {_clip(err)}", time.perf_counter() - t0
     secs = time.perf_counter() - t0
     return Artifact(data=base64.b64encode(data).decode(), size=len(data), sha256=hashlib.sha256(data).hexdigest(),
-                    build_s=secs, builder=builder), None, secs
+                    build_s=secs, build_cpu_s=cpu_since(c0), builder=builder), None, secs
 
 
 def artifact_bytes(art: Artifact) -> bytes:
@@ -158,7 +162,7 @@ def measure_built(candidate: Candidate, target, timing: TimingConfig) -> Measure
         os.remove(path)  # the loaded library stays mapped
     load_s = time.perf_counter() - t0
     res = time_module(rt_mod, candidate, target, timing)
-    res.build_s = art.build_s + load_s
+    res.build_s, res.build_cpu_s = art.build_s + load_s, art.build_cpu_s
     return res
 
 
@@ -174,8 +178,6 @@ def family_target(family: str) -> tvm.target.Target:
 def warm_up_builder(family: str) -> float:
     """Build and package a trivial kernel once, so the first candidate pays no start-up; raises when this
     host cannot build for the family (e.g. CUDA without libcuda)."""
-    import tvm.support.nvcc  # noqa: F401 - registers the CUDA compile callback
-
     t0 = time.perf_counter()
     target = family_target(family)
     art, err, _ = build_artifact(Candidate(candidate_id="warm-up", mod=dump_ir(trivial_kernel(target)), args_info=[]),
@@ -227,8 +229,9 @@ def gpu_target() -> tvm.target.Target:
     """The CUDA target of the GPU this process sees (CUDA_VISIBLE_DEVICES=<uuid>), from the device
     itself: arch, threads per block, shared memory per block, warp size (a bare {"kind": "cuda"}
     extracts tasks but cannot be tuned)."""
-    import tvm.support.nvcc  # noqa: F401 - registers the CUDA compile callback (NVRTC or nvcc)
+    from services.measurer.metaschedule import cuda_compile
 
+    cuda_compile.install()
     dev = tvm.cuda(0)
     if not dev.exist:
         raise RuntimeError("no CUDA device visible to this lane (check CUDA_VISIBLE_DEVICES and the MPS daemon)")
@@ -264,23 +267,39 @@ def _pool_init() -> None:
 
     os.environ.update(builder_environment("", os.environ.get("SHARETUNE_BUILDER_HIDE_GPUS", "1") != "0"))
     import tvm  # noqa: F401
-    import tvm.support.nvcc  # noqa: F401 - the CUDA compile callback
+
+    from services.measurer.metaschedule import cuda_compile
+
+    cuda_compile.install()
 
 
-def build_to_file(packed_mod: str, target_json: str, out_dir: str) -> tuple[str | None, str | None, float]:
-    """In a pool process: build one candidate and export it; returns (path, error, seconds)."""
+def cpu_since(c0: float) -> float:
+    """CPU seconds of this process and of the children it waited for (the linker) since `c0`, a
+    `cpu_now()` reading."""
+    return round(cpu_now() - c0, 4)
+
+
+def cpu_now() -> float:
+    import os
+
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
+
+
+def build_to_file(packed_mod: str, target_json: str, out_dir: str) -> tuple[str | None, str | None, float, float]:
+    """In a pool process: build one candidate and export it; returns (path, error, seconds, CPU seconds)."""
     import os
     import uuid
 
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), cpu_now()
     try:
         target = target_from_json(target_json)
         rt_mod = build(load_ir(packed_mod), target)
         path = os.path.join(out_dir, f"cand-{uuid.uuid4().hex}.so")
         rt_mod.export_library(path)
-        return path, None, time.perf_counter() - t0
+        return path, None, time.perf_counter() - t0, cpu_since(c0)
     except Exception as err:  # noqa: BLE001
-        return None, f"build failed: {_clip(err)}", time.perf_counter() - t0
+        return None, f"build failed: {_clip(err)}", time.perf_counter() - t0, cpu_since(c0)
 
 
 class BuildPool:
@@ -303,7 +322,7 @@ class BuildPool:
         packed = dump_ir(trivial_kernel(target))
         futs = [self.pool.submit(build_to_file, packed, str(target), self.out_dir) for _ in range(self.workers)]
         for f in futs:
-            path, _, _ = f.result()
+            path = f.result()[0]
             if path:
                 import os
 
@@ -322,34 +341,65 @@ class BuildPool:
                 yield measure_built(cand, target, timing)
                 continue
             try:
-                path, error, build_s = fut.result(timeout=timing.timeout_s)
+                path, error, build_s, cpu_s = fut.result(timeout=timing.timeout_s)
             except BrokenProcessPool:
                 self.pool = self._make()  # a build that killed its process; the next batch gets a fresh pool
-                path, error, build_s = None, "build failed: the build process died", 0.0
+                path, error, build_s, cpu_s = None, "build failed: the build process died", 0.0, None
             except Exception as err:  # noqa: BLE001 - e.g. a build past its timeout
-                path, error, build_s = None, f"build failed: {_clip(err)}", timing.timeout_s
+                path, error, build_s, cpu_s = None, f"build failed: {_clip(err)}", timing.timeout_s, None
             if error is not None:
-                yield MeasureResult(candidate_id=cand.candidate_id, error=error, build_s=build_s)
+                yield MeasureResult(candidate_id=cand.candidate_id, error=error, build_s=build_s, build_cpu_s=cpu_s)
                 continue
             t1 = time.perf_counter()
             try:
                 res = time_module(tvm.runtime.load_module(path), cand, target, timing)
             finally:
                 os.remove(path)
-            res.build_s = build_s + (time.perf_counter() - t1 - res.run_s)
+            res.build_s, res.build_cpu_s = build_s + (time.perf_counter() - t1 - res.run_s), cpu_s
             yield res
 
 
 def time_module(rt_mod, candidate: Candidate, target, timing: TimingConfig) -> MeasureResult:
+    """Time a built candidate. With a bar (`candidate.full_below_s`) it is screened first: one launch
+    (does it run at all), then about `timing.brief_ms` of kernel time in three repeats; only when their
+    median is under the bar does it get the full timing. Without a bar: the full timing."""
+    from shared.ranking import rank_secs
+
     t1 = time.perf_counter()
     try:
         dev = device_for(target)
         args = alloc_argument_common(_random_fill_fn(), dev, candidate.args_info, 1)
-        config = EvaluatorConfig(
-            number=timing.number, repeat=timing.repeat, min_repeat_ms=timing.min_repeat_ms, enable_cpu_cache_flush=False
-        )
-        costs = run_evaluator_common(rt_mod, dev, config, args)
+        result = "full"
+        if candidate.full_below_s is not None:
+            costs = brief_costs(rt_mod, dev, args, timing.brief_ms, candidate.full_below_s)
+            if rank_secs(costs) >= candidate.full_below_s:
+                result = "brief"
+        if result == "full":
+            config = EvaluatorConfig(number=timing.number, repeat=timing.repeat, min_repeat_ms=timing.min_repeat_ms,
+                                     enable_cpu_cache_flush=False)
+            costs = run_evaluator_common(rt_mod, dev, config, args)
     except Exception as err:  # noqa: BLE001
         return MeasureResult(candidate_id=candidate.candidate_id, error=f"run failed: {_clip(err)}",
                              run_s=time.perf_counter() - t1)
-    return MeasureResult(candidate_id=candidate.candidate_id, run_secs=costs, run_s=time.perf_counter() - t1)
+    return MeasureResult(candidate_id=candidate.candidate_id, run_secs=costs, run_s=time.perf_counter() - t1,
+                         timing=result)
+
+
+BRIEF_REPEATS = 3
+MAX_BRIEF_NUMBER = 10_000
+
+
+def brief_costs(rt_mod, dev, args, brief_ms: float, bar_s: float) -> list[float]:
+    """One launch (after the evaluator's own warm-up call); a launch at three times the bar or more is out as it
+    stands (a slow kernel's one launch is estimate enough). Else BRIEF_REPEATS repeats of as many launches
+    as fill about `brief_ms` of kernel time together. Per-launch seconds."""
+    import math
+
+    probe = run_evaluator_common(rt_mod, dev, EvaluatorConfig(number=1, repeat=1, min_repeat_ms=0,
+                                                              enable_cpu_cache_flush=False), args)[0]
+    if probe >= 3 * bar_s:
+        return [probe]
+    per_repeat = brief_ms / 1e3 / BRIEF_REPEATS
+    number = max(1, min(MAX_BRIEF_NUMBER, math.ceil(per_repeat / max(probe, 1e-9))))
+    return run_evaluator_common(rt_mod, dev, EvaluatorConfig(number=number, repeat=BRIEF_REPEATS, min_repeat_ms=0,
+                                                             enable_cpu_cache_flush=False), args)

@@ -48,14 +48,18 @@ class SnapshotCostModel(PyCostModel):
         pass
 
     def update(self, context, candidates, results) -> None:
+        self.update_rows(context, candidates, results)
+
+    def update_rows(self, context, candidates, results, brief: list[bool] | None = None) -> None:
+        """Send the measured candidates' rows to the updater; `brief[i]`: candidate i got the brief timing."""
         vecs = candidate_vectors(self.extractor, context, candidates)
         group = self.groups.get(context.task_name, context.task_name)
         rows = []
-        for vec, res in zip(vecs, results):
+        for i, (vec, res) in enumerate(zip(vecs, results)):
             if res.run_secs is None or len(res.run_secs) == 0:
                 continue
             cost = rank_secs(res.run_secs)
-            rows.append(TrainingRow(group=group, features=vec.tolist(), cost_s=cost))
+            rows.append(TrainingRow(group=group, features=vec.tolist(), cost_s=cost, brief=bool(brief and brief[i])))
         if rows:
             batch = TrainingBatch(target_key=self.target_key, rows=rows)
             self._send(names.INGEST_TASK, batch.model_dump(mode="json"), names.COSTMODEL_QUEUE)

@@ -196,6 +196,9 @@ class LaneRunner(PyRunner):
         self.kind, self.share, self.target_json = kind, share, target_json
         self.stash, self.split, self.timing, self.grace_s = stash, split, timing, grace_s
         self.measured: dict[str, MeasureResult] = {}  # candidate handle -> result, for the record callback
+        # screened timing: the brief median under which the next candidates get the full timing (the
+        # task's best so far plus shared.ranking.SCREEN_MARGIN); None: every candidate gets it
+        self.full_below_s: float | None = None
         self._rr = 0
         try:  # builders serve a family; a target with none (e.g. no explicit arch) is built by its lanes
             self.family = names.target_family(target_json)
@@ -213,14 +216,21 @@ class LaneRunner(PyRunner):
                 candidate_id=ri.artifact_path,
                 mod=self.stash.take(ri.artifact_path),
                 args_info=[_plain(a.as_json()) for a in ri.args_info],
+                full_below_s=self.full_below_s,
             )
             for ri in runner_inputs
         ]
         watches = self.dispatch(candidates)
         return [LaneFuture(self, watches[c.candidate_id], c.candidate_id) for c in candidates]
 
+    def timing_of(self, handle: str | None) -> str | None:
+        """Which timing a measured candidate got ("full", "brief"), by its handle, until its record is made."""
+        res = self.measured.get(handle) if handle else None
+        return res.timing if res is not None else None
+
     def measure_now(self, candidates: list[Candidate], one_lane: bool = False) -> dict[str, MeasureResult]:
-        """Measure candidates outside the search (e.g. re-timing) and wait for every result."""
+        """Measure candidates outside the search (e.g. re-timing) and wait for every result; they carry
+        no bar, so each gets the full timing."""
         watches = self.dispatch(candidates, one_lane)
         out = {}
         for cand in candidates:

@@ -39,9 +39,11 @@ def tvm_record(rec: Record, workload: ms.database.Workload) -> ms.database.Tunin
 valid = store.valid_record
 
 
-def ranked(recs: list[Record]) -> list[Record]:
-    """The valid records, best first."""
-    return sorted((r for r in recs if valid(r)), key=lambda r: rank_secs(r.run_secs))
+def ranked(recs: list[Record], full_only: bool = False) -> list[Record]:
+    """The valid records, best first; `full_only`: those with the full timing (what is exported, applied
+    and reported as a task's best: a screening figure never is)."""
+    return sorted((r for r in recs if valid(r) and (r.timing == "full" or not full_only)),
+                  key=lambda r: rank_secs(r.run_secs))
 
 
 def seed_database(redis, wkeys: list[str]) -> tuple[ms.database.MemoryDatabase, dict[str, int]]:
@@ -74,7 +76,7 @@ def export_json_database(redis, wkeys: list[str], out_dir: str) -> tuple[str, in
     with open(os.path.join(out_dir, REPEATS_FILE), "w") as repeats:
         for wkey in wkeys:
             wl = db.commit_workload(load_ir(store.workload(redis, wkey).mod))
-            recs = ranked(store.records(redis, wkey))
+            recs = ranked(store.records(redis, wkey), full_only=True)
             # a task whose best does not beat its default schedule keeps the default (defaults.py)
             apply = keeps_records(rank_secs(recs[0].run_secs) if recs else None,
                                   default_secs(store.default_timing(redis, wkey)))
@@ -138,6 +140,8 @@ class StoreRecords:
                 error=error, target=target, args_info=[], share=self.share,
                 lane=measured.lane if measured else "", device=measured.device if measured else {},
                 job_id=self.job_id, measured_at=time.time(),
+                timing=(measured.timing or "full") if measured else "full",
+                build_cpu_s=measured.build_cpu_s if measured else None,
             ))
             prog.trials += 1
             if error is not None or not run_secs:
@@ -150,23 +154,73 @@ class StoreRecords:
         return prog
 
 
+def scheduled_candidate(rec: Record, workload_mod) -> tuple[object, ms.database.TuningRecord]:
+    """A stored record's schedule, replayed on its workload, as a candidate to measure again."""
+    from services.tuner.metaschedule.lanes import module_candidate
+
+    trec = tuning_record(rec.trace, ms.database.Workload(workload_mod))
+    sch = tvm.s_tir.Schedule(workload_mod)
+    trec.trace.apply_to_schedule(sch, remove_postproc=False)
+    return module_candidate(rec.candidate_key, sch.mod), trec
+
+
+def with_run_secs(rec: Record, trec: ms.database.TuningRecord, run_secs: list[float]) -> None:
+    """The record's figures replaced (its trace's copy too), in place."""
+    rec.run_secs = run_secs
+    rec.trace = record_json(ms.database.TuningRecord(trec.trace, trec.workload, run_secs, trec.target, trec.args_info))
+
+
+def full_timing_of_bests(redis, runner, wkeys: list[str], rounds: int = 4) -> dict:
+    """Screened timing's guarantee: no workload's best is a brief figure. While a workload's best valid
+    record got only the brief timing, it is timed fully (its brief figures kept in brief_run_secs) and
+    ranked again; a few rounds at most, all workloads at once. Returns how many were timed again."""
+    timed, failed = 0, 0
+    try:
+        for _ in range(rounds):
+            n, bad = _time_brief_bests_fully(redis, runner, wkeys)
+            timed, failed = timed + n, failed + bad
+            if n + bad == 0:
+                break
+    except RuntimeError as err:  # no lane left: the brief bests stay brief, and nothing exports them
+        return {"timed": timed, "failed": failed, "error": str(err)}
+    return {"timed": timed, "failed": failed}
+
+
+def _time_brief_bests_fully(redis, runner, wkeys: list[str]) -> tuple[int, int]:
+    """One round: every workload whose best is brief gets it timed fully; (timed, failed)."""
+    todo = {}
+    for wkey in wkeys:
+        best = next(iter(ranked(store.records(redis, wkey))), None)
+        if best is not None and best.timing == "brief":
+            todo[best.candidate_key] = (best, *scheduled_candidate(best, load_ir(store.workload(redis, wkey).mod)))
+    if not todo:
+        return 0, 0
+    timed, failed = 0, 0
+    for key, res in runner.measure_now([cand for _, cand, _ in todo.values()]).items():
+        rec, _, trec = todo[key]
+        rec.brief_run_secs, rec.timing = rec.run_secs, "full"
+        if res.error is not None or not res.run_secs:
+            rec.error, rec.run_secs = f"full timing failed after a brief one: {res.error}", None
+            failed += 1
+        else:
+            with_run_secs(rec, trec, res.run_secs)
+            timed += 1
+        store.replace_record(redis, rec)
+    return timed, failed
+
+
 def retime_top_k(redis, runner, job_id: str, wkeys: list[str], k: int) -> dict:
     """Before a task's best is final: re-time its k best candidates at the same share with the job's
     other lanes idle (tuning is over), keep the re-timed figures as the record's run_secs (the shared
     ones stay in shared_run_secs), and return the gap between shared and isolated timings."""
-    from services.tuner.metaschedule.lanes import module_candidate
-
     picked: dict[str, tuple[Record, ms.database.TuningRecord]] = {}
     candidates = []
     for wkey in wkeys:
         workload_mod = load_ir(store.workload(redis, wkey).mod)
-        wl = ms.database.Workload(workload_mod)
         best = [r for r in ranked(store.records(redis, wkey)) if r.retimed_at is None][:k]
         for rec in best:
-            trec = tuning_record(rec.trace, wl)
-            sch = tvm.s_tir.Schedule(workload_mod)
-            trec.trace.apply_to_schedule(sch, remove_postproc=False)
-            candidates.append(module_candidate(rec.candidate_key, sch.mod))
+            cand, trec = scheduled_candidate(rec, workload_mod)
+            candidates.append(cand)
             picked[rec.candidate_key] = (rec, trec)
     if not candidates:
         return {"retimed": 0}
@@ -177,9 +231,10 @@ def retime_top_k(redis, runner, job_id: str, wkeys: list[str], k: int) -> dict:
         if res.error is not None or not res.run_secs:
             continue
         shared = rec.run_secs
-        new = ms.database.TuningRecord(trec.trace, trec.workload, res.run_secs, trec.target, trec.args_info)
-        rec.shared_run_secs, rec.run_secs, rec.retimed_at = shared, res.run_secs, time.time()
-        rec.trace = record_json(new)
+        rec.shared_run_secs, rec.retimed_at = shared, time.time()
+        if rec.timing == "brief":
+            rec.brief_run_secs, rec.timing = shared, "full"
+        with_run_secs(rec, trec, res.run_secs)
         store.replace_record(redis, rec)
         gaps.append(rank_secs(res.run_secs) / rank_secs(shared) - 1.0)
     return {"retimed": len(gaps), "mean_gap": round(sum(gaps) / len(gaps), 4) if gaps else None,

@@ -23,7 +23,7 @@ from tvm.s_tir.meta_schedule.runner import RunnerInput, RunnerResult
 
 from shared import store
 from shared.messages import JobTask
-from shared.ranking import rank_secs
+from shared.ranking import rank_secs, screen_bar
 from services.tuner.metaschedule.records import StoreRecords, candidate_key
 from services.tuner.sharding import Steering, behind, first_rounds_reserve, flops_shares, priority
 
@@ -82,7 +82,8 @@ class ShardLoop:
                  runner, database, cost_model, records: StoreRecords, trials_per_iter: int,
                  max_trials_per_task: int, steering: Steering | None = None,
                  check: Callable[[bool], None] | None = None, cold_start: bool = True,
-                 first_round: int | None = None, defaults: Callable[[list[JobTask]], dict] | None = None):
+                 first_round: int | None = None, defaults: Callable[[list[JobTask]], dict] | None = None,
+                 screen: bool = False):
         self.redis, self.job_id, self.shard = redis, job_id, shard
         self.make_context, self.cold_start = make_context, cold_start
         self.tasks = [_Task(t, None) for t in tasks]
@@ -91,6 +92,7 @@ class ShardLoop:
         self.first_round = first_round or trials_per_iter  # sharding.first_round_size
         # task_id -> seconds of its default schedule (metaschedule/defaults.py), timed before the first rounds
         self.defaults = defaults
+        self.screen = screen  # screened timing: each round's candidates carry the bar of their task's best
         self.steering = steering or Steering()
         # raises Stopped when the client must hand the shard back; its argument says whether every task
         # of the shard has had a round (a client may then yield to a shard no client has taken)
@@ -231,6 +233,8 @@ class ShardLoop:
             if b.error_msg is None:
                 inputs.append(RunnerInput(b.artifact_path, target.kind.name, c.args_info))
                 slots.append(i)
+        if self.screen:
+            self.runner.full_below_s = screen_bar(t.best_s)
         futures = self.runner.run(inputs) if inputs else []
         by_slot = dict(zip(slots, futures))
         t.inflight = (fresh, built, [by_slot.get(i) or _Failed(b.error_msg) for i, b in enumerate(built)], claimed)
@@ -308,9 +312,11 @@ class ShardLoop:
         t.inflight = None
         results = [f.result() for f in futures]
         t.ctx.notify_runner_results(cands, results)
-        ok = [(c, r) for c, b, r in zip(cands, built, results) if b.error_msg is None]
+        ok = [(c, b, r) for c, b, r in zip(cands, built, results) if b.error_msg is None]
         if ok:
-            self.cost_model.update(t.ctx, [c for c, _ in ok], [r for _, r in ok])
+            timing_of = getattr(self.runner, "timing_of", lambda handle: None)
+            self.cost_model.update_rows(t.ctx, [c for c, _, _ in ok], [r for _, _, r in ok],
+                                        [timing_of(b.artifact_path) == "brief" for _, b, _ in ok])
         self.records.record_round(t.ctx, cands, built, results, claimed)
         for r in results:
             if r.error_msg is None and r.run_secs:

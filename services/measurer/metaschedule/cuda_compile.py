@@ -1,0 +1,225 @@
+"""CUDA compile that costs what the kernel costs: TVM 0.27's `tvm_callback_cuda_compile`, replaced.
+
+TVM's NVRTC path prepends `<cuda/std/cstdint>` and `<cuda/std/limits>`, and its generated source includes
+`<cuda/std/type_traits>` under `__CUDACC_RTC__`: every candidate parses CCCL headers (~0.45 s of its ~0.7 s
+median NVRTC time on ResNet-18 convolutions). Kernels TVM generates for tuning use none of them: only the
+fixed-width integer names, `asm`/`volatile` spellings and `INFINITY`. This module compiles such sources with
+exactly those definitions instead (the same types CCCL gives NVRTC, so the same code), with TVM's own NVRTC
+options and ptxas flags, and hands anything else to TVM's path unchanged: a source that uses the `std::`
+or `cuda::` names the headers provide, a TMA or NVSHMEM kernel, or one this path fails to compile.
+fp16/bf16/mma headers stay (they are cheap without CCCL: ~0.03 s for a whole fp16 kernel, so no
+precompiled header is needed).
+
+The kernels are the same: for sampled candidates both paths give byte-identical kernel machine code in
+the cubin (`tests/test_cuda_compile.py`, `bench/cuda_compile.py`); only CCCL's unused constants differ.
+
+`SHARETUNE_CUDA_COMPILE=tvm` keeps TVM's own path (the default is `kernel`)."""
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import platform
+import re
+import shlex
+import threading
+
+log = logging.getLogger("sharetune.cuda_compile")
+
+MODES = ("kernel", "tvm")
+
+# The block TVM's CUDA codegen opens every source with: CCCL under NVRTC, the host headers otherwise.
+_RTC_BLOCK = re.compile(r"^#ifdef __CUDACC_RTC__$.*?^#else$.*?^#endif$\n?", re.S | re.M)
+# What the headers would bring that a kernel may name: then the source goes to TVM's path.
+_NEEDS_HEADERS = re.compile(r"\b(std|cuda)::|CUtensorMap|nvshmem")
+
+# Exactly what <cuda/std/cstdint> defines under NVRTC (CUDA 13.0), and TVM's preamble's other definitions.
+PREAMBLE = """typedef signed char int8_t;
+typedef short int16_t;
+typedef int int32_t;
+typedef long long int64_t;
+typedef unsigned char uint8_t;
+typedef unsigned short uint16_t;
+typedef unsigned int uint32_t;
+typedef unsigned long long uint64_t;
+#ifndef __asm__
+#define __asm__ asm
+#endif
+#ifndef __volatile__
+#define __volatile__ volatile
+#endif
+#ifndef INFINITY
+#define INFINITY __int_as_float(0x7f800000)
+#endif
+"""
+
+# TVM 0.27's NVRTC options (tvm/support/nvcc.py, _compile_cuda_nvrtc), less its CCCL include directory.
+_DEFINES = [
+    "-D__NV_SILENCE_DEPRECATION_BEGIN=", "-D__NV_SILENCE_DEPRECATION_END=",
+    "-D__NV_SILENCE_HOST_DEPRECATION_BEGIN=", "-D__NV_SILENCE_HOST_DEPRECATION_END=",
+    "-U__CUDA_NO_HALF_OPERATORS__", "-U__CUDA_NO_HALF_CONVERSIONS__",
+    "-U__CUDA_NO_BFLOAT16_OPERATORS__", "-U__CUDA_NO_BFLOAT16_CONVERSIONS__",
+    "-U__CUDA_NO_BFLOAT162_OPERATORS__", "-U__CUDA_NO_BFLOAT162_CONVERSIONS__",
+    "--use_fast_math",
+]
+
+_stats_lock = threading.Lock()
+STATS = {"kernel": 0, "tvm": 0, "fallback_errors": 0}
+
+
+def mode() -> str:
+    value = os.environ.get("SHARETUNE_CUDA_COMPILE", "kernel").strip().lower() or "kernel"
+    if value not in MODES:
+        raise ValueError(f"SHARETUNE_CUDA_COMPILE={value!r} is not one of {', '.join(MODES)}")
+    return value
+
+
+def kernel_source(code: str) -> str | None:
+    """The source with TVM's header block replaced by the preamble, or None when it needs the headers."""
+    match = _RTC_BLOCK.search(code)
+    if match is None:
+        return None
+    rest = code[: match.start()] + code[match.end():]
+    if _NEEDS_HEADERS.search(rest):
+        return None
+    return PREAMBLE + "\n".join(line for line in rest.splitlines() if line.strip() != "#include <cuda.h>")
+
+
+@functools.cache
+def include_dirs() -> tuple[str, ...]:
+    """The CUDA toolkit's include directories (fp16/bf16/mma headers), as TVM finds them."""
+    from tvm.support.nvcc import find_cuda_path
+
+    try:
+        cuda = find_cuda_path()
+    except (RuntimeError, ValueError):
+        return ()
+    triple = {"x86_64": "x86_64-linux", "aarch64": "sbsa-linux"}.get(platform.machine(), "")
+    dirs = [os.path.join(cuda, "include"), os.path.join(cuda, "targets", triple, "include")]
+    return tuple(d for d in dirs if os.path.isdir(d))
+
+
+def nvrtc_options(arch: str) -> list[bytes]:
+    from tvm.support.nvcc import _ptxas_option_flags  # TVM's ptxas flags and their environment variables
+
+    opts = [f"--gpu-architecture={arch}", "-default-device", "--device-int128", *_DEFINES]
+    opts += [f"-I{d}" for d in include_dirs()]
+    opts += [f"--ptxas-options={flag}" for flag in _ptxas_option_flags()]
+    opts += shlex.split(os.environ.get("TVM_CUDA_NVRTC_EXTRA_OPTS", ""))
+    return [o.encode() for o in opts]
+
+
+def target_arch(output: str = "cubin") -> str:
+    """sm_XX (cubin) or compute_XX (PTX) of the current target, as TVM's callback picks it."""
+    from tvm.support.nvcc import get_target_compute_version
+    from tvm.target import Target
+
+    digits = "".join(get_target_compute_version(Target.current(allow_none=True)).split("."))
+    return f"{'sm' if output == 'cubin' else 'compute'}_{digits}"
+
+
+def nvrtc_compile(source: str, arch: str, output: str = "cubin") -> bytes:
+    """Compile with NVRTC to a cubin (arch sm_XX) or PTX (compute_XX); RuntimeError with NVRTC's log."""
+    from cuda.bindings import nvrtc
+
+    err, prog = nvrtc.nvrtcCreateProgram(source.encode(), b"tvm_kernels.cu", 0, None, None)
+    if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+        raise RuntimeError(f"NVRTC could not create the program: {err}")
+    try:
+        opts = nvrtc_options(arch)
+        (err,) = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
+        if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+            _, size = nvrtc.nvrtcGetProgramLogSize(prog)
+            text = bytearray(size)
+            nvrtc.nvrtcGetProgramLog(prog, text)
+            raise RuntimeError(f"NVRTC compilation failed:\n{text.decode(errors='replace')}")
+        size_fn, get_fn = ((nvrtc.nvrtcGetCUBINSize, nvrtc.nvrtcGetCUBIN) if output == "cubin"
+                           else (nvrtc.nvrtcGetPTXSize, nvrtc.nvrtcGetPTX))
+        _, size = size_fn(prog)
+        out = bytearray(size)
+        get_fn(prog, out)
+        return bytes(out)
+    finally:
+        nvrtc.nvrtcDestroyProgram(prog)
+
+
+def tvm_compile(code: str, arch: str, output: str = "cubin") -> bytes:
+    """TVM 0.27's own NVRTC path (its preamble, CCCL included)."""
+    from tvm.support.nvcc import _compile_cuda_nvrtc
+
+    return bytes(_compile_cuda_nvrtc(code, output, arch))
+
+
+def compile_source(code: str, arch: str | None = None, output: str = "cubin") -> tuple[bytes, str]:
+    """One CUDA source to a cubin (or PTX): (binary, path), path "kernel" or "tvm"."""
+    arch = arch or target_arch(output)
+    source = kernel_source(code) if mode() == "kernel" else None
+    if source is not None:
+        try:
+            return nvrtc_compile(source, arch, output), "kernel"
+        except RuntimeError as err:  # TVM's path decides: it compiles it or gives the real error
+            with _stats_lock:
+                STATS["fallback_errors"] += 1
+            log.warning("kernel-only compile failed, using TVM's path: %s", str(err)[:300])
+    return tvm_compile(code, arch, output), "tvm"
+
+
+def _callback(code):
+    binary, path = compile_source(code)
+    with _stats_lock:
+        STATS[path] += 1
+    return bytearray(binary)
+
+
+_installed: str | None = None
+
+
+def install() -> str:
+    """Make this process's CUDA builds go through `compile_source` (TVM's callback registered first, so
+    ours overrides it); once per process. Returns the mode; with `tvm`, TVM's callback stays. TVM's nvcc
+    mode (TVM_CUDA_COMPILE_MODE=nvcc) is left as TVM runs it."""
+    global _installed
+    if _installed is not None:
+        return _installed
+    import tvm.support.nvcc  # noqa: F401 - registers TVM's callback (and the libdevice lookup)
+    import tvm_ffi
+
+    chosen = mode()
+    if chosen == "kernel" and os.environ.get("TVM_CUDA_COMPILE_MODE", "nvrtc").lower() == "nvrtc":
+        tvm_ffi.register_global_func("tvm_callback_cuda_compile", _callback, override=True)
+    _installed = chosen
+    return chosen
+
+
+def elf_sections(blob: bytes) -> dict[str, bytes]:
+    """A cubin's sections by name (ELF64, little-endian): `.text.<kernel>` holds a kernel's machine code."""
+    import struct
+
+    shoff = struct.unpack_from("<Q", blob, 0x28)[0]
+    entsize, count, names_at = struct.unpack_from("<HHH", blob, 0x3A)
+
+    def header(i):
+        return struct.unpack_from("<IIQQQQIIQQ", blob, shoff + i * entsize)
+
+    strtab = header(names_at)[4]
+    out = {}
+    for i in range(count):
+        name_off, kind, _, _, offset, size = header(i)[:6]
+        start = strtab + name_off
+        name = blob[start: blob.index(b"\0", start)].decode()
+        out[name] = b"" if kind == 8 else blob[offset: offset + size]  # SHT_NOBITS has no bytes
+    return out
+
+
+def kernel_code(cubin: bytes) -> dict[str, bytes]:
+    """Each kernel's machine code in a cubin, by kernel name."""
+    return {name.removeprefix(".text."): data for name, data in elf_sections(cubin).items()
+            if name.startswith(".text.")}
+
+
+_ENTRY = re.compile(r"^\.visible \.entry (\w+)\(.*?^}", re.S | re.M)
+
+
+def kernel_ptx(ptx: bytes) -> dict[str, str]:
+    """Each kernel's PTX (its `.entry` through its closing brace), by kernel name."""
+    return {m.group(1): m.group(0) for m in _ENTRY.finditer(ptx.decode())}

@@ -1,0 +1,138 @@
+"""The kernel-only CUDA compile (services/measurer/metaschedule/cuda_compile.py) gives the kernels TVM's own
+NVRTC path gives: same PTX per kernel and the same machine code in the cubin, on sampled ResNet-18 conv
+candidates and on an fp16 kernel. NVRTC needs no GPU: it comes from its wheel (requirements.txt); TVM's own
+path needs the CUDA toolkit's headers (CCCL), found through CUDA_PATH or /usr/local/cuda*."""
+from __future__ import annotations
+
+import glob
+import os
+
+import pytest
+
+tvm = pytest.importorskip("tvm")
+pytest.importorskip("cuda.bindings.nvrtc")
+
+H200 = {"kind": "cuda", "arch": "sm_90", "max_threads_per_block": 1024, "max_shared_memory_per_block": 49152,
+        "thread_warp_size": 32}
+
+
+def _toolkit() -> str | None:
+    for path in [os.environ.get("CUDA_PATH", "")] + sorted(glob.glob("/usr/local/cuda*"), reverse=True):
+        if path and glob.glob(os.path.join(path, "targets", "*", "include", "cccl", "cuda", "std", "cstdint")):
+            return path
+    return None
+
+
+@pytest.fixture(scope="module")
+def cuda_path(monkeypatch_module):
+    path = _toolkit()
+    if path is None:
+        pytest.skip("no CUDA toolkit headers (CCCL) here for TVM's own NVRTC path to compare against")
+    monkeypatch_module.setenv("CUDA_PATH", path)
+    from services.measurer.metaschedule import cuda_compile
+
+    cuda_compile.include_dirs.cache_clear()
+    return path
+
+
+@pytest.fixture(scope="module")
+def monkeypatch_module():
+    mp = pytest.MonkeyPatch()
+    yield mp
+    mp.undo()
+
+
+def _cuda_source(mod) -> str:
+    """The CUDA source TVM generates for a scheduled module (on a host without libcuda the build holds
+    the source; with it, the source of the module it compiled)."""
+    from services.measurer.metaschedule import evaluate
+
+    rt = evaluate.build(mod, tvm.target.Target(H200))
+    return rt.imports[0].inspect_source()
+
+
+@pytest.fixture(scope="module")
+def conv_sources():
+    """Sampled schedules of ResNet-18's heaviest 3x3 convolution, as CUDA source (the small ones: deep
+    unrolls of 500+ KB take seconds to compile either way)."""
+    from tvm.s_tir import meta_schedule as ms
+
+    from services.tuner.metaschedule.extract import extract
+    from sharetune import intake
+
+    target = tvm.target.Target(H200)
+    tasks = sorted(extract(intake.to_relax("resnet18").mod, target), key=lambda t: -t.flops * t.weight)
+    task = next(t for t in tasks if t.name.startswith("conv2d"))
+    ctx = ms.TuneContext(mod=task.mod, target=target, space_generator="post-order-apply",
+                         search_strategy=ms.search_strategy.ReplayTrace(), task_name=task.name, rand_state=1,
+                         num_threads=1)
+    ctx.pre_tuning(4, 4, ctx.generate_design_space(), None, None)
+    sources = []
+    for cand in ctx.generate_measure_candidates() or []:
+        src = _cuda_source(cand.sch.mod)
+        if len(src) < 200_000:
+            sources.append(src)
+        if len(sources) == 2:
+            break
+    ctx.post_tuning()
+    assert sources, "no candidate of a usable size was sampled"
+    return sources
+
+
+def test_kernel_only_path_gives_the_same_kernels_as_tvms(cuda_path, conv_sources):
+    from services.measurer.metaschedule import cuda_compile as cc
+
+    for src in conv_sources:
+        assert cc.kernel_source(src) is not None  # the conv kernels need no header
+        ours, path = cc.compile_source(src, "compute_90", "ptx")
+        assert path == "kernel"
+        theirs = cc.tvm_compile(src, "compute_90", "ptx")
+        assert b"cuda3std" in theirs and b"cuda3std" not in ours  # CCCL's constants: only on TVM's path
+        assert cc.kernel_ptx(ours) == cc.kernel_ptx(theirs) and cc.kernel_ptx(ours)
+        cubin, _ = cc.compile_source(src, "sm_90")
+        assert cc.kernel_code(cubin) == cc.kernel_code(cc.tvm_compile(src, "sm_90"))
+
+
+def test_an_fp16_kernel_compiles_with_its_header_and_the_same_code(cuda_path):
+    from tvm import te
+
+    from services.measurer.metaschedule import cuda_compile as cc
+
+    a = te.placeholder((1024,), "float16", name="a")
+    b = te.compute((1024,), lambda i: a[i] * a[i], name="b")
+    sch = tvm.s_tir.Schedule(tvm.IRModule({"main": te.create_prim_func([a, b])}))
+    bx, tx = sch.split(sch.get_loops(sch.get_sblock("b"))[0], [None, 32])
+    sch.bind(bx, "blockIdx.x")
+    sch.bind(tx, "threadIdx.x")
+    src = _cuda_source(sch.mod)
+    assert "#include <cuda_fp16.h>" in src and "#include <cuda_fp16.h>" in cc.kernel_source(src)
+    cubin, path = cc.compile_source(src, "sm_90")
+    assert path == "kernel"
+    assert cc.kernel_code(cubin) == cc.kernel_code(cc.tvm_compile(src, "sm_90"))
+
+
+def test_sources_that_need_the_headers_go_to_tvms_path(cuda_path, monkeypatch):
+    from services.measurer.metaschedule import cuda_compile as cc
+
+    header = ("#ifdef __CUDACC_RTC__\n#include <cuda/std/type_traits>\n#else\n#include <type_traits>\n#endif\n")
+    uses_traits = header + ('extern "C" __global__ void k(float* a) {\n'
+                            '  if (std::is_same<float, float>::value) a[threadIdx.x] = 1.0f;\n}\n')
+    assert cc.kernel_source(uses_traits) is None
+    assert cc.kernel_source("no TVM header block here") is None
+    plain = header + 'extern "C" __global__ void k(float* a) { a[threadIdx.x] = -INFINITY; }\n'
+    assert cc.compile_source(plain, "sm_90")[1] == "kernel"
+    monkeypatch.setenv("SHARETUNE_CUDA_COMPILE", "tvm")
+    assert cc.compile_source(plain, "sm_90")[1] == "tvm"
+    monkeypatch.setenv("SHARETUNE_CUDA_COMPILE", "fast")
+    with pytest.raises(ValueError, match="SHARETUNE_CUDA_COMPILE='fast' is not one of kernel, tvm"):
+        cc.mode()
+
+
+def test_a_source_the_kernel_path_cannot_compile_falls_back_to_tvms_error(cuda_path):
+    from services.measurer.metaschedule import cuda_compile as cc
+
+    bad = "#ifdef __CUDACC_RTC__\n#else\n#endif\n" + 'extern "C" __global__ void k(float* a) { a[0] = undefined_name; }\n'
+    before = cc.STATS["fallback_errors"]
+    with pytest.raises(RuntimeError, match="undefined_name"):
+        cc.compile_source(bad, "sm_90")
+    assert cc.STATS["fallback_errors"] == before + 1

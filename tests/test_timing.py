@@ -1,0 +1,154 @@
+"""Screened timing: a candidate is timed briefly and gets the full timing only under its bar (its task's best
+so far plus a margin); no task's reported or exported best is a brief figure; the cost model weighs brief
+rows less. Real TVM builds and timings on this CPU where a lane would time."""
+from __future__ import annotations
+
+import pytest
+
+tvm = pytest.importorskip("tvm")
+
+
+@pytest.fixture(scope="module")
+def built():
+    from services.measurer.metaschedule import evaluate
+
+    target = evaluate.cpu_target(1)
+    mod = evaluate.trivial_kernel(target)
+    from tvm.s_tir.meta_schedule.arg_info import ArgInfo
+
+    from services.tuner.metaschedule.lanes import _plain
+
+    args = [_plain(a.as_json()) for a in ArgInfo.from_prim_func(mod["main"])]
+    return evaluate.build(mod, target), target, args
+
+
+def _cand(args, bar):
+    from shared.messages import Candidate
+
+    return Candidate(candidate_id="c", mod="", args_info=args, full_below_s=bar)
+
+
+def test_a_candidate_over_its_bar_gets_only_the_brief_timing(built):
+    from services.measurer.metaschedule import evaluate
+    from shared.messages import TimingConfig
+
+    rt, target, args = built
+    timing = TimingConfig(number=3, repeat=2, min_repeat_ms=20, brief_ms=2)
+    slow = evaluate.time_module(rt, _cand(args, 1e-12), target, timing)  # no kernel beats a picosecond
+    assert slow.error is None and slow.timing == "brief" and 1 <= len(slow.run_secs) <= 3
+    near = evaluate.time_module(rt, _cand(args, 10.0), target, timing)  # well under a 10 s bar
+    assert near.timing == "full" and len(near.run_secs) == 2  # the full timing's repeats, nothing else
+    unscreened = evaluate.time_module(rt, _cand(args, None), target, timing)
+    assert unscreened.timing == "full" and len(unscreened.run_secs) == 2
+    assert slow.run_s < near.run_s  # the 20 ms floor per repeat is what screening saves
+
+
+def test_the_bar_is_the_best_so_far_plus_the_margin():
+    from shared.ranking import SCREEN_MARGIN, screen_bar
+
+    assert screen_bar(None) is None and screen_bar(float("inf")) is None and screen_bar(0.0) is None
+    assert screen_bar(2e-6) == pytest.approx(2e-6 * (1 + SCREEN_MARGIN))
+
+
+class _Redis:
+    def __init__(self):
+        self.kv, self.hashes = {}, {}
+
+    def set(self, key, value, nx=False):
+        if nx and key in self.kv:
+            return False
+        self.kv[key] = value
+        return True
+
+    def get(self, key):
+        return self.kv.get(key)
+
+    def hset(self, key, field, value):
+        self.hashes.setdefault(key, {})[field] = value
+
+    def hvals(self, key):
+        return list(self.hashes.get(key, {}).values())
+
+
+def _store(brief_secs, full_secs):
+    """A workload with a brief record (`brief_secs`) and a fully timed one (`full_secs`)."""
+    from tvm import te
+    from tvm.s_tir import meta_schedule as ms
+
+    from services.tuner.metaschedule.codec import dump_ir
+    from services.tuner.metaschedule.records import record_json
+    from shared import store
+    from shared.messages import Record, Workload
+
+    a = te.placeholder((64,), name="A")
+    b = te.compute((64,), lambda i: a[i] + 1, name="B")
+    mod = tvm.IRModule({"main": te.create_prim_func([a, b])})
+    target = tvm.target.Target({"kind": "llvm"})
+    r = _Redis()
+    store.put_workload(r, Workload(wkey="w", name="add", target=str(target), share=100, mod=dump_ir(mod)))
+    wl = ms.database.Workload(mod)
+    for key, factor, secs, timing in (("brief", 8, brief_secs, "brief"), ("full", 4, full_secs, "full")):
+        sch = tvm.s_tir.Schedule(mod)
+        sch.split(sch.get_loops(sch.get_sblock("B"))[0], [None, factor])
+        trec = ms.database.TuningRecord(sch.trace, wl, secs, target, ms.arg_info.ArgInfo.from_prim_func(mod["main"]))
+        store.replace_record(r, Record(candidate_key=key, wkey="w", trace=record_json(trec), run_secs=secs,
+                                       target=str(target), args_info=[], share=100, timing=timing))
+    return r
+
+
+class _FullRunner:
+    """Times what it is given fully, at the figures it was told (a lane would time them for real)."""
+
+    def __init__(self, secs):
+        self.secs, self.asked = secs, []
+
+    def measure_now(self, candidates, one_lane=False):
+        from shared.messages import MeasureResult
+
+        self.asked += [c.candidate_id for c in candidates]
+        assert all(c.full_below_s is None for c in candidates)  # no bar: the full timing
+        return {c.candidate_id: MeasureResult(candidate_id=c.candidate_id, run_secs=self.secs, timing="full")
+                for c in candidates}
+
+
+def test_a_brief_best_is_timed_fully_before_it_counts(tmp_path):
+    from services.tuner.metaschedule.records import export_json_database, full_timing_of_bests, ranked
+    from services.tuner.search import _best_record
+    from shared import store
+
+    r = _store([1.0, 1.0, 1.0], [2.0, 2.0, 2.0])
+    assert ranked(store.records(r, "w"))[0].candidate_key == "brief"
+    assert _best_record(r, "w").candidate_key == "full"  # a brief figure is never the reported best
+    runner = _FullRunner([0.5, 0.5, 0.5])
+    assert full_timing_of_bests(r, runner, ["w"]) == {"timed": 1, "failed": 0}
+    assert runner.asked == ["brief"]
+    rec = next(x for x in store.records(r, "w") if x.candidate_key == "brief")
+    assert rec.timing == "full" and rec.run_secs == [0.5] * 3 and rec.brief_run_secs == [1.0] * 3
+    assert _best_record(r, "w").candidate_key == "brief"
+    db_dir, _ = export_json_database(r, ["w"], str(tmp_path / "db"))
+    first = (tmp_path / "db" / "database_tuning_record.json").read_text().splitlines()
+    assert len(first) == 2
+
+
+def test_a_brief_best_that_is_slower_when_timed_fully_leaves_the_next_best(tmp_path):
+    from services.tuner.metaschedule.records import export_json_database, full_timing_of_bests
+    from services.tuner.search import _best_record
+    from shared import store
+
+    r = _store([1.0, 1.0, 1.0], [2.0, 2.0, 2.0])
+    assert full_timing_of_bests(r, _FullRunner([3.0, 3.0, 3.0]), ["w"])["timed"] == 1
+    assert _best_record(r, "w").candidate_key == "full"
+    assert all(x.timing == "full" for x in store.records(r, "w"))
+
+
+def test_brief_rows_train_with_less_weight():
+    import numpy as np
+
+    from services.tuner.updater import BRIEF_WEIGHT, train
+    from shared.messages import TrainingRow
+
+    rng = np.random.default_rng(0)
+    rows = [TrainingRow(group="g", features=rng.uniform(size=4).tolist(), cost_s=float(c), brief=i % 2 == 1)
+            for i, c in enumerate(rng.uniform(1, 2, size=40))]
+    assert 0 < BRIEF_WEIGHT < 1
+    assert train(rows, rounds=3)  # trains on both kinds of rows
