@@ -1,23 +1,28 @@
-"""Throughput at the scale users tune, side by side with stock MetaSchedule in the same run (2-GPU host).
+"""Throughput at the scale users tune, against stock MetaSchedule on the same machine.
 
-A whole zoo model (every task), 64 candidates a round. Stock `tune_tasks` (LocalBuilder on its 16 cores +
-LocalRunner) runs on GPU 1 and cores 16-31 for a fixed window, then stops; its trials/min and its tuned
-latency at the trials it reached are what it is judged by. This service runs beside it on GPU 0 and cores
-0-15, one configuration after another, each in a fresh stack:
+Part A, one H200 and its 16 cores (DESIGN.md section 4, one-GPU protocol): for each zoo model (every task, 64
+candidates a round) stock `tune_tasks` (LocalBuilder on the 16 cores + LocalRunner, the GPU unshared) runs
+for a fixed window and is stopped; its trials/min and its tuned latency at the trials it reached are what it
+is judged by. Then this service, one configuration after another, each in a fresh stack, 1024 trials:
 
-    1gpu-1x100     one 100 % lane, 16 builders and 4 tuner clients on cores 0-15
-    1gpu-4x25      four 25 % lanes, the same cores
-    1gpu-4x25-b32  four 25 % lanes, builders on all 32 cores (a build host's CPUs added)
-    2gpu-4x25-b32  four 25 % lanes on each GPU, builders on all 32 cores
+    1gpu-1x100          one 100 % lane, 16 builders and 4 tuner clients on cores 0-15
+    1gpu-4x25           four 25 % lanes, the same cores
+    1gpu-1x100-uniform  as 1gpu-1x100 with every candidate timed fully (first model only): the screened
+                        timing's tuned latency against the uniform one's, same seed, same trials
 
-Tuned latency at equal trials: the service's first N records (N = stock's trials) are applied to the model
-through a JSON database exactly as stock's are (compile_relax), and both are timed in one fresh process at
-the configuration's share, interleaved. Every row is written to the JSON as soon as it is measured.
+Part B, two GPUs (when lent): stock on GPU 1 / cores 16-31 beside the service on GPU 0 / cores 0-15, and
+the 32-core and two-GPU configurations (1gpu-4x25-b32, 2gpu-4x25-b32); the configurations are picked from
+the GPUs found.
 
-    python bench/scale_h200.py --part A       # stock's window beside the 16-core configurations
-    python bench/scale_h200.py --part B       # the 32-core and two-GPU configurations
+Tuned latency at equal trials: the service's first N records (N = stock's committed trials) are applied
+to the model through a JSON database exactly as stock's are (compile_relax), and both are timed in one
+fresh process at the configuration's share, interleaved. The JSON is written after every step, and a run
+started again with the same --work-dir and output resumes after the last finished step.
+
+    python bench/scale_h200.py --part A --models resnet18,transformer     # one GPU, ~20 min: background it
+    python bench/scale_h200.py --part B
+    python bench/scale_h200.py --rehearse     # the same code on CPU lanes (llvm), small, on this host
     python bench/scale_h200.py --merge A.json B.json --out bench/results/scale_h200.json
-    python bench/scale_h200.py --rehearse     # the same code on CPU lanes (llvm), small, for this host
 """
 from __future__ import annotations
 
@@ -35,13 +40,16 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-CONFIGS = {  # name -> (lanes per GPU "NxPCT", GPUs, builders, builder cores, tuner-side cores)
-    "1gpu-1x100": ("1x100", 1, 16, "0-15", "0-15"),
-    "1gpu-4x25": ("4x25", 1, 16, "0-15", "0-15"),
-    "1gpu-4x25-b32": ("4x25", 1, 28, "0-31", "0-15"),
-    "2gpu-4x25-b32": ("4x25", 2, 28, "0-31", "0-15"),
+CONFIGS = {  # name -> (lanes per GPU "NxPCT", GPUs, builders, builder cores, tuner-side cores, timing)
+    "1gpu-1x100": ("1x100", 1, 16, "0-15", "0-15", "screen"),
+    "1gpu-4x25": ("4x25", 1, 16, "0-15", "0-15", "screen"),
+    "1gpu-1x100-uniform": ("1x100", 1, 16, "0-15", "0-15", "uniform"),
+    "1gpu-4x25-b32": ("4x25", 1, 28, "0-31", "0-15", "screen"),
+    "2gpu-4x25-b32": ("4x25", 2, 28, "0-31", "0-15", "screen"),
 }
-REHEARSAL = {"cpu-1lane": ("measure.cpu.c0", 1, 1, "1", "0-1")}
+REHEARSAL = {"cpu-1lane": ("measure.cpu.c0", 1, 1, "1", "0-1", "screen"),
+             "cpu-1lane-uniform": ("measure.cpu.c0", 1, 1, "1", "0-1", "uniform")}
+FIRST_MODEL_ONLY = {"1gpu-1x100-uniform", "cpu-1lane-uniform"}  # the comparison runs on one model
 
 
 def out_dir() -> Path:
@@ -170,7 +178,9 @@ def export_job_records(redis_url: str, job_id: str, out: Path) -> int:
         wl = db.commit_workload(load_ir(store.workload(r, task.wkey).mod))
         recs += [(rec, wl) for rec in store.records(r, task.wkey) if rec.job_id == job_id]
     recs.sort(key=lambda x: x[0].measured_at)
-    valid = [bool(rec.run_secs) and not rec.error for rec, _ in recs]
+    # a screened-out candidate's brief figure is a trial but, as in the service's own export, not a record
+    # the model is compiled from
+    valid = [bool(rec.run_secs) and not rec.error and rec.timing == "full" for rec, _ in recs]
     for (rec, wl), ok in zip(recs, valid):
         if ok:
             db.commit_tuning_record(tvm_record(rec, wl))
@@ -178,12 +188,13 @@ def export_job_records(redis_url: str, job_id: str, out: Path) -> int:
     return len(recs)
 
 
-def spawn_compile(args, db: Path, first: int, module: Path, cores: str, gpu_uuid: str | None) -> subprocess.Popen:
+def spawn_compile(args, db: Path, first: int, module: Path, cores: str, gpu_uuid: str | None,
+                  model: str) -> subprocess.Popen:
     env = dict(os.environ, PYTHONPATH=f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", TVM_NUM_THREADS="1")
     if gpu_uuid:
         env["CUDA_VISIBLE_DEVICES"] = gpu_uuid
     cmd = ["taskset", "-c", cores, sys.executable, __file__, "--compile-from", str(db), "--first", str(first),
-           "--cut-dir", str(module) + ".db", "--out-module", str(module), "--model", args.model]
+           "--cut-dir", str(module) + ".db", "--out-module", str(module), "--model", model]
     if args.rehearse:
         cmd.append("--rehearse")
     log = open(str(module) + ".log", "w")
@@ -219,12 +230,12 @@ def serve(modules: dict[str, str], model: str, share: int, gpu_uuid: str | None,
 # ---- this service ---------------------------------------------------------------------------------------
 
 
-def run_config(args, name: str, spec: tuple, gpus: list, work: Path) -> dict:
+def run_config(args, name: str, spec: tuple, gpus: list, work: Path, model: str) -> dict:
     from shared import store
     from sharetune.client import Client
     from sharetune.stack import Stack
 
-    lanes_spec, n_gpus, builders, builder_cores, tuner_cores = spec
+    lanes_spec, n_gpus, builders, builder_cores, tuner_cores, timing = spec
     os.sched_setaffinity(0, cores_of(tuner_cores))  # the stack's processes inherit it (builders: their own)
     if args.rehearse:
         lanes, share, uuids = [lanes_spec], 50, []
@@ -234,17 +245,18 @@ def run_config(args, name: str, spec: tuple, gpus: list, work: Path) -> dict:
         lanes = [f"measure.{u.lower().removeprefix('gpu-')[:8]}.p{pct}" for u in uuids for _ in range(count)]
         share = pct
     os.environ["SHARETUNE_SEARCH_THREADS"] = str(max(1, len(cores_of(tuner_cores)) // args.tuners))
-    row = {"config": name, "gpus": n_gpus, "lanes": len(lanes), "share": share, "builders": builders,
-           "builder_cores": builder_cores, "tuners": args.tuners, "per_iter": args.per_iter, "model": args.model}
+    row = {"config": name, "model": model, "gpus": n_gpus, "lanes": len(lanes), "share": share, "builders": builders,
+           "builder_cores": builder_cores, "tuners": args.tuners, "per_iter": args.per_iter, "timing": timing}
     t_up = time.time()
-    with Stack(work / name, lanes=lanes, tuners=args.tuners, builders=builders, builder_cores=builder_cores,
+    key = f"{name}-{model}"
+    with Stack(work / key, lanes=lanes, tuners=args.tuners, builders=builders, builder_cores=builder_cores,
                log_level="INFO") as stack:
         row["stack_startup_s"] = round(time.time() - t_up, 1)
         client = Client(stack.redis_url)
         samplers = [BusySampler(u) for u in uuids] or [BusySampler(None)]
         t0 = time.time()
-        job = client.submit(args.model, target="cuda" if not args.rehearse else "llvm", share=share,
-                            trials=args.trials, trials_per_iter=args.per_iter, seed=0)
+        job = client.submit(model, target="cuda" if not args.rehearse else "llvm", share=share,
+                            trials=args.trials, trials_per_iter=args.per_iter, seed=0, timing=timing)
         try:
             final = job.wait(timeout_s=args.config_timeout, on_progress=None)
         except TimeoutError:
@@ -265,15 +277,36 @@ def run_config(args, name: str, spec: tuple, gpus: list, work: Path) -> dict:
             active = max(b.finished_at for b in batches) - min(b.started_at for b in batches)
             row["active_s"] = round(active, 1)
             row["steady_trials_per_min"] = round(60 * status["trials"] / max(active, 1e-9), 1)
-        built = [b for b in store.live_builders(r)]
-        n_built = sum(b.built + b.failed for b in built)
-        row["build_cpu_s_per_candidate"] = round(sum(b.build_s for b in built) / n_built, 3) if n_built else None
+            # builders feed a lane one candidate a batch: a batch's time is that candidate's lane time
+            per = [(b.finished_at - b.started_at) / b.candidates for b in batches if b.candidates]
+            row["lane_s_per_candidate"] = round(statistics.median(per), 4)
+            row["lane_s_per_candidate_mean"] = round(statistics.mean(per), 4)
+        row.update(record_stats(r, job.job_id))
         if final.get("state") == "done":
             res = job.result()
             row["tuned_module"] = res.tuned_module_path
             row["split_s"] = res.time_split_s
-        row["exported_trials"] = export_job_records(stack.redis_url, job.job_id, work / name / "records_db")
+            row["full_timing_of_bests"] = res.retime.get("full_timing_of_bests")
+        row["exported_trials"] = export_job_records(stack.redis_url, job.job_id, work / key / "records_db")
     return row
+
+
+def record_stats(r, job_id: str) -> dict:
+    """Per candidate of the job, from its records: build CPU seconds (median, mean, the share of the
+    slowest builds), which timing each got."""
+    from shared import store
+
+    recs = [x for t in store.job_tasks(r, job_id) for x in store.records(r, t.wkey) if x.job_id == job_id]
+    cpu = sorted(x.build_cpu_s for x in recs if x.build_cpu_s is not None)
+    out = {"records": len(recs), "brief": sum(x.timing == "brief" for x in recs),
+           "full": sum(x.timing == "full" and store.valid_record(x) for x in recs),
+           "errors": sum(not store.valid_record(x) for x in recs)}
+    if cpu:
+        out.update(build_cpu_s_median=round(statistics.median(cpu), 3), build_cpu_s_mean=round(statistics.mean(cpu), 3),
+                   build_cpu_s_p90=round(cpu[int(0.9 * (len(cpu) - 1))], 3), build_cpu_s_max=round(cpu[-1], 3),
+                   build_cpu_s_total=round(sum(cpu), 1), built=len(cpu),
+                   build_cpu_share_over_4s=round(sum(c for c in cpu if c > 4) / max(sum(cpu), 1e-9), 3))
+    return out
 
 
 def lane_clock(batches, start: float, end: float) -> dict:
@@ -289,15 +322,18 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--part", choices=["A", "B"], default="A")
     ap.add_argument("--configs", default=None, help="comma-separated names (default: the part's)")
-    ap.add_argument("--model", default="resnet18")
+    ap.add_argument("--models", default=None, help="comma-separated zoo names (default resnet18,transformer; "
+                                                    "rehearsal: tiny)")
+    ap.add_argument("--model", default=None, help=argparse.SUPPRESS)  # the internal subprocesses' one model
     ap.add_argument("--trials", type=int, default=1024)
     ap.add_argument("--per-iter", type=int, default=64)
     ap.add_argument("--tuners", type=int, default=4)
-    ap.add_argument("--stock-window", type=float, default=360.0)
+    ap.add_argument("--stock-window", type=float, default=180.0, help="seconds of stock tuning per model")
     ap.add_argument("--stock-max-trials", type=int, default=100000)
     ap.add_argument("--config-timeout", type=float, default=330.0)
     ap.add_argument("--serve-rounds", type=int, default=15)
     ap.add_argument("--work-dir", default="/tmp/scale_bench")
+    ap.add_argument("--out-json", default=None, help="default: $OUT/scale_part<part>.json")
     ap.add_argument("--rehearse", action="store_true", help="CPU lanes and llvm: the code path, on this host")
     ap.add_argument("--merge", nargs="*")
     ap.add_argument("--out", default=None)
@@ -317,59 +353,84 @@ def main(argv=None) -> int:
         return compile_from_records(args)
     if args.merge:
         return merge(args.merge, args.out or "bench/results/scale_h200.json", args.stock_log)
+    if args.rehearse and args.trials == 1024:
+        args.trials, args.per_iter, args.stock_window, args.config_timeout = 24, 8, 45.0, 600.0
     return run_part(args)
 
 
 def run_part(args) -> int:
     work = Path(args.work_dir) / f"part{args.part}"
     work.mkdir(parents=True, exist_ok=True)
+    models = (args.models or ("tiny" if args.rehearse else "resnet18,transformer")).split(",")
     gpus = []
     if not args.rehearse:
         from services.measurer.observers import make_observer
 
         gpus = make_observer().inventory()
+    probe = None
     if not args.rehearse:
-        result_probe = probe_hidden_gpu_build()
-        if not result_probe.get("cubin"):  # keep builders off the lanes' contexts, at least (they open none)
+        probe = probe_hidden_gpu_build()
+        if not probe.get("cubin"):  # keep builders off the lanes' contexts, at least (they open none)
             os.environ["SHARETUNE_BUILDER_HIDE_GPUS"] = "0"
     table = REHEARSAL if args.rehearse else CONFIGS
-    default = {"A": "1gpu-4x25,1gpu-1x100", "B": "1gpu-4x25-b32,2gpu-4x25-b32"}[args.part]
-    names_ = (args.configs or (",".join(REHEARSAL) if args.rehearse else default)).split(",")
-    result = {"model": args.model, "per_iter": args.per_iter, "trials_budget": args.trials, "part": args.part,
-              "host_cores": os.cpu_count(), "gpus": [g.uuid for g in gpus], "rows": [], "stock": None,
-              "builder_probe": None if args.rehearse else result_probe}
-    out_json = out_dir() / f"scale_part{args.part}.json"
+    default = {"A": "1gpu-1x100,1gpu-4x25,1gpu-1x100-uniform", "B": "1gpu-4x25-b32,2gpu-4x25-b32"}[args.part]
+    names_ = [n for n in (args.configs or (",".join(REHEARSAL) if args.rehearse else default)).split(",")
+              if args.rehearse or table[n][1] <= max(1, len(gpus))]  # configurations the GPUs found allow
+    out_json = Path(args.out_json) if args.out_json else out_dir() / f"scale_part{args.part}.json"
+    result = {"model": ",".join(models), "models": models, "per_iter": args.per_iter, "trials_budget": args.trials,
+              "part": args.part, "host_cores": os.cpu_count(), "gpus": [g.uuid for g in gpus], "rows": [],
+              "stock": None, "stocks": {}, "builder_probe": probe, "phase": "stock"}
+    if out_json.exists():  # resume: keep what a run stopped part-way measured
+        done = json.loads(out_json.read_text())
+        if done.get("models") == models and done.get("trials_budget") == args.trials:
+            result.update({k: done[k] for k in ("rows", "stocks", "stock") if done.get(k)})
+            print(f"resuming: stock of {sorted(result['stocks'])}, {len(result['rows'])} rows", flush=True)
 
     def save():
         out_json.write_text(json.dumps(result, indent=1))
 
-    stock = None
-    if args.part == "A":
-        stock = start_stock(args, gpus, work)
+    if args.part == "A":  # one GPU: stock alone on the machine first, model after model
+        for model in models:
+            if model not in result["stocks"]:
+                stock = start_stock(args, gpus, work / model, model, cores="1" if args.rehearse else "0-15")
+                time.sleep(args.stock_window)
+                result["stocks"][model] = stop_stock(stock, args)
+                print(json.dumps(result["stocks"][model]), flush=True)
+                save()
+        result["stock"] = result["stocks"].get(models[0])
+    else:
+        stock = start_stock(args, gpus, work / models[0], models[0], cores="1" if args.rehearse else "16-31")
+    result["phase"] = "service"
     for name in names_:
-        if stock is not None and result["stock"] is None and time.time() - stock["t0"] >= args.stock_window:
-            result["stock"] = stop_stock(stock, args)
+        for model in (models[:1] if name in FIRST_MODEL_ONLY else models):
+            if any(r["config"] == name and r["model"] == model for r in result["rows"]):
+                continue
+            row = run_config(args, name, table[name], gpus, work / model, model)
+            result["rows"].append(row)
+            print(json.dumps({k: v for k, v in row.items() if k not in ("lane_busy_per_lane", "task_trials", "split_s")}),
+                  flush=True)
             save()
-        row = run_config(args, name, table[name], gpus, work)
-        result["rows"].append(row)
-        print(json.dumps({k: v for k, v in row.items() if k not in ("lane_busy_per_lane", "task_trials")}), flush=True)
-        save()
-    if stock is not None and result["stock"] is None:
+    if args.part == "B":
         remaining = args.stock_window - (time.time() - stock["t0"])
         if remaining > 0:
             time.sleep(remaining)
-        result["stock"] = stop_stock(stock, args)
+        result["stocks"][models[0]] = result["stock"] = stop_stock(stock, args)
         save()
-    if args.part == "A":
-        finish_part_a(args, result, gpus, work)
+    result["phase"] = "latency"
+    save()
+    for model in models:
+        equal_trials_latency(args, result, model, gpus, work / model)
         save()
+    result["summary"] = summarise(result)
+    result["phase"] = "done"
+    save()
     print_table(result)
     print("wrote", out_json)
     return 0
 
 
 PROBE = """
-import json, tvm, tvm.support.nvcc
+import json, tvm
 from services.measurer.metaschedule import evaluate
 t = evaluate.family_target("cuda.sm_90")
 rt = evaluate.build(evaluate.trivial_kernel(t), t)
@@ -390,23 +451,22 @@ def probe_hidden_gpu_build() -> dict:
         return {"cubin": False, "error": (out.stderr or out.stdout)[-600:]}
 
 
-def start_stock(args, gpus, work: Path) -> dict:
+def start_stock(args, gpus, work: Path, model: str, cores: str) -> dict:
     stock_work = work / "stock"
     stock_work.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, PYTHONPATH=f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
-    cores = "1" if args.rehearse else "16-31"
     uuid = None
     if not args.rehearse:
-        uuid = gpus[1].uuid if len(gpus) > 1 else gpus[0].uuid
+        uuid = gpus[1].uuid if len(gpus) > 1 and args.part == "B" else gpus[0].uuid
         env["CUDA_VISIBLE_DEVICES"] = uuid
     cmd = ["taskset", "-c", cores, sys.executable, __file__, "--stock-tune", "--stock-work", str(stock_work),
-           "--model", args.model, "--per-iter", str(args.per_iter), "--stock-max-trials", str(args.stock_max_trials)]
+           "--model", model, "--per-iter", str(args.per_iter), "--stock-max-trials", str(args.stock_max_trials)]
     if args.rehearse:
         cmd.append("--rehearse")
     log = open(work / "stock.log", "w")
     proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     return {"proc": proc, "t0": time.time(), "work": stock_work, "sampler": BusySampler(uuid), "uuid": uuid,
-            "cores": cores}
+            "cores": cores, "model": model}
 
 
 def stop_stock(stock: dict, args) -> dict:
@@ -419,30 +479,37 @@ def stop_stock(stock: dict, args) -> dict:
     busy = stock["sampler"].stop()
     committed = len(stock_records(stock["work"]))
     log = stock["work"].parent / "stock.log"
-    trials = max(committed, stock_trials_from_log(log.read_text()) if log.exists() else 0)
-    return {"config": "stock", "gpus": 1, "lanes": 0, "builders": len(cores_of(stock["cores"])),
-            "per_iter": args.per_iter, "window_s": round(wall, 1), "trials": trials, "committed_records": committed,
-            "trials_per_min": round(60 * trials / wall, 1), "gpu_busy_frac": busy,
-            "note": "LocalBuilder(max_workers=its cores, timeout_sec=120) + LocalRunner, stopped at the window"}
+    text = log.read_text() if log.exists() else ""
+    trials = max(committed, stock_trials_from_log(text))
+    row = {"config": "stock", "model": stock["model"], "gpus": 1, "lanes": 0, "builders": len(cores_of(stock["cores"])),
+           "per_iter": args.per_iter, "window_s": round(wall, 1), "trials": trials, "committed_records": committed,
+           "trials_per_min": round(60 * trials / wall, 1), "gpu_busy_frac": busy, "work": str(stock["work"]),
+           "note": "LocalBuilder(max_workers=its cores, timeout_sec=120) + LocalRunner, stopped at the window"}
+    row.update(stock_steady_from_log(text))
+    return row
 
 
-def finish_part_a(args, result: dict, gpus, work: Path) -> None:
-    """Compile stock's model from its records and each configuration's from its first N (N = stock's
-    trials), in parallel on the freed cores; time each configuration's pair at its share."""
-    stock = result["stock"]
-    if not stock or not stock.get("committed_records"):
-        # nothing committed: no equal-trials latency (give stock a trial cap it reaches, --stock-max-trials)
+def equal_trials_latency(args, result: dict, model: str, gpus, work: Path) -> None:
+    """Compile stock's model from its committed records and each configuration's from its first N (N =
+    stock's), in parallel on the cores; time each configuration's pair at its share."""
+    stock = result["stocks"].get(model)
+    rows = [r for r in result["rows"] if r["model"] == model and "latency_vs_stock" not in r]
+    if not stock or not stock.get("committed_records") or not rows:
+        # nothing committed: no equal-trials latency (a longer window, or --stock-max-trials it reaches)
         return
     uuid0 = gpus[0].uuid if gpus else None
-    compiles = {"stock": spawn_compile(args, work / "stock", stock["committed_records"], work / "stock.so",
-                                       "1" if args.rehearse else "16-23", uuid0)}
-    for i, row in enumerate(result["rows"]):
+    n_cores = os.cpu_count() or 1
+    compiles = {"stock": spawn_compile(args, Path(stock["work"]), stock["committed_records"], work / "stock.so",
+                                       "0" if args.rehearse else "0-3", uuid0, model)}
+    for i, row in enumerate(rows):
         if row.get("exported_trials"):
             row["compared_at_trials"] = min(stock["committed_records"], row["exported_trials"])
-            compiles[row["config"]] = spawn_compile(args, work / row["config"] / "records_db", row["compared_at_trials"],
-                                                    work / f"{row['config']}.so",
-                                                    "0" if args.rehearse else f"{24 + i * 4}-{27 + i * 4}", uuid0)
-    for label, proc in compiles.items():
+            first = 4 + 4 * i
+            cores = "0" if args.rehearse else f"{first % n_cores}-{min(first % n_cores + 3, n_cores - 1)}"
+            compiles[row["config"]] = spawn_compile(args, work / f"{row['config']}-{model}" / "records_db",
+                                                    row["compared_at_trials"], work / f"{row['config']}.so", cores,
+                                                    uuid0, model)
+    for proc in compiles.values():
         proc.wait(timeout=420)
     ok = {label: str(work / f"{label}.so") for label in compiles if (work / f"{label}.so").exists()}
     stock["tuned_module_at_trials"] = ok.get("stock")
@@ -453,28 +520,24 @@ def finish_part_a(args, result: dict, gpus, work: Path) -> None:
         mps = MpsDaemon(work / "serve-mps" / "pipe", work / "serve-mps" / "log")
         mps.start()
     try:
-        serve_rows(args, result, ok, uuid0, mps.environment() if mps else {}, work)
+        for row in rows:
+            label = row["config"]
+            mods = {k: v for k, v in {"stock": ok.get("stock"), "ours_at_stock_trials": ok.get(label),
+                                      "ours_full": row.get("tuned_module")}.items() if v}
+            served = serve(mods, model, row["share"], uuid0, mps.environment() if mps else {}, args.serve_rounds, work)
+            lat = served.get("latency_us", {})
+            row["tuned_latency_us"] = round(lat["ours_full"], 2) if "ours_full" in lat else None
+            row["tuned_latency_us_at_stock_trials"] = (round(lat["ours_at_stock_trials"], 2)
+                                                       if "ours_at_stock_trials" in lat else None)
+            row["stock_latency_us_at_share"] = round(lat["stock"], 2) if "stock" in lat else None
+            row["serve_errors"] = served.get("errors") or None
+            if "stock" in lat and "ours_at_stock_trials" in lat:
+                row["latency_vs_stock"] = round(lat["ours_at_stock_trials"] / lat["stock"], 3)
+            if row["share"] == 100 and "stock" in lat:
+                stock["tuned_latency_us"] = round(lat["stock"], 2)
     finally:
         if mps is not None:
             mps.stop()
-
-
-def serve_rows(args, result: dict, ok: dict, uuid0: str | None, mps_env: dict, work: Path) -> None:
-    stock = result["stock"]
-    for row in result["rows"]:
-        label = row["config"]
-        mods = {k: v for k, v in {"stock": ok.get("stock"), "ours_at_stock_trials": ok.get(label),
-                                  "ours_full": row.get("tuned_module")}.items() if v}
-        served = serve(mods, args.model, row["share"], uuid0, mps_env, args.serve_rounds, work)
-        lat = served.get("latency_us", {})
-        row["tuned_latency_us"] = round(lat["ours_full"], 2) if "ours_full" in lat else None
-        row["tuned_latency_us_at_stock_trials"] = round(lat["ours_at_stock_trials"], 2) if "ours_at_stock_trials" in lat else None
-        row["stock_latency_us_at_share"] = round(lat["stock"], 2) if "stock" in lat else None
-        row["serve_errors"] = served.get("errors") or None
-        if "stock" in lat and "ours_at_stock_trials" in lat:
-            row["latency_vs_stock"] = round(lat["ours_at_stock_trials"] / lat["stock"], 3)
-        if row["share"] == 100 and "stock" in lat:
-            stock["tuned_latency_us"] = round(lat["stock"], 2)
 
 
 def stock_steady_from_log(log_text: str) -> dict:
@@ -486,7 +549,7 @@ def stock_steady_from_log(log_text: str) -> dict:
     def at(line):
         return datetime.datetime.strptime(line[:19], "%Y-%m-%d %H:%M:%S").timestamp()
 
-    lines = log_text.splitlines()
+    lines = [l for l in log_text.splitlines() if re.match(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d", l)]
     first = next((at(l) for l in lines if re.search(r"sample\(s\) to builder", l)), None)
     runner = [i for i, l in enumerate(lines) if re.search(r"valid sample\(s\) to runner", l)]
     if first is None or not runner:
@@ -496,35 +559,68 @@ def stock_steady_from_log(log_text: str) -> dict:
     return {"active_s": round(after - first, 1), "steady_trials_per_min": round(60 * trials / max(after - first, 1e-9), 1)}
 
 
+def summarise(result: dict) -> dict:
+    """The issue's figures: throughput against stock (per model, then the worst model's), latency at equal
+    trials, GPU busy, build CPU and lane time per candidate, screened against uniform timing."""
+    rows, stocks = result["rows"], result.get("stocks") or {}
+    summary: dict = {"per_model": {}}
+    ratios: dict[str, list[float]] = {}
+    for model, stock in stocks.items():
+        mine = {r["config"]: r for r in rows if r["model"] == model}
+        per = {"stock_trials_per_min": stock["trials_per_min"],
+               "throughput_vs_stock": {c: round(r["trials_per_min"] / max(stock["trials_per_min"], 1e-9), 2)
+                                       for c, r in mine.items()},
+               "latency_vs_stock": {c: r.get("latency_vs_stock") for c, r in mine.items()}}
+        summary["per_model"][model] = per
+        for c, v in per["throughput_vs_stock"].items():
+            ratios.setdefault(c, []).append(v)
+    screened = {c: v for c, v in ratios.items() if "uniform" not in c}
+    if screened:  # a configuration's ratio is its worst model's: every model must reach it
+        best = max(screened, key=lambda c: min(screened[c]))
+        summary["throughput_vs_stock"] = min(screened[best])
+        summary["throughput_vs_stock_config"] = best
+        one = next((c for c in screened if c.endswith("1x100")), None)
+        summary["throughput_vs_stock_1x100"] = min(screened[one]) if one else None
+        summary["throughput_vs_stock_per_config"] = {c: min(v) for c, v in ratios.items()}
+    lat = [r["latency_vs_stock"] for r in rows if r.get("latency_vs_stock") and r.get("timing") != "uniform"]
+    summary["latency_vs_stock"] = max(lat) if lat else None  # the worst configuration and model
+    summary["latency_vs_stock_per_row"] = {f"{r['config']}/{r['model']}": r.get("latency_vs_stock") for r in rows}
+    summary["gpu_busy_frac"] = {f"{r['config']}/{r['model']}": r.get("gpu_busy_frac") for r in rows}
+    cpu = [r for r in rows if r.get("built")]
+    if cpu:  # over every built candidate of every run, weighted by how many each built
+        n = sum(r["built"] for r in cpu)
+        summary["build_cpu_s_mean"] = round(sum(r["build_cpu_s_total"] for r in cpu) / n, 3)
+        summary["build_cpu_s_median"] = round(statistics.median(r["build_cpu_s_median"] for r in cpu), 3)
+    hundred = [r["lane_s_per_candidate"] for r in rows if r.get("share") == 100 and r.get("lane_s_per_candidate")
+               and r.get("timing") != "uniform"]
+    summary["lane_s_per_candidate"] = round(statistics.median(hundred), 4) if hundred else None
+    uni = next((r for r in rows if r.get("timing") == "uniform"), None)
+    if uni:
+        same = next((r for r in rows if r["model"] == uni["model"] and r["config"] == uni["config"].removesuffix("-uniform")), None)
+        if same and same.get("tuned_latency_us") and uni.get("tuned_latency_us"):
+            summary["screened_vs_uniform_latency"] = round(same["tuned_latency_us"] / uni["tuned_latency_us"], 3)
+            summary["screened_vs_uniform_lane_s"] = [same.get("lane_s_per_candidate"), uni.get("lane_s_per_candidate")]
+    return summary
+
+
 def merge(paths: list[str], out_path: str, stock_log: str | None = None) -> int:
     parts = [json.loads(Path(p).read_text()) for p in paths]
     rows = [r for p in parts for r in p["rows"]]
-    stock = next((p["stock"] for p in parts if p.get("stock")), None)
-    if stock and stock_log and Path(stock_log).exists():  # trials from stock's own log (see stock_trials_from_log)
+    stocks = {}
+    for p in parts:
+        stocks.update(p.get("stocks") or ({p["model"]: p["stock"]} if p.get("stock") else {}))
+    if stock_log and Path(stock_log).exists() and len(stocks) == 1:  # trials from stock's own log
+        stock = next(iter(stocks.values()))
         text = Path(stock_log).read_text()
         stock["trials"] = max(stock["trials"], stock_trials_from_log(text))
         stock["trials_per_min"] = round(60 * stock["trials"] / stock["window_s"], 1)
         stock.update(stock_steady_from_log(text))
-    by = {r["config"]: r for r in rows}
-    one = by.get("1gpu-4x25") or by.get("1gpu-1x100")
-    summary = {}
-    if stock and one:
-        best16 = max((r for r in rows if r["config"].startswith("1gpu") and "b32" not in r["config"]),
-                     key=lambda r: r["trials_per_min"])
-        summary["throughput_vs_stock"] = round(best16["trials_per_min"] / max(stock["trials_per_min"], 1e-9), 2)
-        summary["throughput_vs_stock_config"] = best16["config"]
-        if stock.get("steady_trials_per_min") and best16.get("steady_trials_per_min"):
-            summary["throughput_vs_stock_steady"] = round(best16["steady_trials_per_min"] / stock["steady_trials_per_min"], 2)
-        summary["throughput_vs_stock_16_vs_32_cores"] = {
-            r["config"]: round(r["trials_per_min"] / max(stock["trials_per_min"], 1e-9), 2) for r in rows if "b32" in r["config"]}
-        summary["latency_vs_stock"] = {r["config"]: r.get("latency_vs_stock") for r in rows if r.get("latency_vs_stock")}
-    summary["gpu_busy_frac"] = {r["config"]: r.get("gpu_busy_frac") for r in rows}
-    summary["build_cpu_s_per_candidate"] = {r["config"]: r.get("build_cpu_s_per_candidate") for r in rows}
-    two, one32 = by.get("2gpu-4x25-b32"), by.get("1gpu-4x25")
-    if two and one32:
-        summary["scaling_efficiency_2gpu"] = round(two["trials_per_min"] / (2 * one32["trials_per_min"]), 3)
-    result = {k: v for k, v in parts[0].items() if k not in ("rows", "stock", "part")}
-    result.update(rows=rows, stock=stock, summary=summary)
+    result = {k: v for k, v in parts[0].items() if k not in ("rows", "stock", "stocks", "part", "summary")}
+    result.update(rows=rows, stocks=stocks, stock=next(iter(stocks.values()), None))
+    result["summary"] = summarise(result)
+    two, one = (next((r for r in rows if r["config"] == c), None) for c in ("2gpu-4x25-b32", "1gpu-4x25-b32"))
+    if two and one:
+        result["summary"]["scaling_efficiency_2gpu"] = round(two["trials_per_min"] / (2 * one["trials_per_min"]), 3)
     Path(out_path).parent.mkdir(parents=True, exist_ok=True)
     Path(out_path).write_text(json.dumps(result, indent=1))
     print_table(result)
@@ -532,16 +628,17 @@ def merge(paths: list[str], out_path: str, stock_log: str | None = None) -> int:
 
 
 def print_table(result: dict) -> None:
-    rows = ([result["stock"]] if result.get("stock") else []) + result["rows"]
-    print(f"\nmodel {result.get('model')}, {result.get('per_iter')} a round")
-    print(f"{'config':<16}{'gpus':>5}{'lanes':>6}{'bld':>5}{'trials':>8}{'tr/min':>8}{'gpu busy':>9}{'lane busy':>10}"
-          f"{'build s/c':>10}{'tuned us':>10}{'vs stock@N':>11}")
+    rows = list((result.get("stocks") or {}).values()) + result["rows"]
+    print(f"\nmodels {result.get('model')}, {result.get('per_iter')} a round")
+    print(f"{'config':<20}{'model':<12}{'lanes':>6}{'trials':>7}{'tr/min':>8}{'gpu busy':>9}{'lane s/c':>9}"
+          f"{'bld cpu med':>12}{'mean':>7}{'brief':>6}{'tuned us':>10}{'vs stock@N':>11}")
     for r in rows:
-        print(f"{r['config']:<16}{r.get('gpus', 1):>5}{r.get('lanes', 0):>6}{r.get('builders', 0):>5}{r.get('trials', 0):>8}"
-              f"{r.get('trials_per_min', 0):>8}{_f(r.get('gpu_busy_frac')):>9}{_f(r.get('lane_busy_frac')):>10}"
-              f"{_f(r.get('build_cpu_s_per_candidate')):>10}{_f(r.get('tuned_latency_us')):>10}{_f(r.get('latency_vs_stock')):>11}")
+        print(f"{r['config']:<20}{r.get('model', ''):<12}{r.get('lanes', 0):>6}{r.get('trials', 0):>7}"
+              f"{r.get('trials_per_min', 0):>8}{_f(r.get('gpu_busy_frac')):>9}{_f(r.get('lane_s_per_candidate')):>9}"
+              f"{_f(r.get('build_cpu_s_median')):>12}{_f(r.get('build_cpu_s_mean')):>7}{_f(r.get('brief')):>6}"
+              f"{_f(r.get('tuned_latency_us')):>10}{_f(r.get('latency_vs_stock')):>11}")
     if result.get("summary"):
-        print("summary:", json.dumps(result["summary"]))
+        print("summary:", json.dumps({k: v for k, v in result["summary"].items() if k != "per_model"}))
 
 
 def _f(v) -> str:
