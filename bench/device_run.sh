@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # On the GPU machine, after ../shared/device/stage.sh's install step (PYTHONPATH=/tmp/site:$PWD):
-#   bash bench/device_run.sh smoke|gputest|stock|ours|sharding|matrix|gpufault|scale [A|B]|searchq|searchq-wait  -> writes under $OUT
+#   bash bench/device_run.sh smoke|gputest|stock|ours|sharding|matrix|gpufault|scale [A|B]|scale1|scale1-wait|searchq|searchq-wait
+#   -> writes under $OUT
 set -uo pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site:$PWD
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -75,6 +76,21 @@ PY
   # the default-schedule guard on that run's records (carry .sqg: its databases and JSON)
   searchq-guard) mkdir -p /tmp/sqg && tar xzf .sqg/sqg_dbs.tgz -C /tmp/sqg
            timeout 560 python3 bench/search_quality_guard.py --work-dir /tmp/sqg --first-run .sqg/search_quality_h200.json "${@:2}" 2>&1 | tail -40 ;;
+  # issue 21, one GPU: stock's windows, then the service's configurations, in the background (setsid) from a
+  # copy outside the working tree; `scale1-wait` (the next calls, back to back) waits and collects the JSON
+  scale1) rm -rf /tmp/scale1 && mkdir -p /tmp/scale1 && cp -r . /tmp/scale1/repo
+          (cd /tmp/scale1/repo && PYTHONPATH=/tmp/site:/tmp/scale1/repo OUT=/tmp/scale1 setsid nohup python3 \
+              bench/scale_h200.py --part A --work-dir /tmp/scale1/work "${@:2}" > /tmp/scale1/driver.log 2>&1 < /dev/null &)
+          bash "$0" scale1-wait ;;
+  scale1-wait)
+    t0=$(date +%s)
+    while [ $(( $(date +%s) - t0 )) -lt ${SCALE_WAIT_S:-560} ]; do
+      grep -q '"phase": "done"' /tmp/scale1/scale_partA.json 2>/dev/null && break
+      grep -q '^Traceback' /tmp/scale1/driver.log 2>/dev/null && { echo "driver error: stopped waiting"; break; }
+      sleep 5
+    done
+    cp /tmp/scale1/scale_partA.json "$OUT/" 2>/dev/null; tail -c 20000 /tmp/scale1/driver.log
+    keep_logs /tmp/scale1/work scale1_logs ;;
   gpufault) nvidia-smi --query-gpu=index,uuid,name --format=csv,noheader
     timeout 280 python3 bench/gpu_fault.py "${@:2}" 2>&1 | tail -60
     keep_logs /tmp/gpu_fault gpu_fault_logs ;;

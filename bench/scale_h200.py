@@ -255,8 +255,10 @@ def run_config(args, name: str, spec: tuple, gpus: list, work: Path, model: str)
         client = Client(stack.redis_url)
         samplers = [BusySampler(u) for u in uuids] or [BusySampler(None)]
         t0 = time.time()
+        # no untuned model compiled at the end: stock's rate counts no compile either
         job = client.submit(model, target="cuda" if not args.rehearse else "llvm", share=share,
-                            trials=args.trials, trials_per_iter=args.per_iter, seed=0, timing=timing)
+                            trials=args.trials, trials_per_iter=args.per_iter, seed=0, timing=timing,
+                            untuned_baseline=False)
         try:
             final = job.wait(timeout_s=args.config_timeout, on_progress=None)
         except TimeoutError:
@@ -266,12 +268,15 @@ def run_config(args, name: str, spec: tuple, gpus: list, work: Path, model: str)
         busy = [s.stop() for s in samplers]
         r = store.connect(stack.redis_url)
         status = job.status()
-        row.update(state=final.get("state"), wall_s=round(wall, 1), trials=status["trials"],
-                   trials_per_min=round(60 * status["trials"] / wall, 1),
+        batches = store.lane_batches(r, job.job_id)
+        # submit to the last candidate timed: the tuned model's compile after it is not tuning (stock's
+        # window counts none either); the job's own wall time beside it
+        tuned_s = max(b.finished_at for b in batches) - t0 if batches else wall
+        row.update(state=final.get("state"), wall_s=round(wall, 1), tuning_s=round(tuned_s, 1), trials=status["trials"],
+                   trials_per_min=round(60 * status["trials"] / tuned_s, 1),
                    gpu_busy_frac=round(statistics.mean(b for b in busy if b is not None), 4) if any(
                        b is not None for b in busy) else None,
                    gpu_busy_per_gpu=busy, task_trials={t["task"]: t["trials"] for t in status["tasks"]})
-        batches = store.lane_batches(r, job.job_id)
         row.update(lane_clock(batches, t0, t0 + wall))
         if batches:  # from the first candidate measured to the last: the rate once planning is done
             active = max(b.finished_at for b in batches) - min(b.started_at for b in batches)
@@ -354,7 +359,7 @@ def main(argv=None) -> int:
     if args.merge:
         return merge(args.merge, args.out or "bench/results/scale_h200.json", args.stock_log)
     if args.rehearse and args.trials == 1024:
-        args.trials, args.per_iter, args.stock_window, args.config_timeout = 24, 8, 45.0, 600.0
+        args.trials, args.per_iter, args.stock_window, args.config_timeout = 24, 8, 150.0, 600.0
     return run_part(args)
 
 
@@ -401,26 +406,26 @@ def run_part(args) -> int:
     else:
         stock = start_stock(args, gpus, work / models[0], models[0], cores="1" if args.rehearse else "16-31")
     result["phase"] = "service"
-    for name in names_:
-        for model in (models[:1] if name in FIRST_MODEL_ONLY else models):
-            if any(r["config"] == name and r["model"] == model for r in result["rows"]):
-                continue
+    # model by model, its equal-trials latency as soon as its rows are in; the first-model-only controls last
+    steps = [(n, m) for m in models for n in names_ if n not in FIRST_MODEL_ONLY]
+    steps += [(n, models[0]) for n in names_ if n in FIRST_MODEL_ONLY]
+    for i, (name, model) in enumerate(steps):
+        if not any(r["config"] == name and r["model"] == model for r in result["rows"]):
             row = run_config(args, name, table[name], gpus, work / model, model)
             result["rows"].append(row)
             print(json.dumps({k: v for k, v in row.items() if k not in ("lane_busy_per_lane", "task_trials", "split_s")}),
                   flush=True)
             save()
-    if args.part == "B":
-        remaining = args.stock_window - (time.time() - stock["t0"])
-        if remaining > 0:
-            time.sleep(remaining)
-        result["stocks"][models[0]] = result["stock"] = stop_stock(stock, args)
-        save()
-    result["phase"] = "latency"
-    save()
-    for model in models:
-        equal_trials_latency(args, result, model, gpus, work / model)
-        save()
+        if args.part == "B" and i == len(steps) - 1:
+            remaining = args.stock_window - (time.time() - stock["t0"])
+            if remaining > 0:
+                time.sleep(remaining)
+            result["stocks"][models[0]] = result["stock"] = stop_stock(stock, args)
+            save()
+        if i == len(steps) - 1 or steps[i + 1][1] != model or steps[i + 1][0] in FIRST_MODEL_ONLY:
+            equal_trials_latency(args, result, model, gpus, work / model)
+            result["summary"] = summarise(result)
+            save()
     result["summary"] = summarise(result)
     result["phase"] = "done"
     save()
@@ -492,17 +497,18 @@ def stop_stock(stock: dict, args) -> dict:
 def equal_trials_latency(args, result: dict, model: str, gpus, work: Path) -> None:
     """Compile stock's model from its committed records and each configuration's from its first N (N =
     stock's), in parallel on the cores; time each configuration's pair at its share."""
-    stock = result["stocks"].get(model)
-    rows = [r for r in result["rows"] if r["model"] == model and "latency_vs_stock" not in r]
-    if not stock or not stock.get("committed_records") or not rows:
-        # nothing committed: no equal-trials latency (a longer window, or --stock-max-trials it reaches)
+    stock = result["stocks"].get(model) or {}
+    rows = [r for r in result["rows"] if r["model"] == model and "tuned_latency_us" not in r]
+    if not rows:
         return
     uuid0 = gpus[0].uuid if gpus else None
     n_cores = os.cpu_count() or 1
-    compiles = {"stock": spawn_compile(args, Path(stock["work"]), stock["committed_records"], work / "stock.so",
-                                       "0" if args.rehearse else "0-3", uuid0, model)}
+    compiles = {}
+    if stock.get("committed_records"):  # else no equal-trials latency (a longer window, or --stock-max-trials)
+        compiles["stock"] = spawn_compile(args, Path(stock["work"]), stock["committed_records"], work / "stock.so",
+                                          "0" if args.rehearse else "0-3", uuid0, model)
     for i, row in enumerate(rows):
-        if row.get("exported_trials"):
+        if row.get("exported_trials") and stock.get("committed_records"):
             row["compared_at_trials"] = min(stock["committed_records"], row["exported_trials"])
             first = 4 + 4 * i
             cores = "0" if args.rehearse else f"{first % n_cores}-{min(first % n_cores + 3, n_cores - 1)}"
@@ -533,7 +539,7 @@ def equal_trials_latency(args, result: dict, model: str, gpus, work: Path) -> No
             row["serve_errors"] = served.get("errors") or None
             if "stock" in lat and "ours_at_stock_trials" in lat:
                 row["latency_vs_stock"] = round(lat["ours_at_stock_trials"] / lat["stock"], 3)
-            if row["share"] == 100 and "stock" in lat:
+            if row["share"] == 100 and "stock" in lat and stock:
                 stock["tuned_latency_us"] = round(lat["stock"], 2)
     finally:
         if mps is not None:
