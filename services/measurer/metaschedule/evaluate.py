@@ -188,8 +188,18 @@ def warm_up_builder(family: str) -> float:
 
 
 def _random_fill_fn():
+    """Floats: TVM's own fill (fast, on the device). Integers and booleans: small non-negative values,
+    because TVM's fill spans the whole integer range, and an index tensor (an embedding's `take`, a
+    gather) filled so reads far out of bounds: an illegal address on a GPU, which ends the lane's CUDA
+    context, for every candidate of such a task."""
     f = tvm.get_global_func("tvm.contrib.random.random_fill_for_measure", allow_missing=True)
-    return f if f is not None else _random_fill
+    if f is None:
+        return _random_fill
+
+    def fill(arr) -> None:
+        (f if str(arr.dtype).startswith(("float", "bfloat")) else _random_fill)(arr)
+
+    return fill
 
 
 def _clip(err: Exception, limit: int = 2000) -> str:
