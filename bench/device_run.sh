@@ -12,6 +12,17 @@ keep_logs() {  # SRC NAME
      mkdir -p "$tmp/$(dirname "$f")"; tail -c 200000 "$f" > "$tmp/$f"; done)
   tar czf "$OUT/$2.tgz" -C "$tmp" . 2>/dev/null; rm -rf "$tmp"
 }
+# A background run's JSON: wait until it says "phase": "done", its log shows ERROR_RE, or WAIT_S pass; then
+# copy the JSON to $OUT and show the log's end.
+wait_for_background() {  # JSON LOG ERROR_RE WAIT_S
+  local t0; t0=$(date +%s)
+  while [ $(( $(date +%s) - t0 )) -lt "$4" ]; do
+    grep -q '"phase": "done"' "$1" 2>/dev/null && break
+    grep -q "$3" "$2" 2>/dev/null && { echo "driver error: stopped waiting"; break; }
+    sleep 5
+  done
+  cp "$1" "$OUT/" 2>/dev/null; tail -c 20000 "$2"
+}
 case "${1:-smoke}" in
   smoke)
     nvidia-smi --query-gpu=index,uuid,name,clocks.sm,utilization.gpu --format=csv | tee "$OUT/nvidia-smi.csv"
@@ -65,13 +76,7 @@ PY
                > /tmp/sqg/driver.log 2>&1 < /dev/null &
            bash "$0" searchq-wait ;;
   searchq-wait)
-    t0=$(date +%s)
-    while [ $(( $(date +%s) - t0 )) -lt ${SQ_WAIT_S:-560} ]; do
-      grep -q '"phase": "done"' /tmp/sqg/search_quality_h200.json 2>/dev/null && break
-      grep -q '^\[ours-error\]\|^Traceback' /tmp/sqg/driver.log 2>/dev/null && { echo "driver error: stopped waiting"; break; }
-      sleep 5
-    done
-    cp /tmp/sqg/search_quality_h200.json "$OUT/" 2>/dev/null; tail -c 30000 /tmp/sqg/driver.log
+    wait_for_background /tmp/sqg/search_quality_h200.json /tmp/sqg/driver.log '^\[ours-error\]\|^Traceback' ${SQ_WAIT_S:-560}
     keep_logs /tmp/sqg searchq_logs ;;
   # the default-schedule guard on that run's records (carry .sqg: its databases and JSON)
   searchq-guard) mkdir -p /tmp/sqg && tar xzf .sqg/sqg_dbs.tgz -C /tmp/sqg
@@ -83,13 +88,7 @@ PY
               bench/scale_h200.py --part A --work-dir /tmp/scale1/work "${@:2}" > /tmp/scale1/driver.log 2>&1 < /dev/null &)
           bash "$0" scale1-wait ;;
   scale1-wait)
-    t0=$(date +%s)
-    while [ $(( $(date +%s) - t0 )) -lt ${SCALE_WAIT_S:-560} ]; do
-      grep -q '"phase": "done"' /tmp/scale1/scale_partA.json 2>/dev/null && break
-      grep -q '^Traceback' /tmp/scale1/driver.log 2>/dev/null && { echo "driver error: stopped waiting"; break; }
-      sleep 5
-    done
-    cp /tmp/scale1/scale_partA.json "$OUT/" 2>/dev/null; tail -c 20000 /tmp/scale1/driver.log
+    wait_for_background /tmp/scale1/scale_partA.json /tmp/scale1/driver.log '^Traceback' ${SCALE_WAIT_S:-560}
     keep_logs /tmp/scale1/work scale1_logs ;;
   gpufault) nvidia-smi --query-gpu=index,uuid,name --format=csv,noheader
     timeout 280 python3 bench/gpu_fault.py "${@:2}" 2>&1 | tail -60

@@ -9,52 +9,16 @@ import pytest
 tvm = pytest.importorskip("tvm")
 
 
-class _Redis:
-    """The few Redis calls the store makes here, in memory."""
-
-    def __init__(self):
-        self.kv, self.hashes = {}, {}
-
-    def set(self, key, value, nx=False):
-        if nx and key in self.kv:
-            return False
-        self.kv[key] = value
-        return True
-
-    def get(self, key):
-        return self.kv.get(key)
-
-    def hset(self, key, field, value):
-        self.hashes.setdefault(key, {})[field] = value
-
-    def hvals(self, key):
-        return list(self.hashes.get(key, {}).values())
-
-
 def _store_with_two_candidates():
     """A workload with two measured candidates: repeats [1, 1, 10] (one burst) and [2, 2, 2]."""
-    from tvm import te
     from tvm.s_tir import meta_schedule as ms
 
-    from services.tuner.metaschedule.records import record_json, tuning_record
+    from fakes import store_with_records
+    from services.tuner.metaschedule.records import tuning_record
     from shared import store
-    from services.tuner.metaschedule.codec import dump_ir
-    from shared.messages import Record, Workload
 
-    a = te.placeholder((64,), name="A")
-    b = te.compute((64,), lambda i: a[i] + 1, name="B")
-    mod = tvm.IRModule({"main": te.create_prim_func([a, b])})
-    target = tvm.target.Target({"kind": "llvm"})
-    r = _Redis()
-    store.put_workload(r, Workload(wkey="w", name="add", target=str(target), share=100, mod=dump_ir(mod)))
+    r, mod = store_with_records([("bursty", 8, [1.0, 1.0, 10.0], "full"), ("steady", 4, [2.0, 2.0, 2.0], "full")])
     wl = ms.database.Workload(mod)
-    for key, factor, secs in (("bursty", 8, [1.0, 1.0, 10.0]), ("steady", 4, [2.0, 2.0, 2.0])):
-        sch = tvm.s_tir.Schedule(mod)
-        (loop,) = sch.get_loops(sch.get_sblock("B"))
-        sch.split(loop, [None, factor])
-        trec = ms.database.TuningRecord(sch.trace, wl, secs, target, ms.arg_info.ArgInfo.from_prim_func(mod["main"]))
-        store.replace_record(r, Record(candidate_key=key, wkey="w", trace=record_json(trec), run_secs=secs,
-                                       target=str(target), args_info=[], share=100))
     return r, mod, {k: tvm.ir.save_json(tuning_record(v.trace, wl).trace.as_json())
                     for k, v in ((x.candidate_key, x) for x in store.records(r, "w"))}
 

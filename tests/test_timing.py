@@ -49,50 +49,11 @@ def test_the_bar_is_the_best_so_far_plus_the_margin():
     assert screen_bar(2e-6) == pytest.approx(2e-6 * (1 + SCREEN_MARGIN))
 
 
-class _Redis:
-    def __init__(self):
-        self.kv, self.hashes = {}, {}
-
-    def set(self, key, value, nx=False):
-        if nx and key in self.kv:
-            return False
-        self.kv[key] = value
-        return True
-
-    def get(self, key):
-        return self.kv.get(key)
-
-    def hset(self, key, field, value):
-        self.hashes.setdefault(key, {})[field] = value
-
-    def hvals(self, key):
-        return list(self.hashes.get(key, {}).values())
-
-
 def _store(brief_secs, full_secs):
     """A workload with a brief record (`brief_secs`) and a fully timed one (`full_secs`)."""
-    from tvm import te
-    from tvm.s_tir import meta_schedule as ms
+    from fakes import store_with_records
 
-    from services.tuner.metaschedule.codec import dump_ir
-    from services.tuner.metaschedule.records import record_json
-    from shared import store
-    from shared.messages import Record, Workload
-
-    a = te.placeholder((64,), name="A")
-    b = te.compute((64,), lambda i: a[i] + 1, name="B")
-    mod = tvm.IRModule({"main": te.create_prim_func([a, b])})
-    target = tvm.target.Target({"kind": "llvm"})
-    r = _Redis()
-    store.put_workload(r, Workload(wkey="w", name="add", target=str(target), share=100, mod=dump_ir(mod)))
-    wl = ms.database.Workload(mod)
-    for key, factor, secs, timing in (("brief", 8, brief_secs, "brief"), ("full", 4, full_secs, "full")):
-        sch = tvm.s_tir.Schedule(mod)
-        sch.split(sch.get_loops(sch.get_sblock("B"))[0], [None, factor])
-        trec = ms.database.TuningRecord(sch.trace, wl, secs, target, ms.arg_info.ArgInfo.from_prim_func(mod["main"]))
-        store.replace_record(r, Record(candidate_key=key, wkey="w", trace=record_json(trec), run_secs=secs,
-                                       target=str(target), args_info=[], share=100, timing=timing))
-    return r
+    return store_with_records([("brief", 8, brief_secs, "brief"), ("full", 4, full_secs, "full")])[0]
 
 
 class _FullRunner:

@@ -1,0 +1,53 @@
+"""Fakes for unit tests of pure logic: an in-memory stand-in for the few Redis calls the store makes on
+records and workloads, and a store holding one small workload's records."""
+from __future__ import annotations
+
+
+class MemoryRedis:
+    """The Redis calls shared.store makes for workloads and records, in memory."""
+
+    def __init__(self):
+        self.kv, self.hashes = {}, {}
+
+    def set(self, key, value, nx=False):
+        if nx and key in self.kv:
+            return False
+        self.kv[key] = value
+        return True
+
+    def get(self, key):
+        return self.kv.get(key)
+
+    def hset(self, key, field, value):
+        self.hashes.setdefault(key, {})[field] = value
+
+    def hvals(self, key):
+        return list(self.hashes.get(key, {}).values())
+
+
+def store_with_records(records):
+    """A workload "w" (b = a + 1 over 64 floats, llvm) and one record per (key, split factor, run_secs, timing):
+    (the fake Redis, the workload's module)."""
+    import tvm
+    from tvm import te
+    from tvm.s_tir import meta_schedule as ms
+
+    from services.tuner.metaschedule.codec import dump_ir
+    from services.tuner.metaschedule.records import record_json
+    from shared import store
+    from shared.messages import Record, Workload
+
+    a = te.placeholder((64,), name="A")
+    b = te.compute((64,), lambda i: a[i] + 1, name="B")
+    mod = tvm.IRModule({"main": te.create_prim_func([a, b])})
+    target = tvm.target.Target({"kind": "llvm"})
+    r = MemoryRedis()
+    store.put_workload(r, Workload(wkey="w", name="add", target=str(target), share=100, mod=dump_ir(mod)))
+    wl = ms.database.Workload(mod)
+    for key, factor, secs, timing in records:
+        sch = tvm.s_tir.Schedule(mod)
+        sch.split(sch.get_loops(sch.get_sblock("B"))[0], [None, factor])
+        trec = ms.database.TuningRecord(sch.trace, wl, secs, target, ms.arg_info.ArgInfo.from_prim_func(mod["main"]))
+        store.replace_record(r, Record(candidate_key=key, wkey="w", trace=record_json(trec), run_secs=secs,
+                                       target=str(target), args_info=[], share=100, timing=timing))
+    return r, mod
