@@ -257,7 +257,7 @@ def run_config(args, name: str, spec: tuple, gpus: list, work: Path, model: str)
         t0 = time.time()
         # no untuned model compiled at the end: stock's rate counts no compile either
         job = client.submit(model, target="cuda" if not args.rehearse else "llvm", share=share,
-                            trials=args.trials, trials_per_iter=args.per_iter, seed=0, timing=timing,
+                            trials=args.trials, trials_per_iter=args.per_iter, seed=args.seed, timing=timing,
                             untuned_baseline=False)
         try:
             final = job.wait(timeout_s=args.config_timeout, on_progress=None)
@@ -333,6 +333,7 @@ def main(argv=None) -> int:
     ap.add_argument("--trials", type=int, default=1024)
     ap.add_argument("--per-iter", type=int, default=64)
     ap.add_argument("--tuners", type=int, default=4)
+    ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--stock-window", type=float, default=360.0,
                     help="seconds of stock tuning per model (it needs ~90 s to start and commits a task's records only "
                          "when it returns to the task: a window under ~6 min leaves no equal-trials latency)")
