@@ -224,6 +224,8 @@ class JobResult(Contract):
     time_split_s: dict[str, float] = {}
     retime: dict[str, Any] = {}  # re-timing of the top-k: how many, mean and max shared-vs-isolated gap
     lanes: dict[str, Any] = {}  # each lane's own busy clock over the job (see lane_utilisation)
+    # the job's valid records by the timing they got: {"full": n, "brief": m} (screened timing's saving)
+    timings: dict[str, int] = {}
 
 
 class JobHash(BaseModel):

@@ -224,7 +224,7 @@ def _watch(job, as_json: bool = False, interval: float = 1.0) -> int:
 
 def cmd_results(args) -> int:
     from shared.errors import SharetuneError
-    from sharetune.progress import fmt_us
+    from sharetune.progress import fmt_us, timing_line
 
     job = _client().job(args.job_id)
     res = job.result()
@@ -242,6 +242,7 @@ def cmd_results(args) -> int:
     print(f"tuned module:   {res.tuned_module_path}\nuntuned module: {res.untuned_module_path}")
     print(f"TVM database:   {res.database_dir}")
     print("time split (s): " + ", ".join(f"{k} {v}" for k, v in res.time_split_s.items()))
+    print(timing_line(res))
     curve = tuning_curve_points(job)
     if curve:  # where to stop: the model's estimate as trials and time went by
         print("model estimate (sum of task bests x weight): " + ", ".join(

@@ -69,6 +69,9 @@ def report(model_name: str, status: dict, res, tune_wall: float, work_dir: Path)
         print(f"{t.name[:33]:<34}{t.weight:>7}{t.trials:>8}{best:>12}")
     split = res.time_split_s
     print("time split (s): " + ", ".join(f"{k} {v:.1f}" for k, v in split.items()))
+    from sharetune.progress import timing_line
+
+    print(timing_line(res))
     tuned = evaluate.latency_us(res.tuned_module_path, inputs)
     untuned = evaluate.latency_us(res.untuned_module_path, inputs)
     err = evaluate.compare(res.tuned_module_path, torch_model, example)["max_abs_err"]

@@ -18,6 +18,15 @@ def fmt_us(us: float | None) -> str:
     return f"{us / 1000:.2f} ms" if us >= 1000 else f"{us:.1f} us"
 
 
+def timing_line(res) -> str:
+    """How a finished job's candidates were timed (screened timing: most get only the brief window)."""
+    full, brief = res.timings.get("full", 0), res.timings.get("brief", 0)
+    if not full and not brief:
+        return "timing: -"
+    return (f"timing: {full} candidates timed fully, {brief} screened out after a brief timing "
+            f"({100 * brief / (full + brief):.0f} %)")
+
+
 def fmt_s(s: float | None) -> str:
     if s is None or math.isinf(s) or s < 0:
         return "-"

@@ -182,3 +182,14 @@ def test_uniform_timing_times_every_candidate_fully(client, lane_share, redis_co
             if r.job_id == job.job_id]
     assert mine and all(r.timing == "full" for r in mine)
     assert store.job_spec(redis_conn, job.job_id).timing == "uniform"
+
+
+def test_the_result_counts_how_candidates_were_timed(tuned_tiny, redis_conn):
+    from sharetune.progress import timing_line
+
+    res = tuned_tiny.result()
+    mine = [r for t in store.job_tasks(redis_conn, tuned_tiny.job_id) for r in store.records(redis_conn, t.wkey)
+            if r.job_id == tuned_tiny.job_id and store.valid_record(r)]
+    assert sum(res.timings.values()) == len(mine) > 0
+    assert res.timings["brief"] == sum(r.timing == "brief" for r in mine)
+    assert timing_line(res).startswith(f"timing: {res.timings['full']} candidates timed fully")

@@ -118,6 +118,12 @@ def finish_job(send, redis, job_id: str, work_dir: Path, grace_s: float = 120.0)
     progress = store.job_progress(redis, job_id)
     from services.tuner.metaschedule.defaults import keeps_records
 
+    timings = {"full": 0, "brief": 0}
+    for t in tasks:
+        for rec in store.records(redis, t.wkey):
+            if rec.job_id == job_id and store.valid_record(rec):
+                timings[rec.timing] += 1
+
     bests = []
     for t in tasks:
         best = _best_record(redis, t.wkey)
@@ -154,6 +160,7 @@ def finish_job(send, redis, job_id: str, work_dir: Path, grace_s: float = 120.0)
         time_split_s=times,
         retime=retime,
         lanes=lane_utilisation(store.lane_batches(redis, job_id)),
+        timings=timings,
     )
     store.set_result(redis, result)
     store.set_state(redis, job_id, "done")
