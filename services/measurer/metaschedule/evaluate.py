@@ -54,7 +54,7 @@ def _random_fill(arr) -> None:
 def build(mod, target):
     from tvm.s_tir.transform import RemoveWeightLayoutRewriteBlock
 
-    if target.kind.name == "cuda":
+    if target.kind.name == "cuda":  # every CUDA build of the measurer compiles through cuda_compile
         from services.measurer.metaschedule import cuda_compile
 
         cuda_compile.install()
@@ -239,9 +239,6 @@ def gpu_target() -> tvm.target.Target:
     """The CUDA target of the GPU this process sees (CUDA_VISIBLE_DEVICES=<uuid>), from the device
     itself: arch, threads per block, shared memory per block, warp size (a bare {"kind": "cuda"}
     extracts tasks but cannot be tuned)."""
-    from services.measurer.metaschedule import cuda_compile
-
-    cuda_compile.install()
     dev = tvm.cuda(0)
     if not dev.exist:
         raise RuntimeError("no CUDA device visible to this lane (check CUDA_VISIBLE_DEVICES and the MPS daemon)")
@@ -277,10 +274,6 @@ def _pool_init() -> None:
 
     os.environ.update(builder_environment("", os.environ.get("SHARETUNE_BUILDER_HIDE_GPUS", "1") != "0"))
     import tvm  # noqa: F401
-
-    from services.measurer.metaschedule import cuda_compile
-
-    cuda_compile.install()
 
 
 def cpu_since(c0: float) -> float:
