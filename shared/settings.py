@@ -62,17 +62,18 @@ class TunerSettings(CommonSettings):
     # sample the design space (no evolution) while the central cost model is untrained: evolving
     # against random predictions costs most of the search time and buys nothing
     cold_start: bool = True
-    # evolutionary search's population; 0: 128 per search thread, at most MetaSchedule's 512 (a round's cost
-    # grows with population / threads: 512 on one thread of a 2-core host took ~90 s a round, 128 ~20 s)
+    # evolutionary search's population; 0: twice the round's batch (trials_per_iter), 64 to 512
     search_population: int = Field(0, ge=0)
 
-    def population(self) -> int:
-        """Evolutionary search's population for this client: the setting, else 128 per search thread, at
-        most 512 (physical cores when search_threads is 0)."""
+    def population(self, trials_per_iter: int) -> int:
+        """Evolutionary search's population for a job measuring `trials_per_iter` a round: the setting, else
+        twice that, 64 to 512 (MetaSchedule's). A round's cost is mostly its population: each member not
+        taken from the measured best is a fresh random sample (~0.2 s of CPU for a CUDA conv, most samples
+        failing the GPU checks), then mutated 4 times. Twice the batch leaves the cost model half to
+        reject; 512 for a batch of 64 cost 2.6x the CPU of 128 on ResNet-18's convs."""
         if self.search_population:
             return max(16, self.search_population)
-        threads = self.search_threads or physical_cores()
-        return max(128, min(512, 128 * threads))
+        return max(64, min(512, 2 * trials_per_iter))
 
 
 class UpdaterSettings(CommonSettings):

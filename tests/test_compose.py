@@ -174,13 +174,13 @@ def test_measurer_replicas_claim_distinct_cpu_lanes(tmp_path):
         server.stop()
 
 
-def test_search_population_follows_the_search_threads(monkeypatch):
+def test_search_population_follows_the_rounds_batch(monkeypatch):
     monkeypatch.delenv("SHARETUNE_SEARCH_POPULATION", raising=False)
-    assert TunerSettings(search_threads=1).population() == 128  # one thread of a small host: cheap rounds
-    assert TunerSettings(search_threads=2).population() == 256
-    assert TunerSettings(search_threads=4).population() == 512  # the H200 runs: 16 cores, 4 clients
-    assert TunerSettings(search_threads=16).population() == 512  # never past MetaSchedule's default
-    assert TunerSettings(search_threads=1, search_population=300).population() == 300
+    assert TunerSettings().population(64) == 128  # twice the batch a round measures
+    assert TunerSettings().population(8) == 64  # never under what evolution needs to pick from
+    assert TunerSettings().population(1000) == 512  # never past MetaSchedule's default
+    assert TunerSettings(search_threads=16).population(64) == 128  # threads make a round faster, not bigger
+    assert TunerSettings(search_population=300).population(64) == 300
 
 
 # ---- what a Docker user runs: no engine here, so the file against the compose-spec schema, the

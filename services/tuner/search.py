@@ -14,10 +14,11 @@ from shared.ranking import default_secs, rank_secs
 
 
 def tune_shard(send, redis, job_id: str, shard: int, work_dir: Path, grace_s: float = 120.0,
-               check=None, search_threads: int = 0, cold_start: bool = True, population: int = 512):
+               check=None, search_threads: int = 0, cold_start: bool = True, population=None):
     """Search one shard's tasks until the job's budget is spent or its tasks are done. `check` raises
     rounds.Stopped when the client must hand the shard back (shutdown, lost lease). `send(task, payload,
-    queue)` publishes a message (services.tuner.tasks, the Celery boundary, gives it)."""
+    queue)` publishes a message (services.tuner.tasks, the Celery boundary, gives it). `population(trials_per_iter)`
+    gives the evolutionary search's population (TunerSettings.population; default: MetaSchedule's 512)."""
     from services.tuner.metaschedule.codec import load_ir, target_from_json
     from services.tuner.metaschedule.intrinsics import load_tensor_intrinsics
 
@@ -25,6 +26,7 @@ def tune_shard(send, redis, job_id: str, shard: int, work_dir: Path, grace_s: fl
     target = target_from_json(store.job_hash(redis, job_id).target_json)
     kind = target_kind(spec.target)
     load_tensor_intrinsics(kind)
+    pop = population(spec.trials_per_iter) if population else 512
     from services.tuner.metaschedule.context import tune_context
     from services.tuner.metaschedule.cost_model import SnapshotCostModel
     from services.tuner.metaschedule.lanes import CandidateStash, DeferredBuilder, LaneRunner, TimeSplit
@@ -43,7 +45,7 @@ def tune_shard(send, redis, job_id: str, shard: int, work_dir: Path, grace_s: fl
     mods = {t.task_id: load_ir(store.workload(redis, t.wkey).mod) for t in tasks}
 
     def make_context(task, cold: bool):
-        return tune_context(mods[task.task_id], target, task.name, cold, population,
+        return tune_context(mods[task.task_id], target, task.name, cold, pop,
                             rand_state=(spec.seed + shard) if spec.seed is not None else -1,
                             num_threads=search_threads)
 
@@ -71,7 +73,8 @@ def tune_shard(send, redis, job_id: str, shard: int, work_dir: Path, grace_s: fl
     times["search"] = round(max(0.0, tune_s - split.wait - split.serialize - run.waited_s), 3)
     times["steer_wait"] = round(run.waited_s, 3)
     times["tune_total"] = round(tune_s, 3)
-    times.update(rounds=run.rounds, trials=run.trials, reused=run.reused, warm_switches=run.warm_switches)
+    times.update(rounds=run.rounds, trials=run.trials, reused=run.reused, warm_switches=run.warm_switches,
+                 population=pop)
     store.put_split(redis, job_id, shard, times)
     return run
 
@@ -147,6 +150,7 @@ def finish_job(send, redis, job_id: str, work_dir: Path, grace_s: float = 120.0)
     for k in ("rounds", "reused", "warm_switches"):
         times[k] = sum(sp.get(k, 0) for sp in splits)
     times["clients"] = len(shards)
+    times["population"] = max((sp.get("population", 0) for sp in splits), default=0)
     times["resumed_shards"] = sum(1 for sh in shards.values() if sh.attempts > 1)
     result = JobResult(
         job_id=job_id,

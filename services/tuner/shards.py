@@ -99,7 +99,7 @@ class ShardRunner:
         try:
             run = search.tune_shard(self.send, r, ref.job_id, ref.shard, s.work_dir, s.batch_grace_s,
                                     check=lease.check, search_threads=s.search_threads,
-                                    cold_start=s.cold_start, population=s.population())
+                                    cold_start=s.cold_start, population=s.population)
         except Stopped as why:
             lease.stop()
             self._hand_back(ref, lease, why)
