@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import signal
 import statistics
 import subprocess
@@ -75,6 +76,47 @@ class BusySampler:
         stats = self.obs.stop_window()
         self.obs.close()
         return None if stats.busy_fraction is None else round(stats.busy_fraction, 4)
+
+
+class CpuSampler:
+    """Where the host's CPU went over a window: its busy fraction and the CPU seconds of each role of the
+    stack (tuner, builder, lane, updater, planner...), each process with its children (build pools, a
+    lane's timing child). A process that a supervisor restarted part-way counts from its start."""
+
+    def __init__(self, procs: dict):
+        import psutil
+
+        self.procs = procs
+        self.t0, self.host0, self.roles0 = time.time(), psutil.cpu_times(), self._roles()
+
+    def _roles(self) -> dict[str, float]:
+        import psutil
+
+        out: dict[str, float] = {}
+        for name, popen in self.procs.items():
+            role = re.match(r"[a-z]+", name).group(0) if re.match(r"[a-z]+", name) else name
+            try:
+                root = psutil.Process(popen.pid)
+                tree = [root] + root.children(recursive=True)
+            except psutil.Error:
+                continue
+            for p in tree:
+                try:
+                    t = p.cpu_times()
+                except psutil.Error:
+                    continue
+                out[role] = out.get(role, 0.0) + t.user + t.system + t.children_user + t.children_system
+        return out
+
+    def stop(self) -> dict:
+        import psutil
+
+        host1, roles1 = psutil.cpu_times(), self._roles()
+        idle = lambda t: t.idle + getattr(t, "iowait", 0.0)  # noqa: E731
+        total = sum(host1) - sum(self.host0)
+        cpu_s = {k: round(v - self.roles0.get(k, 0.0), 1) for k, v in sorted(roles1.items())}
+        return {"host_cpu_busy_frac": round(1 - (idle(host1) - idle(self.host0)) / total, 4) if total > 0 else None,
+                "cpu_s_by_role": cpu_s, "cpu_window_s": round(time.time() - self.t0, 1)}
 
 
 def cores_of(spec: str) -> set[int]:
@@ -254,6 +296,7 @@ def run_config(args, name: str, spec: tuple, gpus: list, work: Path, model: str)
         row["stack_startup_s"] = round(time.time() - t_up, 1)
         client = Client(stack.redis_url)
         samplers = [BusySampler(u) for u in uuids] or [BusySampler(None)]
+        cpu = CpuSampler(stack.procs)
         t0 = time.time()
         # no untuned model compiled at the end: stock's rate counts no compile either
         job = client.submit(model, target="cuda" if not args.rehearse else "llvm", share=share,
@@ -266,6 +309,8 @@ def run_config(args, name: str, spec: tuple, gpus: list, work: Path, model: str)
             final = {"state": "timeout"}
         wall = time.time() - t0
         busy = [s.stop() for s in samplers]
+        row.update(cpu.stop())
+        row["cpu_s_per_trial"] = round(sum(row["cpu_s_by_role"].values()) / max(1, status_trials(job)), 2)
         r = store.connect(stack.redis_url)
         status = job.status()
         batches = store.lane_batches(r, job.job_id)
@@ -294,6 +339,10 @@ def run_config(args, name: str, spec: tuple, gpus: list, work: Path, model: str)
             row["full_timing_of_bests"] = res.retime.get("full_timing_of_bests")
         row["exported_trials"] = export_job_records(stack.redis_url, job.job_id, work / key / "records_db")
     return row
+
+
+def status_trials(job) -> int:
+    return int(job.status().get("trials") or 0)
 
 
 def record_stats(r, job_id: str) -> dict:
@@ -474,11 +523,12 @@ def start_stock(args, gpus, work: Path, model: str, cores: str) -> dict:
     log = open(work / "stock.log", "w")
     proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     return {"proc": proc, "t0": time.time(), "work": stock_work, "sampler": BusySampler(uuid), "uuid": uuid,
-            "cores": cores, "model": model}
+            "cores": cores, "model": model, "cpu": CpuSampler({"stock": proc})}
 
 
 def stop_stock(stock: dict, args) -> dict:
     wall = time.time() - stock["t0"]
+    cpu = stock["cpu"].stop()
     try:
         os.killpg(stock["proc"].pid, signal.SIGKILL)  # its builder pool too: one process group
     except ProcessLookupError:
@@ -494,6 +544,7 @@ def stop_stock(stock: dict, args) -> dict:
            "trials_per_min": round(60 * trials / wall, 1), "gpu_busy_frac": busy, "work": str(stock["work"]),
            "note": "LocalBuilder(max_workers=its cores, timeout_sec=120) + LocalRunner, stopped at the window"}
     row.update(stock_steady_from_log(text))
+    row.update(cpu, cpu_s_per_trial=round(sum(cpu["cpu_s_by_role"].values()) / trials, 2) if trials else None)
     return row
 
 
@@ -595,6 +646,9 @@ def summarise(result: dict) -> dict:
     summary["latency_vs_stock"] = max(lat) if lat else None  # the worst configuration and model
     summary["latency_vs_stock_per_row"] = {f"{r['config']}/{r['model']}": r.get("latency_vs_stock") for r in rows}
     summary["gpu_busy_frac"] = {f"{r['config']}/{r['model']}": r.get("gpu_busy_frac") for r in rows}
+    # CPU-bound or not: the host's busy fraction and CPU seconds a trial (every process of the stack)
+    summary["host_cpu_busy_frac"] = {f"{r['config']}/{r['model']}": r.get("host_cpu_busy_frac") for r in rows}
+    summary["cpu_s_per_trial"] = {f"{r['config']}/{r['model']}": r.get("cpu_s_per_trial") for r in rows}
     cpu = [r for r in rows if r.get("built")]
     if cpu:  # over every built candidate of every run, weighted by how many each built
         n = sum(r["built"] for r in cpu)
