@@ -49,8 +49,15 @@ def physical_cores() -> int:
     return psutil.cpu_count(logical=False) or os.cpu_count() or 1
 
 
+class LaneWaitSettings(CommonSettings):
+    """The live-lane policy's timeouts (shared.lanes.LiveLanePolicy): client, planner and tuner use these."""
+
+    lane_wait_s: float = 120.0  # the planner parks a job this long for a lane of its share, then fails it
+    lane_recheck_s: float = 3.0  # how often a parked job is looked at again
+    lane_give_up_s: float = 60.0  # mid-job, how long the tuner waits for a lane of the job's share to come back
+
+
 class TunerSettings(CommonSettings):
-    lane_wait_s: float = 120.0  # how long the planner waits for a lane of the job's share to appear
     batch_grace_s: float = 120.0  # extra time a started batch gets before its candidates count as lost
     warm_kinds: str = "llvm"  # target kinds whose tensor intrinsics a tuner loads before taking work
     # threads of one client's search (evolutionary search, feature extraction); 0: the host's physical
