@@ -20,13 +20,16 @@ class CommonSettings(BaseSettings):
 
 
 class LaneSettings(CommonSettings):
-    """One measurer lane: its queue name says what it is (measure.cpu.c0-1, measure.<gpu8>.p25)."""
+    """One measurer lane: its queue name says what it is (measure.cpu.<node>.p50.c0-1, measure.<gpu8>.p25;
+    shared.lanes)."""
 
-    lane: str = "measure.cpu.c0"  # set by `python -m services.measurer` (given, or claimed from a pool)
+    lane: str = "measure.cpu.c0"  # set by `python -m services.measurer` (given, or claimed from a pool); cores
+    # alone (measure.cpu.c0) name a lane of this host
     gpu_uuid: str | None = None  # full UUID of the lane's GPU (GPU lanes only)
     lane_share: int | None = None  # GPU replicas claim one of 100 // share lanes at this MPS percentage
     lane_cores: int | None = None  # CPU replicas claim one group of this many of the host's cores
-    node: str = "local"  # CPU claims are per node: give each host its own name
+    # CPU lane names and claims are per node: hosts that give the same node name pool lanes of equal share
+    node: str = "local"
     lane_claim: str | None = None  # the claim key this lane holds (set by python -m services.measurer)
     warmup: bool = True  # build a trivial kernel at start, so the first candidate pays nothing
     build_workers: int = 0  # 0: build in the lane process; N: a warm pool of N build processes beside it

@@ -185,7 +185,7 @@ class Stack:
         """`build_workers`: the size of a GPU lane's build pool (default: SHARETUNE_BUILD_WORKERS, else an
         equal part of the host's cores, see gpu_build_workers)."""
         lane = lane_kinds.parse(queue)
-        kind = lane_kinds.of(lane)
+        kind, queue = lane_kinds.of(lane), lane.queue  # cores alone (measure.cpu.c0) are named for this host
         args = [sys.executable, "-m", "services.measurer", "--lane", queue, "--loglevel", self.log_level]
         if kind.device_uuid:
             if lane.gpu not in self.gpu_uuids:
