@@ -29,7 +29,8 @@ def lanes_or_park(redis, job_id: str, kind: str, share: int, policy: lanes.LiveL
     if serving:
         store.clear_job_fields(redis, job_id, "waiting_for")
         return serving
-    waited = time.time() - store.parked_since(redis, job_id)
+    parked_at = store.parked_since(redis, job_id)  # before the clock is read: stamped now the first time
+    waited = time.time() - parked_at
     if policy.parks(waited, wait_for_lanes):
         waiting_for = lanes.waiting_for(kind, share)
         store.update_job(redis, job_id, waiting_for=waiting_for)
