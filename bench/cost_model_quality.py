@@ -57,11 +57,10 @@ def collect(args, work_dir: Path) -> dict:
     from sharetune.client import Client
     from sharetune.intake import to_relax
     from sharetune.stack import Stack, default_cpu_lanes
-    from services.measurer.lanes import lane_share
-    from shared.names import LaneName
+    from shared.lanes import parse as parse_lane
 
     lanes = default_cpu_lanes()
-    share = lane_share(LaneName.parse(lanes[0]))
+    share = parse_lane(lanes[0]).share
     stack = Stack(work_dir / "stack", lanes=lanes)
     t0 = time.time()
     try:

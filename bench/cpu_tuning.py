@@ -341,13 +341,12 @@ def run_stock(args, work_dir: Path) -> dict:
 
 
 def run_ours(args, work_dir: Path, relax_mod) -> dict:
-    from services.measurer.lanes import lane_share
-    from shared.names import LaneName
+    from shared.lanes import parse as parse_lane
     from sharetune.client import Client
     from sharetune.stack import Stack, default_cpu_lanes
 
     lanes = default_cpu_lanes()
-    share = lane_share(LaneName.parse(lanes[0]))
+    share = parse_lane(lanes[0]).share
     stack = Stack(work_dir / "ours", lanes=lanes)
     print(f"[ours] starting stack, lanes {lanes} ({share} % each), logs {work_dir / 'ours' / 'logs'}", flush=True)
     t0 = time.time()

@@ -248,16 +248,15 @@ def run_ours(model: str, relax_mod, trials: int, per_iter: int, seed: int, work:
     measurement order, and a JSON database per budget (written while the stack's Redis is up)."""
     from tvm.s_tir import meta_schedule as ms
 
-    from services.measurer.lanes import lane_share
+    from shared.lanes import parse as parse_lane
     from services.tuner.metaschedule.records import tvm_record
     from shared import store
     from services.tuner.metaschedule.codec import load_ir
-    from shared.names import LaneName
     from sharetune.client import Client
     from sharetune.stack import Stack, default_cpu_lanes
 
     lanes = lanes or default_cpu_lanes()
-    share = share or lane_share(LaneName.parse(lanes[0]))
+    share = share or parse_lane(lanes[0]).share
     resumed = resume and (work / "ours" / "redis").exists()
     if resumed:  # a finished job of an earlier try, from its store (AOF)
         from services.broker.server import EmbeddedRedis

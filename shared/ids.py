@@ -17,5 +17,5 @@ def gpu_hex(uuid: str) -> str:
 
 
 def gpu8(uuid: str) -> str:
-    """The first 8 hex digits of a GPU UUID: what a lane queue name carries (shared.names.LaneName)."""
+    """The first 8 hex digits of a GPU UUID: what a GPU lane queue name carries (shared.lanes.gpu)."""
     return gpu_hex(uuid)[:8]

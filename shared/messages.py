@@ -9,10 +9,10 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from shared import lanes
 from shared.errors import ShareError, TargetError
 from shared.ids import worker_id
 
-SUPPORTED_TARGET_KINDS = ("llvm", "cuda")
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024  # larger payloads are refused before parsing
 MAX_MODEL_BYTES = 64 * 1024 * 1024  # a submitted model (file, bytes, or its stored Relax form) beyond this is refused
 
@@ -68,16 +68,15 @@ def target_kind(target: str | dict) -> str:
         kind = json.loads(text).get("kind") if text.startswith("{") else text.split()[0] if text else ""
     else:
         kind = None
-    if kind not in SUPPORTED_TARGET_KINDS:
-        raise TargetError(
-            f"unknown target {target!r}: supported target kinds are {', '.join(SUPPORTED_TARGET_KINDS)}"
-        )
+    supported = lanes.target_kinds()
+    if kind not in supported:
+        raise TargetError(f"unknown target {target!r}: supported target kinds are {', '.join(supported)}")
     return kind
 
 
 def lane_kind(target: str | dict) -> str:
-    """Which lanes measure for a target: CPU lanes for llvm, GPU lanes for cuda."""
-    return {"llvm": "cpu", "cuda": "gpu"}[target_kind(target)]
+    """Which kind of lane measures for a target (shared.lanes): cpu for llvm, gpu for cuda."""
+    return lanes.for_target(target).name
 
 
 # ---- jobs -------------------------------------------------------------------------------------------
@@ -330,8 +329,8 @@ def lane_utilisation(batches: list["LaneBatch"], start: float | None = None, end
 
 class LaneInfo(Contract):
     queue: str
-    kind: Literal["cpu", "gpu"]
-    share: int  # percent of the device
+    kind: str  # a registered lane kind (shared.lanes): cpu, gpu
+    share: int  # percent of the device, as this lane measures at
     cores: list[int] = []
     gpu_uuid: str | None = None
     target: str  # the target JSON this lane builds for

@@ -6,9 +6,6 @@ its own Celery queue, so a measurement sent to a lane runs only under that lane'
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
-
-from shared.ids import gpu_hex
 
 PREFIX = "st"
 
@@ -30,54 +27,41 @@ LEASE_TTL_S = 20  # a tuner client's hold on a shard expires unless its heartbea
 STRANDED_AFTER_S = 90  # a pending shard whose message nobody took (queue empty) is sent again
 
 _GPU_LANE = re.compile(r"^measure\.(?P<gpu>[0-9a-f]{8})\.p(?P<pct>\d{1,3})$")
-_CPU_LANE = re.compile(r"^measure\.cpu\.c(?P<first>\d+)(?:-(?P<last>\d+))?$")
+_CPU_LANE = re.compile(r"^measure\.cpu\.(?:(?P<node>[a-z0-9][a-z0-9_-]*)\.p(?P<pct>\d{1,3})\.)?"
+                       r"c(?P<first>\d+)(?:-(?P<last>\d+))?$")
+_NODE = re.compile(r"^[a-z0-9][a-z0-9_-]*$")
 
 
-@dataclass(frozen=True)
-class LaneName:
-    """A lane's identity, parsed from or rendered to its queue name."""
+def gpu_lane_queue(gpu8: str, percent: int) -> str:
+    """A GPU lane's queue: the GPU (first 8 hex digits of its UUID) and the MPS percentage."""
+    return f"measure.{gpu8}.p{percent}"
 
-    kind: str  # "gpu" | "cpu"
-    gpu: str | None = None  # first 8 hex digits of the GPU UUID (after "GPU-")
-    percent: int | None = None  # MPS active thread percentage
-    cores: tuple[int, ...] = ()  # CPU cores, contiguous
 
-    @property
-    def queue(self) -> str:
-        if self.kind == "gpu":
-            return f"measure.{self.gpu}.p{self.percent}"
-        first, last = self.cores[0], self.cores[-1]
-        return f"measure.cpu.c{first}" if first == last else f"measure.cpu.c{first}-{last}"
+def cpu_lane_queue(node: str, share: int, cores: tuple[int, ...]) -> str:
+    """A CPU lane's queue: the node, the share and the cores. Cores alone would not do: the same cores are
+    a different share on a host with another core count, and a queue must mean one share."""
+    if not _NODE.match(node):
+        raise ValueError(f"not a node name: {node!r} (lower-case letters, digits, '-' and '_')")
+    first, last = cores[0], cores[-1]
+    span = f"c{first}" if first == last else f"c{first}-{last}"
+    return f"measure.cpu.{node}.p{share}.{span}"
 
-    @classmethod
-    def for_gpu(cls, uuid: str, percent: int) -> "LaneName":
-        if not 1 <= int(percent) <= 100:
-            from shared.errors import ShareError
 
-            raise ShareError(f"GPU share {percent} % is outside 1..100 %")
-        hexdigits = gpu_hex(uuid)
-        if len(hexdigits) < 8 or not re.fullmatch(r"[0-9a-f]+", hexdigits[:8]):
-            raise ValueError(f"not a GPU UUID: {uuid!r}")
-        return cls("gpu", gpu=hexdigits[:8], percent=int(percent))
+def parse_gpu_lane_queue(queue: str) -> tuple[str, int] | None:
+    """(gpu8, percent) of a GPU lane queue, else None."""
+    m = _GPU_LANE.match(queue)
+    return (m["gpu"], int(m["pct"])) if m else None
 
-    @classmethod
-    def for_cpu(cls, cores) -> "LaneName":
-        cores = tuple(sorted(int(c) for c in cores))
-        if not cores or cores != tuple(range(cores[0], cores[-1] + 1)):
-            raise ValueError(f"a CPU lane is a contiguous, non-empty core range, not {cores}")
-        return cls("cpu", cores=cores)
 
-    @classmethod
-    def parse(cls, queue: str) -> "LaneName":
-        m = _GPU_LANE.match(queue)
-        if m:
-            return cls.for_gpu(m["gpu"], int(m["pct"]))
-        m = _CPU_LANE.match(queue)
-        if m:
-            first = int(m["first"])
-            last = int(m["last"]) if m["last"] is not None else first
-            return cls.for_cpu(range(first, last + 1))
-        raise ValueError(f"not a lane queue name: {queue!r}")
+def parse_cpu_lane_queue(queue: str) -> tuple[str | None, int | None, tuple[int, ...]] | None:
+    """(node, share, cores) of a CPU lane queue, else None. The short form `measure.cpu.c0-1` (what an
+    operator types: cores of the host it runs on) has no node and no share: None for both."""
+    m = _CPU_LANE.match(queue)
+    if not m:
+        return None
+    first = int(m["first"])
+    last = int(m["last"]) if m["last"] is not None else first
+    return m["node"], int(m["pct"]) if m["pct"] else None, tuple(range(first, last + 1)) if last >= first else ()
 
 
 def lane_key(queue: str, worker: str = "*") -> str:
@@ -94,23 +78,6 @@ LANES_PATTERN = f"{PREFIX}:lane:*"
 # mcpu). A lane's candidates can be built by any builder of its family, on any host.
 
 _FAMILY = re.compile(r"^(cuda\.sm_[0-9]+[a-z]?|llvm\.[a-z0-9_.+-]+)$")
-
-
-def target_family(target: str | dict) -> str:
-    """The build family of a target (its JSON text or dict): cuda.sm_90, llvm.skylake-avx512."""
-    import json
-
-    t = json.loads(target) if isinstance(target, str) else dict(target)
-    kind = t.get("kind")
-    if kind == "cuda":
-        arch = str(t.get("arch") or "")
-        if not re.fullmatch(r"sm_[0-9]+[a-z]?", arch):
-            raise ValueError(f"a CUDA target needs an explicit arch (sm_XX) to be built apart from its GPU, got {arch!r}")
-        return f"cuda.{arch}"
-    if kind == "llvm":
-        mcpu = str(t.get("mcpu") or "generic").lower()
-        return f"llvm.{re.sub(r'[^a-z0-9_.+-]', '-', mcpu)}"
-    raise ValueError(f"no build family for target kind {kind!r}")
 
 
 def check_family(family: str) -> str:

@@ -20,13 +20,16 @@ class CommonSettings(BaseSettings):
 
 
 class LaneSettings(CommonSettings):
-    """One measurer lane: its queue name says what it is (measure.cpu.c0-1, measure.<gpu8>.p25)."""
+    """One measurer lane: its queue name says what it is (measure.cpu.<node>.p50.c0-1, measure.<gpu8>.p25;
+    shared.lanes)."""
 
-    lane: str = "measure.cpu.c0"  # set by `python -m services.measurer` (given, or claimed from a pool)
+    lane: str = "measure.cpu.c0"  # set by `python -m services.measurer` (given, or claimed from a pool); cores
+    # alone (measure.cpu.c0) name a lane of this host
     gpu_uuid: str | None = None  # full UUID of the lane's GPU (GPU lanes only)
     lane_share: int | None = None  # GPU replicas claim one of 100 // share lanes at this MPS percentage
     lane_cores: int | None = None  # CPU replicas claim one group of this many of the host's cores
-    node: str = "local"  # CPU claims are per node: give each host its own name
+    # CPU lane names and claims are per node: hosts that give the same node name pool lanes of equal share
+    node: str = "local"
     lane_claim: str | None = None  # the claim key this lane holds (set by python -m services.measurer)
     warmup: bool = True  # build a trivial kernel at start, so the first candidate pays nothing
     build_workers: int = 0  # 0: build in the lane process; N: a warm pool of N build processes beside it
@@ -49,8 +52,15 @@ def physical_cores() -> int:
     return psutil.cpu_count(logical=False) or os.cpu_count() or 1
 
 
+class LaneWaitSettings(CommonSettings):
+    """The live-lane policy's timeouts (shared.lanes.LiveLanePolicy): client, planner and tuner use these."""
+
+    lane_wait_s: float = 120.0  # the planner parks a job this long for a lane of its share, then fails it
+    lane_recheck_s: float = 3.0  # how often a parked job is looked at again
+    lane_give_up_s: float = 60.0  # mid-job, how long the tuner waits for a lane of the job's share to come back
+
+
 class TunerSettings(CommonSettings):
-    lane_wait_s: float = 120.0  # how long the planner waits for a lane of the job's share to appear
     batch_grace_s: float = 120.0  # extra time a started batch gets before its candidates count as lost
     warm_kinds: str = "llvm"  # target kinds whose tensor intrinsics a tuner loads before taking work
     # threads of one client's search (evolutionary search, feature extraction); 0: the host's physical

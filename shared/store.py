@@ -15,7 +15,7 @@ from typing import Callable
 import redis
 from redis.commands.core import Script
 
-from shared import names
+from shared import lanes, names
 from shared.errors import JobError
 from shared.messages import (
     FINAL_STATES,
@@ -811,10 +811,7 @@ def gpus_down(r: redis.Redis) -> dict[str, dict]:
 
 
 def _lane_gpu(queue: str) -> str | None:
-    try:
-        return names.LaneName.parse(queue).gpu
-    except ValueError:
-        return None
+    return lanes.fault_domain(queue)
 
 
 # ---- cost models ---------------------------------------------------------------------------------------------

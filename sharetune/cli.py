@@ -366,7 +366,9 @@ def cmd_matrix(args) -> int:
         if (args.shares is None) == (args.cores is None):
             raise SharetuneError("give either --shares (percent) or --cores (CPU core counts)")
         if args.cores is not None:
-            if args.device != "cpu":
+            from shared import lanes
+
+            if not lanes.kind(args.device).runs_on_host_cores:
                 raise SharetuneError("--cores is for --device cpu; give GPU shares with --shares")
             shares = shares_from_cores(args.cores, os.cpu_count() or 1)
         else:

@@ -8,9 +8,9 @@ import time
 import uuid
 from typing import Any
 
-from shared import names, store
+from shared import lanes, names, store
 from services.celery_app import make_celery
-from shared.errors import JobError, ModelError, ShareError, StoreError
+from shared.errors import JobError, ModelError, StoreError
 from shared.messages import (FINAL_STATES, MAX_MODEL_BYTES, JobRef, JobResult, JobSpec, TaskProgress, check_job,
                              check_share, lane_kind)
 
@@ -91,7 +91,7 @@ class Job:
         if cached:
             return cached
         res, spec = self.result(), store.job_spec(self.client.redis, self.job_id)
-        if lane_kind(spec.target) != "cpu":
+        if not lanes.for_target(spec.target).runs_on_host_cores:
             raise JobError("the end-to-end latency is timed for CPU jobs only (serve a GPU job's module at its share)")
         modules = {k: p for k, p in (("tuned", res.tuned_module_path), ("untuned", res.untuned_module_path))
                    if p and os.path.exists(p)}
@@ -206,20 +206,8 @@ class Client:
         return Job(self, job_id)
 
     def _share_for(self, kind: str, share: int | None, wait_for_lanes: bool) -> int:
-        served = sorted({l.share for l in self.lanes() if l.kind == kind})
-        listed = ", ".join(map(str, served))
-        if share is None:
-            if len(served) == 1:
-                return served[0]
-            if served:
-                raise ShareError(f"live {kind} lanes serve {listed} %: give one of them as the share (--share)")
-            raise ShareError(f"no live {kind} lane: start lanes (`sharetune up`), or give a share and wait for "
-                             f"its lanes (wait_for_lanes=True, --wait-for-lanes)")
-        if share not in served and not wait_for_lanes:
-            have = f"live {kind} lanes serve {listed} %" if served else f"no {kind} lane is live"
-            raise ShareError(f"no live {kind} lane serves {share} % ({have}); give a served share, or wait for "
-                             f"lanes of {share} % (wait_for_lanes=True, --wait-for-lanes)")
-        return share
+        served = lanes.shares_served(self.lanes(), kind)
+        return lanes.LiveLanePolicy.configured().share_at_submit(served, kind, share, wait_for_lanes)
 
     def job(self, job_id: str) -> Job:
         store.job_hash(self.redis, job_id)  # raises JobError if unknown
@@ -251,7 +239,7 @@ def _check_model_size(model) -> None:
         raise ModelError(f"{what} is {size} bytes, over the limit of {MAX_MODEL_BYTES} bytes")
 
 
-def still_down(down: dict[str, dict], lanes) -> dict[str, dict]:
+def still_down(down: dict[str, dict], live) -> dict[str, dict]:
     """A given-up GPU whose lanes were started again later (a new stack) is no longer down."""
     return {g: e for g, e in down.items()
-            if not any(l.kind == "gpu" and l.queue.split(".")[1] == g and l.started_at > e["at"] for l in lanes)}
+            if not any(lanes.fault_domain(l.queue) == g and l.started_at > e["at"] for l in live)}

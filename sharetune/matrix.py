@@ -24,9 +24,9 @@ from typing import Any, Callable
 
 from pydantic import BaseModel, ConfigDict
 
-from shared import names
+from shared import lanes as lane_kinds
 from shared.errors import ShareError
-from sharetune.share_matrix import ShareMatrix, cores_for_share, default_trials, parse_shares
+from sharetune.share_matrix import ShareMatrix, default_trials, parse_shares
 from sharetune.stack import Stack
 
 REPO = Path(__file__).resolve().parent.parent
@@ -41,10 +41,18 @@ PER_ITER = 64  # MetaSchedule's default candidates a round: small rounds hide wh
 class Placement:
     """How to put a process at a share of one device: its cores (CPU) or GPU + MPS environment."""
 
-    device: str  # "cpu" | "gpu"
+    device: str  # a lane kind: "cpu" | "gpu"
     host_cores: int = field(default_factory=lambda: os.cpu_count() or 1)
     gpu_uuid: str | None = None
     mps_env: dict[str, str] = field(default_factory=dict)  # the MPS daemon's pipe and log dirs
+
+    @property
+    def kind(self) -> lane_kinds.LaneKind:
+        return lane_kinds.kind(self.device)
+
+    def lane(self, share: int, index: int = 0) -> lane_kinds.Lane:
+        host = lane_kinds.Host(self.host_cores, lane_kinds.Host.this().node)
+        return self.kind.lane_at(share, host, index, self.gpu_uuid)
 
     def lanes(self, shares: list[int], max_lanes_per_share: int = 4) -> list[str]:
         """Lane queues for tuning at each share (one entry per worker): as many lanes as fit the device
@@ -52,23 +60,16 @@ class Placement:
         different shares may name the same cores or add up past 100 % of the GPU."""
         out = []
         for p in shares:
-            if self.device == "cpu":
-                n = cores_for_share(p, self.host_cores)
-                count = max(1, min(max_lanes_per_share, self.host_cores // n))
-                out += [names.LaneName.for_cpu(range(i * n, (i + 1) * n)).queue for i in range(count)]
-            else:
-                count = max(1, min(max_lanes_per_share, 100 // p))
-                out += [names.LaneName.for_gpu(self.gpu_uuid, p).queue] * count
+            count = max(1, min(max_lanes_per_share, self.kind.lanes_fit(p, lane_kinds.Host(self.host_cores))))
+            out += [self.lane(p, i).queue for i in range(count)]
         return out
 
     def serve_args(self, share: int) -> tuple[list[str], dict[str, str]]:
-        """Extra arguments and environment of a serving process at `share`."""
-        if self.device == "cpu":
-            n = cores_for_share(share, self.host_cores)
-            env = {"TVM_NUM_THREADS": str(n), "OMP_NUM_THREADS": str(n), "CUDA_VISIBLE_DEVICES": ""}
-            return ["--device", "cpu", "--cores", ",".join(str(c) for c in range(n))], env
-        env = {"CUDA_VISIBLE_DEVICES": self.gpu_uuid, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": str(share), **self.mps_env}
-        return ["--device", "gpu"], env
+        """Extra arguments and environment of a serving process at `share`: placed as a lane of that share."""
+        lane = self.lane(share)
+        env = {**self.kind.environment(lane, self.gpu_uuid), **self.mps_env}
+        cores = ["--cores", ",".join(str(c) for c in lane.cores)] if lane.cores else []
+        return ["--device", self.device, *cores], env
 
 
 class ServeOutput(BaseModel):
@@ -148,8 +149,8 @@ def run_matrix(client, model: Any, shares: list[int], placement: Placement, work
 
     device = placement.device
     shares = parse_shares(shares, device, placement.host_cores)
-    target = "llvm" if device == "cpu" else "cuda"
-    live = {lane.share for lane in client.lanes() if lane.kind == device}
+    target = placement.kind.target_kind
+    live = set(lane_kinds.shares_served(client.lanes(), device))
     missing = [p for p in shares if p not in live]
     if missing:
         raise ShareError(f"no live {device} lane serves share(s) {', '.join(map(str, missing))} %; "
@@ -166,7 +167,7 @@ def run_matrix(client, model: Any, shares: list[int], placement: Placement, work
     jobs: dict[str, dict] = {}
     max_err: list[list[float | None]] = [[None] * n for _ in range(n)]  # against PyTorch, per cell
     samples: list[list[list[float]]] = [[[] for _ in range(n)] for _ in range(n)]
-    cores = [cores_for_share(p, placement.host_cores) for p in shares] if device == "cpu" else None
+    cores = [len(placement.lane(p).cores) for p in shares] if placement.kind.runs_on_host_cores else None
     if only_tasks:
         n_tasks = len(only_tasks)
     elif n_tasks is None:
@@ -273,7 +274,8 @@ def model_tasks(model: Any, device: str, example_inputs=None) -> list[str]:
     from services.tuner.metaschedule.extract import extract
     from sharetune.intake import to_relax
 
-    target = cpu_target(1) if device == "cpu" else gpu_target()
+    from_device = {"llvm": lambda: cpu_target(1), "cuda": gpu_target}  # TVM's half of a lane kind
+    target = from_device[lane_kinds.kind(device).target_kind]()
     tasks = extract(to_relax(model, example_inputs).mod, target)
     return [t.name for t in sorted(tasks, key=lambda t: -t.flops * t.weight)]
 
@@ -368,7 +370,7 @@ def matrix(model: Any, shares, *, device: str = "cpu", trials: int | None = None
     shares = parse_shares(shares, device, placement.host_cores)
     work_dir = Path(work_dir)
     stack = None
-    if device == "gpu":
+    if placement.kind.device_uuid:
         from services.measurer.observers import make_observer
 
         gpus = make_observer().inventory()
@@ -381,7 +383,7 @@ def matrix(model: Any, shares, *, device: str = "cpu", trials: int | None = None
         only_tasks = all_tasks[:tasks]
     if redis_url is None:
         stack = MatrixStack(work_dir / "stack", lanes=placement.lanes(shares, max_lanes_per_share))
-    elif device == "gpu":
+    elif placement.kind.mps:
         from services.measurer.gpu import MpsDaemon
         from shared.errors import LaneError
 
@@ -424,8 +426,8 @@ class MatrixStack(Stack):
     gets the host's cores split among the lanes of its own share, not among every lane."""
 
     def start_lane(self, queue: str, instance: int = 0, build_workers: int | None = None):
-        lane = names.LaneName.parse(queue)
-        if build_workers or lane.kind != "gpu" or "SHARETUNE_BUILD_WORKERS" in os.environ:
+        pooled = lane_kinds.of(lane_kinds.parse(queue)).build_pool
+        if build_workers or not pooled or "SHARETUNE_BUILD_WORKERS" in os.environ:
             return super().start_lane(queue, instance, build_workers)
         cores = int(os.environ.get("SHARETUNE_MATRIX_CORES", os.cpu_count() or 1))
         return super().start_lane(queue, instance, build_workers=max(1, cores // self.lanes.count(queue)))

@@ -14,7 +14,7 @@ the model tuned at ``shares[t]`` served at ``shares[s]`` (None where the cell fa
   other way round.
 
 Shares are whole percentages of a device, as a job's ``share``. On a CPU a share must be a whole number of
-the host's cores, with the same rounding as a CPU lane's share (services/measurer/lanes.py).
+the host's cores, with the rounding of a CPU lane's share (shared.lanes.cpu).
 """
 from __future__ import annotations
 
@@ -23,7 +23,9 @@ from typing import Any, Literal, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from shared import lanes
 from shared.errors import ShareError
+from shared.lanes.cpu import cores_for_share, share_of_cores  # noqa: F401 - cores_for_share: for callers
 
 TOLERANCE = 0.05
 BOOT_SEED = 0  # fixed: the same rounds always give the same interval
@@ -34,24 +36,9 @@ NOISE = "within noise"
 # ---- the share list ------------------------------------------------------------------------------
 
 
-def cpu_share(cores: int, host_cores: int) -> int:
-    """The share in percent of a CPU lane of `cores` cores (same rounding as lane_share)."""
-    return max(1, round(100 * cores / host_cores))
-
-
-def cores_for_share(share: int, host_cores: int) -> int:
-    """How many cores a CPU share is; ShareError when it is not a whole number of this host's cores."""
-    for n in range(1, host_cores + 1):
-        if cpu_share(n, host_cores) == share:
-            return n
-    valid = ", ".join(f"{cpu_share(n, host_cores)} ({n} core{'s' * (n > 1)})" for n in range(1, host_cores + 1))
-    raise ShareError(f"on this {host_cores}-core CPU a share must be a whole number of cores; {share} % is not "
-                     f"(valid: {valid})")
-
-
 def parse_shares(spec: str | Sequence[int], kind: str = "gpu", host_cores: int | None = None) -> list[int]:
-    """'10,25,50,100' (or a list of ints) -> sorted distinct percentages, at least two of them.
-    kind "cpu" also requires each share to be a whole number of `host_cores` cores."""
+    """'10,25,50,100' (or a list of ints) -> sorted distinct percentages, at least two of them, each one
+    that a lane of `kind` can be placed at on a host of `host_cores` (on a CPU: a whole number of cores)."""
     if isinstance(spec, str):
         items = [s.strip().removesuffix("%").strip() for s in spec.split(",")]
         if not spec.strip() or any(not s for s in items):
@@ -72,13 +59,7 @@ def parse_shares(spec: str | Sequence[int], kind: str = "gpu", host_cores: int |
         raise ShareError(f"share(s) {', '.join(map(str, dupes))} given more than once")
     if len(values) < 2:
         raise ShareError(f"a share matrix needs at least two shares, got {values!r}")
-    if kind == "cpu":
-        if not host_cores:
-            raise ShareError("CPU shares need the host's core count")
-        for v in values:
-            cores_for_share(v, host_cores)
-    elif kind != "gpu":
-        raise ValueError(f"device kind must be 'cpu' or 'gpu', not {kind!r}")
+    lanes.kind(kind).check_shares(values, lanes.Host(host_cores or 0))
     return sorted(values)
 
 
@@ -94,7 +75,7 @@ def shares_from_cores(cores: str | Sequence[int], host_cores: int) -> list[int]:
     bad = [c for c in counts if not 1 <= c <= host_cores]
     if bad:
         raise ShareError(f"core count(s) {', '.join(map(str, bad))} outside 1..{host_cores} (this host's cores)")
-    return parse_shares([cpu_share(c, host_cores) for c in counts], "cpu", host_cores)
+    return parse_shares([share_of_cores(c, host_cores) for c in counts], "cpu", host_cores)
 
 
 # ---- the tuning budget ---------------------------------------------------------------------------

@@ -11,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+from shared import lanes as lane_kinds
 from shared import names, store
 from shared.settings import physical_cores
 
@@ -19,8 +20,14 @@ REPO = Path(__file__).resolve().parent.parent
 
 def default_cpu_lanes(cores: int | None = None) -> list[str]:
     """One single-core lane per core: two lanes of 50 % each on a 2-core machine."""
-    n = cores or os.cpu_count() or 1
-    return [names.LaneName.for_cpu([c]).queue for c in range(n)]
+    here = lane_kinds.Host.this()
+    host = lane_kinds.Host(cores or here.cores, here.node)
+    cpu = lane_kinds.kind("cpu")
+    return [cpu.lane([c], host).queue for c in range(host.cores)]
+
+
+def _kind_of(queue: str) -> lane_kinds.LaneKind:
+    return lane_kinds.of(lane_kinds.parse(queue))
 
 
 def gpu_lanes(spec, max_total_percent: int = 100, observer=None) -> list[str]:
@@ -47,10 +54,10 @@ def gpu_build_workers(lanes: list[str], queue: str, cores: int, asked: str | Non
     of its GPU, as is each lane: past 48 on one GPU the MPS server refuses new clients
     (cudaErrorDevicesUnavailable, seen on the H200 with seven lanes and their pools), so the pools of one
     GPU's lanes stay within that limit, one client left for serving."""
-    parsed = [names.LaneName.parse(q) for q in lanes]
-    gpu_lanes = sum(1 for l in parsed if l.kind == "gpu") or 1
-    mine = names.LaneName.parse(queue)
-    on_gpu = sum(1 for l in parsed if l.kind == "gpu" and l.gpu == mine.gpu) or 1
+    pooled = [q for q in lanes if _kind_of(q).build_pool]
+    gpu_lanes = len(pooled) or 1
+    mine = lane_kinds.fault_domain(queue)
+    on_gpu = sum(1 for q in pooled if lane_kinds.fault_domain(q) == mine) or 1
     workers = int(asked) if asked else max(1, cores // gpu_lanes)
     return max(1, min(workers, (MPS_MAX_CLIENTS - 1 - on_gpu) // on_gpu))
 
@@ -79,7 +86,7 @@ def default_tuners(lanes: list[str], cores: int) -> int:
     (4 clients on 4x25 % lanes: 99 s against 1 client's 138 s, bench/results/sharding_h200.json), with at
     least 4 physical cores each for its search and builds; on CPU lanes one (the search competes with the
     lanes for the same cores)."""
-    gpu_lanes = sum(1 for q in lanes if names.LaneName.parse(q).kind == "gpu")
+    gpu_lanes = sum(1 for q in lanes if _kind_of(q).build_pool)
     if not gpu_lanes:
         return 1
     return max(1, min(gpu_lanes, cores // 4))
@@ -100,7 +107,8 @@ class Stack:
                  builder_families: list[str] | None = None, redis_port: int | None = None, restart_redis: bool = False):
         self.work_dir = Path(work_dir).resolve()
         self.redis_url = redis_url or os.environ.get("REDIS_URL")
-        self.lanes = lanes if lanes is not None else default_cpu_lanes()
+        # lanes given by their cores alone (measure.cpu.c0) are named for this host: node and share
+        self.lanes = [lane_kinds.parse(q).queue for q in lanes] if lanes is not None else default_cpu_lanes()
         self.lanes_only = lanes_only  # a second group of lanes joining a running stack (another host)
         if lanes_only and not self.redis_url:
             raise ValueError("lanes joining a stack need its REDIS_URL")
@@ -108,8 +116,7 @@ class Stack:
             tuners = default_tuners(self.lanes, physical_cores())
         self.tuners = 0 if lanes_only else tuners
         self.log_level = log_level
-        gpu = any(names.LaneName.parse(q).kind == "gpu" for q in self.lanes)
-        self.warm_kinds = warm_kinds or ("cuda" if gpu else "llvm")
+        self.warm_kinds = warm_kinds or ",".join(sorted({_kind_of(q).target_kind for q in self.lanes})) or "llvm"
         self.redis_server = None
         self.redis_port = redis_port  # the embedded Redis's port (None: a free one)
         self.restart_redis = restart_redis  # the supervisor also starts a dead embedded Redis again
@@ -177,14 +184,15 @@ class Stack:
     def start_lane(self, queue: str, instance: int = 0, build_workers: int | None = None) -> subprocess.Popen:
         """`build_workers`: the size of a GPU lane's build pool (default: SHARETUNE_BUILD_WORKERS, else an
         equal part of the host's cores, see gpu_build_workers)."""
-        lane = names.LaneName.parse(queue)
+        lane = lane_kinds.parse(queue)
+        kind, queue = lane_kinds.of(lane), lane.queue  # cores alone (measure.cpu.c0) are named for this host
         args = [sys.executable, "-m", "services.measurer", "--lane", queue, "--loglevel", self.log_level]
-        if lane.kind == "gpu":
+        if kind.device_uuid:
             if lane.gpu not in self.gpu_uuids:
                 raise RuntimeError(f"lane {queue}: no GPU with UUID starting {lane.gpu} on this host")
             args += ["--gpu-uuid", self.gpu_uuids[lane.gpu]]
         env = self._env()
-        if lane.kind == "gpu":  # with builders the lane only times (it builds only what is re-sent to it)
+        if kind.build_pool:  # with builders the lane only times (it builds only what is re-sent to it)
             asked = str(build_workers) if build_workers else os.environ.get("SHARETUNE_BUILD_WORKERS")
             env["SHARETUNE_BUILD_WORKERS"] = "0" if self.builders else str(
                 gpu_build_workers(self.lanes, queue, os.cpu_count() or 1, asked))
@@ -205,7 +213,7 @@ class Stack:
         families = self.builder_families
         if families is None:
             r = store.connect(self.redis_url)
-            families = sorted({names.target_family(l.target) for l in store.live_lanes(r) if l.queue in self.lanes})
+            families = sorted({lane_kinds.target_family(l.target) for l in store.live_lanes(r) if l.queue in self.lanes})
         started = []
         for family in families:
             for i in range(self.builders):
@@ -323,7 +331,7 @@ class Stack:
 
             self.redis_server = EmbeddedRedis(self.work_dir / "redis", port=self.redis_port).start()
             self.redis_url = self.redis_server.url
-        if any(names.LaneName.parse(q).kind == "gpu" for q in self.lanes):
+        if any(_kind_of(q).device_uuid for q in self.lanes):
             self._start_gpu_support()
         if not self.lanes_only:
             import functools
@@ -375,7 +383,8 @@ class Stack:
         now = time.time()
         exits = [LaneExit(name, q, self.procs[name].returncode, now) for name, (q, _) in list(self.lane_procs.items())
                  if name in self.procs and self.procs[name].poll() is not None
-                 and (names.LaneName.parse(q).kind == "gpu" or not self._backing_off(name, now))]
+                 # a lane that shares a fault domain is restarted by the recovery plan, at once
+                 and (lane_kinds.fault_domain(q) or not self._backing_off(name, now))]
         faults = []
         if self.gpu_uuids:
             r = store.connect(self.redis_url)
@@ -415,7 +424,7 @@ class Stack:
                                                      getattr(new, "pid", None))
 
     def _gpu_lane_names(self, gpu8: str) -> list[str]:
-        return [n for n, (q, _) in self.lane_procs.items() if names.LaneName.parse(q).gpu == gpu8]
+        return [n for n, (q, _) in self.lane_procs.items() if lane_kinds.fault_domain(q) == gpu8]
 
     def _restart_gpu(self, gpu8: str, event: dict | None = None) -> list[str]:
         """End every MPS client of the GPU and, where it serves that GPU alone, its server; then start the

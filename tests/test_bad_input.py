@@ -79,9 +79,10 @@ def test_job_at_a_share_no_lane_serves_fails_clearly(stack, client, records_befo
     store.create_job(r, spec, dump_ir(to_relax("tiny").mod).encode())
     # plan directly with a short wait rather than through the worker's long default
     from services.tuner import planner
+    from shared.lanes import LiveLanePolicy
 
     with pytest.raises(ShareError, match="no live measurer lane serves cpu at 7 %"):
-        planner.plan(r, "noshare1", lane_wait_s=0)
+        planner.plan(r, "noshare1", LiveLanePolicy(park_s=0))
 
 
 def test_malformed_message_on_a_lane_queue_is_answered(client, redis_conn, records_before):

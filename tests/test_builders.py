@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from shared import names, store
+from shared import lanes, names, store
 from shared.messages import Artifact, Candidate, MeasureBatch, TimingConfig
 
 REPO = Path(__file__).resolve().parent.parent
@@ -62,7 +62,7 @@ def _records(r, job):
 
 def test_a_builder_on_its_own_builds_for_the_cpu_lanes(builder, client, redis_conn, lane_share):
     proc, info = builder
-    assert info.family == names.target_family(client.lanes()[0].target)
+    assert info.family == lanes.target_family(client.lanes()[0].target)
     job = client.submit("tiny", target="llvm", share=lane_share, trials=12, trials_per_iter=6, seed=3)
     assert job.wait(timeout_s=600)["state"] == "done"
     recs = _records(redis_conn, job)
@@ -150,10 +150,10 @@ def test_artifact_checks_name_the_problem():
 
 
 def test_families_and_queues():
-    assert names.target_family('{"kind": "cuda", "arch": "sm_90", "max_threads_per_block": 1024}') == "cuda.sm_90"
-    assert names.build_queue(names.target_family({"kind": "llvm", "mcpu": "Znver4"})) == "build.llvm.znver4"
+    assert lanes.target_family('{"kind": "cuda", "arch": "sm_90", "max_threads_per_block": 1024}') == "cuda.sm_90"
+    assert names.build_queue(lanes.target_family({"kind": "llvm", "mcpu": "Znver4"})) == "build.llvm.znver4"
     with pytest.raises(ValueError, match="explicit arch"):
-        names.target_family({"kind": "cuda"})
+        lanes.target_family({"kind": "cuda"})
     with pytest.raises(ValueError, match="not a build family"):
         names.build_queue("rocm.gfx90a")
 

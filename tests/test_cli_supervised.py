@@ -13,7 +13,10 @@ from pathlib import Path
 
 import pytest
 
+from shared.lanes import parse as parse_lane
+
 ROOT = Path(__file__).resolve().parent.parent
+LANE_PROC = "lane-" + parse_lane("measure.cpu.c0").queue  # the lane of core 0, named for this host
 
 
 def _cli(*args, env, timeout=300):
@@ -60,7 +63,7 @@ def test_up_is_supervised_refuses_a_second_stack_and_down_stops_everything(tmp_p
     try:
         st = _services(tmp_path, env)
         rows = {r["name"]: r for r in st["services"]}
-        assert {"redis", "planner", "tuner0", "updater", "lane-measure.cpu.c0"} <= set(rows)
+        assert {"redis", "planner", "tuner0", "updater", LANE_PROC} <= set(rows)
         assert st["supervisor_alive"] and all(r["alive"] and r["restarts"] == 0 for r in rows.values())
         seen |= {r["pid"] for r in rows.values()} | {st["supervisor_pid"]}
 
@@ -69,7 +72,7 @@ def test_up_is_supervised_refuses_a_second_stack_and_down_stops_everything(tmp_p
         assert url in again.stderr and str(st["supervisor_pid"]) in again.stderr
         assert _services(tmp_path, env)["supervisor_pid"] == st["supervisor_pid"]  # nothing changed
 
-        killed = {n: rows[n]["pid"] for n in ("lane-measure.cpu.c0", "tuner0", "planner", "updater")}
+        killed = {n: rows[n]["pid"] for n in (LANE_PROC, "tuner0", "planner", "updater")}
         for pid in killed.values():
             os.kill(pid, signal.SIGKILL)
         deadline = time.time() + 120
@@ -91,7 +94,7 @@ def test_up_is_supervised_refuses_a_second_stack_and_down_stops_everything(tmp_p
         while True:
             lanes = _cli("lanes", "--json", env={**env, "SHARETUNE_WORK_DIR": str(tmp_path)}, timeout=60)
             assert lanes.returncode == 0, lanes.stderr[-2000:]
-            if now["lane-measure.cpu.c0"]["pid"] in [l.get("pid") for l in json.loads(lanes.stdout)]:
+            if now[LANE_PROC]["pid"] in [l.get("pid") for l in json.loads(lanes.stdout)]:
                 break
             assert time.time() < deadline, lanes.stdout
             time.sleep(1)

@@ -6,6 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from shared.lanes import parse as parse_lane
+
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.e2e
 
@@ -26,7 +28,7 @@ def test_up_then_down(tmp_path):
     pids = list(state["pids"].values()) + [state["redis_pid"]]
     try:
         lanes = _cli("lanes", env={**env, "REDIS_URL": url}, timeout=60)
-        assert lanes.returncode == 0 and "measure.cpu.c0" in lanes.stdout
+        assert lanes.returncode == 0 and parse_lane("measure.cpu.c0").queue in lanes.stdout
     finally:
         down = _cli("down", "--work-dir", str(tmp_path), env=env, timeout=120)
     assert down.returncode == 0, down.stderr[-2000:]

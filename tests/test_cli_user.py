@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from shared import lanes as lane_kinds
 from shared import names, store
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -37,7 +38,7 @@ def test_status_results_lanes_as_json(cli, tuned_tiny, client):
     listing = json.loads(cli("status", "--json").stdout)  # the newest 20 (earlier tests' jobs may push this one out)
     assert listing and [j["job_id"] for j in listing] == [j.job_id for j in client.jobs(20)]
     lanes = json.loads(cli("lanes", "--json").stdout)
-    assert {"measure.cpu.c0"} <= {l["queue"] for l in lanes}
+    assert {lane_kinds.parse("measure.cpu.c0").queue} <= {l["queue"] for l in lanes}
     text = cli("status", tuned_tiny.job_id).stdout
     assert "trials" in text and all(t["task"] in text for t in st["tasks"])
 

@@ -1,14 +1,16 @@
 """docker-compose.yml cannot run here (no Docker engine): check that it names only what exists in the code
 (build contexts, Dockerfiles, Celery apps and queues, SHARETUNE_* settings) and keeps Redis durable."""
 import importlib.util
+import os
 import re
 from pathlib import Path
 
 import pytest
 import yaml
 
-from shared import names
-from shared.settings import CommonSettings, LaneSettings, TunerSettings, UpdaterSettings
+from shared import lanes, names
+from shared.lanes.cpu import share_of_cores
+from shared.settings import CommonSettings, LaneSettings, LaneWaitSettings, TunerSettings, UpdaterSettings
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -43,7 +45,7 @@ def test_worker_commands_name_real_apps_and_queues(compose):
 
 def _setting_variables() -> set[str]:
     fields = set()
-    for cls in (CommonSettings, LaneSettings, TunerSettings, UpdaterSettings):
+    for cls in (CommonSettings, LaneSettings, LaneWaitSettings, TunerSettings, UpdaterSettings):
         fields |= {f"SHARETUNE_{f.upper()}" for f in cls.model_fields}
     return fields - {"SHARETUNE_REDIS_URL"} | {"REDIS_URL"}
 
@@ -103,9 +105,11 @@ def test_scale_measurer_4_means_four_distinct_lanes(compose, tmp_path):
 def test_cpu_replicas_take_distinct_cores(compose):
     env = compose["services"]["measurer-cpu"]["environment"]
     cores = int(_default(env["SHARETUNE_LANE_CORES"]))
+    host = os.cpu_count()
+    one, two = share_of_cores(1, host), share_of_cores(2, host)  # the share is the host's, in each name
     _, pool = lane_pool_for(cores, [0, 1, 2, 3])
-    assert pool == ["measure.cpu.c0", "measure.cpu.c1", "measure.cpu.c2", "measure.cpu.c3"]
-    assert lane_pool_for(2, [0, 1, 2, 3, 4])[1] == ["measure.cpu.c0-1", "measure.cpu.c2-3"]
+    assert pool == [f"measure.cpu.local.p{one}.c{c}" for c in range(4)]
+    assert lane_pool_for(2, [0, 1, 2, 3, 4])[1] == [f"measure.cpu.local.p{two}.c0-1", f"measure.cpu.local.p{two}.c2-3"]
 
 
 def lane_pool_for(cores_per_lane, cores):
@@ -157,7 +161,8 @@ def test_measurer_replicas_claim_distinct_cpu_lanes(tmp_path):
         while len(store.live_lanes(r)) < cores and time.time() < deadline:
             assert all(p.poll() is None for p in procs), (tmp_path / "m0.log").read_text()[-2000:]
             time.sleep(0.3)
-        assert sorted(l.queue for l in store.live_lanes(r)) == [f"measure.cpu.c{c}" for c in sorted(os.sched_getaffinity(0))]
+        assert sorted(l.queue for l in store.live_lanes(r)) == [lanes.parse(f"measure.cpu.c{c}").queue
+                                                                for c in sorted(os.sched_getaffinity(0))]
         extra = subprocess.run([sys.executable, "-m", "services.measurer"], cwd=ROOT, env=env, capture_output=True,
                                text=True, timeout=120)
         assert extra.returncode != 0 and "held by live replicas" in extra.stderr

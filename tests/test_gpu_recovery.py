@@ -297,12 +297,12 @@ def test_the_lanes_view_shows_a_given_up_gpu(redis_url, capsys, monkeypatch):
 
 def test_a_hung_candidate_is_reported_answered_and_the_lane_exits(redis_url, monkeypatch):
     from services.measurer import worker as lane_worker
-    from shared.names import LaneName
+    from shared import lanes
     from shared.settings import LaneSettings
 
     r = store.connect(redis_url)
     r.flushdb()
-    lane = lane_worker.LaneWorker(LaneSettings(max_crashes=2), LaneName.parse(LANE_A), r)  # never started
+    lane = lane_worker.LaneWorker(LaneSettings(max_crashes=2), lanes.parse(LANE_A), r)  # never started
     exits = []
 
     def exit_(code):

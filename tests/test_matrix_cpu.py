@@ -6,11 +6,12 @@ import os
 
 import pytest
 
+from shared import lanes
 from shared.errors import ShareError
 
 pytestmark = pytest.mark.e2e
 
-TWO_CORES = "measure.cpu.c0-1"
+TWO_CORES = lanes.parse("measure.cpu.c0-1").queue  # cores 0-1, named for this host
 
 
 @pytest.fixture(scope="module")

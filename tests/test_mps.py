@@ -10,7 +10,7 @@ from services.measurer.gpu.daemon import CommandResult, MpsDaemon, run_command
 from services.measurer.gpu.plan import find_gpu, gpu_for_lane, parse_share_spec, plan_gpu_lanes
 from services.measurer.observers.inventory import GpuInfo
 from shared.errors import LaneError, ShareError
-from shared.names import LaneName
+from shared import lanes
 
 BIN = "nvidia-cuda-mps-control"
 
@@ -86,7 +86,7 @@ def test_commands_and_environment(tmp_path):
 
 def test_lane_gets_the_daemon_variables(tmp_path):
     d = MpsDaemon(tmp_path / "pipe", tmp_path / "log")
-    env = d.client_environment(LaneName.for_gpu(H200.uuid, 25), H200.uuid)
+    env = d.client_environment(lanes.kind("gpu").lane(H200.uuid, 25), H200.uuid)
     assert env == {"CUDA_VISIBLE_DEVICES": H200.uuid, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "25", **d.environment()}
 
 
@@ -166,11 +166,11 @@ def test_refusal_without_mps(tmp_path):
     with pytest.raises(LaneError, match="not found"):
         d.start()
     with pytest.raises(LaneError, match="at 25 % unshared"):
-        d.check_lane(LaneName.for_gpu(H200.uuid, 25))
+        d.check_lane(lanes.kind("gpu").lane(H200.uuid, 25))
     # a whole GPU needs no MPS, CPU lanes neither
     assert d.ensure_for(plan_gpu_lanes([H200], "1x100")) is False
-    d.check_lane(LaneName.for_gpu(H200.uuid, 100))
-    d.check_lane(LaneName.for_cpu([0]))
+    d.check_lane(lanes.kind("gpu").lane(H200.uuid, 100))
+    d.check_lane(lanes.kind("cpu").lane([0], lanes.Host(2)))
     assert fake.calls == []
 
 
@@ -179,9 +179,9 @@ def test_ensure_starts_the_daemon_for_partial_lanes_only(tmp_path):
     d = daemon(tmp_path, fake)
     assert d.ensure_for(plan_gpu_lanes([H200], "1x100")) is False and not d.started
     with pytest.raises(LaneError, match="no MPS control daemon answers"):
-        d.check_lane(LaneName.for_gpu(H200.uuid, 50))
+        d.check_lane(lanes.kind("gpu").lane(H200.uuid, 50))
     assert d.ensure_for(plan_gpu_lanes([H200], "2x50")) is True and d.started
-    d.check_lane(LaneName.for_gpu(H200.uuid, 50))
+    d.check_lane(lanes.kind("gpu").lane(H200.uuid, 50))
     with d:
         pass
     assert not d.started and not fake.running
@@ -210,7 +210,7 @@ def test_plans_on_one_gpu():
     assert queues(plan_gpu_lanes([H200], " 2x25, 50% ")) == [("measure.3f2a1c9b.p25", 2), ("measure.3f2a1c9b.p50", 1)]
     assert queues(plan_gpu_lanes([H200], {0: "4x25"})) == [("measure.3f2a1c9b.p25", 4)]
     lane, n = plan_gpu_lanes([H200], "1x100")[0]
-    assert gpu_for_lane([H200], lane) is H200 and LaneName.parse(lane.queue) == lane
+    assert gpu_for_lane([H200], lane) is H200 and lanes.parse(lane.queue) == lane
 
 
 def test_plans_on_four_gpus():

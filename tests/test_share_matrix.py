@@ -234,8 +234,10 @@ def test_lanes_and_serving_placement_per_share():
     from sharetune.matrix import Placement
 
     cpu = Placement("cpu", host_cores=4)
-    assert cpu.lanes([25, 50, 100]) == ["measure.cpu.c0", "measure.cpu.c1", "measure.cpu.c2", "measure.cpu.c3",
-                                        "measure.cpu.c0-1", "measure.cpu.c2-3", "measure.cpu.c0-3"]
+    assert cpu.lanes([25, 50, 100]) == ["measure.cpu.local.p25.c0", "measure.cpu.local.p25.c1",
+                                        "measure.cpu.local.p25.c2", "measure.cpu.local.p25.c3",
+                                        "measure.cpu.local.p50.c0-1", "measure.cpu.local.p50.c2-3",
+                                        "measure.cpu.local.p100.c0-3"]
     args, env = cpu.serve_args(50)
     assert args[-2:] == ["--cores", "0,1"] and env["TVM_NUM_THREADS"] == "2"
     gpu = Placement("gpu", gpu_uuid="GPU-3f2a1c9b-0000-0000-0000-000000000000", mps_env={"CUDA_MPS_PIPE_DIRECTORY": "/p"})

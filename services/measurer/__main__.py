@@ -1,4 +1,5 @@
-"""Start one measurer lane: `python -m services.measurer --lane measure.cpu.c0-1 [--gpu-uuid UUID]`,
+"""Start one measurer lane: `python -m services.measurer --lane measure.cpu.c0-1 [--gpu-uuid UUID]` (a CPU
+lane given by its cores is named for this host: node and share),
 or one builder: `python -m services.measurer --builder cuda.sm_90|llvm [--cores 16-31]`.
 Without a lane (replicas of one compose service), the process claims a free lane of its pool in Redis
 (SHARETUNE_LANE_SHARE + SHARETUNE_GPU_UUID, or SHARETUNE_LANE_CORES), so N replicas are N distinct lanes.
@@ -11,9 +12,8 @@ import argparse
 import os
 import sys
 
+from shared import lanes
 from shared.ids import worker_id
-from shared.names import LaneName
-from services.measurer.lanes import lane_environment, pin_to_lane
 from services.workers import exec_worker
 
 
@@ -29,22 +29,24 @@ def main(argv=None) -> None:
     args = ap.parse_args(argv)
     if args.builder:
         return exec_builder(args.builder, args.cores, args.loglevel)
-    claim = None
-    if args.lane:
-        lane = LaneName.parse(args.lane)
-    else:
-        from shared.errors import SharetuneError
+    from shared.errors import SharetuneError
 
-        try:
+    claim = None
+    try:
+        if args.lane:
+            lane = lanes.parse(args.lane)
+        else:
             lane, claim = claim_lane(args.gpu_uuid)
-        except (SharetuneError, ValueError) as err:
-            sys.exit(f"measurer: {err}")
-    env = dict(os.environ, **lane_environment(lane, args.gpu_uuid), SHARETUNE_LANE=lane.queue)
+        kind = lanes.of(lane)
+        kind.check(lane, lanes.Host.this())  # a name whose share this host would not give is refused
+        env = dict(os.environ, **kind.environment(lane, args.gpu_uuid), SHARETUNE_LANE=lane.queue)
+        kind.pin(lane)
+    except (SharetuneError, ValueError, OSError) as err:
+        sys.exit(f"measurer: {err}")
     if claim:
         env["SHARETUNE_LANE_CLAIM"] = claim
     if args.gpu_uuid:
         env["SHARETUNE_GPU_UUID"] = args.gpu_uuid
-    pin_to_lane(lane)
     exec_worker("services.measurer.tasks", lane.queue, f"lane.{lane.queue}", args.loglevel, env)
 
 
@@ -53,10 +55,9 @@ def exec_builder(family: str, cores: str | None, loglevel: str) -> None:
     from services.measurer.lanes import builder_environment, parse_cores
 
     if family == "llvm":  # this host's CPU
-        from shared.names import target_family
         from services.measurer.metaschedule.host import system_cpu
 
-        family = target_family({"kind": "llvm", "mcpu": system_cpu()})
+        family = lanes.target_family({"kind": "llvm", "mcpu": system_cpu()})
     try:
         queue = build_queue(check_family(family))
         if cores:
@@ -68,7 +69,7 @@ def exec_builder(family: str, cores: str | None, loglevel: str) -> None:
     exec_worker("services.measurer.tasks", queue, f"builder.{family}", loglevel, env)
 
 
-def claim_lane(gpu_uuid: str | None) -> tuple[LaneName, str]:
+def claim_lane(gpu_uuid: str | None) -> tuple[lanes.Lane, str]:
     """Take the first lane of this service's pool that no live replica holds (the worker identity is
     host.pid, and exec keeps the pid, so the lane's heartbeat refreshes the same claim)."""
     from shared import names, store
@@ -82,7 +83,7 @@ def claim_lane(gpu_uuid: str | None) -> tuple[LaneName, str]:
     if slot is None:
         raise LaneError(f"all {len(pool)} lanes of pool {scope} ({pool[0]} ...) are held by live replicas; "
                         "scale the service down or give the new replicas another share or node")
-    return LaneName.parse(pool[slot]), names.lane_claim_key(scope, slot)
+    return lanes.parse(pool[slot]), names.lane_claim_key(scope, slot)
 
 
 if __name__ == "__main__":

@@ -1,41 +1,10 @@
-"""What a lane is on this host: its share, the environment it must have before TVM or CUDA start, and
-the target it builds for. Pure apart from reading the host's core count."""
+"""Which lanes the replicas of one measurer service divide among themselves, and a builder's environment.
+What a lane is (its share, placement, environment) is its kind's business: shared.lanes."""
 from __future__ import annotations
 
 import os
 
-from shared.names import LaneName
-
-
-def host_cores() -> int:
-    return os.cpu_count() or 1
-
-
-def lane_share(lane: LaneName, total_cores: int | None = None) -> int:
-    """A lane's share in percent: its MPS percentage on a GPU, its fraction of the cores on a CPU."""
-    if lane.kind == "gpu":
-        return int(lane.percent)
-    total = total_cores or host_cores()
-    return max(1, round(100 * len(lane.cores) / total))
-
-
-def lane_environment(lane: LaneName, gpu_uuid: str | None = None) -> dict[str, str]:
-    """Variables that must be set before the lane's process initialises TVM's thread pool or CUDA."""
-    if lane.kind == "cpu":
-        n = str(len(lane.cores))
-        return {"TVM_NUM_THREADS": n, "OMP_NUM_THREADS": n, "CUDA_VISIBLE_DEVICES": ""}
-    if not gpu_uuid:
-        raise ValueError(f"GPU lane {lane.queue} needs the GPU's full UUID")
-    return {"CUDA_VISIBLE_DEVICES": gpu_uuid, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": str(lane.percent)}
-
-
-def pin_to_lane(lane: LaneName) -> None:
-    """Pin this process (and what it execs) to the lane's cores; a no-op for GPU lanes."""
-    if lane.kind == "cpu":
-        missing = set(lane.cores) - set(range(host_cores()))
-        if missing:
-            raise ValueError(f"lane {lane.queue} names cores {sorted(missing)} this host does not have")
-        os.sched_setaffinity(0, set(lane.cores))
+from shared import lanes
 
 
 def lane_pool(gpu_uuid: str | None, share: int | None, cores_per_lane: int | None, node: str,
@@ -44,12 +13,14 @@ def lane_pool(gpu_uuid: str | None, share: int | None, cores_per_lane: int | Non
     on a GPU, 100 // share lanes at `share` % (four at 25 %); on a CPU, the host's cores in groups of
     `cores_per_lane`. Returns the claim scope (the GPU, or the node for cores) and the lane queues."""
     if gpu_uuid and share:
-        lane = LaneName.for_gpu(gpu_uuid, share)
-        return f"gpu-{lane.gpu}", [lane.queue] * (100 // share)
+        gpu = lanes.kind("gpu")
+        lane = gpu.lane(gpu_uuid, share)
+        return f"gpu-{lane.gpu}", [lane.queue] * gpu.lanes_fit(share, lanes.Host.this())
     if cores_per_lane:
         cores = sorted(cores if cores is not None else os.sched_getaffinity(0))
         groups = [cores[i:i + cores_per_lane] for i in range(0, len(cores) - cores_per_lane + 1, cores_per_lane)]
-        return f"cpu-{node}", [LaneName.for_cpu(g).queue for g in groups]
+        host = lanes.Host(os.cpu_count() or 1, node)
+        return f"cpu-{node}", [lanes.kind("cpu").lane(g, host).queue for g in groups]
     raise ValueError("no lane given: set SHARETUNE_LANE, or SHARETUNE_LANE_SHARE with SHARETUNE_GPU_UUID "
                      "(GPU lanes), or SHARETUNE_LANE_CORES (CPU lanes) for replicas to claim one each")
 

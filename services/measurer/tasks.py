@@ -16,7 +16,7 @@ import logging
 
 from celery import signals
 
-from shared import names, store
+from shared import lanes, names, store
 from services.celery_app import make_celery
 from shared.errors import MessageError
 from shared.messages import BuildRequest, MeasureBatch, MeasureResult
@@ -43,7 +43,7 @@ def _init_worker(**_):
     if settings.builder_family:
         BUILDER = Builder(r, _forward, settings.builder_family)
     else:
-        WORKER = LaneWorker(settings, names.LaneName.parse(settings.lane), r, sandboxed=settings.sandbox)
+        WORKER = LaneWorker(settings, lanes.parse(settings.lane), r, sandboxed=settings.sandbox)
 
 
 @signals.worker_ready.connect

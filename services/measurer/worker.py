@@ -17,13 +17,12 @@ import time
 from collections.abc import Callable
 from contextlib import nullcontext
 
-from shared import names, store
+from shared import lanes, names, store
 from shared.ids import worker_id
 from shared.messages import (BuilderInfo, BuildRequest, GpuFault, LaneBatch, LaneInfo, MeasureBatch, MeasureResult,
                              Quarantined)
 from shared.settings import LaneSettings
 from services.measurer import poison
-from services.measurer.lanes import lane_share
 
 log = logging.getLogger("sharetune.lane")
 
@@ -44,10 +43,11 @@ class LaneWorker:
     """One lane's warm state (Redis connection, target, sandbox or build pool, NVML observer, watchdog,
     counters) and its one job: measure a batch and write one result per candidate."""
 
-    def __init__(self, settings: LaneSettings, lane: names.LaneName, redis, sandboxed: bool | None = None):
+    def __init__(self, settings: LaneSettings, lane: lanes.Lane, redis, sandboxed: bool | None = None):
         self.settings, self.lane, self.redis = settings, lane, redis
-        # CPU lanes isolate candidates in a child unless told otherwise; GPU lanes measure in-process
-        self.sandboxed = sandboxed if sandboxed is not None else lane.kind == "cpu"
+        self.kind = lanes.of(lane)
+        self.sandboxed = sandboxed if sandboxed is not None else self.kind.sandboxed
+        self.fault_domain = self.kind.fault_domain(lane)  # the GPU whose fault would end this lane, if any
         self.target = None
         self.info: LaneInfo | None = None
         self.lock = threading.Lock()
@@ -67,23 +67,24 @@ class LaneWorker:
         """Warm up (build pool, sandbox child or a trivial kernel), announce the lane, keep it announced."""
         from services.measurer.metaschedule import evaluate
 
-        s, lane = self.settings, self.lane
+        s, lane, kind = self.settings, self.lane, self.kind
+        kind.check(lane, lanes.Host.this())  # the share in the lane's name is the share it measures at
         if s.lane_claim:  # before the warm-up, which may outlast the claim's TTL
             threading.Thread(target=self.keep_claim, name="lane-claim", daemon=True).start()
         if s.build_workers > 0:  # spawned before this process touches CUDA
             self.pool = evaluate.BuildPool(s.build_workers)
-        if lane.kind == "cpu":
-            self.target = evaluate.cpu_target(len(lane.cores))
-        else:
+        if kind.mps:
             from services.measurer.gpu.daemon import MpsDaemon
-            from services.measurer.observers import make_observer
 
             # a lane below 100 % must never measure unshared: refuse unless an MPS daemon answers
             MpsDaemon(os.environ.get("CUDA_MPS_PIPE_DIRECTORY", "/tmp/nvidia-mps"),
                       os.environ.get("CUDA_MPS_LOG_DIRECTORY", "/var/log/nvidia-mps")).check_lane(lane)
+        if kind.device_uuid and s.gpu_uuid:
+            from services.measurer.observers import make_observer
+
             observer = make_observer()
-            self.observer = observer if s.gpu_uuid and observer.inventory() else None
-            self.target = evaluate.gpu_target()
+            self.observer = observer if observer.inventory() else None
+        self.target = lane_target(kind, lane)
         if self.sandboxed:
             from services.measurer.metaschedule.sandbox import Sandbox
 
@@ -96,7 +97,7 @@ class LaneWorker:
         self.info = LaneInfo(
             queue=lane.queue,
             kind=lane.kind,
-            share=lane_share(lane),
+            share=lane.share,  # checked above against this host: what every result of this lane is measured at
             cores=list(lane.cores),
             gpu_uuid=s.gpu_uuid,
             target=str(self.target),
@@ -214,10 +215,10 @@ class LaneWorker:
         from services.measurer.isolation import GpuGate, attribute
         from services.measurer.gpu.faults import classify_cuda_error, watchdog_allowance_s
 
-        r, gpu_lane = self.redis, self.lane.kind == "gpu"
+        r, gpu_lane = self.redis, self.fault_domain is not None
         gate = None
         if gpu_lane:
-            gate = GpuGate(r, self.lane.gpu or "", self.worker, hold_s=batch.timing.timeout_s + 30)
+            gate = GpuGate(r, self.fault_domain, self.worker, hold_s=batch.timing.timeout_s + 30)
         for cand in batch.candidates:
             if cand.candidate_id in quarantined:  # answered without building or running it
                 yield poison.quarantined_result(quarantined[cand.candidate_id], cand.candidate_id)
@@ -266,7 +267,7 @@ class LaneWorker:
         """Does another live lane worker use this lane's GPU (so a fault here may be a neighbour's)?"""
         me = self.worker
         try:
-            return any(l.kind == "gpu" and names.LaneName.parse(l.queue).gpu == self.lane.gpu and l.worker != me
+            return any(l.worker != me and lanes.fault_domain(l.queue) == self.fault_domain
                        for l in store.live_lanes(self.redis))
         except Exception:  # noqa: BLE001 - Redis unreachable: assume neighbours, so no innocent is blamed
             return True
@@ -309,6 +310,14 @@ class LaneWorker:
         finally:
             logging.shutdown()
             os._exit(code)
+
+
+def lane_target(kind: lanes.LaneKind, lane: lanes.Lane):
+    """The TVM target a lane measures for, read from its device (TVM's half of a lane kind)."""
+    from services.measurer.metaschedule import evaluate
+
+    from_device = {"llvm": lambda: evaluate.cpu_target(len(lane.cores)), "cuda": evaluate.gpu_target}
+    return from_device[kind.target_kind]()
 
 
 def _cuda_alive() -> bool:

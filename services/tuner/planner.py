@@ -5,43 +5,37 @@ from __future__ import annotations
 
 import time
 
-from shared import store
-from shared.errors import ModelError, ShareError
+from shared import lanes, store
+from shared.errors import ModelError
 from shared.messages import FINAL_STATES, JobTask, LaneInfo, ShardState, Workload, lane_kind
 from services.tuner.sharding import first_round_size, partition
-
-
-def lanes_for(redis, kind: str, share: int) -> list[LaneInfo]:
-    return [l for l in store.live_lanes(redis) if l.kind == kind and l.share == share]
-
-
-PARK_RECHECK_S = 3.0  # how often a job parked for lanes is looked at again
 
 
 class Parked(Exception):
     """No live lane serves the job's (kind, share) yet. The planner does not sleep on it (one planner
     would hold every later job behind it): the caller re-sends the plan message `retry_in` s later."""
 
-    def __init__(self, job_id: str, waiting_for: str, retry_in: float = PARK_RECHECK_S):
+    def __init__(self, job_id: str, waiting_for: str, retry_in: float):
         super().__init__(f"job {job_id} waits for {waiting_for}")
         self.job_id, self.waiting_for, self.retry_in = job_id, waiting_for, retry_in
 
 
-def lanes_or_park(redis, job_id: str, kind: str, share: int, wait_s: float, wait_for_lanes: bool = False) -> list[LaneInfo]:
-    """The lanes serving (kind, share); none yet: Parked while the job may still wait (`wait_s` since it was
-    first parked, or without limit with `wait_for_lanes`), then ShareError naming the live lanes."""
-    lanes = lanes_for(redis, kind, share)
-    if lanes:
+def lanes_or_park(redis, job_id: str, kind: str, share: int, policy: lanes.LiveLanePolicy,
+                  wait_for_lanes: bool = False) -> list[LaneInfo]:
+    """The lanes serving (kind, share); none yet: Parked while the policy lets the job wait (since it was
+    first parked), then ShareError naming the live lanes."""
+    live = store.live_lanes(redis)
+    serving = lanes.serving(live, kind, share)
+    if serving:
         store.clear_job_fields(redis, job_id, "waiting_for")
-        return lanes
-    parked_at = store.parked_since(redis, job_id)
+        return serving
+    parked_at = store.parked_since(redis, job_id)  # before the clock is read: stamped now the first time
     waited = time.time() - parked_at
-    if wait_for_lanes or waited < wait_s:
-        waiting_for = f"a live {kind} lane at {share} %"
+    if policy.parks(waited, wait_for_lanes):
+        waiting_for = lanes.waiting_for(kind, share)
         store.update_job(redis, job_id, waiting_for=waiting_for)
-        raise Parked(job_id, waiting_for)
-    live = ", ".join(f"{l.queue} ({l.kind} {l.share} %)" for l in store.live_lanes(redis)) or "none"
-    raise ShareError(f"no live measurer lane serves {kind} at {share} % (waited {waited:.0f} s); live lanes: {live}")
+        raise Parked(job_id, waiting_for, policy.recheck_s)
+    raise policy.unserved(kind, share, waited, live)
 
 
 def budget_advice(trials: int, per_iter: int, tasks: int) -> str | None:
@@ -63,7 +57,7 @@ def live_tuners(redis) -> int:
     return store.live_tuners(redis)
 
 
-def plan(redis, job_id: str, lane_wait_s: float) -> list[ShardState]:
+def plan(redis, job_id: str, policy: lanes.LiveLanePolicy) -> list[ShardState]:
     """Extract the job's tasks, store workloads (once per distinct workload), record the job's tasks
     with how many records the store already holds for each, and split them into shards, one per tuner
     client that will search them at the same time."""
@@ -77,8 +71,8 @@ def plan(redis, job_id: str, lane_wait_s: float) -> list[ShardState]:
     if state != "planning":  # a parked job's re-check keeps its first planning_at
         store.set_state(redis, job_id, "planning")
     kind = lane_kind(spec.target)
-    lanes = lanes_or_park(redis, job_id, kind, spec.share, lane_wait_s, spec.wait_for_lanes)
-    target = target_from_json(lanes[0].target)
+    serving = lanes_or_park(redis, job_id, kind, spec.share, policy, spec.wait_for_lanes)
+    target = target_from_json(serving[0].target)
     mod = load_ir(store.job_model(redis, job_id).decode())
     tasks: list[JobTask] = []
     reused: dict[str, int] = {}
@@ -102,6 +96,6 @@ def plan(redis, job_id: str, lane_wait_s: float) -> list[ShardState]:
         store.put_shards(redis, job_id, partition(store.job_tasks(redis, job_id), n), spec.trials)
         shards = store.shards(redis, job_id)
     advice = budget_advice(spec.trials, spec.trials_per_iter, len(tasks))
-    store.set_state(redis, job_id, "planned", target_json=str(target), lanes=[l.queue for l in lanes],
+    store.set_state(redis, job_id, "planned", target_json=str(target), lanes=[l.queue for l in serving],
                     clients=len(shards), **({"advice": advice} if advice else {}))
     return [shards[k] for k in sorted(shards)]

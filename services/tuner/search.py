@@ -8,7 +8,7 @@ import os
 import time
 from pathlib import Path
 
-from shared import store
+from shared import lanes, store
 from shared.messages import JobResult, TaskBest, TimingConfig, lane_kind, lane_utilisation, target_kind
 from shared.ranking import default_secs, rank_secs
 
@@ -173,9 +173,9 @@ def finish_job(send, redis, job_id: str, work_dir: Path, grace_s: float = 120.0)
 
 
 def timing_for(kind: str) -> TimingConfig:
-    """CPU: MetaSchedule's LocalRunner defaults (3 runs, 100 ms floor). GPU: 3 repeats of 3 runs with a
-    50 ms floor each, ranked by their median: a shared GPU's timings need the repeats."""
-    return TimingConfig(number=3, repeat=3, min_repeat_ms=50) if kind == "cuda" else TimingConfig()
+    """The timing of a target kind's candidates: the defaults (MetaSchedule's LocalRunner: 3 runs, 100 ms
+    floor) with what its lane kind changes (a shared GPU: 3 repeats, shared.lanes.gpu)."""
+    return TimingConfig(**lanes.for_target(kind).timing())
 
 
 def _best_record(redis, wkey: str):

@@ -11,7 +11,7 @@ import logging
 
 from celery import signals
 
-from shared import names, store
+from shared import lanes, names, store
 from shared.ids import worker_id
 from services.celery_app import make_celery
 from shared.errors import MessageError
@@ -21,6 +21,7 @@ from services.tuner.shards import ShardRunner, fail_job
 
 log = logging.getLogger("sharetune.tuner")
 settings = TunerSettings()
+LANE_POLICY = lanes.LiveLanePolicy.configured()
 app = make_celery("tuner", settings.redis_url)
 RUNNER: ShardRunner | None = None  # built when the worker starts (_init_worker), never at import
 
@@ -89,7 +90,7 @@ def plan_job(payload):
     if ref is None:
         return None
     try:
-        shards = planner.plan(RUNNER.redis, ref.job_id, settings.lane_wait_s)
+        shards = planner.plan(RUNNER.redis, ref.job_id, LANE_POLICY)
     except planner.Parked as parked:  # look again later; the planner takes the next job meanwhile
         app.send_task(names.PLAN_TASK, args=[ref.model_dump(mode="json")], queue=names.PLAN_QUEUE,
                       countdown=parked.retry_in)

@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from shared.errors import LaneError
-from shared.names import LaneName
+from shared import lanes as lane_kinds
+from shared.lanes import Lane
 
 CONTROL_BINARY = "nvidia-cuda-mps-control"
 
@@ -182,9 +183,9 @@ class MpsDaemon:
 
     # -- lanes
     def require_for(self, lanes: Iterable) -> list[int]:
-        """Refuse when a GPU lane below 100 % would run without MPS. ``lanes``: LaneName or (LaneName,
+        """Refuse when a GPU lane below 100 % would run without MPS. ``lanes``: Lane or (Lane,
         count) pairs, as ``plan_gpu_lanes`` returns. Returns the partial percents (empty: MPS not needed)."""
-        partial = sorted({lane.percent for lane in _lanes(lanes) if lane.kind == "gpu" and lane.percent < 100})
+        partial = sorted({lane.share for lane in _lanes(lanes) if lane_kinds.of(lane).mps and lane.share < 100})
         if partial and not self.available():
             raise LaneError(
                 f"MPS is not available ({self.control_binary} not found): refusing to run GPU lanes at "
@@ -200,19 +201,17 @@ class MpsDaemon:
         self.start()
         return True
 
-    def check_lane(self, lane: LaneName) -> None:
+    def check_lane(self, lane: Lane) -> None:
         """For a lane worker about to start: a partial GPU lane needs a daemon answering on the pipe dir."""
         if self.require_for([lane]) and not self.is_running():
             raise LaneError(
                 f"no MPS control daemon answers on {self.pipe_dir}: refusing to run GPU lane {lane.queue} "
-                f"at {lane.percent} % unshared"
+                f"at {lane.share} % unshared"
             )
 
-    def client_environment(self, lane: LaneName, gpu_uuid: str) -> dict[str, str]:
+    def client_environment(self, lane: Lane, gpu_uuid: str) -> dict[str, str]:
         """Everything a GPU lane's process needs before CUDA starts: its share and the daemon's dirs."""
-        from services.measurer.lanes import lane_environment
-
-        return {**lane_environment(lane, gpu_uuid), **self.environment()}
+        return {**lane_kinds.of(lane).environment(lane, gpu_uuid), **self.environment()}
 
     # -- helpers
     def _run(self, argv: Sequence[str], text: str | None) -> CommandResult:
@@ -234,7 +233,7 @@ class MpsDaemon:
         self.stop()
 
 
-def _lanes(lanes: Iterable) -> list[LaneName]:
+def _lanes(lanes: Iterable) -> list[Lane]:
     return [item[0] if isinstance(item, tuple) else item for item in lanes]
 
 

@@ -6,7 +6,8 @@ from collections.abc import Mapping, Sequence
 
 from shared.errors import ShareError
 from shared.ids import gpu_hex as _hex
-from shared.names import LaneName
+from shared import lanes
+from shared.lanes import Lane
 from services.measurer.observers.inventory import GpuInfo
 
 _ITEM = re.compile(r"^(?:(?P<count>\d+)\s*[x×*]\s*)?(?P<pct>-?\d+)\s*%?$", re.IGNORECASE)
@@ -59,14 +60,14 @@ def find_gpu(gpus: Sequence[GpuInfo], key: int | str) -> GpuInfo:
     return found[0]
 
 
-def gpu_for_lane(gpus: Sequence[GpuInfo], lane: LaneName) -> GpuInfo:
+def gpu_for_lane(gpus: Sequence[GpuInfo], lane: Lane) -> GpuInfo:
     """The inventory GPU a GPU lane runs on (the lane carries only the UUID's first 8 hex digits)."""
     return find_gpu(gpus, lane.gpu)
 
 
 def plan_gpu_lanes(
     gpus: Sequence[GpuInfo], spec: str | dict, max_total_percent: int = 100
-) -> list[tuple[LaneName, int]]:
+) -> list[tuple[Lane, int]]:
     """The GPU lanes this host runs, as (lane, number of worker processes) pairs, by GPU index.
 
     ``spec`` is one share spec for every GPU ("4x25", "2x50", "1x100", "25,25,50") or a dict
@@ -99,7 +100,7 @@ def plan_gpu_lanes(
         percents = parse_share_spec(spec)
         assignments = [(g, percents) for g in sorted(gpus, key=lambda g: g.index)]
 
-    plan: list[tuple[LaneName, int]] = []
+    plan: list[tuple[Lane, int]] = []
     for gpu, percents in assignments:
         for p in percents:
             if not 1 <= p <= 100:
@@ -113,7 +114,7 @@ def plan_gpu_lanes(
         counts: dict[int, int] = {}
         for p in percents:
             counts[p] = counts.get(p, 0) + 1
-        plan += [(LaneName.for_gpu(gpu.uuid, p), n) for p, n in counts.items()]
+        plan += [(lanes.kind("gpu").lane(gpu.uuid, p), n) for p, n in counts.items()]
     if not plan:
         where = "the inventory has no GPU" if not gpus else f"spec {spec!r} names no lane"
         raise ShareError(f"empty GPU lane plan: {where}")

@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from shared.names import LaneName
+from shared import lanes
 
 
 @dataclass(frozen=True)
@@ -48,19 +48,19 @@ def plan_recovery(exits: Sequence[LaneExit], faults: Sequence, history: Mapping[
     restart, given_up = [], []
     died: dict[str, int] = {}
     for ex in exits:
-        lane = LaneName.parse(ex.queue)
-        if lane.kind == "gpu" and ex.code == gpu_fault_code:
-            gpus.add(lane.gpu)
-        elif lane.kind == "gpu" and ex.code:
-            died[lane.gpu] = died.get(lane.gpu, 0) + 1
+        gpu = lanes.fault_domain(ex.queue)
+        if gpu and ex.code == gpu_fault_code:
+            gpus.add(gpu)
+        elif gpu and ex.code:
+            died[gpu] = died.get(gpu, 0) + 1
     # several lanes of one GPU dying together, with no report: an MPS server that took its clients down
     gpus |= {g for g, n in died.items() if n >= 2}
     for ex in exits:
-        lane = LaneName.parse(ex.queue)
+        gpu = lanes.fault_domain(ex.queue)
         recent = [t for t in history.get(ex.name, ()) if now - t < window_s]
         if len(recent) >= max_restarts:
             given_up.append(ex.name)
-        elif not (lane.kind == "gpu" and lane.gpu in gpus):
+        elif not (gpu and gpu in gpus):
             restart.append(ex.name)
     return Recovery(gpus=tuple(sorted(gpus)), restart=tuple(sorted(restart)), given_up=tuple(sorted(given_up)))
 

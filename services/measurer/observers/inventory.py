@@ -19,7 +19,7 @@ class GpuInfo:
 
     @property
     def uuid8(self) -> str:
-        """The 8 hex digits a lane queue name carries (see shared.names.LaneName)."""
+        """The 8 hex digits a lane queue name carries (see shared.lanes.gpu)."""
         return _hex(self.uuid)[:8]
 
     @property

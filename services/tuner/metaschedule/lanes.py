@@ -17,6 +17,7 @@ from tvm.ir.utils import derived_object
 from tvm.s_tir.meta_schedule.builder import BuilderInput, BuilderResult, PyBuilder
 from tvm.s_tir.meta_schedule.runner import PyRunner, PyRunnerFuture, RunnerFuture, RunnerInput, RunnerResult
 
+from shared import lanes as lane_kinds
 from shared import names, store
 from services.tuner.metaschedule.codec import dump_ir
 from shared.messages import BuildRequest, Candidate, LaneInfo, MeasureBatch, MeasureResult, TimingConfig
@@ -186,12 +187,15 @@ class LaneFuture(PyRunnerFuture):
 @derived_object
 class LaneRunner(PyRunner):
     """Sends candidates to the lanes that serve (kind, share); `lanes()` is re-read on every batch, so
-    lanes that start or stop while a job runs are used or avoided."""
+    lanes that start or stop while a job runs are used or avoided. With none live, it waits as the live-lane
+    policy says (shared.lanes.LiveLanePolicy.give_up_s), then gives up."""
 
     def __init__(self, send, redis, job_id: str, kind: str, share: int, target_json: str,
-                 stash: CandidateStash, split: TimeSplit, timing: TimingConfig, grace_s: float = 120.0):
+                 stash: CandidateStash, split: TimeSplit, timing: TimingConfig, grace_s: float = 120.0,
+                 policy: lane_kinds.LiveLanePolicy | None = None):
         """`send(task_name, payload, queue)` publishes one message (the tuner's Celery boundary gives it)."""
         super().__init__()
+        self.policy = policy or lane_kinds.LiveLanePolicy.configured()
         self._send, self.redis, self.job_id = send, redis, job_id
         self.kind, self.share, self.target_json = kind, share, target_json
         self.stash, self.split, self.timing, self.grace_s = stash, split, timing, grace_s
@@ -201,14 +205,14 @@ class LaneRunner(PyRunner):
         self.full_below_s: float | None = None
         self._rr = 0
         try:  # builders serve a family; a target with none (e.g. no explicit arch) is built by its lanes
-            self.family = names.target_family(target_json)
+            self.family = lane_kinds.target_family(target_json)
         except ValueError:
             self.family = None
         self._builders_seen: tuple[float, bool] = (0.0, False)  # (when looked, any live)
         self._no_builders_since: float | None = None
 
     def lanes(self) -> list[LaneInfo]:
-        return [l for l in store.live_lanes(self.redis) if l.kind == self.kind and l.share == self.share]
+        return lane_kinds.serving(store.live_lanes(self.redis), self.kind, self.share)
 
     def run(self, runner_inputs: list[RunnerInput]) -> list[RunnerFuture]:
         candidates = [
@@ -304,8 +308,8 @@ class LaneRunner(PyRunner):
         lanes = self.lanes()
         return lanes[self._rr % len(lanes)].queue if lanes else None
 
-    def _wait_for_lanes(self, timeout_s: float = 60.0) -> list[LaneInfo]:
-        deadline = time.time() + timeout_s
+    def _wait_for_lanes(self) -> list[LaneInfo]:
+        deadline = time.time() + self.policy.give_up_s
         while time.time() < deadline:
             lanes = self.lanes()
             if lanes:

@@ -89,6 +89,12 @@ def export_json_database(redis, wkeys: list[str], out_dir: str) -> tuple[str, in
     return out_dir, n
 
 
+def measured_share(measured, job_share: int) -> int:
+    """A record's share: the one the lane that measured it reports (MeasureResult.share), else the job's
+    (a candidate never measured, or a lane that reported none)."""
+    return measured.share if measured is not None and measured.share is not None else job_share
+
+
 def candidate_key(wkey: str, candidate: ms.MeasureCandidate) -> str:
     """A candidate's identity in the store: its workload and its schedule trace, hashed."""
     return hashlib.sha1(f"{wkey}|{tvm.ir.save_json(candidate.sch.trace.as_json())}".encode()).hexdigest()[:24]
@@ -137,7 +143,7 @@ class StoreRecords:
                 run_secs = [float(x) for x in measured.run_secs]  # the store keeps every repeat
             recs.append(Record(
                 candidate_key=candidate_key(wkey, cand), wkey=wkey, trace=packed, run_secs=run_secs,
-                error=error, target=target, args_info=[], share=self.share,
+                error=error, target=target, args_info=[], share=measured_share(measured, self.share),
                 lane=measured.lane if measured else "", device=measured.device if measured else {},
                 job_id=self.job_id, measured_at=time.time(),
                 timing=(measured.timing or "full") if measured else "full",
