@@ -81,7 +81,7 @@ def main() -> None:
            "host": {"cpus": os.cpu_count(), "loadavg": os.getloadavg()},
            "stock": stock and {"wall_s": stock["stock_wall_s"], "trials": stock["stock_trials"],
                                "tuned_latency_us": stock["stock_latency_us"], "per_iter": stock["per_iter"]},
-           # 0: the setting's default, 128 per search thread of a client, at most 512
+           # 0: the setting's default, twice the trials a round, 64 to 512
            "search_population": int(os.environ.get("SHARETUNE_SEARCH_POPULATION", 0)),
            "rows": rows, "command": "python " + " ".join(sys.argv)}
     models = sorted({r["cost_model"] for r in rows if "wall_s" in r})
