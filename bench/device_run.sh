@@ -89,7 +89,9 @@ PY
           bash "$0" scale1-wait ;;
   scale1-wait)
     wait_for_background /tmp/scale1/scale_partA.json /tmp/scale1/driver.log '^Traceback' ${SCALE_WAIT_S:-560}
-    keep_logs /tmp/scale1/work scale1_logs ;;
+    keep_logs /tmp/scale1/work scale1_logs
+    # each row's records as TVM's JSON database, for offline analysis (a few MB compressed)
+    (cd /tmp/scale1/work && find . -type d -name records_db -print0 | tar czf "$OUT/scale1_records.tgz" --null -T -) ;;
   gpufault) nvidia-smi --query-gpu=index,uuid,name --format=csv,noheader
     timeout 280 python3 bench/gpu_fault.py "${@:2}" 2>&1 | tail -60
     keep_logs /tmp/gpu_fault gpu_fault_logs ;;

@@ -360,7 +360,26 @@ def record_stats(r, job_id: str) -> dict:
                    build_cpu_s_p90=round(cpu[int(0.9 * (len(cpu) - 1))], 3), build_cpu_s_max=round(cpu[-1], 3),
                    build_cpu_s_total=round(sum(cpu), 1), built=len(cpu),
                    build_cpu_share_over_4s=round(sum(c for c in cpu if c > 4) / max(sum(cpu), 1e-9), 3))
+        out.update(slow_build_worth(recs))
     return out
+
+
+def slow_build_worth(recs, over_s: float = 4.0, near: float = 1.25) -> dict:
+    """What the builds over `over_s` CPU seconds bought: how many there were, how many ran within `near` of
+    their task's best, and how many tasks' bests they are (a build cap would have lost those)."""
+    from shared import store
+    from shared.ranking import rank_secs
+
+    best: dict[str, float] = {}
+    for x in recs:
+        if store.valid_record(x):
+            best[x.wkey] = min(best.get(x.wkey, float("inf")), rank_secs(x.run_secs))
+    slow = [x for x in recs if x.build_cpu_s is not None and x.build_cpu_s > over_s]
+    ran = [x for x in slow if store.valid_record(x)]
+    return {"slow_builds": len(slow),
+            "slow_builds_near_best": sum(rank_secs(x.run_secs) <= near * best[x.wkey] for x in ran),
+            "slow_builds_task_bests": sum(rank_secs(x.run_secs) == best[x.wkey] for x in ran),
+            "tasks": len(best)}
 
 
 def lane_clock(batches, start: float, end: float) -> dict:
