@@ -41,3 +41,7 @@ class LaneError(SharetuneError):
 
 class JobCancelled(SharetuneError):
     """A user cancelled the job; raised inside the tuner to leave the search between rounds."""
+
+
+class ExposureError(SharetuneError):
+    """A service would be reachable from other hosts without authentication."""

@@ -19,6 +19,12 @@ class CommonSettings(BaseSettings):
     log_level: str = "INFO"
 
 
+class ApiSettings(CommonSettings):
+    # bearer token every API request must carry (Authorization: Bearer <token>); required to serve on an
+    # address other than loopback
+    api_token: str = ""
+
+
 class LaneSettings(CommonSettings):
     """One measurer lane: its queue name says what it is (measure.cpu.<node>.p50.c0-1, measure.<gpu8>.p25;
     shared.lanes)."""

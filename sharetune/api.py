@@ -10,7 +10,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from shared.errors import JobError, ModelError, SharetuneError
+from shared.errors import ExposureError, JobError, ModelError, SharetuneError
 from shared.messages import JobResult, LaneInfo
 
 
@@ -152,7 +152,43 @@ def http_status(err: SharetuneError) -> int:
     return 422
 
 
-def make_app(redis_url: str | None = None, client=None):
+# readable without the token: they describe the API, they do not touch a job
+OPEN_PATHS = frozenset({"/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"})
+
+
+def check_exposure(host: str, token: str, published_on: str | None = None) -> None:
+    """ExposureError when the API would be reachable beyond this host with no token. `published_on`: in a
+    container, the host address its port is published on (docker-compose.yml: 127.0.0.1 unless
+    SHARETUNE_API_PUBLISH says otherwise); that address, not the container's own, is what others reach."""
+    where = published_on or host
+    if token or _loopback(where):
+        return
+    raise ExposureError(f"the API would be reachable on {where} with no token: set SHARETUNE_API_TOKEN (every "
+                        f"request then carries 'Authorization: Bearer <token>'), or serve on 127.0.0.1")
+
+
+def _loopback(host: str) -> bool:
+    import ipaddress
+
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def authorised(header: str | None, token: str) -> bool:
+    """Does an Authorization header carry the token (constant-time compare)?"""
+    import hmac
+
+    scheme, _, given = (header or "").partition(" ")
+    return scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), token.encode())
+
+
+def make_app(redis_url: str | None = None, client=None, token: str = ""):
+    """The API over a Client; with `token`, every route but the API's description answers 401 to a request
+    without 'Authorization: Bearer <token>'."""
     from fastapi import FastAPI, Request
     from fastapi.responses import FileResponse, JSONResponse, Response
 
@@ -162,6 +198,15 @@ def make_app(redis_url: str | None = None, client=None):
     app = FastAPI(title="sharetune", version="0.1.0",
                   description="Autotuning with spatially shared lanes. The Python client (sharetune.client) "
                               "is the first way in; this API is the same operations over HTTP.")
+
+    if token:
+        @app.middleware("http")
+        async def _require_token(request: Request, call_next):
+            if request.url.path in OPEN_PATHS or authorised(request.headers.get("authorization"), token):
+                return await call_next(request)
+            return JSONResponse(status_code=401, headers={"WWW-Authenticate": "Bearer"},
+                                content={"detail": "missing or wrong API token: send 'Authorization: Bearer <token>'",
+                                         "error": "Unauthorized"})
 
     @app.exception_handler(SharetuneError)
     async def _error(request: Request, err: SharetuneError):

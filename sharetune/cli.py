@@ -348,9 +348,12 @@ def cmd_report(args) -> int:
 def cmd_api(args) -> int:
     import uvicorn
 
-    from sharetune.api import make_app
+    from sharetune.api import check_exposure, make_app
+    from shared.settings import ApiSettings
 
-    uvicorn.run(make_app(_redis_url()), host=args.host, port=args.port, log_level="info")
+    token = ApiSettings().api_token
+    check_exposure(args.host, token, args.published_on)
+    uvicorn.run(make_app(_redis_url(), token=token), host=args.host, port=args.port, log_level="info")
     return 0
 
 
@@ -462,8 +465,12 @@ command("report", "write an HTML report with plots of a job", JOB,
         click.option("-o", "--out", help="HTML file (default: ./<job>-report.html)"),
         click.option("--matrix", help="a share-matrix JSON (`sharetune matrix`) to plot as well"))(cmd_report)
 command("api", "serve the HTTP API (submit, status, results, cancel; /docs, /openapi.json)",
-        click.option("--host", default="127.0.0.1", show_default=True),
-        click.option("--port", type=int, default=8000, show_default=True))(cmd_api)
+        click.option("--host", default="127.0.0.1", show_default=True,
+                     help="an address other than loopback needs SHARETUNE_API_TOKEN"),
+        click.option("--port", type=int, default=8000, show_default=True),
+        click.option("--published-on", default=None,
+                     help="in a container: the host address its port is published on (what others reach; "
+                          "loopback needs no token)"))(cmd_api)
 command("matrix", "tune at each share, serve at every share: the latency matrix\n\n"
         "Tune at each share, serve each tuned model at every share, print the tuned-at x served-at table (with 95 % "
         "intervals), the recommended share, the knee and what a share mismatch costs; write JSON + heatmap. Every "

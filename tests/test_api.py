@@ -98,3 +98,35 @@ def test_a_real_api_server(stack):
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(30)
+
+
+def test_a_token_guards_every_route_but_the_apis_description(client):
+    from fastapi.testclient import TestClient
+
+    from sharetune.api import make_app
+
+    guarded = TestClient(make_app(client=client, token="s3cret"))
+    assert guarded.get("/jobs").status_code == 401
+    wrong = guarded.get("/lanes", headers={"Authorization": "Bearer nope"})
+    assert wrong.status_code == 401 and wrong.headers["www-authenticate"] == "Bearer"
+    assert "Authorization: Bearer" in wrong.json()["detail"]
+    assert guarded.post("/jobs", json={"zoo": "tiny"}).status_code == 401  # nothing submitted without it
+    assert guarded.get("/jobs", headers={"Authorization": "Bearer s3cret"}).status_code == 200
+    assert guarded.get("/openapi.json").status_code == 200
+
+
+def test_the_api_is_not_reachable_beyond_this_host_without_a_token(monkeypatch, capsys):
+    from shared.errors import ExposureError
+    from sharetune.api import check_exposure
+    from sharetune.cli import main
+
+    for host in ("127.0.0.1", "localhost", "::1"):
+        check_exposure(host, "")
+    check_exposure("0.0.0.0", "tok")
+    check_exposure("0.0.0.0", "", published_on="127.0.0.1")  # compose: a container port on the host's loopback
+    for host, published in (("0.0.0.0", None), ("10.1.2.3", None), ("0.0.0.0", "0.0.0.0")):
+        with pytest.raises(ExposureError, match="SHARETUNE_API_TOKEN"):
+            check_exposure(host, "", published_on=published)
+    monkeypatch.delenv("SHARETUNE_API_TOKEN", raising=False)
+    assert main(["api", "--host", "0.0.0.0", "--port", "1"]) == 2  # refused before it listens
+    assert "no token" in capsys.readouterr().err

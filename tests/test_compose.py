@@ -10,7 +10,7 @@ import yaml
 
 from shared import lanes, names
 from shared.lanes.cpu import share_of_cores
-from shared.settings import CommonSettings, LaneSettings, LaneWaitSettings, TunerSettings, UpdaterSettings
+from shared.settings import ApiSettings, CommonSettings, LaneSettings, LaneWaitSettings, TunerSettings, UpdaterSettings
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -45,9 +45,18 @@ def test_worker_commands_name_real_apps_and_queues(compose):
 
 def _setting_variables() -> set[str]:
     fields = set()
-    for cls in (CommonSettings, LaneSettings, LaneWaitSettings, TunerSettings, UpdaterSettings):
+    for cls in (ApiSettings, CommonSettings, LaneSettings, LaneWaitSettings, TunerSettings, UpdaterSettings):
         fields |= {f"SHARETUNE_{f.upper()}" for f in cls.model_fields}
     return fields - {"SHARETUNE_REDIS_URL"} | {"REDIS_URL"}
+
+
+def test_the_api_and_flower_are_published_on_this_hosts_loopback_by_default(compose):
+    api, flower = compose["services"]["api"], compose["services"]["flower"]
+    assert api["ports"] == ["${SHARETUNE_API_PUBLISH:-127.0.0.1}:8000:8000"]
+    cmd = api["command"]
+    assert cmd[cmd.index("--published-on") + 1] == "${SHARETUNE_API_PUBLISH:-127.0.0.1}"  # the refusal sees it
+    assert "SHARETUNE_API_TOKEN" in api["environment"]
+    assert all(p.startswith("127.0.0.1:") for p in flower["ports"])
 
 
 def test_every_sharetune_variable_is_a_setting(compose):
