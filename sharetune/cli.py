@@ -136,7 +136,13 @@ def cmd_submit(args) -> int:
         return _watch(job, args.json)
     if args.wait:
         final = job.wait()
-        _print_json(job.status() if args.json else final)
+        st = job.status()
+        if args.json:
+            _print_json(st)
+        else:  # the status view, as `sharetune status JOB` prints it
+            from sharetune.progress import render
+
+            print("\n".join(render(st, time.time(), _width())))
         return 0 if final.get("state") == "done" else 1
     return 0
 
@@ -284,21 +290,28 @@ def cmd_export(args) -> int:
     wkeys = [t.wkey for t in store.job_tasks(client.redis, args.job_id)]
     out = Path(args.out or f"{args.job_id}-database")
     out.mkdir(parents=True, exist_ok=True)
+    kept = 0
     if args.format == "tvm":
         from services.tuner.metaschedule.records import export_json_database
 
-        _, n = export_json_database(client.redis, wkeys, str(out))
+        _, n, kept = export_json_database(client.redis, wkeys, str(out))
+        what = f"{n} tuning records in TVM's database"
+        if kept:
+            what += f" ({kept} workload{'s' * (kept > 1)} keep{'s' * (kept == 1)} its default schedule: no record)"
     else:
         n = 0
         with open(out / "records.jsonl", "w") as f:
             for wkey in wkeys:
                 for rec in store.records(client.redis, wkey):
-                    f.write(rec.model_dump_json() + "\n")
-                    n += 1
+                    if args.all_jobs or rec.job_id == args.job_id:
+                        f.write(rec.model_dump_json() + "\n")
+                        n += 1
+        what = f"{n} records ({'every job' if args.all_jobs else 'this job'}'s, errors too)"
     if args.json:
-        _print_json({"job_id": args.job_id, "dir": str(out.resolve()), "records": n, "format": args.format})
+        _print_json({"job_id": args.job_id, "dir": str(out.resolve()), "records": n, "format": args.format,
+                     "defaults_kept": kept})
     else:
-        print(f"{n} records of {len(wkeys)} workloads written to {out.resolve()}")
+        print(f"{what} of {len(wkeys)} workloads written to {out.resolve()}")
     return 0
 
 
@@ -457,7 +470,10 @@ command("results", "a finished job's best latency per task, tuned module and dat
 command("export", "write a job's records as TVM's JSON database (or JSON lines)", JOB,
         click.option("-o", "--out", help="directory (default: ./<job>-database)"),
         click.option("--format", type=click.Choice(["tvm", "jsonl"]), default="tvm", show_default=True,
-                     help="tvm: database_workload.json + database_tuning_record.json; jsonl: every record, errors too"),
+                     help="tvm: database_workload.json + database_tuning_record.json (every workload's best "
+                          "records, as TVM applies them); jsonl: the job's records, errors too"),
+        click.option("--all-jobs", is_flag=True,
+                     help="jsonl: every job's records of the job's workloads (identical workloads share records)"),
         JSON)(cmd_export)
 command("lanes", "live measurer lanes (one line per worker)", JSON)(cmd_lanes)
 command("cancel", "stop a job after the round in flight", JOB, JSON)(cmd_cancel)

@@ -113,7 +113,7 @@ def finish_job(send, redis, job_id: str, work_dir: Path, grace_s: float = 120.0)
     t_compile = time.time()
     from services.tuner.metaschedule.compile import compile_tuned, compile_untuned
 
-    db_dir, _ = export_json_database(redis, [t.wkey for t in tasks], str(job_dir / "database"))
+    db_dir = export_json_database(redis, [t.wkey for t in tasks], str(job_dir / "database")).dir
     model = load_ir(store.job_model(redis, job_id).decode())
     tuned = compile_tuned(model, target, db_dir, str(job_dir / "tuned.so"))
     untuned = compile_untuned(model, target, str(job_dir / "untuned.so")) if spec.untuned_baseline else None

@@ -7,6 +7,7 @@ import hashlib
 import json
 import os
 import time
+from typing import NamedTuple
 
 import tvm
 from tvm.s_tir import meta_schedule as ms
@@ -59,11 +60,20 @@ def seed_database(redis, wkeys: list[str]) -> tuple[ms.database.MemoryDatabase, 
     return db, reused
 
 
-def export_json_database(redis, wkeys: list[str], out_dir: str) -> tuple[str, int]:
+class Exported(NamedTuple):
+    """What export_json_database wrote: the directory, the tuning records in TVM's file, and the
+    workloads left without a record because their default schedule is as fast (TVM compiles the default)."""
+
+    dir: str
+    records: int
+    defaults_kept: int
+
+
+def export_json_database(redis, wkeys: list[str], out_dir: str) -> Exported:
     """Write database_workload.json + database_tuning_record.json (stock TVM's JSONDatabase) for these
-    workloads, and every repeat of every record to database_repeats.json; returns the directory and the
-    number of records written (TVM applies the same best as we report: see tvm_record). The records of a
-    workload whose best does not beat its default schedule are left out (TVM then compiles the default)."""
+    workloads, and every repeat of every record to database_repeats.json (TVM applies the same best as we
+    report: see tvm_record). The records of a workload whose best does not beat its default schedule are
+    left out of TVM's file (TVM then compiles the default); their repeats are still written."""
     os.makedirs(out_dir, exist_ok=True)
     for name in ("database_workload.json", "database_tuning_record.json", REPEATS_FILE):
         path = os.path.join(out_dir, name)
@@ -72,7 +82,7 @@ def export_json_database(redis, wkeys: list[str], out_dir: str) -> tuple[str, in
     from services.tuner.metaschedule.defaults import keeps_records
 
     db = ms.database.JSONDatabase(work_dir=out_dir, module_equality="structural")
-    n = 0
+    n, kept = 0, 0
     with open(os.path.join(out_dir, REPEATS_FILE), "w") as repeats:
         for wkey in wkeys:
             wl = db.commit_workload(load_ir(store.workload(redis, wkey).mod))
@@ -80,13 +90,14 @@ def export_json_database(redis, wkeys: list[str], out_dir: str) -> tuple[str, in
             # a task whose best does not beat its default schedule keeps the default (defaults.py)
             apply = keeps_records(rank_secs(recs[0].run_secs) if recs else None,
                                   default_secs(store.default_timing(redis, wkey)))
+            kept += bool(recs) and not apply
             for r in recs:
                 if apply:
                     db.commit_tuning_record(tvm_record(r, wl))
+                    n += 1
                 repeats.write(json.dumps({"wkey": wkey, "candidate_key": r.candidate_key, "run_secs": r.run_secs,
                                           "shared_run_secs": r.shared_run_secs, "lane": r.lane}) + "\n")
-                n += 1
-    return out_dir, n
+    return Exported(out_dir, n, kept)
 
 
 def measured_share(measured, job_share: int) -> int:
