@@ -13,6 +13,7 @@ from services.celery_app import make_celery
 from shared.errors import JobError, ModelError, StoreError
 from shared.messages import (FINAL_STATES, MAX_MODEL_BYTES, JobRef, JobResult, JobSpec, TaskProgress, check_job,
                              check_share, lane_kind)
+from shared.ranking import default_secs
 
 
 
@@ -31,11 +32,16 @@ class Job:
         st = self.state()
         tasks = {t.task_id: t for t in store.job_tasks(self.client.redis, self.job_id)}
         progress = store.job_progress(self.client.redis, self.job_id)
+        # once the job has its result, a task's best is the result's: one best in status and results
+        result = store.job_result(self.client.redis, self.job_id)
+        final = {b.task_id: b for b in result.tasks} if result else {}
         rows = []
         for tid, t in tasks.items():
             p = progress.get(tid) or TaskProgress(task_id=tid, name=t.name)
+            default_s = default_secs(store.default_timing(self.client.redis, t.wkey))
             rows.append({"task": t.name, "weight": t.weight, "trials": p.trials, "errors": p.errors,
-                         "best_us": p.best_us, "reused_trials": p.reused_trials})
+                         "best_us": final[tid].best_us if tid in final else p.best_us,
+                         "default_us": 1e6 * default_s if default_s else None, "reused_trials": p.reused_trials})
         spec = store.job_spec(self.client.redis, self.job_id)
         shards = [{"shard": sh.shard, "state": sh.state, "owner": sh.owner, "attempts": sh.attempts,
                    "tasks": len(sh.task_ids)} for sh in store.shards(self.client.redis, self.job_id).values()]

@@ -112,8 +112,12 @@ def live_view(st: dict, now: float):
 
 
 def _job_estimate_us(st: dict) -> float | None:
-    """The model's latency as its tasks' best latencies times their weights (None until every task has one)."""
+    """The model's latency as its tasks' latencies times their weights: a task's best, or its default
+    schedule's time when that is faster or nothing was measured yet (what the compiled model runs). None
+    while a task has neither."""
     tasks = st.get("tasks") or []
-    if not tasks or any(t["best_us"] is None for t in tasks):
+    per_task = [min((x for x in (t.get("best_us"), t.get("default_us")) if x is not None), default=None)
+                for t in tasks]
+    if not tasks or any(x is None for x in per_task):
         return None
-    return sum(t["best_us"] * t["weight"] for t in tasks)
+    return sum(x * t["weight"] for x, t in zip(per_task, tasks))

@@ -40,6 +40,9 @@ def test_status_reports_trials_and_best_latency(tuned_tiny):
     assert st["state"] == "done"
     assert sum(t["trials"] for t in st["tasks"]) == tuned_tiny.result().trials
     assert all(t["best_us"] is None or t["best_us"] > 0 for t in st["tasks"])
+    # one best: what status says of a finished job is what its result says
+    assert {t["task"]: t["best_us"] for t in st["tasks"]} == {b.name: b.best_us for b in tuned_tiny.result().tasks}
+    assert all(t["default_us"] and t["default_us"] > 0 for t in st["tasks"])  # each default schedule was timed
 
 
 def test_tuned_module_matches_pytorch(tuned_tiny):

@@ -27,9 +27,13 @@ def test_render_shows_every_task_with_best_latency():
     assert lines[0].startswith("job j1 (tiny, llvm at 50 %): tuning")
     assert "10/20 trials" in lines[1] and "ETA 10s" in lines[1]
     assert len(lines) == 4 and "123.4 us" in lines[2] and "best          -" in lines[3]
-    # the model estimate needs every task's best
+    # the model estimate needs every task's best, or its default schedule's time where that is known
     assert "x weight -" in lines[1]
     assert "x weight 1.12 ms" in render(_status(best=(100.0, 510.0)), now=1010.0)[1]
+    st = _status()
+    st["tasks"][1]["default_us"] = 200.0  # no trial yet: the default schedule runs
+    st["tasks"][0]["default_us"] = 50.0  # faster than the best found: the default is kept
+    assert "x weight 450.0 us" in render(st, now=1010.0)[1]
 
 
 def test_formatting():

@@ -163,7 +163,7 @@ class StoreRecords:
             prog.trials += 1
             if error is not None or not run_secs:
                 prog.errors += 1
-            else:
+            elif recs[-1].timing == "full":  # a brief figure is a screening, never a task's best (as in results)
                 us = 1e6 * rank_secs(run_secs)
                 prog.best_us = us if prog.best_us is None else min(prog.best_us, us)
         self.progress[prog.task_id] = prog
