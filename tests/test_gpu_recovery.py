@@ -376,3 +376,46 @@ def test_a_recovery_records_its_phases_and_forgets_the_ended_lanes(tmp_path, red
 
 def lanes_of_gpu(info, gpu8):
     return info.queue.split(".")[1] == gpu8
+
+
+def test_a_gpu_lane_clears_the_suspects_that_answer_alone_and_quarantines_the_one_that_faults(redis_url, monkeypatch):
+    """The lane's own code path on a fake GPU: four suspects of an earlier incident (count 1 each) are
+    re-sent; each runs alone, the culprit faults, the lane ends, and its unanswered suspect runs alone on
+    a restarted lane."""
+    import uuid
+
+    from services.measurer import worker as lane_worker
+    from shared import lanes
+    from shared.messages import Candidate, MeasureBatch, MeasureResult, TimingConfig
+    from shared.settings import LaneSettings
+
+    r = store.connect(redis_url)
+    r.flushdb()
+    salt = uuid.uuid4().hex
+    cands = [Candidate(candidate_id=f"c{i}", mod=f"{salt}-{i}", args_info=[]) for i in range(4)]
+    hashes = [store.candidate_hash(c.mod) for c in cands]
+    bad = "c2"
+    for h in hashes:
+        r.hset(names.CRASHES_KEY, h, 1)  # in flight when the GPU faulted beside its neighbours
+    monkeypatch.setattr(lane_worker, "_cuda_alive", lambda: True)
+
+    def run_on(lane, batch):
+        lane._gpu_shared = lambda: True
+        fake_gpu = (MeasureResult(candidate_id=c.candidate_id, run_secs=None if c.candidate_id == bad else [1e-3],
+                                  error="run failed: CUDA: an illegal memory access was encountered"
+                                  if c.candidate_id == bad else None) for c in batch.candidates)
+        guard = dict(max_crashes=2, lane=LANE_A, job_id="j", batch_id=batch.batch_id)
+        return {res.candidate_id: res for res in lane._in_process(batch, fake_gpu, {}, guard)}
+
+    batch = MeasureBatch(batch_id="b1", job_id="j", target="", timing=TimingConfig(timeout_s=30), candidates=cands)
+    first = lane_worker.LaneWorker(LaneSettings(max_crashes=2), lanes.parse(LANE_A), r)
+    answered = run_on(first, batch)
+    assert sorted(answered) == ["c0", "c1", "c2"] and first.gpu_fault  # c3 unanswered: the lane's context died
+    assert answered["c2"].error.startswith("quarantined after 2 crashes") and answered["c0"].error is None
+    assert [store.quarantined(r, h) is not None for h in hashes] == [False, False, True, False]
+    assert store.crash_count(r, hashes[0]) == 0 and store.crash_count(r, hashes[3]) == 1
+    assert [f.role for f in store.gpu_faults(r, GPU_A)] == ["culprit"]  # faulted alone: named
+    resent = batch.model_copy(update={"batch_id": "b2", "candidates": [cands[3]]})
+    again = run_on(lane_worker.LaneWorker(LaneSettings(max_crashes=2), lanes.parse(LANE_A), r), resent)
+    assert again["c3"].error is None and store.crash_count(r, hashes[3]) == 0
+    assert sum(store.suspect_runs(r, GPU_A).values()) == 4  # each suspect ran alone once

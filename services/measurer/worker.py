@@ -228,11 +228,12 @@ class LaneWorker:
                 yield poison.quarantined_result(quarantined[cand.candidate_id], cand.candidate_id)
                 continue
             chash = store.candidate_hash(cand.mod)
-            crashes = store.crash_pending(r, chash)
-            alone = gate is not None and runs_alone(crashes)
-            if alone:
-                store.count_suspect_run(r, self.fault_domain, chash)
+            alone = gate is not None and runs_alone(store.crash_count(r, chash) + 1)
             with gate.alone() if alone else gate.ordinary() if gate is not None else nullcontext():
+                # raised once it has the GPU, not while it waits: a lane ended in the wait blames no one
+                crashes = store.crash_pending(r, chash)
+                if alone:
+                    store.count_suspect_run(r, self.fault_domain, chash)
                 if gpu_lane:
                     self.watchdog().arm(watchdog_allowance_s(batch.timing.timeout_s, self.pool is not None),
                                         batch_id=batch.batch_id, candidate_id=cand.candidate_id, chash=chash,
