@@ -268,7 +268,10 @@ class LaneWorker:
 
     # ------------------------------------------------------------------------- GPU faults
     def _gpu_shared(self) -> bool:
-        """Does another live lane worker use this lane's GPU (so a fault here may be a neighbour's)?"""
+        """May another lane worker use this lane's GPU (so a fault here may be a neighbour's)? Always below
+        100 %: neighbours that saw the same fault first may already have left the lane list."""
+        if self.lane.share < 100:
+            return True
         me = self.worker
         try:
             return any(l.worker != me and lanes.fault_domain(l.queue) == self.fault_domain
