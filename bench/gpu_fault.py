@@ -49,11 +49,12 @@ class Scenario:
     gpu_maker: str  # function of this module
     cpu_maker: str  # function of tests/faultlib.py (the rehearsal)
     poison_on_gpu: bool  # whether its candidate must end quarantined on the GPU
+    weight: float  # its part of the time budget: two GPU recoveries, a watchdog's wait on top, none
 
 
-SCENARIOS = (Scenario("illegal address", "faulting_candidate", "segv_at_run", True),
-             Scenario("hung kernel", "hanging_candidate", "hang_at_run", True),
-             Scenario("launch failure", "oversized_launch_candidate", "segv_at_build", False))
+SCENARIOS = (Scenario("illegal address", "faulting_candidate", "segv_at_run", True, 1.0),
+             Scenario("hung kernel", "hanging_candidate", "hang_at_run", True, 1.3),
+             Scenario("launch failure", "oversized_launch_candidate", "segv_at_build", False, 0.3))
 
 
 # ---- pure parts ----------------------------------------------------------------------------------------
@@ -290,8 +291,9 @@ def main() -> int:
         jobs = list({j.job_id: j for j in (job_a, bystander)}.values())
         wait_for(lambda: job_a.state().get("state") in ("tuning", "done", "failed"), deadline)
         for i, sc in enumerate(wanted):
-            # a later row keeps time for itself and for the jobs to finish
-            row_deadline = min(deadline - 20, time.time() + (deadline - 20 - time.time()) / (len(wanted) - i))
+            # each row its part of what is left, keeping 20 s for the jobs to finish
+            share = sc.weight / sum(s.weight for s in wanted[i:])
+            row_deadline = time.time() + max(0.0, deadline - 20 - time.time()) * share
             result["rows"].append(run_row(sc, makers[sc.name], stack, client, plan, row_deadline, rehearse))
         wait_for(lambda: all(j.state().get("state") in FINAL_STATES for j in jobs), deadline, 0.5)
         states = {j.job_id: j.state() for j in jobs}
