@@ -59,8 +59,8 @@ PY
           timeout 585 python3 bench/share_matrix.py "${@:2}" 2>&1 | tail -60
           tar czf "$OUT/matrix_logs.tgz" -C /tmp/share_matrix . --exclude='*.so' --exclude=redis --exclude=database \
               --exclude='*.npz' --exclude=ms 2>/dev/null ;;
-  # GPU 0 4x25 % (job A, illegal-address + hung-kernel culprits), GPU 1 2x50 % (job B, bystander):
-  # rows in $OUT/gpu_fault_h200.json (<= 280 s; the script stops waiting at 240 s)
+  # issue 22, one GPU: 4x25 % lanes (job A; illegal-address, hung-kernel and launch-failure culprits) and a
+  # CPU lane (the bystander job): rows in $OUT/gpu_fault_h200.json (<= 280 s; the script stops waiting at 240 s)
   # issue 12: stock's window beside the 16-core configurations (A), the 32-core and two-GPU ones (B); the
   # stage-by-stage CUDA build profile runs beside A on core 15 (ours: a handicap to the service, not stock)
   scale) part=${2:-A}

@@ -1,20 +1,29 @@
-"""On the GPU machine: GPU fault containment with two GPUs busy. Job A tunes on GPU 0's four 25 % MPS lanes,
-job B at the same time on GPU 1's two 50 % lanes (another share, so B's candidates never go to GPU 0).
-Two rows, one stack:
+"""On the GPU machine: GPU fault containment on one GPU. Job A tunes on GPU 0's four 25 % MPS lanes, where the
+faults are injected; a bystander job tunes on a CPU lane all the while (it must not stall). One stack, one
+row per scenario:
 
-  illegal address  a kernel that writes 4 TiB past its buffer, sent to GPU 0's lanes until quarantined
+  illegal address  a kernel that writes 4 TiB past its buffer (error 700 reaches every MPS client of the GPU)
   hung kernel      a kernel that spins forever; the lane's watchdog reports it and the lane exits
+  launch failure   a kernel asking for more shared memory than a block may have: an ordinary launch error,
+                   answered as an error with the lane kept (not poison: nothing to quarantine, no recovery)
 
-Each culprit is sent up to three times: the 1st and 2nd fault GPU 0 (every client of its MPS server is
-ended, the lanes start again), the 2nd quarantines it (SHARETUNE_MAX_CRASHES 2), the 3rd is answered
-"quarantined" without running. Job A's candidates in flight at a fault are re-run alone and cleared.
+Each culprit is sent as the tuner would re-send it (up to four times): beside job A's candidates the GPU's
+fault makes every candidate in flight a suspect; re-sent, each suspect runs alone (services.measurer.
+isolation), so the culprit faults alone and is quarantined (SHARETUNE_MAX_CRASHES 2) while job A's innocents
+are cleared; the last send must be answered "quarantined" without running.
 
-Per row: jobs_completed, culprit_quarantined, innocents_quarantined, recovery_s (first fault -> GPU 0's
-lanes live again), lost_candidates, other_gpu_trials_during_fault (job B's trials measured on GPU 1 while
-GPU 0 was down). On one GPU there is no job B (other_gpu_trials_during_fault: null). Writes
-$OUT/gpu_fault_h200.json.
+Per row: jobs_completed, culprit_quarantined, innocents_quarantined, lost_candidates (claimed minus recorded,
+from the store: shared.store.trial_accounting, both jobs, whole run), suspect_reruns, recovery_s (first
+fault -> the GPU's lanes measuring again, from the supervisor's phase times) and the phases of each recovery
+(seconds after the fault: detected, clients ended, MPS restarted, lanes started, live, first batch).
+Writes $OUT/gpu_fault_h200.json.
+
+`--rehearse`: the same driver on CPU lanes (no GPU): the culprits are the sandbox's crash, hang and build
+crash (tests/faultlib.py; SHARETUNE_TEST_FAULT_HOOKS), which a CPU lane quarantines without a recovery.
+Writes $OUT/gpu_fault_rehearsal.json.
 
     bash bench/device_run.sh gpufault            # or: python3 bench/gpu_fault.py [--budget-s 240]
+    python bench/gpu_fault.py --rehearse         # on CPU
 """
 from __future__ import annotations
 
@@ -23,58 +32,93 @@ import json
 import os
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(REPO), str(REPO / "tests")]
 
-ROWS = ("illegal address", "hung kernel")
 INJECT_TIMEOUT_S = 2.0  # the injected batch's run timeout: the watchdog's allowance is 2x this plus its margin
 WATCHDOG_MARGIN_S = 5.0
+MAX_SENDS = 4
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    gpu_maker: str  # function of this module
+    cpu_maker: str  # function of tests/faultlib.py (the rehearsal)
+    poison_on_gpu: bool  # whether its candidate must end quarantined on the GPU
+    weight: float  # its part of the time budget: two GPU recoveries, a watchdog's wait on top, none
+
+
+SCENARIOS = (Scenario("illegal address", "faulting_candidate", "segv_at_run", True, 1.0),
+             Scenario("hung kernel", "hanging_candidate", "hang_at_run", True, 1.3),
+             Scenario("launch failure", "oversized_launch_candidate", "segv_at_build", False, 0.3))
 
 
 # ---- pure parts ----------------------------------------------------------------------------------------
 
-def plan_lanes(uuids: list[str]) -> dict:
-    """Lane queues of the run: GPU 0 at 4x25 % (job A, where faults are injected), GPU 1 at 2x50 %
-    (job B, the bystander) when there is one."""
+def plan_lanes(uuids: list[str], cores: int) -> dict:
+    """Lane queues of the run: GPU 0 at 4x25 % (job A, where faults are injected) and one CPU lane on the
+    last core (the bystander). The rehearsal (no GPU): two CPU lanes, job A's injections on the first."""
+    from shared import lanes as lane_kinds
     from shared.ids import gpu8
 
-    u8 = [gpu8(u) for u in uuids]
-    plan = {"faulted": f"measure.{u8[0]}.p25", "faulted_gpu8": u8[0], "lanes": [f"measure.{u8[0]}.p25"] * 4,
-            "other": None, "other_gpu8": None}
-    if len(u8) > 1:
-        plan.update(other=f"measure.{u8[1]}.p50", other_gpu8=u8[1])
-        plan["lanes"] += [plan["other"]] * 2
-    return plan
+    def queue(q: str) -> str:  # the lane's full queue name on this host (a CPU lane's carries its share)
+        return lane_kinds.parse(q).queue
+
+    if not uuids:
+        cpus = [queue("measure.cpu.c0"), queue("measure.cpu.c1")] if cores >= 2 else [queue("measure.cpu.c0")]
+        return {"faulted": cpus[0], "faulted_gpu8": None, "lanes": cpus, "bystander": cpus[-1]}
+    u8 = gpu8(uuids[0])
+    gpu, cpu = queue(f"measure.{u8}.p25"), queue(f"measure.cpu.c{cores - 1}")
+    return {"faulted": gpu, "faulted_gpu8": u8, "lanes": [gpu] * 4 + [cpu], "bystander": cpu}
 
 
-def trials_in_window(batches: list[dict], start: float, end: float) -> int:
-    """Trials answered without error by batches that finished inside [start, end]."""
-    return sum(b["candidates"] - b["errors"] for b in batches if start <= b["finished_at"] <= end)
+def phase_times(phases: dict) -> dict:
+    """A recovery's phase times as seconds after its fault (or after its detection, with no report)."""
+    t0 = phases.get("fault_at") or phases.get("detected_at")
+    keys = ("detected_at", "clients_ended_at", "mps_restarted_at", "lanes_started_at", "lanes_live_at",
+            "first_batch_at")
+    return {k.removesuffix("_at") + "_s": (round(phases[k] - t0, 2) if phases.get(k) and t0 else None) for k in keys}
 
 
-def row_figures(row: dict, culprit: str, quarantined: list[dict], other_batches: list[dict] | None) -> dict:
-    """The figures of one row from what it saw: quarantine entries written during the row other than
-    the culprit's are innocents; job B's trials between the row's first fault and GPU 0's lanes live again."""
-    t0, t1 = row.get("first_fault_at"), row.get("lanes_back_at")
-    in_row = [q for q in quarantined if row["started_at"] <= q["at"] <= row.get("ended_at", float("inf"))]
-    row["culprit_quarantined"] = any(q["candidate_hash"] == culprit for q in quarantined)
-    row["innocents_quarantined"] = sum(1 for q in in_row if q["candidate_hash"] != culprit)
-    row["recovery_s"] = round(t1 - t0, 2) if t0 and t1 else None
-    row["other_gpu_trials_during_fault"] = (trials_in_window(other_batches, t0, t1)
-                                            if other_batches is not None and t0 and t1 else None)
+def recovery_s(phases: dict) -> float | None:
+    """First fault -> the GPU's lanes measuring again (a batch answered, else all lanes live again)."""
+    t0 = phases.get("fault_at") or phases.get("detected_at")
+    back = phases.get("first_batch_at") or phases.get("lanes_live_at")
+    return round(back - t0, 2) if t0 and back else None
+
+
+def row_figures(row: dict, quarantined: list[dict], recoveries: list[dict], gpu8: str | None) -> dict:
+    """A row's figures from what the store and the supervisor saw during it: quarantine entries other than
+    the culprit's are innocents; the recoveries of the faulted GPU that began inside the row."""
+    start, end = row["started_at"], row.get("ended_at", float("inf"))
+    in_row = [q for q in quarantined if start <= q["at"] <= end]
+    row["culprit_quarantined"] = any(q["candidate_hash"] == row["culprit"] for q in quarantined)
+    row["innocents_quarantined"] = sum(1 for q in in_row if q["candidate_hash"] != row["culprit"])
+    phases = [e["phases"][gpu8] for e in recoveries
+              if gpu8 and gpu8 in e.get("phases", {}) and start <= e["detected_at"] <= end]
+    row["recoveries"] = [phase_times(p) for p in phases]
+    row["recovery_s"] = recovery_s(phases[0]) if phases else None
     return row
 
 
 # ---- the culprits ----------------------------------------------------------------------------------------
 
-def faulting_candidate(cid: str):
+def _candidate(f, cid: str):
     import tvm
-    from tvm.script import tirx as T
 
     from services.measurer.metaschedule.codec import dump_ir
     from shared.messages import Candidate
+
+    return Candidate(candidate_id=cid, mod=dump_ir(tvm.IRModule({"main": f})),
+                     args_info=[["TENSOR", "float32", [1024]]] * 2)
+
+
+def faulting_candidate(cid: str):
+    from tvm.script import tirx as T
 
     @T.prim_func
     def f(A: T.Buffer((1024,), "float32"), B: T.Buffer((1024,), "float32")):
@@ -83,18 +127,13 @@ def faulting_candidate(cid: str):
             for tx in T.thread_binding(128, thread="threadIdx.x"):
                 B[T.Cast("int64", bx * 128 + tx) + T.int64(1099511627776)] = A[bx * 128 + tx]
 
-    return Candidate(candidate_id=cid, mod=dump_ir(tvm.IRModule({"main": f})),
-                     args_info=[["TENSOR", "float32", [1024]]] * 2)
+    return _candidate(f, cid)
 
 
 def hanging_candidate(cid: str):
     """2^40 dependent multiply-adds per thread (~40 min on an H200): it spins past any timeout. A finite
     loop whose result is stored, so the CUDA compiler may not delete it as an infinite loop without effects."""
-    import tvm
     from tvm.script import tirx as T
-
-    from services.measurer.metaschedule.codec import dump_ir
-    from shared.messages import Candidate
 
     @T.prim_func
     def f(A: T.Buffer((1024,), "float32"), B: T.Buffer((1024,), "float32")):
@@ -104,8 +143,24 @@ def hanging_candidate(cid: str):
                 for i in T.serial(T.int64(1099511627776)):
                     B[bx * 128 + tx] = B[bx * 128 + tx] * A[bx * 128 + tx] + T.float32(1)
 
-    return Candidate(candidate_id=cid, mod=dump_ir(tvm.IRModule({"main": f})),
-                     args_info=[["TENSOR", "float32", [1024]]] * 2)
+    return _candidate(f, cid)
+
+
+def oversized_launch_candidate(cid: str):
+    """256 KiB of dynamic shared memory per block, past the H200's 227 KiB: the launch is refused (an
+    ordinary, non-sticky error; the context lives on)."""
+    from tvm.script import tirx as T
+
+    @T.prim_func
+    def f(A: T.Buffer((1024,), "float32"), B: T.Buffer((1024,), "float32")):
+        T.func_attr({"global_symbol": "main"})
+        for bx in T.thread_binding(8, thread="blockIdx.x"):
+            for tx in T.thread_binding(128, thread="threadIdx.x"):
+                S = T.alloc_buffer((65536,), "float32", scope="shared.dyn")
+                S[tx * 512] = A[bx * 128 + tx]
+                B[bx * 128 + tx] = S[tx * 512]
+
+    return _candidate(f, cid)
 
 
 def wait_for(pred, deadline: float, poll_s: float = 0.1):
@@ -119,123 +174,157 @@ def wait_for(pred, deadline: float, poll_s: float = 0.1):
 
 # ---- the run ---------------------------------------------------------------------------------------------
 
-def run_row(kind: str, make, stack, client, plan: dict, deadline: float) -> dict:
-    """Inject one culprit up to three times; returns the row's raw observations."""
+def run_row(sc: Scenario, make, stack, client, plan: dict, deadline: float, rehearse: bool) -> dict:
+    """Send one culprit as a tuner would re-send it, until it is answered "quarantined" without running
+    (a poison scenario) or answered at all (an ordinary error); returns the row's raw observations."""
     import faultlib
     from shared import store
 
     r = client.redis
     u8, queue = plan["faulted_gpu8"], plan["faulted"]
-    bad = make(f"{kind[:4]}0")
+    bad = make(f"{sc.name[:4]}0", int(time.time()) % 100000) if rehearse else make(f"{sc.name[:4]}0")
     chash = store.candidate_hash(bad.mod)
-    row = {"scenario": f"GPU 0 4x25 % lanes: {kind} candidate injected until quarantined", "culprit": chash,
-           "started_at": time.time(), "injections": []}
-    lane = next(l for l in client.lanes() if l.queue == queue)
-    for n in (1, 2, 3):
+    poison = True if rehearse else sc.poison_on_gpu
+    row = {"scenario": sc.name, "culprit": chash, "poison": poison, "started_at": time.time(), "injections": [],
+           "suspect_runs_before": sum(store.suspect_runs(r, u8).values()) if u8 else 0}
+    faults = (lambda: store.gpu_faults(r, u8)) if u8 else (lambda: [])
+    for n in range(1, MAX_SENDS + 1):
         if time.time() > deadline:
             row["stopped"] = "time budget spent"
             break
-        inj = {"n": n}
+        lane = wait_for(lambda: next((l for l in client.lanes() if l.queue == queue), None), deadline, 0.2)
+        if lane is None:
+            row["stopped"] = "no live lane to send to"
+            break
+        inj = {"n": n, "quarantined_before": store.quarantined(r, chash) is not None}
         row["injections"].append(inj)
-        seen = len(store.gpu_faults(r, u8))
+        seen, recovered = len(faults()), len(stack.recoveries)
         t0 = time.time()
-        batch_id = f"gpufault-{kind[:4]}-{n}-{int(t0)}"
+        batch_id = f"gpufault-{sc.name[:4]}-{n}-{int(t0 * 1000)}"
         faultlib.send_batch(client, lane, [bad.model_copy(update={"candidate_id": f"bad{n}"})], batch_id,
                             timeout_s=INJECT_TIMEOUT_S)
-        if store.quarantined(r, chash) is not None:  # answered without running, no fault
-            res = wait_for(lambda: store.batch_results(r, batch_id)[1].get(f"bad{n}"), deadline)
-            inj.update(answered=res.error[:200] if res else None, answer_s=round(time.time() - t0, 2),
-                       new_faults=len(store.gpu_faults(r, u8)) - seen)
-            break
-        faults = wait_for(lambda: store.gpu_faults(r, u8)[seen:], deadline)
-        if not faults:
-            inj["detected"] = False
-            break
-        first = min(f.at for f in faults)
-        row.setdefault("first_fault_at", first)
-        inj["detect_s"] = round(first - t0, 2)
-        back = wait_for(lambda: (len([l for l in client.lanes() if l.queue == queue and l.started_at > first]) >= 4)
-                        and time.time(), deadline, 0.2)
-        inj["lanes_back_s"] = round(back - first, 2) if back else None
-        if back and n == 1:
-            row["lanes_back_at"] = back
-        time.sleep(1.0)  # neighbours' reports of the same incident
-        inj["faults"] = [{"role": f.role, "culprit": f.candidate_hash == chash, "error": f.error[:200]}
-                         for f in store.gpu_faults(r, u8)[seen:]]
+        answer = lambda: store.batch_results(r, batch_id)[1].get(f"bad{n}")  # noqa: E731
+        # a lane that aborts with its context reports nothing: the supervisor's recovery shows the fault
+        wait_for(lambda: answer() or faults()[seen:] or len(stack.recoveries) > recovered, deadline)
+        new, events = faults()[seen:], stack.recoveries[recovered:]
+        if new or events:
+            first = min([f.at for f in new] + [e["detected_at"] for e in events])
+            row.setdefault("first_fault_at", first)
+            inj["detect_s"] = round(first - t0, 2)
+            back = wait_for(lambda: (len([l for l in client.lanes() if l.queue == queue and l.started_at > first])
+                                     >= plan["lanes"].count(queue)) and time.time(), deadline, 0.2)
+            inj["lanes_back_s"] = round(back - first, 2) if back else None
+            time.sleep(0.5)  # neighbours' reports of the same incident
+            inj["faults"] = [{"role": f.role, "culprit": f.candidate_hash == chash, "error": f.error[:200]}
+                             for f in faults()[seen:]]
+        res = answer()
+        inj["answered"] = res.error[:200] if res and res.error else ("ok" if res else None)
         inj["crash_count"] = store.crash_count(r, chash)
         inj["quarantined"] = store.quarantined(r, chash) is not None
-        if not back:
+        if inj["quarantined_before"]:
+            inj["ran"] = bool(new or events)  # a quarantined candidate must be answered without running
+            break
+        if res is not None and not poison and not (new or events):
+            break  # an ordinary error: answered, the lane kept
+        if (new or events) and not inj.get("lanes_back_s"):
             break
     row["ended_at"] = time.time()
-    row["gpus_given_up"] = dict(stack.gpus_given_up)
+    if u8:
+        row["suspect_reruns"] = sum(store.suspect_runs(r, u8).values()) - row.pop("suspect_runs_before")
+    else:
+        row["suspect_reruns"] = row.pop("suspect_runs_before")
     return row
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--budget-s", type=float, default=240.0, help="stop waiting after this long in all (stack start included)")
-    ap.add_argument("--work", default="/tmp/gpu_fault")
-    ap.add_argument("--trials", type=int, default=16, help="trials of each job")
-    ap.add_argument("--rows", default=",".join(ROWS), help=f"comma-separated, of: {', '.join(ROWS)}")
+    ap.add_argument("--budget-s", type=float, default=None,
+                    help="stop waiting after this long in all, stack start included (240; rehearsal 1200)")
+    ap.add_argument("--work", default=None)
+    ap.add_argument("--trials", type=int, default=None, help="trials of each job (32; rehearsal 8)")
+    ap.add_argument("--rows", default=",".join(s.name for s in SCENARIOS),
+                    help=f"comma-separated, of: {', '.join(s.name for s in SCENARIOS)}")
+    ap.add_argument("--rehearse", action="store_true", help="on CPU lanes, with the sandbox's fake faults")
     args = ap.parse_args()
+    rehearse = args.rehearse
+    budget_s = args.budget_s or (1200.0 if rehearse else 240.0)
+    trials = args.trials or (8 if rehearse else 32)
+    work = Path(args.work or ("/tmp/gpu_fault_rehearsal" if rehearse else "/tmp/gpu_fault"))
     out = Path(os.environ.get("OUT", "/tmp/out"))
     out.mkdir(parents=True, exist_ok=True)
-    os.environ["SHARETUNE_WATCHDOG_MARGIN_S"] = str(WATCHDOG_MARGIN_S)  # lanes inherit it
+    os.environ["SHARETUNE_WATCHDOG_MARGIN_S"] = str(WATCHDOG_MARGIN_S)  # lanes inherit these
     os.environ.setdefault("SHARETUNE_MAX_CRASHES", "2")
+    if rehearse:
+        os.environ["SHARETUNE_TEST_FAULT_HOOKS"] = "1"  # the build crash's hook (tests only, and this)
+        os.environ.setdefault("TVM_NUM_THREADS", "1")
+        os.environ.setdefault("SHARETUNE_SEARCH_POPULATION", "128")
 
     import faultlib
-    from services.measurer.observers import make_observer
     from shared import store
     from shared.messages import FINAL_STATES
     from sharetune.client import Client
     from sharetune.stack import Stack
 
     t_begin = time.time()
-    deadline = t_begin + args.budget_s
-    gpus = make_observer().inventory()
-    plan = plan_lanes([g.uuid for g in gpus])
-    result: dict = {"gpus": [g.name for g in gpus], "lanes": plan["lanes"], "rows": [],
-                    "note": None if plan["other"] else "one GPU: no bystander job; other_gpu_trials_during_fault is null"}
-    makers = {"illegal address": faulting_candidate, "hung kernel": hanging_candidate}
-    wanted = [k.strip() for k in args.rows.split(",") if k.strip() in makers]
-    with Stack(Path(args.work), lanes=plan["lanes"], log_level="INFO") as stack:
+    deadline = t_begin + budget_s
+    gpus = []
+    if not rehearse:
+        from services.measurer.observers import make_observer
+
+        gpus = make_observer().inventory()
+    if not rehearse and not gpus:
+        print("no GPU: run with --rehearse on CPU", file=sys.stderr)
+        return 2
+    plan = plan_lanes([g.uuid for g in gpus], os.cpu_count() or 1)
+    wanted = [s for s in SCENARIOS if s.name in {k.strip() for k in args.rows.split(",")}]
+    makers = {s.name: getattr(faultlib, s.cpu_maker) if rehearse else globals()[s.gpu_maker] for s in wanted}
+    result: dict = {"rehearsal": rehearse, "gpus": [g.name for g in gpus], "lanes": plan["lanes"], "rows": []}
+    with Stack(work, lanes=plan["lanes"], log_level="INFO") as stack:
         result["stack_up_s"] = round(time.time() - t_begin, 1)
         client = Client(stack.redis_url)
         r = client.redis
-        job_a = client.submit("tiny", target="cuda", share=25, trials=args.trials, trials_per_iter=8, seed=0)
-        job_b = (client.submit("tiny", target="cuda", share=50, trials=args.trials, trials_per_iter=8, seed=1)
-                 if plan["other"] else None)
+        a_target = "llvm" if rehearse else "cuda"
+        job_a = client.submit("tiny", target=a_target, share=None if rehearse else 25, trials=trials,
+                              trials_per_iter=4 if rehearse else 8, seed=0)
+        bystander = (job_a if rehearse and plan["bystander"] == plan["faulted"] else
+                     client.submit("tiny", target="llvm", trials=trials, trials_per_iter=4 if rehearse else 8, seed=1))
+        jobs = list({j.job_id: j for j in (job_a, bystander)}.values())
         wait_for(lambda: job_a.state().get("state") in ("tuning", "done", "failed"), deadline)
-        for i, kind in enumerate(wanted):
-            # the later row keeps time for itself and for the jobs to finish
-            row_deadline = min(deadline - 20, time.time() + (deadline - 20 - time.time()) / (len(wanted) - i))
-            result["rows"].append(run_row(kind, makers[kind], stack, client, plan, row_deadline))
-        jobs = [j for j in (job_a, job_b) if j is not None]
+        for i, sc in enumerate(wanted):
+            # each row its part of what is left, keeping 20 s for the jobs to finish
+            share = sc.weight / sum(s.weight for s in wanted[i:])
+            row_deadline = time.time() + max(0.0, deadline - 20 - time.time()) * share
+            result["rows"].append(run_row(sc, makers[sc.name], stack, client, plan, row_deadline, rehearse))
         wait_for(lambda: all(j.state().get("state") in FINAL_STATES for j in jobs), deadline, 0.5)
         states = {j.job_id: j.state() for j in jobs}
-        figures = faultlib.job_figures(r, job_a, args.trials)
+        accounting = {j.job_id: store.trial_accounting(r, j.job_id) for j in jobs}
         quarantined = [q.model_dump() for q in store.quarantined_all(r)]
-        other_batches = ([b.model_dump() for b in store.lane_batches(r, job_b.job_id)] if job_b else None)
+        by_batches = store.lane_batches(r, bystander.job_id)
         for row in result["rows"]:
-            row_figures(row, row["culprit"], quarantined, other_batches)
+            row_figures(row, quarantined, stack.recoveries, plan["faulted_gpu8"])
             row["jobs_completed"] = sum(1 for s in states.values() if s.get("state") == "done")
-            row["lost_candidates"] = figures["candidates_lost"]  # job A's, over the whole run (both rows)
-        result["jobs"] = {j: {"state": s.get("state"), "error": s.get("error"), "gpu_error": s.get("gpu_error")}
-                          for j, s in states.items()}
-        result["job_a"] = figures
+            row["lost_candidates"] = sum(a["lost"] for a in accounting.values())  # both jobs, whole run
+            # the bystander's trials measured while the row ran: it must not stall
+            row["bystander_trials"] = sum(b.candidates - b.errors for b in by_batches
+                                          if row["started_at"] <= b.finished_at <= row["ended_at"])
+        result["jobs"] = {j: {"state": s.get("state"), "error": s.get("error"), "gpu_error": s.get("gpu_error"),
+                              **accounting[j]} for j, s in states.items()}
+        result["job_a"] = faultlib.job_figures(r, job_a, trials)
         result["supervisor"] = [{k: v for k, v in e.items() if k != "faults"} for e in stack.recoveries]
         result["total_s"] = round(time.time() - t_begin, 1)
+        name = "gpu_fault_rehearsal.json" if rehearse else "gpu_fault_h200.json"
         # written before the stack stops, in case stopping outlasts the call's time limit
-        (out / "gpu_fault_h200.json").write_text(json.dumps(result, indent=1, default=str))
+        (out / name).write_text(json.dumps(result, indent=1, default=str))
     result["total_s"] = round(time.time() - t_begin, 1)
     text = json.dumps(result, indent=1, default=str)
-    (out / "gpu_fault_h200.json").write_text(text)
+    (out / name).write_text(text)
     print(text, flush=True)
-    print(f"{'row':18} {'done':>4} {'culprit_q':>9} {'innocent_q':>10} {'recovery_s':>10} {'lost':>4} {'other_gpu':>9}")
+    print(f"{'row':16} {'done':>4} {'culprit_q':>9} {'innocent_q':>10} {'lost':>4} {'reruns':>6} {'recovery_s':>10} "
+          f"{'bystander':>9}")
     for row in result["rows"]:
-        kind = row["scenario"].split(": ")[1].split(" candidate")[0]
-        print(f"{kind:18} {row['jobs_completed']:>4} {str(row['culprit_quarantined']):>9} {row['innocents_quarantined']:>10} "
-              f"{str(row['recovery_s']):>10} {row['lost_candidates']:>4} {str(row['other_gpu_trials_during_fault']):>9}")
+        print(f"{row['scenario']:16} {row['jobs_completed']:>4} {str(row['culprit_quarantined']):>9} "
+              f"{row['innocents_quarantined']:>10} {row['lost_candidates']:>4} {row['suspect_reruns']:>6} "
+              f"{str(row['recovery_s']):>10} {row['bystander_trials']:>9}")
     return 0 if all(s.get("state") == "done" for s in states.values()) else 1
 
 

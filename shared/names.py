@@ -246,6 +246,11 @@ def gpu_gate_key(gpu8: str) -> str:
     return f"{PREFIX}:gpugate:{gpu8}"
 
 
+def suspect_runs_key(gpu8: str) -> str:
+    """Hash candidate hash -> times it ran alone on this GPU as a suspect (services.measurer.isolation)."""
+    return f"{PREFIX}:gpususpects:{gpu8}"
+
+
 def gpu_running_key(gpu8: str) -> str:
     """Hash worker -> deadline: lane workers of this GPU with a candidate running now."""
     return f"{PREFIX}:gpurunning:{gpu8}"

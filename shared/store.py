@@ -287,6 +287,17 @@ def refund_claim(r: redis.Redis, job_id: str, shard: int) -> int:
     return int(_REFUND(keys=[names.job_budget_key(job_id), names.job_claims_key(job_id)], args=[str(shard)], client=r))
 
 
+def trial_accounting(r: redis.Redis, job_id: str) -> dict[str, int]:
+    """The job's trials as the store knows them: `claimed` from its budget (refunds handed back),
+    `outstanding` claimed by a round not yet recorded, `recorded` its records (results and errors), and
+    `lost`: claimed, settled, yet without a record. A finished job has lost == outstanding == 0."""
+    claimed = job_spec(r, job_id).trials - budget_left(r, job_id)
+    outstanding = sum(max(0, int(v)) for v in r.hvals(names.job_claims_key(job_id)))
+    recorded = sum(1 for t in job_tasks(r, job_id) for rec in records(r, t.wkey) if rec.job_id == job_id)
+    return {"claimed": claimed, "outstanding": outstanding, "recorded": recorded,
+            "lost": max(0, claimed - outstanding - recorded)}
+
+
 # ---- leases, claims and gates: held by one owner, renewed and released by that owner only -------------------
 
 # Take a key if it is free or already ours (a redelivered message of the same owner); 1 when held now.
@@ -398,6 +409,21 @@ def set_gpu_running(r: redis.Redis, gpu8: str, worker: str, until: float) -> Non
 
 def leave_gpu_running(r: redis.Redis, gpu8: str, worker: str) -> None:
     r.hdel(names.gpu_running_key(gpu8), worker)
+
+
+def clear_gpu_isolation(r: redis.Redis, gpu8: str) -> None:
+    """Every lane of the GPU was ended (a recovery): no gate holder or running candidate of theirs stands,
+    so a suspect of the restarted lanes never waits out a dead lane's deadline."""
+    r.delete(names.gpu_gate_key(gpu8), names.gpu_running_key(gpu8))
+
+
+def count_suspect_run(r: redis.Redis, gpu8: str, chash: str) -> None:
+    r.hincrby(names.suspect_runs_key(gpu8), chash, 1)
+
+
+def suspect_runs(r: redis.Redis, gpu8: str) -> dict[str, int]:
+    """candidate hash -> times it ran alone on the GPU as a suspect."""
+    return {_s(k): int(v) for k, v in r.hgetall(names.suspect_runs_key(gpu8)).items()}
 
 
 def gpu_running(r: redis.Redis, gpu8: str) -> dict[str, float]:
@@ -685,12 +711,15 @@ def mark_batch_started(r: redis.Redis, batch_id: str, lane: str, worker: str | N
         p.execute()
 
 
-def put_result(r: redis.Redis, batch_id: str, res: MeasureResult) -> None:
+def put_result(r: redis.Redis, batch_id: str, res: MeasureResult) -> bool:
+    """The first answer of a candidate in a batch stands (a lane's and its watchdog's, say, never both):
+    True when this one was written."""
     key = names.batch_results_key(batch_id)
     with r.pipeline() as p:
-        p.hset(key, res.candidate_id, res.model_dump_json())
+        p.hsetnx(key, res.candidate_id, res.model_dump_json())
         p.expire(key, RESULT_TTL_S)
-        p.execute()
+        written, _ = p.execute()
+    return bool(written)
 
 
 def batch_results(r: redis.Redis, batch_id: str) -> tuple[dict | None, dict[str, MeasureResult]]:

@@ -92,6 +92,7 @@ def default_tuners(lanes: list[str], cores: int) -> int:
     return max(1, min(gpu_lanes, cores // 4))
 
 
+CLIENT_GRACE_S = 1.0  # SIGTERM to SIGKILL for a faulted GPU's clients
 MAX_RESTARTS, RESTART_WINDOW_S = 5, 600.0  # a process restarted this often within the window is given up
 
 
@@ -138,6 +139,7 @@ class Stack:
         self._restarts: dict[str, list[float]] = {}
         self._gpu_attempts: dict = {}  # uuid8 -> services.measurer.gpu.GpuAttempt being judged
         self._gpu_failures: dict[str, int] = {}  # uuid8 -> recoveries that failed in a row
+        self._gpu_phases: dict[str, dict] = {}  # uuid8 -> the phase times of its recovery in progress
         self.gpus_given_up: dict[str, str] = {}  # uuid8 -> why: no lane of it is restarted again
         self._supervisor = None
         self._stopping = None
@@ -391,7 +393,7 @@ class Stack:
             faults = [f for g in self.gpu_uuids if g not in self.gpus_given_up
                       for f in store.gpu_faults(r, g, since=faults_since)]
         plan = plan_recovery(exits, faults, self._restarts, now, gpu_fault_code=names.EXIT_GPU_FAULT)
-        retry, give_up = self._judge_gpu_recoveries(now, set(plan.gpus))
+        retry, give_up = self._judge_gpu_recoveries(now, set(plan.gpus), faults)
         if plan.empty and not (retry or give_up):
             return faults_since
         gpus = sorted((set(plan.gpus) | retry) - give_up - set(self.gpus_given_up))
@@ -428,19 +430,26 @@ class Stack:
 
     def _restart_gpu(self, gpu8: str, event: dict | None = None) -> list[str]:
         """End every MPS client of the GPU and, where it serves that GPU alone, its server; then start the
-        GPU's lanes again and judge the recovery in later rounds."""
+        GPU's lanes again and judge the recovery in later rounds. The phase times (fault reported, detected
+        here, clients ended, MPS restarted, lanes started, then live and first batch measured, filled in by
+        later rounds) go into the event: where a recovery's seconds go."""
         from services.measurer.gpu import GpuAttempt
 
+        event = event if event is not None else {"detected_at": time.time(), "faults": []}
+        reported = [f["at"] for f in event.get("faults", ()) if f.get("gpu8") == gpu8]
+        phases = {"fault_at": min(reported) if reported else None, "detected_at": event["detected_at"]}
+        event.setdefault("phases", {})[gpu8] = phases
         lanes = self._gpu_lane_names(gpu8)
-        reset = self._reset_gpu_clients(gpu8)
-        if event is not None:
-            event.setdefault("gpu_resets", {})[gpu8] = reset
+        reset = self._reset_gpu_clients(gpu8, phases)
+        event.setdefault("gpu_resets", {})[gpu8] = reset
         for name in lanes:
             self._restart_lane(name)
+        phases["lanes_started_at"] = time.time()
+        self._gpu_phases[gpu8] = phases
         self._gpu_attempts[gpu8] = GpuAttempt(gpu8, restarted_at=time.time(), failures=self._gpu_failures.get(gpu8, 0))
         return lanes
 
-    def _reset_gpu_clients(self, gpu8: str) -> dict:
+    def _reset_gpu_clients(self, gpu8: str, phases: dict | None = None) -> dict:
         """Every process the stack started for the GPU (lanes, build pools: whole sessions, exited leaders
         included) and every other client of the MPS server serving it, ended by PID; other GPUs' lanes and
         their children are never touched. The server goes too when it serves this GPU alone. Returns what
@@ -459,7 +468,8 @@ class Stack:
                                       daemon_is_ours=bool(self.mps is not None and self.mps.started), me=os.getpid())
         done = {"servers": {str(k): list(v) for k, v in servers.items()}, "end": list(plan.end),
                 "kill_servers": list(plan.kill_servers), "kept_servers": list(plan.kept), "quit_daemon": plan.quit_daemon}
-        done["clients"] = self._end_pids(plan.end)
+        # a faulted GPU's clients hold nothing worth a long warm shutdown: a short grace, then SIGKILL
+        done["clients"] = self._end_pids(plan.end, grace_s=CLIENT_GRACE_S)
         for name in mine:  # reap the leaders we started (no zombies left behind)
             proc = self.procs.get(name)
             if proc is not None:
@@ -467,6 +477,12 @@ class Stack:
                     proc.wait(5)
                 except subprocess.TimeoutExpired:
                     done.setdefault("unreaped", []).append(proc.pid)
+        try:
+            self._forget_gpu_lanes(gpu8, set(gpu_roots))
+        except Exception as err:  # noqa: BLE001 - Redis restarting: the keys lapse by their TTL instead
+            done["forget_error"] = str(err)
+        if phases is not None:
+            phases["clients_ended_at"] = time.time()
         if plan.quit_daemon:
             self.mps.request_quit()
         done["servers_ended"] = self._end_pids(plan.kill_servers, grace_s=5.0)
@@ -480,8 +496,20 @@ class Stack:
             except Exception as err:  # noqa: BLE001 - lanes refuse to run without a daemon: the recovery fails
                 done["daemon_error"] = str(err)
                 log.error("MPS daemon restart failed", exc_info=True)
+        if phases is not None:
+            phases["mps_restarted_at"] = time.time() if plan.quit_daemon else None
         log.warning("GPU %s reset: %s", gpu8, done)
         return done
+
+    def _forget_gpu_lanes(self, gpu8: str, pids: set[int]) -> None:
+        """The ended lanes' liveness keys and their entries in the GPU's gate go at once: a tuner re-sends
+        what they held without waiting out their TTL, and a suspect of the restarted lanes does not wait for
+        a dead lane's candidate."""
+        r = store.connect(self.redis_url)
+        for info in store.live_lanes(r):
+            if info.pid in pids and lane_kinds.fault_domain(info.queue) == gpu8:
+                store.retire_lane(r, info)
+        store.clear_gpu_isolation(r, gpu8)
 
     # the host's process table and a signal sender; replaced by fakes in tests
     def _process_table(self) -> dict:
@@ -494,14 +522,15 @@ class Stack:
 
         return end_processes(pids, grace_s)
 
-    def _judge_gpu_recoveries(self, now: float, faulted: set[str]) -> tuple[set[str], set[str]]:
+    def _judge_gpu_recoveries(self, now: float, faulted: set[str], faults=()) -> tuple[set[str], set[str]]:
         """Judge each GPU recovery in doubt (services.measurer.gpu.judge_recovery): returns the GPUs to
-        recover again (their lanes never came back) and those to give up (recoveries failed twice in a row)."""
-        from services.measurer.gpu import give_up_gpu, judge_recovery
+        recover again (their lanes never came back) and those to give up (recoveries failed twice in a row).
+        A fault a restarted lane reports with its candidate shows the lanes measuring again: a new incident."""
+        from services.measurer.gpu import give_up_gpu, judge_recovery, measured_by_fault
 
         retry, give_up = set(), set()
         for gpu8, attempt in list(self._gpu_attempts.items()):
-            attempt = self._observe_attempt(attempt, now)
+            attempt = measured_by_fault(self._observe_attempt(attempt, now), faults)
             verdict = judge_recovery(attempt, now, now if gpu8 in faulted else None)
             if verdict == "pending":
                 self._gpu_attempts[gpu8] = attempt
@@ -518,10 +547,13 @@ class Stack:
 
         pids = {self.procs[n].pid for n in self._gpu_lane_names(attempt.gpu8) if n in self.procs}
         live = [l for l in store.live_lanes(store.connect(self.redis_url)) if l.pid in pids]
+        phases = self._gpu_phases.get(attempt.gpu8, {})
         if attempt.live_at is None and pids and len({l.pid for l in live}) >= len(pids):
             attempt = replace(attempt, live_at=now)
+            phases["lanes_live_at"] = now
         if attempt.measured_at is None and any(l.batches > 0 for l in live):
             attempt = replace(attempt, measured_at=now)
+            phases["first_batch_at"] = now
         return attempt
 
     def _give_up_gpu(self, gpu8: str, faults) -> dict:

@@ -96,7 +96,7 @@ def running(work_dir: Path) -> dict | None:
 def _write_state(work_dir: Path, state: dict) -> None:
     path = Path(work_dir) / STATE_FILE
     tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(state, indent=1))
+    tmp.write_text(json.dumps(state, indent=1, default=str))
     os.replace(tmp, path)  # readers never see half a file
 
 
@@ -113,6 +113,8 @@ def stack_state(stack, ready: bool) -> dict:
         "mps": {"pipe": str(stack.mps.pipe_dir), "log": str(stack.mps.log_dir)} if stack.mps and stack.mps.started else None,
         "lanes": stack.lanes,
         "services": services,
+        # the latest recoveries, with the phase times of each GPU's (where its seconds went)
+        "recoveries": [{k: v for k, v in e.items() if k != "faults"} for e in list(stack.recoveries)[-10:]],
     }
 
 

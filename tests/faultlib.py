@@ -112,10 +112,10 @@ def lane_worker(redis_conn, queue: str) -> str:
 
 def job_figures(redis_conn, job, budget: int) -> dict:
     """jobs_completed / candidates_lost / trials_respent of one finished job, from the store:
-    lost = candidates the search generated that came back without a measurement because a lane died or
-    overran (their records say so), or the whole budget if the job did not finish; trials short of the
-    budget are not lost when the search ran out of distinct candidates (a tiny design space). Re-spent =
-    candidates started in more than one batch (a killed batch's unanswered ones, measured again)."""
+    lost = trials the job claimed from its budget with no record of them (shared.store.trial_accounting),
+    or the whole budget if the job did not finish; lane_errors = records that came back without a
+    measurement because a lane died or overran (their records say so). Re-spent = candidates started in
+    more than one batch (a killed batch's unanswered ones, measured again)."""
     st = job.state()
     trials = job.status()["trials"]
     recs = [r for t in store.job_tasks(redis_conn, job.job_id) for r in store.records(redis_conn, t.wkey)
@@ -128,8 +128,10 @@ def job_figures(redis_conn, job, budget: int) -> dict:
             info = json.loads(raw)
             if info.get("job_id") == job.job_id:
                 started += int(info.get("candidates") or 0)
+    accounting = store.trial_accounting(redis_conn, job.job_id)
     return {"jobs_completed": int(st.get("state") == "done"),
-            "candidates_lost": lane_lost if st.get("state") == "done" else budget,
+            "candidates_lost": accounting["lost"] if st.get("state") == "done" else budget,
+            "lane_errors": lane_lost, "claimed": accounting["claimed"], "recorded": accounting["recorded"],
             "trials_respent": max(0, started - trials), "trials": trials}
 
 

@@ -31,6 +31,8 @@ def test_lane_killed_mid_batch_loses_no_candidate(stack, client, redis_conn, lan
             if r.job_id == job.job_id]
     assert len(recs) == st["trials"] == job.result().trials
     assert all(r.error is None for r in recs)
+    accounting = store.trial_accounting(redis_conn, job.job_id)  # every claimed trial ended as one record
+    assert accounting["claimed"] == accounting["recorded"] == len(recs) and accounting["lost"] == 0
     # the stack's supervisor started the lane again
     stack.wait_for_lanes(stack.lanes, 300)
     back = next(e for e in stack.recoveries[restarts:] if e["restarted"])

@@ -325,3 +325,97 @@ def test_a_hung_candidate_is_reported_answered_and_the_lane_exits(redis_url, mon
     assert first.fault == "crash" and "hung" in first.error
     second = store.batch_results(r, "b2")[1]["c"]
     assert second.error.startswith("quarantined after 2 crashes") and store.quarantined(r, "spin").crashes == 2
+
+
+def test_lanes_restarted_with_their_gpu_are_never_given_up_by_the_crash_loop_budget():
+    from services.measurer.gpu.recovery import LaneExit, plan_recovery
+
+    # one GPU recovery per attributed fault: many restarts in the window, each of them progress
+    history = {"lane-a": [float(t) for t in range(10)], "lane-c": [float(t) for t in range(10)]}
+    exits = [LaneExit("lane-a", LANE_A, names.EXIT_GPU_FAULT, 20.0), LaneExit("lane-c", "measure.cpu.c0", 1, 20.0)]
+    plan = plan_recovery(exits, [], history, now=20.0, max_restarts=5, gpu_fault_code=names.EXIT_GPU_FAULT)
+    assert plan.gpus == (GPU_A,) and plan.given_up == ("lane-c",) and plan.restart == ()
+
+
+def test_a_fault_reported_with_a_candidate_after_the_restart_is_a_new_incident():
+    from services.measurer.gpu.recovery import measured_by_fault
+
+    restarted = GpuAttempt(GPU_A, restarted_at=100.0)
+    fault = GpuFault(gpu8=GPU_A, lane=LANE_A, worker="h.1", candidate_hash="next-suspect", role="culprit",
+                     error="run failed: CUDA: an illegal memory access was encountered").model_copy(update={"at": 105.0})
+    seen = measured_by_fault(restarted, [fault])
+    assert seen.live_at == 105.0 and seen.measured_at == 105.0
+    assert judge_recovery(seen, 105.0, faulted_again_at=105.0) == "ok"
+    before = fault.model_copy(update={"at": 99.0})  # the incident that caused the restart
+    assert measured_by_fault(restarted, [before]) == restarted
+    no_candidate = fault.model_copy(update={"candidate_hash": ""})
+    assert judge_recovery(measured_by_fault(restarted, [no_candidate]), 105.0, faulted_again_at=105.0) == "failed"
+
+
+def test_a_recovery_records_its_phases_and_forgets_the_ended_lanes(tmp_path, redis_url, monkeypatch):
+    r = store.connect(redis_url)
+    r.flushdb()
+    st, started, ended = _stack(tmp_path, redis_url, monkeypatch)
+    a = [n for n in st.lane_procs if GPU_A in n]
+    _announce(r, st, a, batches=0)  # the old lanes, still announced when the GPU faults
+    r.hset(names.gpu_running_key(GPU_A), "h.dead", time.time() + 60)  # a dead lane's candidate
+    st.procs[a[0]].returncode = names.EXIT_GPU_FAULT
+    old = {st.procs[n].pid for n in a}
+    _fault(r, LANE_A)
+    since = st.recover_once(0.0)
+    phases = st.recoveries[-1]["phases"][GPU_A]
+    assert phases["fault_at"] <= phases["detected_at"] <= phases["clients_ended_at"] <= phases["lanes_started_at"]
+    assert "mps_restarted_at" in phases  # None here: the server serves GPU B too
+    assert not [l for l in store.live_lanes(r) if lanes_of_gpu(l, GPU_A)]  # retired: re-sent without the TTL
+    assert not r.exists(names.gpu_running_key(GPU_A))
+    _announce(r, st, a, batches=1)
+    st.recover_once(since)
+    assert phases["lanes_live_at"] >= phases["lanes_started_at"] and phases["first_batch_at"]
+    assert not old & {st.procs[n].pid for n in a}
+
+
+def lanes_of_gpu(info, gpu8):
+    return info.queue.split(".")[1] == gpu8
+
+
+def test_a_gpu_lane_clears_the_suspects_that_answer_alone_and_quarantines_the_one_that_faults(redis_url, monkeypatch):
+    """The lane's own code path on a fake GPU: four suspects of an earlier incident (count 1 each) are
+    re-sent; each runs alone, the culprit faults, the lane ends, and its unanswered suspect runs alone on
+    a restarted lane."""
+    import uuid
+
+    from services.measurer import worker as lane_worker
+    from shared import lanes
+    from shared.messages import Candidate, MeasureBatch, MeasureResult, TimingConfig
+    from shared.settings import LaneSettings
+
+    r = store.connect(redis_url)
+    r.flushdb()
+    salt = uuid.uuid4().hex
+    cands = [Candidate(candidate_id=f"c{i}", mod=f"{salt}-{i}", args_info=[]) for i in range(4)]
+    hashes = [store.candidate_hash(c.mod) for c in cands]
+    bad = "c2"
+    for h in hashes:
+        r.hset(names.CRASHES_KEY, h, 1)  # in flight when the GPU faulted beside its neighbours
+    monkeypatch.setattr(lane_worker, "_cuda_alive", lambda: True)
+
+    def run_on(lane, batch):
+        lane._gpu_shared = lambda: True
+        fake_gpu = (MeasureResult(candidate_id=c.candidate_id, run_secs=None if c.candidate_id == bad else [1e-3],
+                                  error="run failed: CUDA: an illegal memory access was encountered"
+                                  if c.candidate_id == bad else None) for c in batch.candidates)
+        guard = dict(max_crashes=2, lane=LANE_A, job_id="j", batch_id=batch.batch_id)
+        return {res.candidate_id: res for res in lane._in_process(batch, fake_gpu, {}, guard)}
+
+    batch = MeasureBatch(batch_id="b1", job_id="j", target="", timing=TimingConfig(timeout_s=30), candidates=cands)
+    first = lane_worker.LaneWorker(LaneSettings(max_crashes=2), lanes.parse(LANE_A), r)
+    answered = run_on(first, batch)
+    assert sorted(answered) == ["c0", "c1", "c2"] and first.gpu_fault  # c3 unanswered: the lane's context died
+    assert answered["c2"].error.startswith("quarantined after 2 crashes") and answered["c0"].error is None
+    assert [store.quarantined(r, h) is not None for h in hashes] == [False, False, True, False]
+    assert store.crash_count(r, hashes[0]) == 0 and store.crash_count(r, hashes[3]) == 1
+    assert [f.role for f in store.gpu_faults(r, GPU_A)] == ["culprit"]  # faulted alone: named
+    resent = batch.model_copy(update={"batch_id": "b2", "candidates": [cands[3]]})
+    again = run_on(lane_worker.LaneWorker(LaneSettings(max_crashes=2), lanes.parse(LANE_A), r), resent)
+    assert again["c3"].error is None and store.crash_count(r, hashes[3]) == 0
+    assert sum(store.suspect_runs(r, GPU_A).values()) == 4  # each suspect ran alone once

@@ -4,7 +4,9 @@ import threading
 import time
 import uuid
 
-from services.measurer.isolation import GpuGate, attribute
+import pytest
+
+from services.measurer.isolation import GpuGate, attribute, judge, runs_alone
 from shared import names
 
 
@@ -98,3 +100,62 @@ def test_a_suspect_that_faults_alone_is_the_culprit():
     assert attribute("culprit", ran_alone=False, shared_gpu=True) == "unknown"
     assert attribute("culprit", ran_alone=True, shared_gpu=True) == "culprit"
     assert attribute(None, ran_alone=True) is None
+
+
+ERROR_700 = "run failed: CUDA: an illegal memory access was encountered (700)"
+
+
+@pytest.mark.parametrize("culprit", range(4))
+def test_attribution_finds_the_culprit_in_at_most_four_solo_runs_and_clears_the_rest(culprit):
+    """Pure policy, a fake GPU: four lanes of one GPU each had a candidate in flight when the GPU faulted,
+    and under MPS all four saw the same error 700. Re-sent, each runs alone; the culprit faults only then."""
+    from services.measurer.gpu.faults import classify_cuda_error
+
+    suspects = [f"s{i}" for i in range(4)]
+    bad, max_crashes = suspects[culprit], 2
+    counts, quarantined, answered = {}, set(), {}
+
+    def outcome(s: str, alone: bool, shared_gpu: bool, error: str | None):
+        counts[s] = counts.get(s, 0) + 1  # raised before it runs, as the lane does
+        v = judge(classify_cuda_error(error), alone, shared_gpu, counts[s], max_crashes)
+        if v.clear:
+            counts.pop(s)
+        if v.quarantine:
+            quarantined.add(s)
+        if v.answer:
+            answered[s] = error
+        return v
+
+    # the incident: every lane's context died with error 700, none of them ran alone
+    first = [outcome(s, runs_alone(1), True, ERROR_700) for s in suspects]
+    assert all(v.role == "unknown" and not v.answer and v.lane_ends for v in first)
+    assert counts == dict.fromkeys(suspects, 1) and not quarantined
+
+    resent, solo_runs = list(suspects), 0
+    while resent:
+        s = resent.pop(0)
+        alone = runs_alone(counts[s] + 1)
+        assert alone  # every suspect re-runs alone
+        solo_runs += 1
+        v = outcome(s, alone, True, ERROR_700 if s == bad else None)
+        if not v.answer:
+            resent.append(s)
+        assert solo_runs <= 4
+    assert quarantined == {bad}
+    assert answered == {**{s: None for s in suspects if s != bad}, bad: ERROR_700}
+    assert counts == {bad: max_crashes}  # innocents cleared; the culprit reached the cap
+
+
+def test_the_policy_never_quarantines_on_a_shared_fault_and_clears_victims():
+    # in flight beside other lanes, however often: a suspect, re-sent, never quarantined
+    v = judge("culprit", ran_alone=False, shared_gpu=True, crashes=5, max_crashes=2)
+    assert v.role == "unknown" and not v.quarantine and not v.answer and not v.clear
+    # alone, below the cap: answered as a crash, its count kept; at the cap: quarantined
+    below = judge("unknown", ran_alone=True, shared_gpu=True, crashes=2, max_crashes=3)
+    assert below.role == "culprit" and below.answer and not below.quarantine and not below.clear
+    assert judge("unknown", ran_alone=True, shared_gpu=True, crashes=3, max_crashes=3).quarantine
+    victim = judge("victim", ran_alone=False, shared_gpu=True, crashes=1, max_crashes=2)
+    assert victim.clear and not victim.answer and victim.lane_ends
+    ok = judge(None, ran_alone=True, shared_gpu=True, crashes=2, max_crashes=2)
+    assert ok.answer and ok.clear and not ok.lane_ends
+    assert runs_alone(2) and not runs_alone(1)

@@ -90,6 +90,7 @@ def test_a_job_completes_while_poison_candidates_crash_and_hang_its_lanes(client
     assert final["state"] == "done", final
     figures = faultlib.job_figures(redis_conn, job, 8)
     assert figures["candidates_lost"] == 0 and figures["trials_respent"] == 0
+    assert figures["claimed"] == figures["recorded"]  # from the store: every claimed trial has its record
     assert sum(t["errors"] for t in job.status()["tasks"]) == 0  # the job's own candidates were unharmed
     faultlib.record_row({"scenario": "a candidate whose build segfaults (beside a running job)", **figures,
                          "recovery_s": round(segv_s, 1)})

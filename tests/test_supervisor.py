@@ -26,6 +26,7 @@ def _stack(tmp_path, lanes, monkeypatch):
     monkeypatch.setattr(st, "_process_table", lambda: {})
     monkeypatch.setattr(st, "_end_pids", lambda pids, grace_s=3.0: {"terminated": sorted(pids)})
     monkeypatch.setattr("sharetune.stack.store.live_lanes", lambda r: [])
+    monkeypatch.setattr("sharetune.stack.store.clear_gpu_isolation", lambda r, gpu8: None)
     for i, q in enumerate(lanes):
         start_lane(q, lanes[:i].count(q))
     started.clear()

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import time
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 from shared import store
 
@@ -78,3 +79,41 @@ def attribute(role: str | None, ran_alone: bool, shared_gpu: bool = False) -> st
     if role == "culprit" and shared_gpu and not ran_alone:
         return "unknown"
     return role
+
+
+def runs_alone(crashes: int) -> bool:
+    """A candidate whose count, raised just now, was already raised and never cleared was in flight at an
+    earlier fault of its GPU: it is a suspect and runs alone."""
+    return crashes > 1
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What a GPU lane does with one candidate's outcome. `role`: the fault's role once isolation is known
+    (None: no fault); `answer`: its result is written now (else it stays unanswered and is re-sent);
+    `clear`: its crash count goes (innocent); `quarantine`: never sent again, by any job; `lane_ends`: the
+    lane's CUDA context is gone."""
+
+    role: str | None
+    answer: bool
+    clear: bool
+    quarantine: bool = False
+
+    @property
+    def lane_ends(self) -> bool:
+        return self.role is not None
+
+
+def judge(role: str | None, ran_alone: bool, shared_gpu: bool, crashes: int, max_crashes: int) -> Verdict:
+    """Pure: the attribution policy for one candidate of a GPU lane. A fault while it ran beside other lanes
+    of its GPU only makes it a suspect (unanswered, count kept: re-sent, it runs alone); a fault while it ran
+    alone makes it the culprit, quarantined once its count reaches `max_crashes`; a victim's count is
+    cleared (an outside fault). So an innocent, cleared by its solo run, never reaches the quarantine."""
+    role = attribute(role, ran_alone, shared_gpu)
+    if role is None:
+        return Verdict(None, answer=True, clear=True)
+    if role == "victim":
+        return Verdict(role, answer=False, clear=True)
+    if role == "culprit":
+        return Verdict(role, answer=True, clear=False, quarantine=crashes >= max_crashes)
+    return Verdict(role, answer=False, clear=False)

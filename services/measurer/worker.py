@@ -57,6 +57,7 @@ class LaneWorker:
         self.observer = None  # NVML observer of a GPU lane's device, when NVML sees it
         self.gpu_fault: str | None = None  # set when this lane's CUDA context died: it measures no more
         self._watchdog = None
+        self._held: tuple[str, list[MeasureResult]] | None = None  # (batch, answers) held for the NVML window
 
     @property
     def worker(self) -> str:
@@ -181,6 +182,7 @@ class LaneWorker:
                 measuring = (evaluate.measure(c, target, batch.timing) for c in todo)
             results = self._in_process(batch, measuring, quarantined, guard)
         answered = []
+        self._held = (batch.batch_id, answered)  # written by the watchdog if the lane dies holding them
         for res in results:
             res.lane, res.share = lane.queue, self.info.share if self.info else None
             res.device = {"host": socket.gethostname(), "cores": list(lane.cores), "gpu_uuid": s.gpu_uuid}
@@ -194,6 +196,7 @@ class LaneWorker:
             for res in answered:
                 res.device.update(facts)
                 store.put_result(r, batch.batch_id, res)
+        self._held = None
         ok = sum(res.error is None for res in answered)
         store.log_lane_batch(r, batch.job_id, LaneBatch(
             batch_id=batch.batch_id, lane=lane.queue, worker=worker, started_at=started, finished_at=time.time(),
@@ -211,8 +214,9 @@ class LaneWorker:
     def _in_process(self, batch: MeasureBatch, results, quarantined: dict, guard):
         """Candidates measured in the lane process itself (GPU lanes: the CUDA context and the MPS share are
         the lane's). Each candidate's crash count is raised before it runs, so a lane that dies with it
-        leaves the count; a CUDA fault ends the batch: the lane's context is gone."""
-        from services.measurer.isolation import GpuGate, attribute
+        leaves the count; a suspect (in flight at an earlier fault) runs alone, and what a fault means is
+        services.measurer.isolation.judge's call. A CUDA fault ends the batch: the lane's context is gone."""
+        from services.measurer.isolation import GpuGate, judge, runs_alone
         from services.measurer.gpu.faults import classify_cuda_error, watchdog_allowance_s
 
         r, gpu_lane = self.redis, self.fault_domain is not None
@@ -224,10 +228,12 @@ class LaneWorker:
                 yield poison.quarantined_result(quarantined[cand.candidate_id], cand.candidate_id)
                 continue
             chash = store.candidate_hash(cand.mod)
-            crashes = store.crash_pending(r, chash)
-            # in flight at an earlier fault of its GPU (the count raised then was never cleared): run it alone
-            alone = gate is not None and crashes > 1
+            alone = gate is not None and runs_alone(store.crash_count(r, chash) + 1)
             with gate.alone() if alone else gate.ordinary() if gate is not None else nullcontext():
+                # raised once it has the GPU, not while it waits: a lane ended in the wait blames no one
+                crashes = store.crash_pending(r, chash)
+                if alone:
+                    store.count_suspect_run(r, self.fault_domain, chash)
                 if gpu_lane:
                     self.watchdog().arm(watchdog_allowance_s(batch.timing.timeout_s, self.pool is not None),
                                         batch_id=batch.batch_id, candidate_id=cand.candidate_id, chash=chash,
@@ -240,31 +246,32 @@ class LaneWorker:
             role = classify_cuda_error(res.error) if gpu_lane and res.error else None
             if role is None and gpu_lane and res.error and res.error.startswith("run failed") and not _cuda_alive():
                 role = "unknown"
-            if role is not None:
-                role = attribute(role, alone, shared_gpu=self._gpu_shared())
-            if role is None:
+            verdict = judge(role, alone, self._gpu_shared() if role is not None else False, crashes,
+                            guard["max_crashes"])
+            if verdict.clear:
                 store.crash_clear(r, chash)
-                yield res
-                continue
-            self._report_gpu_fault(chash, res.error, role)
-            if role == "victim":
-                store.crash_clear(r, chash)  # an MPS neighbour's fault took it: re-sent, not counted
-            elif crashes >= guard["max_crashes"]:  # faulted (or was in flight at a fault) max_crashes times
+            if verdict.role is not None:
+                self._report_gpu_fault(chash, res.error, verdict.role)
+            if verdict.quarantine:
                 store.quarantine(r, Quarantined(candidate_hash=chash, error=res.error, crashes=crashes,
                                                 lane=self.lane.queue, job_id=guard["job_id"],
                                                 batch_id=guard["batch_id"]))
-                res.fault, res.error = "crash", f"quarantined after {crashes} crashes: {res.error}"
-                yield res
-            elif role == "culprit":  # answered; its count stays until it reaches max_crashes
+                res.error = f"quarantined after {crashes} crashes: {res.error}"
+            if verdict.role is not None:
                 res.fault = "crash"
+            if verdict.answer:
                 yield res
-            # unknown, below the cap: unanswered with its count kept, so the tuner re-sends it to a restarted
-            # lane, where it runs alone: a culprit faults again and is named, an innocent clears its count
-            return  # the rest of the batch is unanswered and re-sent by the tuner's batch watch
+            if verdict.lane_ends:
+                # a suspect keeps its count: re-sent to a restarted lane it runs alone, where a culprit faults
+                # again and is named and an innocent clears its count; the rest of the batch is re-sent too
+                return
 
     # ------------------------------------------------------------------------- GPU faults
     def _gpu_shared(self) -> bool:
-        """Does another live lane worker use this lane's GPU (so a fault here may be a neighbour's)?"""
+        """May another lane worker use this lane's GPU (so a fault here may be a neighbour's)? Always below
+        100 %: neighbours that saw the same fault first may already have left the lane list."""
+        if self.lane.share < 100:
+            return True
         me = self.worker
         try:
             return any(l.worker != me and lanes.fault_domain(l.queue) == self.fault_domain
@@ -296,6 +303,10 @@ class LaneWorker:
             allowance = armed["allowance_s"] + WATCHDOG_MARGIN_S
             error = (f"run hung: the candidate's kernel did not return within {allowance:.0f} s (timeout "
                      f"{armed['timeout_s']:.0f} s, build wait and margin included); the lane exits")
+            held = self._held
+            if held is not None:  # answered before the hang, held for the window's facts: not measured again
+                for done in list(held[1]):
+                    store.put_result(self.redis, held[0], done)
             self._report_gpu_fault(armed["chash"], error, "culprit")
             res = MeasureResult(candidate_id=armed["candidate_id"], error=error, fault="crash", lane=self.lane.queue)
             if armed["crashes"] >= self.settings.max_crashes:

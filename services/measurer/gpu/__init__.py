@@ -15,10 +15,11 @@ from services.measurer.gpu.recovery import (
     end_processes,
     give_up_gpu,
     judge_recovery,
+    measured_by_fault,
     plan_gpu_reset,
     plan_recovery,
     read_process_table,
 )
 
-__all__ = ["GpuAttempt", "LaneExit", "MpsDaemon", "end_processes", "give_up_gpu", "judge_recovery",
+__all__ = ["GpuAttempt", "LaneExit", "MpsDaemon", "end_processes", "give_up_gpu", "judge_recovery", "measured_by_fault",
            "plan_gpu_lanes", "plan_gpu_reset", "plan_recovery", "read_process_table"]

@@ -42,8 +42,11 @@ def plan_recovery(exits: Sequence[LaneExit], faults: Sequence, history: Mapping[
     """Decide, from what was observed, which lanes to restart. Pure: `exits` are lane processes seen
     ended, `faults` GpuFault-like records (with .gpu8) reported since the last recovery, `history`
     lane name -> times it was restarted. A GPU with a reported fault, or a lane that exited with the
-    GPU-fault code, is recovered as a whole; a lane restarted `max_restarts` times within `window_s`
-    is given up (a crash loop is not hidden behind restarts)."""
+    GPU-fault code, is recovered as a whole; any other lane restarted `max_restarts` times within
+    `window_s` is given up (a crash loop is not hidden behind restarts). A lane that goes down with its
+    GPU is never given up here: finding a culprit among suspects takes one recovery per fault, each of
+    them progress (a suspect cleared or a culprit counted toward its quarantine), so the GPU's own
+    verdict decides (judge_recovery, give_up_gpu: recoveries whose lanes do not come back measuring)."""
     gpus = {f.gpu8 for f in faults if getattr(f, "gpu8", None)}
     restart, given_up = [], []
     died: dict[str, int] = {}
@@ -57,11 +60,10 @@ def plan_recovery(exits: Sequence[LaneExit], faults: Sequence, history: Mapping[
     gpus |= {g for g, n in died.items() if n >= 2}
     for ex in exits:
         gpu = lanes.fault_domain(ex.queue)
+        if gpu and gpu in gpus:
+            continue  # restarted with its GPU
         recent = [t for t in history.get(ex.name, ()) if now - t < window_s]
-        if len(recent) >= max_restarts:
-            given_up.append(ex.name)
-        elif not (gpu and gpu in gpus):
-            restart.append(ex.name)
+        (given_up if len(recent) >= max_restarts else restart).append(ex.name)
     return Recovery(gpus=tuple(sorted(gpus)), restart=tuple(sorted(restart)), given_up=tuple(sorted(given_up)))
 
 
@@ -228,6 +230,20 @@ def judge_recovery(attempt: GpuAttempt, now: float, faulted_again_at: float | No
     if attempt.live_at is None:
         return "failed" if now - attempt.restarted_at > come_back_s else "pending"
     return "ok" if confirmed_at <= now else "pending"
+
+
+def measured_by_fault(attempt: GpuAttempt, faults: Sequence) -> GpuAttempt:
+    """A fault reported with a candidate after the restart means a restarted lane took and ran that
+    candidate: the lanes were measuring again, and the fault is a new incident (the next suspect of an
+    attribution, say), not a failed recovery. Pure."""
+    from dataclasses import replace
+
+    ran = [f.at for f in faults if f.gpu8 == attempt.gpu8 and f.candidate_hash and f.at >= attempt.restarted_at]
+    if not ran:
+        return attempt
+    first = min(ran)  # a lane announces itself live before it takes a candidate
+    return replace(attempt, live_at=first if attempt.live_at is None else min(attempt.live_at, first),
+                   measured_at=first if attempt.measured_at is None else min(attempt.measured_at, first))
 
 
 def give_up_gpu(failures: int, max_failed_recoveries: int = 2) -> bool:

@@ -23,6 +23,11 @@ from services.tuner.metaschedule.codec import dump_ir
 from shared.messages import BuildRequest, Candidate, LaneInfo, MeasureBatch, MeasureResult, TimingConfig
 
 HANDLE_PREFIX = "lane-candidate:"
+# Times a batch's unanswered candidates are sent again after its lane died. A GPU fault under MPS ends every
+# lane of the GPU, and finding its culprit may end them once more (the culprit faulting alone), so an
+# innocent suspect may need two re-sends; a candidate that keeps killing lanes is quarantined and answered
+# long before the sends run out (services.measurer.isolation.judge).
+REDISPATCH = 3
 
 
 @dataclass
@@ -77,9 +82,9 @@ class DeferredBuilder(PyBuilder):
 class BatchWatch:
     """The tuner's view of one batch of candidates. If the lane worker that took it dies (its liveness
     key expires), or no worker of the lane is left, or the batch overruns, the unanswered candidates are
-    sent once more to another live lane; only then do they come back as errors."""
+    sent again to a live lane (up to `redispatch` times); only then do they come back as errors."""
 
-    def __init__(self, runner: "LaneRunner", batch: MeasureBatch, lane: str, redispatch: int = 1,
+    def __init__(self, runner: "LaneRunner", batch: MeasureBatch, lane: str, redispatch: int = REDISPATCH,
                  via: str | None = None):
         self.runner, self.redis = runner, runner.redis
         self.batch, self.lane = batch, lane
