@@ -154,9 +154,11 @@ def check_job(**fields) -> None:
 
 
 class JobRef(Contract):
-    """The body of plan/tune requests: the job's state lives in Redis, the message only names it."""
+    """The body of plan/tune requests: the job's state lives in Redis, the message only names it. `plan`:
+    a plan message's token; one older than the job's current plan message is a late duplicate."""
 
     job_id: str
+    plan: str | None = None
 
 
 class ShardRef(Contract):

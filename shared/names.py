@@ -25,6 +25,10 @@ INGEST_TASK = "sharetune.ingest_results"
 LANE_TTL_S = 30  # a lane's liveness key expires unless refreshed this often
 LEASE_TTL_S = 20  # a tuner client's hold on a shard expires unless its heartbeat renews it
 STRANDED_AFTER_S = 90  # a pending shard whose message nobody took (queue empty) is sent again
+PLAN_LEASE_TTL_S = 15  # a planner's hold on the job it plans expires unless its heartbeat renews it
+# a job waiting to be planned whose plan message nobody holds (no lease, plan queue empty) is sent again
+# this long after its last send: a planner killed mid-plan costs seconds, not Redis's 1 h visibility timeout
+STRANDED_PLAN_S = 20
 
 _GPU_LANE = re.compile(r"^measure\.(?P<gpu>[0-9a-f]{8})\.p(?P<pct>\d{1,3})$")
 _CPU_LANE = re.compile(r"^measure\.cpu\.(?:(?P<node>[a-z0-9][a-z0-9_-]*)\.p(?P<pct>\d{1,3})\.)?"
@@ -142,6 +146,17 @@ def lane_claim_key(scope: str, slot: int) -> str:
 
 JOBS_KEY = f"{PREFIX}:jobs"  # sorted set of job ids by submit time
 ACTIVE_JOBS_KEY = f"{PREFIX}:jobs:active"  # set of job ids whose shards are being tuned (the reaper's list)
+PLANNING_JOBS_KEY = f"{PREFIX}:jobs:planning"  # set of job ids not planned yet (the reaper's other list)
+
+
+def job_plan_key(job_id: str) -> str:
+    """The job's current plan message (its token: an older message is a late duplicate) and when it was sent."""
+    return f"{PREFIX}:job:{job_id}:plan"
+
+
+def plan_lease_key(job_id: str) -> str:
+    """The planner planning the job now (with a TTL its heartbeat renews)."""
+    return f"{PREFIX}:job:{job_id}:plan:lease"
 
 
 def job_shards_key(job_id: str) -> str:

@@ -90,6 +90,61 @@ def create_job(r: redis.Redis, spec: JobSpec, model_blob: bytes) -> None:
         p.execute()
 
 
+# ---- plans: a job is planned once, by one planner; a plan message older than the job's current one is dropped
+
+
+def plan_sent(r: redis.Redis, job_id: str, token: str) -> None:
+    """A plan message with `token` was sent for the job: it is the current one, and the job awaits its plan."""
+    with r.pipeline() as p:
+        p.hset(names.job_plan_key(job_id), mapping={"token": token, "sent_at": repr(time.time())})
+        p.sadd(names.PLANNING_JOBS_KEY, job_id)
+        p.execute()
+
+
+def plan_current(r: redis.Redis, job_id: str, token: str | None) -> bool:
+    """Is a plan message with `token` the job's current one? (A message without a token, or a job without
+    one, is: what older clients sent.)"""
+    cur = r.hget(names.job_plan_key(job_id), "token")
+    return token is None or cur is None or _s(cur) == token
+
+
+_RESEND_PLAN = _script("""
+if redis.call('EXISTS', KEYS[2]) == 1 then return 0 end
+local sent = tonumber(redis.call('HGET', KEYS[1], 'sent_at') or '0')
+if tonumber(ARGV[2]) - sent < tonumber(ARGV[3]) then return 0 end
+redis.call('HSET', KEYS[1], 'token', ARGV[1], 'sent_at', ARGV[2])
+return 1
+""")
+
+
+def replace_stranded_plan(r: redis.Redis, job_id: str, token: str, now: float, stranded_s: float) -> bool:
+    """Atomically: when no planner holds the job and its plan message was sent over `stranded_s` ago, make
+    `token` the current plan (the caller sends it; the old message, should it come back, is dropped)."""
+    return bool(_RESEND_PLAN(keys=[names.job_plan_key(job_id), names.plan_lease_key(job_id)],
+                             args=[token, repr(now), repr(stranded_s)], client=r))
+
+
+def take_plan_lease(r: redis.Redis, job_id: str, who: str, ttl_s: int = names.PLAN_LEASE_TTL_S) -> bool:
+    return bool(_TAKE(keys=[names.plan_lease_key(job_id)], args=[who, int(ttl_s)], client=r))
+
+
+def renew_plan_lease(r: redis.Redis, job_id: str, who: str, ttl_s: int = names.PLAN_LEASE_TTL_S) -> bool:
+    return bool(_RENEW(keys=[names.plan_lease_key(job_id)], args=[who, int(ttl_s)], client=r))
+
+
+def release_plan_lease(r: redis.Redis, job_id: str, who: str) -> None:
+    _RELEASE(keys=[names.plan_lease_key(job_id)], args=[who], client=r)
+
+
+def planning_jobs(r: redis.Redis) -> list[str]:
+    return [_s(j) for j in r.smembers(names.PLANNING_JOBS_KEY)]
+
+
+def planned(r: redis.Redis, job_id: str) -> None:
+    """The job needs no plan any more (planned, failed or cancelled)."""
+    r.srem(names.PLANNING_JOBS_KEY, job_id)
+
+
 def job_spec(r: redis.Redis, job_id: str) -> JobSpec:
     raw = r.hget(names.job_key(job_id), "spec")
     if raw is None:

@@ -208,7 +208,9 @@ class Client:
         if len(blob) > MAX_MODEL_BYTES:
             raise ModelError(f"the model's Relax form is {len(blob)} bytes, over the limit of {MAX_MODEL_BYTES} bytes")
         store.create_job(self.redis, spec, blob)
-        self.app.send_task(names.PLAN_TASK, args=[JobRef(job_id=job_id).model_dump(mode="json")], queue=names.PLAN_QUEUE)
+        ref = JobRef(job_id=job_id, plan=uuid.uuid4().hex)
+        store.plan_sent(self.redis, job_id, ref.plan)
+        self.app.send_task(names.PLAN_TASK, args=[ref.model_dump(mode="json")], queue=names.PLAN_QUEUE)
         return Job(self, job_id)
 
     def _share_for(self, kind: str, share: int | None, wait_for_lanes: bool) -> int:

@@ -231,6 +231,51 @@ def test_the_reaper_leaves_a_shard_its_client_finished_while_the_reaper_looked(r
     r.srem(names.ACTIVE_JOBS_KEY, job)
 
 
+# ---- plans: a planner that dies mid-plan costs seconds, and its message, back an hour later, is dropped ----
+
+
+def test_a_plan_no_planner_holds_is_sent_again_and_the_old_message_is_dropped(r):
+    from services.tuner import reaper
+
+    job, later = "plan-orphan", time.time() + 10 * names.STRANDED_PLAN_S
+    store.create_job(r, JobSpec(job_id=job, target="llvm", trials=8), b"{}")
+    store.plan_sent(r, job, "first")
+    store.set_state(r, job, "planning")
+    sent = []
+    assert store.take_plan_lease(r, job, "planner-a")  # planning: its lease is renewed while it works
+    assert reaper.reap_plans(r, sent.append, later) == [] and sent == []
+    assert not store.take_plan_lease(r, job, "planner-b")  # a second message of the job waits its turn
+
+    _expire(r, names.plan_lease_key(job))  # planner-a was killed: its lease lapses
+    r.rpush(names.PLAN_QUEUE, "a message nobody took yet")
+    assert reaper.reap_plans(r, sent.append, later) == []  # what waits in the queue goes first
+    r.delete(names.PLAN_QUEUE)
+    assert reaper.reap_plans(r, sent.append, later) and [s.job_id for s in sent] == [job]
+    new = sent[0].plan
+    assert new != "first" and store.plan_current(r, job, new) and not store.plan_current(r, job, "first")
+    assert reaper.reap_plans(r, sent.append, later + 1) == []  # just sent: not stranded again at once
+    assert store.plan_current(r, job, None)  # a message of an older client (no token) is not judged
+
+    store.set_state(r, job, "planned")
+    assert reaper.reap_plans(r, sent.append, later + 100) == [] and job not in store.planning_jobs(r)
+    assert len(sent) == 1
+
+
+def test_a_lane_drops_a_batch_that_comes_back_after_it_was_started_or_its_job_ended(r):
+    from services.measurer.worker import redelivered
+    from shared.messages import MeasureBatch
+
+    store.create_job(r, JobSpec(job_id="redeliver", target="llvm", trials=8), b"{}")
+    batch = MeasureBatch(batch_id="b-redeliver", job_id="redeliver", target="{}", candidates=[])
+    assert redelivered(r, batch) is None  # first delivery
+    store.mark_batch_started(r, batch.batch_id, "measure.cpu.c0", "w1", "redeliver", 0)
+    assert "redelivery" in redelivered(r, batch)
+    other = batch.model_copy(update={"batch_id": "b-redeliver-2"})
+    store.set_state(r, "redeliver", "done")
+    assert redelivered(r, other) == "its job is done"
+    assert redelivered(r, other.model_copy(update={"job_id": "no-such-job"})) is None
+
+
 # ---- the typed job hash ----------------------------------------------------------------------------------
 
 

@@ -156,6 +156,10 @@ class LaneWorker:
 
         r, lane, s = self.redis, self.lane, self.settings
         worker = self.worker
+        late = redelivered(r, batch)
+        if late:
+            log.warning("lane %s drops batch %s of job %s: %s", lane.queue, batch.batch_id, batch.job_id, late)
+            return []
         store.mark_batch_started(r, batch.batch_id, lane.queue, worker, batch.job_id, len(batch.candidates))
         if store.job_cancelled(r, batch.job_id):  # answered, so no one waits on it
             cancelled = [MeasureResult(candidate_id=c.candidate_id, error=store.CANCELLED, lane=lane.queue)
@@ -321,6 +325,21 @@ class LaneWorker:
         finally:
             logging.shutdown()
             os._exit(code)
+
+
+def redelivered(r, batch: MeasureBatch) -> str | None:
+    """Why a batch is a late duplicate (None: it is not). Redis hands an unacknowledged message out again
+    after its visibility timeout (an hour): by then the tuner has re-sent what the batch's dead lane left
+    unanswered as a new batch, so a batch some lane already started, or of a job that has ended, is not
+    measured twice."""
+    started, _ = store.batch_results(r, batch.batch_id)
+    if started is not None:
+        return f"started before, at {started.get('at')} by {started.get('worker')} (a redelivery)"
+    try:
+        state = store.job_status(r, batch.job_id)
+    except Exception:  # noqa: BLE001 - no job record (a bench's or a probe's batch): measured as sent
+        return None
+    return f"its job is {state}" if state in ("done", "failed") else None
 
 
 def lane_target(kind: lanes.LaneKind, lane: lanes.Lane):

@@ -1,7 +1,10 @@
 """The reaper: run by every tuner client's heartbeat, so it lives as long as any client does. It finds
 shards whose client died (running, but no lease left) or whose message nobody took, hands their
 unrecorded trial claims back to the job's budget and sends them again; and it re-sends the finishing
-step of a job whose shards are all done when the client that should have finished it died. Guards in
+step of a job whose shards are all done when the client that should have finished it died, and the plan
+message of a job whose planner died while planning it (or that no planner holds: no lease, the plan queue
+empty, its last send STRANDED_PLAN_S ago), with a new token, so the old one is dropped if it ever comes
+back. Guards in
 Redis make one reaper act, not all of them; taking a shard needs its lease, so a shard is never
 searched by two clients at once. The reaper holds a shard's lease itself while it sends the shard again,
 and writes the shard with a compare-and-set, so a client and a reaper never overwrite each other."""
@@ -13,17 +16,17 @@ import uuid
 from typing import Callable
 
 from shared import names, store
-from shared.messages import FINAL_STATES, ShardRef, ShardState
+from shared.messages import FINAL_STATES, JobRef, ShardRef, ShardState
 
 log = logging.getLogger("sharetune.tuner.reaper")
 
 
 def reap(redis, send_shard: Callable[[ShardRef], None], send_finish: Callable[[str], None],
-         now: float | None = None) -> list[str]:
-    """One pass over the active jobs; returns what it did (for logs and tests)."""
+         now: float | None = None, send_plan: Callable[[JobRef], None] | None = None) -> list[str]:
+    """One pass over the jobs awaiting a plan and the active jobs; returns what it did (for logs and tests)."""
     now = time.time() if now is None else now
     me = f"reaper.{uuid.uuid4().hex[:12]}"  # holds a shard's lease while it sends the shard again
-    actions = []
+    actions = reap_plans(redis, send_plan, now) if send_plan is not None else []
     for job_id in store.active_jobs(redis):
         try:
             state = store.job_status(redis, job_id)
@@ -69,4 +72,27 @@ def reap(redis, send_shard: Callable[[ShardRef], None], send_finish: Callable[[s
             actions.append(f"job {job_id} finish sent again")
     for a in actions:
         log.warning("reaper: %s", a)
+    return actions
+
+
+def reap_plans(redis, send_plan: Callable[[JobRef], None], now: float) -> list[str]:
+    """Send again the plan of each job whose plan no planner holds: its planner died mid-plan (its message
+    unacknowledged until Redis's visibility timeout, an hour) or the message was lost."""
+    actions = []
+    plan_queue_empty = store.queue_length(redis, names.PLAN_QUEUE) == 0
+    for job_id in store.planning_jobs(redis):
+        try:
+            state = store.job_status(redis, job_id)
+        except Exception:  # noqa: BLE001 - a job deleted under us
+            store.planned(redis, job_id)
+            continue
+        if state not in ("queued", "planning"):
+            store.planned(redis, job_id)
+            continue
+        if not plan_queue_empty:  # a planner is behind, or none is up: what waits in the queue is taken first
+            continue
+        ref = JobRef(job_id=job_id, plan=uuid.uuid4().hex)
+        if store.replace_stranded_plan(redis, job_id, ref.plan, now, names.STRANDED_PLAN_S):
+            send_plan(ref)
+            actions.append(f"job {job_id} plan sent again (no planner held it)")
     return actions

@@ -49,7 +49,9 @@ class ShardRunner:
             while not self.stopping.is_set():
                 try:
                     store.announce_tuner(self.redis, self.worker)
-                    reaper.reap(self.redis, lambda ref: self.send_shard(ref.job_id, ref.shard), self.send_finish)
+                    reaper.reap(self.redis, lambda ref: self.send_shard(ref.job_id, ref.shard), self.send_finish,
+                                send_plan=lambda ref: self.send(names.PLAN_TASK, ref.model_dump(mode="json"),
+                                                                names.PLAN_QUEUE))
                 except Exception as err:  # noqa: BLE001 - a Redis hiccup must not end the heartbeat
                     log.warning("heartbeat/reaper: %s", err)
                 time.sleep(names.LANE_TTL_S / 3)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 
 from celery import signals
 
@@ -89,19 +90,49 @@ def plan_job(payload):
     ref = _parse(payload, names.PLAN_QUEUE)
     if ref is None:
         return None
+    r, me = RUNNER.redis, worker_id()
+    # a plan message redelivered an hour after its planner died, or one a reaper has replaced since
+    if not store.plan_current(r, ref.job_id, ref.plan):
+        return {"job_id": ref.job_id, "dropped": "an older plan message than the job's current one"}
+    if not store.take_plan_lease(r, ref.job_id, me):
+        return {"job_id": ref.job_id, "dropped": "another planner is planning it"}
+    renewing = _keep_renewing(lambda: store.renew_plan_lease(r, ref.job_id, me), names.PLAN_LEASE_TTL_S / 3)
     try:
-        shards = planner.plan(RUNNER.redis, ref.job_id, LANE_POLICY)
+        shards = planner.plan(r, ref.job_id, LANE_POLICY)
     except planner.Parked as parked:  # look again later; the planner takes the next job meanwhile
+        if ref.plan:
+            store.plan_sent(r, ref.job_id, ref.plan)  # the same message again: not stranded
         app.send_task(names.PLAN_TASK, args=[ref.model_dump(mode="json")], queue=names.PLAN_QUEUE,
                       countdown=parked.retry_in)
         return {"job_id": ref.job_id, "parked": parked.waiting_for}
     except Exception as err:  # noqa: BLE001
-        fail_job(RUNNER.redis, ref.job_id, "planning", err)
+        fail_job(r, ref.job_id, "planning", err)
+        store.planned(r, ref.job_id)
         return None
+    finally:
+        renewing.set()
+        store.release_plan_lease(r, ref.job_id, me)
+    store.planned(r, ref.job_id)
     for sh in shards:
         if sh.state == "pending":
             send_shard(ref.job_id, sh.shard)
     return {"job_id": ref.job_id, "shards": len(shards)}
+
+
+def _keep_renewing(renew, every_s: float) -> threading.Event:
+    """Call `renew` every `every_s` until the returned event is set (a plan of a large model takes minutes;
+    its lease must outlive it, and lapse within seconds of its planner's death)."""
+    stop = threading.Event()
+
+    def run():
+        while not stop.wait(every_s):
+            try:
+                renew()
+            except Exception as err:  # noqa: BLE001 - a Redis hiccup: the next beat tries again
+                log.warning("renewing a plan lease: %s", err)
+
+    threading.Thread(target=run, name="plan-lease", daemon=True).start()
+    return stop
 
 
 @app.task(name=names.TUNE_TASK)
