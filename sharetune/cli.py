@@ -49,8 +49,14 @@ def cmd_up(args) -> int:
 
     live = supervise.running(args.work_dir)
     if live:
+        sup = live.get("supervisor_pid")
+        if not supervise._alive(sup):  # its processes outlived it: nothing restarts them, nor would a new `up`
+            print(f"sharetune up: the supervisor (pid {sup}) of the stack in {args.work_dir} is dead, but its "
+                  f"processes still run: `sharetune down --work-dir {args.work_dir}` ends them, then `up` again",
+                  file=sys.stderr)
+            return 1
         print(f"sharetune up: a stack is already running in {args.work_dir}: REDIS_URL={live.get('redis_url')}, "
-              f"supervisor pid {live.get('supervisor_pid')} (sharetune services / sharetune down --work-dir "
+              f"supervisor pid {sup} (sharetune services / sharetune down --work-dir "
               f"{args.work_dir})", file=sys.stderr)
         return 1
     lanes = args.lanes.split(",") if args.lanes else (gpu_lanes(args.gpu) if args.gpu else None)
@@ -109,14 +115,15 @@ def cmd_services(args) -> int:
         _print_json({"work_dir": state.get("work_dir"), "redis_url": state.get("redis_url"), "supervisor_pid": sup,
                      "supervisor_alive": sup_alive, "ready": state.get("ready"), "updated_at": state.get("updated_at"),
                      "services": rows})
-        return 0 if sup_alive else 1
+        return 0 if sup_alive and not any(r["given_up"] for r in rows) else 1
     age = time.time() - (state.get("updated_at") or 0)
     print(f"supervisor pid {sup} {'alive' if sup_alive else 'DEAD (nothing is restarted)'}; REDIS_URL="
           f"{state.get('redis_url')}; {'ready' if state.get('ready') else 'starting'}; state {age:.0f} s old")
     for r in rows:
         status = "GIVEN UP: " + r["given_up"] if r["given_up"] else ("alive" if r["alive"] else "dead")
         print(f"  {r['name']:<32} {r['kind']:<8} pid {str(r['pid'] or '-'):>7}  restarts {r['restarts']:>2}  {status}")
-    return 0 if sup_alive else 1
+    # non-zero for scripts and health checks: nothing restarts, or something was given up
+    return 0 if sup_alive and not any(r["given_up"] for r in rows) else 1
 
 
 # ---- the user's side: submit, status, watch, results, export, lanes, cancel, report -------------------
@@ -414,11 +421,17 @@ def cli() -> None:
     """GPU/CPU autotuning with spatial sharing."""
 
 
+# the subcommands that talk to a running stack's Redis, and where they find it (_redis_url)
+READS_THE_STORE = {"submit", "status", "watch", "results", "export", "lanes", "cancel", "report", "api"}
+STORE_HELP = ("Reads REDIS_URL; else the URL `sharetune up` recorded in SHARETUNE_WORK_DIR (default runs/stack); "
+              "else redis://127.0.0.1:6379/0.")
+
+
 def command(name: str, help: str, *params):
     """Register body(args) as subcommand `name`; its options arrive as attributes (args.trials, args.json)."""
     def register(body):
         cmd = click.Command(name, callback=lambda **kw: body(argparse.Namespace(**kw)), help=help,
-                            short_help=help.split("\n")[0])
+                            short_help=help.split("\n")[0], epilog=STORE_HELP if name in READS_THE_STORE else None)
         for param in params:
             param(cmd)
         cli.add_command(cmd)
