@@ -27,15 +27,7 @@ def reap(redis, send_shard: Callable[[ShardRef], None], send_finish: Callable[[s
     now = time.time() if now is None else now
     me = f"reaper.{uuid.uuid4().hex[:12]}"  # holds a shard's lease while it sends the shard again
     actions = reap_plans(redis, send_plan, now) if send_plan is not None else []
-    for job_id in store.active_jobs(redis):
-        try:
-            state = store.job_status(redis, job_id)
-        except Exception:  # noqa: BLE001 - a job deleted under us
-            store.deactivate_job(redis, job_id)
-            continue
-        if state in FINAL_STATES:
-            store.deactivate_job(redis, job_id)
-            continue
+    for job_id in _jobs(redis, store.active_jobs(redis), lambda s: s not in FINAL_STATES, store.deactivate_job):
         shards = store.shards(redis, job_id)
         queue_empty = store.queue_length(redis, names.TUNE_QUEUE) == 0
 
@@ -80,15 +72,7 @@ def reap_plans(redis, send_plan: Callable[[JobRef], None], now: float) -> list[s
     unacknowledged until Redis's visibility timeout, an hour) or the message was lost."""
     actions = []
     plan_queue_empty = store.queue_length(redis, names.PLAN_QUEUE) == 0
-    for job_id in store.planning_jobs(redis):
-        try:
-            state = store.job_status(redis, job_id)
-        except Exception:  # noqa: BLE001 - a job deleted under us
-            store.planned(redis, job_id)
-            continue
-        if state not in ("queued", "planning"):
-            store.planned(redis, job_id)
-            continue
+    for job_id in _jobs(redis, store.planning_jobs(redis), lambda s: s in ("queued", "planning"), store.planned):
         if not plan_queue_empty:  # a planner is behind, or none is up: what waits in the queue is taken first
             continue
         ref = JobRef(job_id=job_id, plan=uuid.uuid4().hex)
@@ -96,3 +80,17 @@ def reap_plans(redis, send_plan: Callable[[JobRef], None], now: float) -> list[s
             send_plan(ref)
             actions.append(f"job {job_id} plan sent again (no planner held it)")
     return actions
+
+
+def _jobs(redis, job_ids, wanted: Callable[[str], bool], forget: Callable[[object, str], None]):
+    """The jobs of a reaper's list whose state `wanted` accepts; the others (ended, or deleted under us) are
+    taken off the list with `forget`."""
+    for job_id in job_ids:
+        try:
+            state = store.job_status(redis, job_id)
+        except Exception:  # noqa: BLE001 - a job deleted under us
+            state = None
+        if state is not None and wanted(state):
+            yield job_id
+        else:
+            forget(redis, job_id)
