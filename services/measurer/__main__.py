@@ -20,7 +20,8 @@ from services.workers import exec_worker
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(prog="python -m services.measurer")
     ap.add_argument("--lane", default=os.environ.get("SHARETUNE_LANE"),
-                    help="lane queue name, e.g. measure.cpu.c0-1 or measure.3f2a1c9b.p25 (default: claim one)")
+                    help="lane queue name, e.g. measure.cpu.c0-1 or measure.3f2a1c9b.p25 (default: claim a free lane of "
+                         "the pool SHARETUNE_LANE_SHARE with SHARETUNE_GPU_UUID, or SHARETUNE_LANE_CORES, says)")
     ap.add_argument("--gpu-uuid", default=os.environ.get("SHARETUNE_GPU_UUID"))
     ap.add_argument("--loglevel", default=os.environ.get("SHARETUNE_LOG_LEVEL", "INFO"))
     ap.add_argument("--builder", metavar="FAMILY", default=os.environ.get("SHARETUNE_BUILDER"),
