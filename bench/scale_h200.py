@@ -94,7 +94,7 @@ class CpuSampler:
 
         out: dict[str, float] = {}
         for name, popen in self.procs.items():
-            role = re.match(r"[a-z]+", name).group(0) if re.match(r"[a-z]+", name) else name
+            role = re.match(r"[a-z]*", name).group(0) or name  # tuner0, builder-cuda.sm_90-3 -> tuner, builder
             try:
                 root = psutil.Process(popen.pid)
                 tree = [root] + root.children(recursive=True)

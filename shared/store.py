@@ -660,8 +660,13 @@ def put_default(r: redis.Redis, timing: DefaultTiming) -> None:
 
 
 def default_timing(r: redis.Redis, wkey: str) -> DefaultTiming | None:
-    raw = r.get(names.default_key(wkey))
-    return DefaultTiming.parse(raw) if raw else None
+    return default_timings(r, [wkey])[wkey]
+
+
+def default_timings(r: redis.Redis, wkeys: list[str]) -> dict[str, DefaultTiming | None]:
+    """Each workload's default-schedule timing, in one round trip."""
+    raws = r.mget([names.default_key(w) for w in wkeys]) if wkeys else []
+    return {w: DefaultTiming.parse(raw) if raw else None for w, raw in zip(wkeys, raws)}
 
 
 def known_records(r: redis.Redis, wkey: str, keys: list[str]) -> dict[str, Record]:
@@ -782,6 +787,12 @@ def batch_results(r: redis.Redis, batch_id: str) -> tuple[dict | None, dict[str,
     return started, out
 
 
+def batch_started(r: redis.Redis, batch_id: str) -> dict | None:
+    """Who started the batch and when (mark_batch_started), None before a lane has."""
+    raw = r.hget(names.batch_results_key(batch_id), "_started")
+    return json.loads(raw) if raw else None
+
+
 def batch_progress(r: redis.Redis, batch_id: str) -> tuple[dict | None, dict | None, dict[str, MeasureResult]]:
     """(lane started, builder building, results) of one batch."""
     raw = r.hgetall(names.batch_results_key(batch_id))
@@ -883,7 +894,7 @@ def give_up_gpu(r: redis.Redis, gpu8: str, error: str, lanes: list[str]) -> list
         job_id = _s(raw)
         planned = json.loads(_s(r.hget(names.job_key(job_id), "lanes")) or "[]")
         used = set(planned) | {b.lane for b in lane_batches(r, job_id)}
-        if any(_lane_gpu(q) == gpu8 for q in used):
+        if any(lanes.fault_domain(q) == gpu8 for q in used):
             update_job(r, job_id, gpu_error=error, updated_at=time.time())
             hit.append(job_id)
     return sorted(hit)
@@ -894,8 +905,6 @@ def gpus_down(r: redis.Redis) -> dict[str, dict]:
     return {_s(k): json.loads(v) for k, v in r.hgetall(names.GPUS_DOWN_KEY).items()}
 
 
-def _lane_gpu(queue: str) -> str | None:
-    return lanes.fault_domain(queue)
 
 
 # ---- cost models ---------------------------------------------------------------------------------------------

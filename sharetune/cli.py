@@ -146,10 +146,8 @@ def cmd_submit(args) -> int:
         st = job.status()
         if args.json:
             _print_json(st)
-        else:  # the status view, as `sharetune status JOB` prints it
-            from sharetune.progress import render
-
-            print("\n".join(render(st, time.time(), _width())))
+        else:
+            _print_status(st)
         return 0 if final.get("state") == "done" else 1
     return 0
 
@@ -169,7 +167,7 @@ def _print_advice(job, plan_wait_s: float = 20.0) -> None:
 
 
 def cmd_status(args) -> int:
-    from sharetune.progress import estimates, render
+    from sharetune.progress import estimates
 
     client = _client()
     if not args.job_id:
@@ -187,10 +185,17 @@ def cmd_status(args) -> int:
     if args.json:
         _print_json({**st, "estimates": estimates(st, time.time())})
     else:
-        print("\n".join(render(st, time.time(), _width())))
-        if st.get("advice"):
-            print(f"budget advice: {st['advice']}")
+        _print_status(st)
     return 0
+
+
+def _print_status(st: dict) -> None:
+    """A job's status view: its bar, one line per task, the budget advice."""
+    from sharetune.progress import render
+
+    print("\n".join(render(st, time.time(), _width())))
+    if st.get("advice"):
+        print(f"budget advice: {st['advice']}")
 
 
 

@@ -33,12 +33,13 @@ class Job:
         tasks = {t.task_id: t for t in store.job_tasks(self.client.redis, self.job_id)}
         progress = store.job_progress(self.client.redis, self.job_id)
         # once the job has its result, a task's best is the result's: one best in status and results
-        result = store.job_result(self.client.redis, self.job_id)
+        result = store.job_result(self.client.redis, self.job_id) if st.get("state") in FINAL_STATES else None
         final = {b.task_id: b for b in result.tasks} if result else {}
+        defaults = store.default_timings(self.client.redis, [t.wkey for t in tasks.values()])
         rows = []
         for tid, t in tasks.items():
             p = progress.get(tid) or TaskProgress(task_id=tid, name=t.name)
-            default_s = default_secs(store.default_timing(self.client.redis, t.wkey))
+            default_s = default_secs(defaults[t.wkey])
             rows.append({"task": t.name, "weight": t.weight, "trials": p.trials, "errors": p.errors,
                          "best_us": final[tid].best_us if tid in final else p.best_us,
                          "default_us": 1e6 * default_s if default_s else None, "reused_trials": p.reused_trials})

@@ -332,7 +332,7 @@ def redelivered(r, batch: MeasureBatch) -> str | None:
     after its visibility timeout (an hour): by then the tuner has re-sent what the batch's dead lane left
     unanswered as a new batch, so a batch some lane already started, or of a job that has ended, is not
     measured twice."""
-    started, _ = store.batch_results(r, batch.batch_id)
+    started = store.batch_started(r, batch.batch_id)
     if started is not None:
         return f"started before, at {started.get('at')} by {started.get('worker')} (a redelivery)"
     try:
