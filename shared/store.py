@@ -894,7 +894,7 @@ def give_up_gpu(r: redis.Redis, gpu8: str, error: str, lanes: list[str]) -> list
         job_id = _s(raw)
         planned = json.loads(_s(r.hget(names.job_key(job_id), "lanes")) or "[]")
         used = set(planned) | {b.lane for b in lane_batches(r, job_id)}
-        if any(lanes.fault_domain(q) == gpu8 for q in used):
+        if any(_lane_gpu(q) == gpu8 for q in used):
             update_job(r, job_id, gpu_error=error, updated_at=time.time())
             hit.append(job_id)
     return sorted(hit)
@@ -905,6 +905,10 @@ def gpus_down(r: redis.Redis) -> dict[str, dict]:
     return {_s(k): json.loads(v) for k, v in r.hgetall(names.GPUS_DOWN_KEY).items()}
 
 
+
+
+def _lane_gpu(queue: str) -> str | None:
+    return lanes.fault_domain(queue)  # here, where give_up_gpu's argument `lanes` hides the module
 
 
 # ---- cost models ---------------------------------------------------------------------------------------------

@@ -18,6 +18,9 @@ class MemoryRedis:
     def get(self, key):
         return self.kv.get(key)
 
+    def mget(self, keys):
+        return [self.kv.get(k) for k in keys]
+
     def hset(self, key, field, value):
         self.hashes.setdefault(key, {})[field] = value
 
