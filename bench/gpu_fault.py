@@ -22,7 +22,7 @@ Writes $OUT/gpu_fault_h200.json.
 crash (tests/faultlib.py; SHARETUNE_TEST_FAULT_HOOKS), which a CPU lane quarantines without a recovery.
 Writes $OUT/gpu_fault_rehearsal.json.
 
-    bash bench/device_run.sh gpufault            # or: python3 bench/gpu_fault.py [--budget-s 240]
+    bash bench/device_run.sh gpufault            # or: python3 bench/gpu_fault.py [--budget-s 300]
     python bench/gpu_fault.py --rehearse         # on CPU
 """
 from __future__ import annotations
@@ -103,6 +103,17 @@ def row_figures(row: dict, quarantined: list[dict], recoveries: list[dict], gpu8
     row["recoveries"] = [phase_times(p) for p in phases]
     row["recovery_s"] = recovery_s(phases[0]) if phases else None
     return row
+
+
+def bystander_figures(batches, start: float, end: float) -> dict:
+    """The bystander's trials measured while a row ran, and its longest wait for an answered batch inside the
+    row (from the row's start, between batches, to the row's end while it still had work): a stall shows."""
+    done = sorted(b.finished_at for b in batches)
+    inside = [b for b in batches if start <= b.finished_at <= end]
+    marks = [start] + [t for t in done if start <= t <= end] + ([end] if done and done[-1] > end else [])
+    return {"bystander_trials": sum(b.candidates - b.errors for b in inside),
+            "bystander_max_gap_s": round(max((b - a for a, b in zip(marks, marks[1:])), default=0.0), 2)
+            if done and done[-1] > start else None}
 
 
 # ---- the culprits ----------------------------------------------------------------------------------------
@@ -239,16 +250,19 @@ def run_row(sc: Scenario, make, stack, client, plan: dict, deadline: float, rehe
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--budget-s", type=float, default=None,
-                    help="stop waiting after this long in all, stack start included (240; rehearsal 1200)")
+                    help="stop waiting after this long in all, stack start included (300; rehearsal 1200)")
     ap.add_argument("--work", default=None)
-    ap.add_argument("--trials", type=int, default=None, help="trials of each job (32; rehearsal 8)")
+    ap.add_argument("--trials", type=int, default=None, help="trials of job A (32; rehearsal 8)")
+    ap.add_argument("--bystander-trials", type=int, default=None,
+                    help="trials of the bystander job, enough to run through every row (64; rehearsal 24)")
     ap.add_argument("--rows", default=",".join(s.name for s in SCENARIOS),
                     help=f"comma-separated, of: {', '.join(s.name for s in SCENARIOS)}")
     ap.add_argument("--rehearse", action="store_true", help="on CPU lanes, with the sandbox's fake faults")
     args = ap.parse_args()
     rehearse = args.rehearse
-    budget_s = args.budget_s or (1200.0 if rehearse else 240.0)
+    budget_s = args.budget_s or (1200.0 if rehearse else 300.0)
     trials = args.trials or (8 if rehearse else 32)
+    bystander_trials = args.bystander_trials or (24 if rehearse else 64)
     work = Path(args.work or ("/tmp/gpu_fault_rehearsal" if rehearse else "/tmp/gpu_fault"))
     out = Path(os.environ.get("OUT", "/tmp/out"))
     out.mkdir(parents=True, exist_ok=True)
@@ -287,7 +301,8 @@ def main() -> int:
         job_a = client.submit("tiny", target=a_target, share=None if rehearse else 25, trials=trials,
                               trials_per_iter=4 if rehearse else 8, seed=0)
         bystander = (job_a if rehearse and plan["bystander"] == plan["faulted"] else
-                     client.submit("tiny", target="llvm", trials=trials, trials_per_iter=4 if rehearse else 8, seed=1))
+                     client.submit("tiny", target="llvm", trials=bystander_trials, trials_per_iter=4 if rehearse else 8,
+                                   seed=1))
         jobs = list({j.job_id: j for j in (job_a, bystander)}.values())
         wait_for(lambda: job_a.state().get("state") in ("tuning", "done", "failed"), deadline)
         for i, sc in enumerate(wanted):
@@ -305,8 +320,7 @@ def main() -> int:
             row["jobs_completed"] = sum(1 for s in states.values() if s.get("state") == "done")
             row["lost_candidates"] = sum(a["lost"] for a in accounting.values())  # both jobs, whole run
             # the bystander's trials measured while the row ran: it must not stall
-            row["bystander_trials"] = sum(b.candidates - b.errors for b in by_batches
-                                          if row["started_at"] <= b.finished_at <= row["ended_at"])
+            row.update(bystander_figures(by_batches, row["started_at"], row["ended_at"]))
         result["jobs"] = {j: {"state": s.get("state"), "error": s.get("error"), "gpu_error": s.get("gpu_error"),
                               **accounting[j]} for j, s in states.items()}
         result["job_a"] = faultlib.job_figures(r, job_a, trials)
@@ -320,11 +334,11 @@ def main() -> int:
     (out / name).write_text(text)
     print(text, flush=True)
     print(f"{'row':16} {'done':>4} {'culprit_q':>9} {'innocent_q':>10} {'lost':>4} {'reruns':>6} {'recovery_s':>10} "
-          f"{'bystander':>9}")
+          f"{'bystander':>9} {'by_gap_s':>8}")
     for row in result["rows"]:
         print(f"{row['scenario']:16} {row['jobs_completed']:>4} {str(row['culprit_quarantined']):>9} "
               f"{row['innocents_quarantined']:>10} {row['lost_candidates']:>4} {row['suspect_reruns']:>6} "
-              f"{str(row['recovery_s']):>10} {row['bystander_trials']:>9}")
+              f"{str(row['recovery_s']):>10} {row['bystander_trials']:>9} {str(row['bystander_max_gap_s']):>8}")
     return 0 if all(s.get("state") == "done" for s in states.values()) else 1
 
 

@@ -168,9 +168,6 @@ class FakeMps:
     def servers(self):
         return self._servers()
 
-    def request_quit(self):
-        self.calls.append("quit")
-
     def stop(self):
         self.calls.append("stop")
 

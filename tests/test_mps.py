@@ -332,11 +332,17 @@ def test_a_gpu_fault_recovers_the_whole_gpu_and_plain_exits_restart_one_lane():
     assert plan.restart == ("lane-cpu",)  # GPU lanes come back with their GPU, not one by one
     # the exit code alone (fault report lost with a Redis restart) is enough to recover the GPU
     assert plan_recovery(exits[:1], [], {}, now=102.0).gpus == (U8,)
-    # a lane killed without a fault comes back on its own
+    # a lane killed from outside, without a fault, comes back on its own
     solo = plan_recovery([LaneExit("lane-b", LANE25, -9, 101.0)], [], {}, now=102.0)
     assert solo.gpus == () and solo.restart == ("lane-b",)
+    # one lane crashed without a word (aborted while freeing CUDA objects after a fault, on the H200): its
+    # idle neighbours lost their contexts too, so the whole GPU is recovered; a CPU lane's crash is its own
+    for code in (-6, -11):
+        crashed = plan_recovery([LaneExit("lane-b", LANE25, code, 101.0)], [], {}, now=102.0)
+        assert crashed.gpus == (U8,) and crashed.restart == ()
+    assert plan_recovery([LaneExit("lane-cpu", "measure.cpu.c0", -6, 101.0)], [], {}, now=102.0).restart == ("lane-cpu",)
     # lanes of one GPU dying together without a word (killed by the MPS server): the GPU is recovered
-    together = plan_recovery([LaneExit("lane-a", LANE25, -9, 101.0), LaneExit("lane-b", LANE25, -6, 101.0)], [], {},
+    together = plan_recovery([LaneExit("lane-a", LANE25, -9, 101.0), LaneExit("lane-b", LANE25, -9, 101.0)], [], {},
                              now=102.0)
     assert together.gpus == (U8,) and together.restart == ()
 

@@ -11,8 +11,10 @@ Here only: the worker's signals build and tear down its core (services.measurer.
 parses its message, calls the core, and answers a malformed message."""
 from __future__ import annotations
 
+import atexit
 import json
 import logging
+import os
 
 from celery import signals
 
@@ -90,7 +92,15 @@ def measure_batch(payload):
         # code the stack's supervisor reads as "restart MPS and this GPU's lanes"
         worker_state.should_stop = names.EXIT_GPU_FAULT
         summary["gpu_fault"] = WORKER.gpu_fault
+        atexit.register(_end_without_freeing)
     return summary
+
+
+def _end_without_freeing() -> None:
+    """The process's last step after a GPU fault: leave with the GPU-fault code before the interpreter frees
+    the dead context's device objects (a free there aborts, and the supervisor would read a crash)."""
+    logging.shutdown()
+    os._exit(names.EXIT_GPU_FAULT)
 
 
 def _answer_malformed(r, queue: str, lane: str, payload, why: str) -> None:

@@ -69,6 +69,7 @@ class LaneWorker:
         from services.measurer.metaschedule import evaluate
 
         s, lane, kind = self.settings, self.lane, self.kind
+        t0 = time.perf_counter()
         kind.check(lane, lanes.Host.this())  # the share in the lane's name is the share it measures at
         if s.lane_claim:  # before the warm-up, which may outlast the claim's TTL
             threading.Thread(target=self.keep_claim, name="lane-claim", daemon=True).start()
@@ -85,7 +86,9 @@ class LaneWorker:
 
             observer = make_observer()
             self.observer = observer if observer.inventory() else None
+        t_target = time.perf_counter()
         self.target = lane_target(kind, lane)
+        t_warm = time.perf_counter()
         if self.sandboxed:
             from services.measurer.metaschedule.sandbox import Sandbox
 
@@ -94,7 +97,7 @@ class LaneWorker:
         else:
             warm_s = evaluate.warm_up(self.target) if s.warmup else 0.0
         if self.pool is not None and s.warmup:
-            warm_s += self.pool.warm_up(self.target)
+            self.pool.start_warm_up(self.target)
         self.info = LaneInfo(
             queue=lane.queue,
             kind=lane.kind,
@@ -109,7 +112,9 @@ class LaneWorker:
         self.announce()
         threading.Thread(target=keep_announcing, args=(self.stop, self.announce, "lane"), name="lane-heartbeat",
                          daemon=True).start()
-        log.info("lane %s ready (share %s %%, warm-up %.2f s, target %s)", lane.queue, self.info.share, warm_s,
+        # where a (re)start's seconds go: the checks and observer, the target (a GPU's first CUDA call), the warm-up
+        log.info("lane %s ready in %.2f s (checks %.2f s, target %.2f s, warm-up %.2f s; share %s %%, target %s)",
+                 lane.queue, time.perf_counter() - t0, t_target - t0, t_warm - t_target, warm_s, self.info.share,
                  self.target)
 
     def announce(self) -> None:

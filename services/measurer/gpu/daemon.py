@@ -132,11 +132,6 @@ class MpsDaemon:
             out[pid] = parse_pids(got.stdout) if got.returncode == 0 else []
         return out
 
-    def request_quit(self) -> CommandResult:
-        """Ask the daemon (and its servers) to exit, without waiting: a server with live clients stays."""
-        argv, text = self.quit_command()
-        return self._run(argv, text)
-
     # -- state
     def is_running(self) -> bool:
         """A daemon serves this pipe directory: its control pipe exists and it answers a query."""

@@ -22,6 +22,13 @@ class LaneExit:
     at: float
 
 
+# A GPU lane that dies of these crashed in native code: under MPS that is how a lost CUDA context ends a
+# process whose CUDA objects are freed after the fault (the runtime's error thrown from a destructor aborts),
+# and its neighbours' contexts are gone with it even while they sit idle. Killed from outside (SIGKILL,
+# SIGTERM) it is only that lane.
+CRASH_SIGNALS = frozenset({4, 6, 7, 8, 11})  # SIGILL, SIGABRT, SIGBUS, SIGFPE, SIGSEGV
+
+
 @dataclass(frozen=True)
 class Recovery:
     """What the supervisor does next. `gpus`: GPUs (uuid8) whose lanes all stop, whose MPS daemon is
@@ -41,8 +48,8 @@ def plan_recovery(exits: Sequence[LaneExit], faults: Sequence, history: Mapping[
                   now: float, max_restarts: int = 5, window_s: float = 600.0, gpu_fault_code: int = 75) -> Recovery:
     """Decide, from what was observed, which lanes to restart. Pure: `exits` are lane processes seen
     ended, `faults` GpuFault-like records (with .gpu8) reported since the last recovery, `history`
-    lane name -> times it was restarted. A GPU with a reported fault, or a lane that exited with the
-    GPU-fault code, is recovered as a whole; any other lane restarted `max_restarts` times within
+    lane name -> times it was restarted. A GPU with a reported fault, a lane that exited with the
+    GPU-fault code or crashed (CRASH_SIGNALS), or two of its lanes dying together, is recovered as a whole; any other lane restarted `max_restarts` times within
     `window_s` is given up (a crash loop is not hidden behind restarts). A lane that goes down with its
     GPU is never given up here: finding a culprit among suspects takes one recovery per fault, each of
     them progress (a suspect cleared or a culprit counted toward its quarantine), so the GPU's own
@@ -52,7 +59,7 @@ def plan_recovery(exits: Sequence[LaneExit], faults: Sequence, history: Mapping[
     died: dict[str, int] = {}
     for ex in exits:
         gpu = lanes.fault_domain(ex.queue)
-        if gpu and ex.code == gpu_fault_code:
+        if gpu and (ex.code == gpu_fault_code or (ex.code is not None and -ex.code in CRASH_SIGNALS)):
             gpus.add(gpu)
         elif gpu and ex.code:
             died[gpu] = died.get(gpu, 0) + 1

@@ -25,15 +25,23 @@ def device_for(target: tvm.target.Target):
     return tvm.cuda(0) if target.kind.name == "cuda" else tvm.cpu(0)
 
 
+# Device objects of a CUDA context that a fault ended. They are never freed: freeing one calls into the dead
+# context, whose error, thrown from a destructor, aborts the process before its lane can report the fault.
+KEPT_AFTER_FAULT: list = []
+
+
 def cuda_context_alive() -> bool:
     """After an unexplained run error: does this lane's CUDA context still work? (A sticky fault makes
     every later call fail.)"""
+    probe = None
     try:
         dev = tvm.cuda(0)
-        tvm.runtime.empty((1,), "float32", dev).copyfrom(__import__("numpy").zeros(1, "float32"))
+        probe = tvm.runtime.empty((1,), "float32", dev)
+        probe.copyfrom(__import__("numpy").zeros(1, "float32"))
         dev.sync()
         return True
     except Exception:  # noqa: BLE001
+        KEPT_AFTER_FAULT.append(probe)
         return False
 
 
@@ -305,6 +313,17 @@ def build_to_file(packed_mod: str, target_json: str, out_dir: str) -> tuple[str 
         return None, f"build failed: {_clip(err)}", time.perf_counter() - t0, cpu_since(c0)
 
 
+def _discard_built(fut) -> None:
+    import os
+
+    try:
+        path = fut.result()[0]
+    except Exception:  # noqa: BLE001 - a warm-up that failed: the real builds will say why
+        return
+    if path:
+        os.remove(path)
+
+
 class BuildPool:
     def __init__(self, workers: int):
         import multiprocessing
@@ -317,20 +336,15 @@ class BuildPool:
         self._make = lambda: ProcessPoolExecutor(workers, mp_context=self._ctx, initializer=_pool_init)
         self.pool = self._make()
 
-    def warm_up(self, target) -> float:
-        """Build a trivial kernel in every worker, so each has paid its start-up before real work."""
+    def start_warm_up(self, target) -> None:
+        """Build a trivial kernel in every worker, so each pays its start-up before real work, while the
+        caller goes on: a lane restarted after a GPU fault measures prebuilt candidates at once, and a build
+        sent meanwhile queues behind the warm-up."""
         from services.measurer.metaschedule.codec import dump_ir
 
-        t0 = time.perf_counter()
         packed = dump_ir(trivial_kernel(target))
-        futs = [self.pool.submit(build_to_file, packed, str(target), self.out_dir) for _ in range(self.workers)]
-        for f in futs:
-            path = f.result()[0]
-            if path:
-                import os
-
-                os.remove(path)
-        return time.perf_counter() - t0
+        for _ in range(self.workers):
+            self.pool.submit(build_to_file, packed, str(target), self.out_dir).add_done_callback(_discard_built)
 
     def measure_batch(self, candidates: list[Candidate], target, timing: TimingConfig):
         """Build all candidates in parallel; time each in this process as soon as it is built."""
@@ -369,6 +383,7 @@ def time_module(rt_mod, candidate: Candidate, target, timing: TimingConfig) -> M
     from shared.ranking import rank_secs
 
     t1 = time.perf_counter()
+    args = None
     try:
         dev = device_for(target)
         args = alloc_argument_common(_random_fill_fn(), dev, candidate.args_info, 1)
@@ -382,6 +397,8 @@ def time_module(rt_mod, candidate: Candidate, target, timing: TimingConfig) -> M
                                      enable_cpu_cache_flush=False)
             costs = run_evaluator_common(rt_mod, dev, config, args)
     except Exception as err:  # noqa: BLE001
+        if target.kind.name == "cuda" and not cuda_context_alive():
+            KEPT_AFTER_FAULT.extend([args, rt_mod])
         return MeasureResult(candidate_id=candidate.candidate_id, error=f"run failed: {_clip(err)}",
                              run_s=time.perf_counter() - t1)
     return MeasureResult(candidate_id=candidate.candidate_id, run_secs=costs, run_s=time.perf_counter() - t1,
