@@ -141,6 +141,25 @@ def test_lease_is_exclusive_and_renewable(redis_conn):
     assert store.take_lease(redis_conn, job, 0, "b")
 
 
+def test_a_blocked_shard_takes_turns_at_once_and_a_busy_one_after_its_quantum(redis_conn):
+    from services.tuner.metaschedule.rounds import Stopped
+    from services.tuner.shards import Lease
+
+    job = "turns-test"
+    waiting = ShardState(shard=1, task_ids=["t1"], queued_at=time.time() - 5)
+    _job(redis_conn, job, [ShardState(shard=0, task_ids=["t0"], state="running"), waiting], 100)
+    lease = Lease(redis_conn, job, 0, "me", threading.Event(), quantum_s=3600)
+    try:
+        lease.check(True)  # within its quantum a shard keeps its client
+        with pytest.raises(Stopped, match="taking turns with shard 1"):
+            lease.check(True, blocked=True)  # it can measure nothing until shard 1 has had its first rounds
+        lease.check(False, blocked=True)  # its own first rounds come first
+        store.update_shard(redis_conn, job, 1, lambda sh: setattr(sh, "state", "running"))
+        lease.check(True, blocked=True)  # no shard waits for a client: it waits on
+    finally:
+        lease.stop()
+
+
 def test_reaper_sends_back_dead_and_stranded_shards_once(redis_conn):
     from services.tuner.reaper import reap
 

@@ -186,6 +186,8 @@ class LaneWorker:
                            if (q := poison.already_poison(r, store.candidate_hash(c.mod), **guard)) is not None}
             todo = [c for c in batch.candidates if c.candidate_id not in quarantined]
             if self.pool is not None:
+                if any(c.artifact is None for c in todo):
+                    self.pool.finish_warm_up()  # before any watchdog is armed: start-up is not a build's time
                 measuring = self.pool.measure_batch(todo, target, batch.timing)
             else:
                 measuring = (evaluate.measure(c, target, batch.timing) for c in todo)

@@ -196,7 +196,10 @@ class Lease:
     def held(self) -> bool:
         return not self._lost.is_set()
 
-    def check(self, passed: bool = False) -> None:
+    def check(self, passed: bool = False, blocked: bool = False) -> None:
+        """`passed`: every task of the shard has had its first round; `blocked`: the shard can measure
+        nothing more until other shards' tasks have had theirs (then it takes turns at once, not after its
+        quantum: the job's clients may all be held by other jobs, say waiting out a GPU recovery)."""
         from services.tuner.metaschedule.rounds import Stopped
 
         if self.stopping.is_set():
@@ -206,7 +209,7 @@ class Lease:
         state = store.job_status(self.redis, self.job_id)
         if state in ("failed", "cancelled"):
             raise Stopped(f"the job is {state}")
-        if passed and time.time() - self.started > self.quantum_s:
+        if passed and (blocked or time.time() - self.started > self.quantum_s):
             # fewer clients than shards: once each of its tasks has had a round, a client takes turns
             # with a shard that waits for a client, so every task of the job gets its first rounds
             waiting = [sh.shard for sh in store.shards(self.redis, self.job_id).values()

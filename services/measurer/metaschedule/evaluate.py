@@ -313,6 +313,9 @@ def build_to_file(packed_mod: str, target_json: str, out_dir: str) -> tuple[str 
         return None, f"build failed: {_clip(err)}", time.perf_counter() - t0, cpu_since(c0)
 
 
+WARM_UP_TIMEOUT_S = 300.0  # spawn, import TVM and build a trivial kernel, on a loaded host
+
+
 def _discard_built(fut) -> None:
     import os
 
@@ -335,6 +338,7 @@ class BuildPool:
         self._ctx = multiprocessing.get_context("spawn")
         self._make = lambda: ProcessPoolExecutor(workers, mp_context=self._ctx, initializer=_pool_init)
         self.pool = self._make()
+        self._warming: list = []
 
     def start_warm_up(self, target) -> None:
         """Build a trivial kernel in every worker, so each pays its start-up before real work, while the
@@ -343,8 +347,16 @@ class BuildPool:
         from services.measurer.metaschedule.codec import dump_ir
 
         packed = dump_ir(trivial_kernel(target))
-        for _ in range(self.workers):
-            self.pool.submit(build_to_file, packed, str(target), self.out_dir).add_done_callback(_discard_built)
+        self._warming = [self.pool.submit(build_to_file, packed, str(target), self.out_dir) for _ in range(self.workers)]
+        for f in self._warming:
+            f.add_done_callback(_discard_built)
+
+    def finish_warm_up(self, timeout_s: float = WARM_UP_TIMEOUT_S) -> None:
+        """Wait for the workers' warm-up, so no candidate's build timeout is spent on the pool's start-up."""
+        from concurrent.futures import wait
+
+        wait(self._warming, timeout=timeout_s)
+        self._warming = []
 
     def measure_batch(self, candidates: list[Candidate], target, timing: TimingConfig):
         """Build all candidates in parallel; time each in this process as soon as it is built."""

@@ -81,7 +81,7 @@ class ShardLoop:
     def __init__(self, redis, job_id: str, shard: int, tasks: list[JobTask], make_context: Callable, builder,
                  runner, database, cost_model, records: StoreRecords, trials_per_iter: int,
                  max_trials_per_task: int, steering: Steering | None = None,
-                 check: Callable[[bool], None] | None = None, cold_start: bool = True,
+                 check: Callable[..., None] | None = None, cold_start: bool = True,
                  first_round: int | None = None, defaults: Callable[[list[JobTask]], dict] | None = None,
                  screen: bool = False):
         self.redis, self.job_id, self.shard = redis, job_id, shard
@@ -96,7 +96,7 @@ class ShardLoop:
         self.steering = steering or Steering()
         # raises Stopped when the client must hand the shard back; its argument says whether every task
         # of the shard has had a round (a client may then yield to a shard no client has taken)
-        self.check = check or (lambda passed: None)
+        self.check = check or (lambda passed, blocked=False: None)
         self.run_stats = ShardRun()
         self._reserve_since: float | None = None
         self.mine = {t.job_task.task_id for t in self.tasks}
@@ -213,6 +213,7 @@ class ShardLoop:
         if t.started:  # a later round: leave what the job's remaining first rounds need
             left -= self._reserve()
             if left <= 0:
+                self.check(True, blocked=True)  # a shard waiting for a client gets this one now
                 time.sleep(0.2)  # other clients' first rounds are due; the loop picks again
                 return True
         if t.cold and not t.dry and self.cost_model.trained():
