@@ -419,3 +419,36 @@ def test_a_gpu_lane_clears_the_suspects_that_answer_alone_and_quarantines_the_on
     again = run_on(lane_worker.LaneWorker(LaneSettings(max_crashes=2), lanes.parse(LANE_A), r), resent)
     assert again["c3"].error is None and store.crash_count(r, hashes[3]) == 0
     assert sum(store.suspect_runs(r, GPU_A).values()) == 4  # each suspect ran alone once
+
+
+def test_a_suspect_whose_lane_lost_its_context_while_it_waited_is_not_run_nor_blamed(redis_url, monkeypatch):
+    """On the H200 the culprit, running alone, took the MPS server down; a neighbour lane then took the gate
+    for its own suspect and ran it on the dead context: it faulted alone and an innocent was quarantined.
+    The lane looks at its context once it has the gate: dead, the suspect is left unrun with its count."""
+    import uuid
+
+    from services.measurer import worker as lane_worker
+    from shared import lanes
+    from shared.messages import Candidate, MeasureBatch, TimingConfig
+    from shared.settings import LaneSettings
+
+    r = store.connect(redis_url)
+    r.flushdb()
+    cand = Candidate(candidate_id="c0", mod=f"{uuid.uuid4().hex}-innocent", args_info=[])
+    chash = store.candidate_hash(cand.mod)
+    r.hset(names.CRASHES_KEY, chash, 1)  # a suspect of the first fault
+    monkeypatch.setattr(lane_worker, "_cuda_alive", lambda: False)  # the culprit's fault reached this lane
+    ran = []
+
+    def fake_gpu():
+        ran.append(True)
+        yield from ()
+
+    lane = lane_worker.LaneWorker(LaneSettings(max_crashes=2), lanes.parse(LANE_A), r)
+    lane._gpu_shared = lambda: True
+    batch = MeasureBatch(batch_id="b1", job_id="j", target="", timing=TimingConfig(timeout_s=30), candidates=[cand])
+    answered = list(lane._in_process(batch, fake_gpu(), {}, dict(max_crashes=2, lane=LANE_A, job_id="j",
+                                                                  batch_id="b1")))
+    assert answered == [] and not ran and lane.gpu_fault  # unanswered (re-sent), never run, the lane ends
+    assert store.crash_count(r, chash) == 1 and store.quarantined(r, chash) is None
+    assert [f.role for f in store.gpu_faults(r, GPU_A)] == ["victim"]

@@ -241,6 +241,12 @@ class LaneWorker:
             chash = store.candidate_hash(cand.mod)
             alone = gate is not None and runs_alone(store.crash_count(r, chash) + 1)
             with gate.alone() if alone else gate.ordinary() if gate is not None else nullcontext():
+                if alone and not _cuda_alive():
+                    # a neighbour faulted while this suspect waited for the gate, and its context went with the
+                    # neighbour's: run now, it would fault alone and be blamed (on the H200, an innocent was)
+                    self._report_gpu_fault(chash, "the lane's CUDA context was lost before this suspect ran "
+                                           "alone (a neighbour's fault): not run, its count kept", "victim")
+                    return
                 # raised once it has the GPU, not while it waits: a lane ended in the wait blames no one
                 crashes = store.crash_pending(r, chash)
                 if alone:
