@@ -26,6 +26,10 @@ class StoreError(SharetuneError):
     """Redis (the store every part shares) cannot be reached at the URL given."""
 
 
+class StoreFullError(StoreError):
+    """Redis reached its maxmemory (it never evicts: it is the only store); nothing was written."""
+
+
 class SpecError(SharetuneError, ValueError):
     """A job's number (trials, trials per round, clients, ...) outside its range."""
 

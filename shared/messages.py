@@ -114,6 +114,8 @@ class JobSpec(Contract):
     # its task's best so far; "uniform": every candidate gets the full timing
     timing: TimingPolicy = "screen"
     wait_for_lanes: bool = False  # no live lane serves (kind, share) yet: wait for one (parked) until cancelled
+    # the model's inputs (shape, dtype), to time its compiled modules after its model left the store
+    inputs: list[tuple[list[int], str]] | None = None
     submitted_at: float = Field(default_factory=time.time)
 
     @field_validator("share")

@@ -200,6 +200,27 @@ def job_splits_key(job_id: str) -> str:
     return f"{PREFIX}:job:{job_id}:splits"
 
 
+# A job that ended keeps its status, tasks, progress, shards, batches and result; what only a running job
+# needs (the model above all: tens of MB) goes this long after it ended (a cancelled job is still finished
+# on what it measured, from its model).
+ENDED_JOB_STATE_TTL_S = 3600
+
+
+def job_transient_keys(job_id: str) -> list[str]:
+    """What only a running job needs: its model, plan, budget, claims, gradient history, finish guard, time
+    splits and cancel flag. Expired ENDED_JOB_STATE_TTL_S after the job ends."""
+    return [job_model_key(job_id), job_plan_key(job_id), plan_lease_key(job_id), job_budget_key(job_id),
+            job_claims_key(job_id), job_history_key(job_id), job_finish_key(job_id), job_splits_key(job_id),
+            job_cancel_key(job_id)]
+
+
+def job_keys(job_id: str) -> list[str]:
+    """Every key of a job (shard leases and re-queue guards aside: they lapse by their TTL). `prune` deletes
+    them; the workloads' records and defaults are the tuning knowledge and stay."""
+    return [job_key(job_id), job_tasks_key(job_id), job_progress_key(job_id), job_batches_key(job_id),
+            job_shards_key(job_id)] + job_transient_keys(job_id)
+
+
 def workload_key(wkey: str) -> str:
     """One tuning workload (a task's IRModule at a target and share): packed TVM JSON + metadata."""
     return f"{PREFIX}:wl:{wkey}"

@@ -16,7 +16,7 @@ import redis
 from redis.commands.core import Script
 
 from shared import lanes, names
-from shared.errors import JobError
+from shared.errors import JobError, StoreFullError
 from shared.messages import (
     FINAL_STATES,
     BuilderInfo,
@@ -83,11 +83,52 @@ def _script(source: str) -> Script:
 
 
 def create_job(r: redis.Redis, spec: JobSpec, model_blob: bytes) -> None:
-    with r.pipeline() as p:
-        p.set(names.job_model_key(spec.job_id), model_blob)
-        p.hset(names.job_key(spec.job_id), mapping=JobHash.dump_fields(spec=spec, state="queued", updated_at=time.time()))
-        p.zadd(names.JOBS_KEY, {spec.job_id: spec.submitted_at})
-        p.execute()
+    """Store a new job; StoreFullError (nothing written) when Redis is at its maxmemory."""
+    try:
+        with r.pipeline() as p:  # MULTI/EXEC: a store that is full refuses all of it
+            p.set(names.job_model_key(spec.job_id), model_blob)
+            p.hset(names.job_key(spec.job_id),
+                   mapping=JobHash.dump_fields(spec=spec, state="queued", updated_at=time.time()))
+            p.zadd(names.JOBS_KEY, {spec.job_id: spec.submitted_at})
+            p.execute()
+    except redis.exceptions.OutOfMemoryError:
+        mem = memory(r)
+        raise StoreFullError(
+            f"the store is full: Redis uses {mem['used_bytes'] / 2**20:.1f} MiB of its maxmemory "
+            f"{mem['max_bytes'] / 2**20:.1f} MiB; job {spec.job_id} was not submitted. Free space with "
+            f"`python -m sharetune prune --older-than 7d` (ended jobs; tuning records stay), or raise "
+            f"SHARETUNE_REDIS_MAXMEMORY") from None
+
+
+def memory(r: redis.Redis) -> dict:
+    """Redis's memory: used and max bytes (0: no limit), and how many keys it holds."""
+    info = r.info("memory")
+    return {"used_bytes": int(info.get("used_memory", 0)), "max_bytes": int(info.get("maxmemory", 0)),
+            "keys": int(r.dbsize())}
+
+
+def prune_jobs(r: redis.Redis, older_than_s: float, now: float | None = None, dry_run: bool = False) -> list[str]:
+    """Delete every key of each job that ended (done, failed, cancelled) more than `older_than_s` ago, or
+    whose status is gone; the workloads' records and defaults stay (the tuning knowledge: exports and later
+    jobs reuse them). Returns the job ids pruned (would be, with `dry_run`)."""
+    cutoff = (time.time() if now is None else now) - older_than_s
+    gone = []
+    for raw in r.zrange(names.JOBS_KEY, 0, -1):
+        job_id = _s(raw)
+        state, updated = (_s(v) for v in r.hmget(names.job_key(job_id), "state", "updated_at"))
+        ended_at = float(updated) if updated else 0.0
+        if state is None or (state in FINAL_STATES and ended_at < cutoff):
+            gone.append(job_id)
+    if not dry_run:
+        for i in range(0, len(gone), 100):
+            with r.pipeline() as p:
+                for job_id in gone[i:i + 100]:
+                    p.delete(*names.job_keys(job_id))
+                    p.zrem(names.JOBS_KEY, job_id)
+                    p.srem(names.ACTIVE_JOBS_KEY, job_id)
+                    p.srem(names.PLANNING_JOBS_KEY, job_id)
+                p.execute()
+    return gone
 
 
 # ---- plans: a job is planned once, by one planner; a plan message older than the job's current one is dropped
@@ -169,11 +210,30 @@ return 1
 
 def set_state(r: redis.Redis, job_id: str, state: str, error: str | None = None, **extra) -> bool:
     """Move a job to `state` (and stamp `<state>_at`, for ETAs and reports); False if it was cancelled.
-    `extra` are other fields of the job (JobHash), validated before anything is written."""
+    `extra` are other fields of the job (JobHash), validated before anything is written. A job that ends
+    (done, failed) lets its transient state go (names.job_transient_keys)."""
     now = time.time()
     mapping = JobHash.dump_fields(**{"state": state, "updated_at": now, f"{state}_at": now, "error": error, **extra})
     args = [x for kv in mapping.items() for x in kv]
-    return bool(_SET_STATE(keys=[names.job_key(job_id)], args=args, client=r))
+    moved = bool(_SET_STATE(keys=[names.job_key(job_id)], args=args, client=r))
+    if moved and state in FINAL_STATES:
+        expire_transient(r, job_id)
+    return moved
+
+
+# EXPIRE ... LT, which Redis 6 lacks: a key without a TTL gets this one, one set to go sooner keeps its own
+_EXPIRE_LT = _script("""
+for _, key in ipairs(KEYS) do
+  local ttl = redis.call('PTTL', key)
+  if ttl == -1 or ttl > tonumber(ARGV[1]) then redis.call('PEXPIRE', key, ARGV[1]) end
+end
+return 1
+""")
+
+
+def expire_transient(r: redis.Redis, job_id: str, ttl_s: int = names.ENDED_JOB_STATE_TTL_S) -> None:
+    """An ended job's model, plan, budget... expire in `ttl_s` (sooner if already set to)."""
+    _EXPIRE_LT(keys=names.job_transient_keys(job_id), args=[int(ttl_s * 1000)], client=r)
 
 
 _FINAL_LUA = " or ".join(f"state == '{s}'" for s in FINAL_STATES)
@@ -194,6 +254,8 @@ def cancel_job(r: redis.Redis, job_id: str) -> str:
     state = _CANCEL(keys=[names.job_key(job_id), names.job_cancel_key(job_id)], args=[repr(time.time())], client=r)
     if state is None:
         raise JobError(f"no job {job_id!r} in the store")
+    if _s(state) == "cancelled":
+        expire_transient(r, job_id)
     return _s(state)
 
 

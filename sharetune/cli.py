@@ -356,6 +356,41 @@ def cmd_cancel(args) -> int:
 
 
 
+def parse_duration(text: str) -> float:
+    """Seconds from '7d', '12h', '30m', '45s' or a plain number of seconds; SpecError otherwise."""
+    from shared.errors import SpecError
+
+    units = {"d": 86400, "h": 3600, "m": 60, "s": 1}
+    t = text.strip().lower()
+    try:
+        value = float(t[:-1]) * units[t[-1]] if t and t[-1] in units else float(t)
+    except ValueError:
+        value = -1.0
+    if not value >= 0:
+        raise SpecError(f"--older-than {text!r}: give a duration like 7d, 12h, 30m or seconds")
+    return value
+
+
+def cmd_prune(args) -> int:
+    from shared import store
+
+    r = _client().redis
+    before = store.memory(r)
+    gone = store.prune_jobs(r, parse_duration(args.older_than), dry_run=args.dry_run)
+    after = store.memory(r)
+    out = {"jobs": gone, "dry_run": args.dry_run, "used_bytes_before": before["used_bytes"],
+           "used_bytes_after": after["used_bytes"], "max_bytes": after["max_bytes"], "keys": after["keys"]}
+    if args.json:
+        _print_json(out)
+        return 0
+    verb = "would prune" if args.dry_run else "pruned"
+    limit = f" of {after['max_bytes'] / 2**20:.1f}" if after["max_bytes"] else ""
+    print(f"{verb} {len(gone)} job(s) ended more than {args.older_than} ago; Redis uses "
+          f"{before['used_bytes'] / 2**20:.1f} -> {after['used_bytes'] / 2**20:.1f}{limit} MiB "
+          f"({after['keys']} keys; tuning records kept)")
+    return 0
+
+
 def cmd_report(args) -> int:
     from pathlib import Path
 
@@ -427,7 +462,7 @@ def cli() -> None:
 
 
 # the subcommands that talk to a running stack's Redis, and where they find it (_redis_url)
-READS_THE_STORE = {"submit", "status", "watch", "results", "export", "lanes", "cancel", "report", "api"}
+READS_THE_STORE = {"submit", "status", "watch", "results", "export", "lanes", "cancel", "prune", "report", "api"}
 STORE_HELP = ("Reads REDIS_URL; else the URL `sharetune up` recorded in SHARETUNE_WORK_DIR (default runs/stack); "
               "else redis://127.0.0.1:6379/0.")
 
@@ -495,6 +530,13 @@ command("export", "write a job's records as TVM's JSON database (or JSON lines)"
         JSON)(cmd_export)
 command("lanes", "live measurer lanes (one line per worker)", JSON)(cmd_lanes)
 command("cancel", "stop a job after the round in flight", JOB, JSON)(cmd_cancel)
+command("prune", "delete ended jobs' state from the store (their tuning records stay)\n\n"
+        "Delete every key of the jobs that ended (done, failed, cancelled) more than --older-than ago: status, "
+        "tasks, progress, batches. The workloads' tuning records and defaults stay (exports and later jobs use "
+        "them), and so do exported databases and compiled modules on disk. An ended job's model and other "
+        "running state already expire an hour after it ends.",
+        click.option("--older-than", default="7d", show_default=True, help="e.g. 7d, 12h, 30m, or seconds"),
+        click.option("--dry-run", is_flag=True, help="list what would go, delete nothing"), JSON)(cmd_prune)
 command("report", "write an HTML report with plots of a job", JOB,
         click.option("-o", "--out", help="HTML file (default: ./<job>-report.html)"),
         click.option("--matrix", help="a share-matrix JSON (`sharetune matrix`) to plot as well"))(cmd_report)

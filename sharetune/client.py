@@ -82,6 +82,20 @@ class Job:
             raise JobError(f"job {self.job_id} has no result yet (state {st.get('state')})")
         return res
 
+    def _inputs(self, spec) -> list:
+        """The model's inputs (shape, dtype): recorded at submit, else read from its model while it is kept."""
+        if spec.inputs is not None:
+            return [(tuple(shape), dtype) for shape, dtype in spec.inputs]
+        try:
+            blob = store.job_model(self.client.redis, self.job_id)
+        except JobError:
+            raise JobError(f"job {self.job_id}'s model left the store an hour after the job ended, and the job "
+                           "predates recorded inputs: time its modules with `python -m sharetune.evaluate`") from None
+        from services.tuner.metaschedule.codec import load_ir
+        from sharetune.intake import _main_inputs
+
+        return _main_inputs(load_ir(blob.decode()), "the job's model")
+
     def latency_us(self, rounds: int = 10, timeout_s: float = 300.0) -> dict:
         """End-to-end latency (µs, median of `rounds`) of the tuned and the untuned model: a CPU job's
         compiled modules timed on this host in a fresh process pinned to as many cores as its lanes
@@ -104,12 +118,8 @@ class Job:
                    if p and os.path.exists(p)}
         if not modules:
             raise JobError(f"job {self.job_id}'s compiled modules are not on this host")
-        from services.tuner.metaschedule.codec import load_ir
-        from sharetune.intake import _main_inputs
-
-        mod = load_ir(store.job_model(self.client.redis, self.job_id).decode())
         rng = np.random.default_rng(0)
-        inputs = [rng.standard_normal(shape).astype(dtype) for shape, dtype in _main_inputs(mod, "the job's model")]
+        inputs = [rng.standard_normal(shape).astype(dtype) for shape, dtype in self._inputs(spec)]
         queues = set(store.job_hash(self.client.redis, self.job_id).lanes or [])
         cores = next((l.cores for l in self.client.lanes() if l.queue in queues and l.cores), None)
         n = len(cores) if cores else max(1, round((os.cpu_count() or 1) * spec.share / 100))
@@ -196,12 +206,18 @@ class Client:
         _check_model_size(model)
         relax_model = to_relax(model, example_inputs)
         job_id = uuid.uuid4().hex[:12]
+        from sharetune.intake import _main_inputs
+
+        try:
+            inputs = [(list(shape), dtype) for shape, dtype in _main_inputs(relax_model.mod, "the model")]
+        except ModelError:
+            inputs = None  # not static tensors: tuned all the same, timed end to end only while its model is kept
         spec = JobSpec(
             job_id=job_id, name=name or (model if isinstance(model, str) else type(model).__name__),
             target=target, share=share, trials=trials, trials_per_iter=trials_per_iter,
             max_trials_per_task=max_trials_per_task, seed=seed, only_tasks=only_tasks, retime_top_k=retime_top_k,
             clients=clients, cost_model=cost_model, untuned_baseline=untuned_baseline, wait_for_lanes=wait_for_lanes,
-            timing=timing,
+            timing=timing, inputs=inputs,
         )
         from services.tuner.metaschedule.codec import dump_ir  # the IR format the planner reads
 

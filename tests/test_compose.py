@@ -70,6 +70,7 @@ def test_every_sharetune_variable_is_a_setting(compose):
 def test_redis_is_durable_and_password_protected(compose):
     cmd = " ".join(compose["services"]["redis"]["command"])
     assert "--appendonly yes" in cmd and "--maxmemory-policy noeviction" in cmd and "--requirepass" in cmd
+    assert "--maxmemory ${REDIS_MAXMEMORY:-4gb}" in cmd  # bounded: a full store refuses writes, it never evicts
     assert "REDIS_PASSWORD" in compose["services"]["planner"]["environment"]["REDIS_URL"]
 
 

