@@ -98,6 +98,9 @@ class UpdaterSettings(CommonSettings):
     train_window: int = Field(1536, ge=1)  # newest rows a model is trained on (its cost stays bounded)
     train_best_per_group: int = Field(64, ge=0)  # each workload's fastest rows kept, however old
     train_best_rows: int = Field(512, ge=0)  # of which at most this many, of the window's workloads, are trained on
+    # rows kept in the store (the newest; never fewer than the window): older ones are never trained on again,
+    # and each workload's fastest are kept apart (train_best_per_group), so the store stays bounded
+    train_keep_rows: int = Field(20_000, ge=1)
     # XGBoost threads. Few: a training set is at most ~2,000 rows (2 threads: ~1.2 s), and the host's cores
     # are the search's and the builders'. With every core, the OpenMP team waits at each tree level for
     # threads the builders preempted: on the H200 host a 37-row training took 26 s, the updater busy 231 s

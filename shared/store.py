@@ -39,6 +39,7 @@ from shared.messages import (
 )
 
 RESULT_TTL_S = 24 * 3600
+DEADLETTER_KEEP = 1000
 
 
 REDIS_OUTAGE_S = 60  # how long a restarting Redis is waited for before an operation gives up
@@ -885,7 +886,10 @@ def lane_batches(r: redis.Redis, job_id: str) -> list[LaneBatch]:
 
 def dead_letter(r: redis.Redis, source: str, why: str, body: str) -> None:
     entry = json.dumps({"at": time.time(), "source": source, "why": why, "body": body[:4096]})
-    r.rpush(names.DEADLETTER_KEY, entry)
+    with r.pipeline() as p:
+        p.rpush(names.DEADLETTER_KEY, entry)
+        p.ltrim(names.DEADLETTER_KEY, -DEADLETTER_KEEP, -1)  # the newest: a flood of junk cannot fill the store
+        p.execute()
 
 
 # ---- poison candidates ---------------------------------------------------------------------------------
@@ -976,9 +980,15 @@ def _lane_gpu(queue: str) -> str | None:
 # ---- cost models ---------------------------------------------------------------------------------------------
 
 
-def push_training_rows(r: redis.Redis, target_key: str, rows: list[TrainingRow]) -> None:
+def push_training_rows(r: redis.Redis, target_key: str, rows: list[TrainingRow], keep: int | None = None) -> None:
+    """Append rows; with `keep`, only the newest `keep` rows of the family stay."""
     if rows:
-        r.rpush(names.training_rows_key(target_key), *[row.model_dump_json() for row in rows])
+        key = names.training_rows_key(target_key)
+        with r.pipeline() as p:
+            p.rpush(key, *[row.model_dump_json() for row in rows])
+            if keep is not None:
+                p.ltrim(key, -keep, -1)
+            p.execute()
 
 
 def training_row_count(r: redis.Redis, target_key: str) -> int:

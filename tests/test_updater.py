@@ -90,3 +90,20 @@ def test_training_set_is_bounded_in_workloads_too(fresh_redis):
     assert {r.group for r in rows} <= {f"new{i}" for i in range(4)}  # old workloads left with the window
     assert early in rows and best["new0"] == 1e-7  # the first rank of every window workload comes first
     assert set(best) == {f"new{i}" for i in range(4)}
+
+
+def test_the_store_keeps_the_newest_rows_and_each_workloads_fastest(fresh_redis):
+    """A stack that runs for weeks: rows beyond `keep_rows` (never trained on again) leave the store; a
+    workload's fastest row, however old, stays among its kept best."""
+    from shared import store
+
+    fastest = TrainingRow(group="a", features=[0.0], cost_s=1e-9)
+    updater.ingest(fresh_redis, TrainingBatch(target_key="k", rows=[fastest]), warmup_rows=10**9, rounds=1,
+                   window=4, keep_rows=6)
+    for i in range(10):
+        row = TrainingRow(group="a", features=[float(i)], cost_s=1e-3 * (i + 1))
+        updater.ingest(fresh_redis, TrainingBatch(target_key="k", rows=[row]), warmup_rows=10**9, rounds=1,
+                       window=4, keep_rows=6)
+    assert store.training_row_count(fresh_redis, "k") == 6
+    assert [r.features[0] for r in store.newest_training_rows(fresh_redis, "k", 6)] == [4.0, 5, 6, 7, 8, 9]
+    assert fastest in store.best_rows(fresh_redis, "k", "a")

@@ -159,5 +159,5 @@ def ingest_results(payload):
     up = UpdaterSettings()
     snap = updater.ingest(RUNNER.redis, batch, up.warmup_rows, up.boost_rounds, window=up.train_window,
                           best_per_group=up.train_best_per_group, threads=up.train_threads or None,
-                          best_rows=up.train_best_rows)
+                          best_rows=up.train_best_rows, keep_rows=up.train_keep_rows)
     return {"rows": len(batch.rows), "version": snap.version if snap else None}

@@ -7,7 +7,8 @@ The cost of an update is bounded whatever the store holds, in rows and in worklo
 the newest `window` rows plus at most `best_rows` of the fastest rows ever seen of the workloads those rows
 belong to (the workloads being tuned now, whose candidates the search must rank; each workload's fastest
 first, then each one's second, ...), normalised by each workload's best cost ever seen. Workloads no longer
-tuned leave the training set with the window. Every row stays in the store."""
+tuned leave the training set with the window. The store keeps the newest `keep_rows` rows (older ones are
+never trained on again) and each workload's fastest: it stays bounded however long the stack runs."""
 from __future__ import annotations
 
 import base64
@@ -34,6 +35,7 @@ XGB_PARAMS = {
 TRAIN_WINDOW = 1536  # newest rows a model is trained on
 BEST_PER_GROUP = 64  # each workload's fastest rows kept, however old
 BEST_ROWS = 512  # of which at most this many join a training set
+KEEP_ROWS = 20_000  # newest rows kept in the store
 
 
 def normalised_targets(rows: list[TrainingRow], best: dict[str, float] | None = None) -> np.ndarray:
@@ -100,11 +102,12 @@ def training_set(redis, target_key: str, window: int, per_group: int,
 
 def ingest(redis, batch: TrainingBatch, warmup_rows: int, rounds: int, window: int = TRAIN_WINDOW,
            best_per_group: int = BEST_PER_GROUP, threads: int | None = None,
-           best_rows: int = BEST_ROWS) -> CostModelSnapshot | None:
-    """Append the batch's rows; retrain and publish when enough rows exist. Returns the new snapshot."""
+           best_rows: int = BEST_ROWS, keep_rows: int = KEEP_ROWS) -> CostModelSnapshot | None:
+    """Append the batch's rows (the newest `keep_rows` stay); retrain and publish when enough rows exist.
+    Returns the new snapshot."""
     good = [r for r in batch.rows if np.isfinite(r.cost_s) and r.cost_s > 0]
     if good:
-        store.push_training_rows(redis, batch.target_key, good)
+        store.push_training_rows(redis, batch.target_key, good, keep=max(keep_rows, window))
         keep_best(redis, batch.target_key, good, best_per_group)
     stored = store.training_row_count(redis, batch.target_key)
     if stored < warmup_rows:
