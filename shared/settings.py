@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Literal
 
 from pydantic import AliasChoices, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -49,6 +50,10 @@ class LaneSettings(CommonSettings):
     # kills its build with SIGSEGV, so tests can inject a build crash that no real TVM input gives on cue
     test_fault_hooks: bool = False
     builder_family: str | None = None  # set: this process is a builder of that family, not a lane
+    # a lane's cores are claimed on its host (shared.hostcores): taken by another live process, the lane is
+    # refused ("refuse") or runs and says so ("warn"); the claims live in this directory, shared by every stack
+    core_overlap: Literal["refuse", "warn"] = "refuse"
+    core_lock_dir: str = "/tmp/sharetune-cores"
 
 
 def physical_cores() -> int:

@@ -13,6 +13,11 @@ os.environ["SHARETUNE_TEST_FAULT_HOOKS"] = "1"
 # a 2-core CI host: a quarter of MetaSchedule's population keeps each evolutionary round cheap (the search
 # itself is the real one)
 os.environ.setdefault("SHARETUNE_SEARCH_POPULATION", "128")
+# the suite runs the session stack and tests' own stacks on this host's two cores at once (it measures
+# behaviour, not speed): overlapping cores are reported, not refused, and claimed apart from any real stack's.
+# tests/test_hostcores.py checks the refusal itself
+os.environ["SHARETUNE_CORE_OVERLAP"] = "warn"
+os.environ["SHARETUNE_CORE_LOCK_DIR"] = f"/tmp/sharetune-cores-tests-{os.getpid()}"
 
 LANES = ["measure.cpu.c0", "measure.cpu.c1"] if (os.cpu_count() or 1) >= 2 else ["measure.cpu.c0"]
 

@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from contextlib import nullcontext
 
-from shared import lanes, names, store
+from shared import hostcores, lanes, names, store
 from shared.ids import worker_id
 from shared.messages import (BuilderInfo, BuildRequest, GpuFault, LaneBatch, LaneInfo, MeasureBatch, MeasureResult,
                              Quarantined)
@@ -54,6 +54,7 @@ class LaneWorker:
         self.stop = threading.Event()
         self.pool = None  # evaluate.BuildPool when the lane builds beside itself
         self.sandbox = None  # sandbox.Sandbox: the child that builds and times, when the lane isolates candidates
+        self.core_claim: hostcores.CoreClaim | None = None  # this host's cores the lane times on, held while it lives
         self.observer = None  # NVML observer of a GPU lane's device, when NVML sees it
         self.gpu_fault: str | None = None  # set when this lane's CUDA context died: it measures no more
         self._watchdog = None
@@ -71,6 +72,12 @@ class LaneWorker:
         s, lane, kind = self.settings, self.lane, self.kind
         t0 = time.perf_counter()
         kind.check(lane, lanes.Host.this())  # the share in the lane's name is the share it measures at
+        if lane.cores:  # before anything is timed: no two timers on one core of this host
+            self.core_claim = hostcores.claim(lane.cores, hostcores.this_process(f"lane {lane.queue}"),
+                                              s.core_lock_dir, s.core_overlap)
+            if self.core_claim.overlaps:
+                log.warning("lane %s shares cores with another timer (SHARETUNE_CORE_OVERLAP=warn): %s; its "
+                            "figures are noisy", lane.queue, hostcores.describe_holders(self.core_claim.overlaps))
         if s.lane_claim:  # before the warm-up, which may outlast the claim's TTL
             threading.Thread(target=self.keep_claim, name="lane-claim", daemon=True).start()
         if s.build_workers > 0:  # spawned before this process touches CUDA

@@ -1,0 +1,68 @@
+"""Core ownership on this host: a lane's cores are held while its process lives (flock), and a second timer
+on them is refused with the holder named (or, with the "warn" policy, told)."""
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import pytest
+
+from shared import hostcores
+
+
+def test_a_held_core_is_refused_with_its_holder_and_free_again_once_released(tmp_path):
+    first = hostcores.claim([0, 1], "lane measure.cpu.local.p50.c0-1 (pid 1 on a)", tmp_path)
+    with pytest.raises(hostcores.CoresTaken, match=r"core 1 held by lane measure.cpu.local.p50.c0-1 \(pid 1 on a\)"):
+        hostcores.claim([1, 2], "lane b", tmp_path)
+    assert hostcores.claim([2], "lane c", tmp_path).cores == [2]  # the refused claim kept nothing
+    assert hostcores.holders([0, 1, 2, 3], tmp_path).keys() == {0, 1}  # lane c's claim was dropped with its object
+    warned = hostcores.claim([1, 3], "lane d", tmp_path, policy="warn")
+    assert warned.cores == [3] and list(warned.overlaps) == [1]
+    first.release()
+    assert hostcores.claim([0, 1], "lane e", tmp_path).cores == [0, 1]
+
+
+def test_a_killed_holder_leaves_no_stale_claim(tmp_path):
+    code = ("import sys, time; from shared import hostcores; "
+            f"c = hostcores.claim([5], 'lane x', {str(tmp_path)!r}); print('held', flush=True); time.sleep(60)")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "held"
+        assert hostcores.holders([5], tmp_path) == {5: "lane x"}
+    finally:
+        proc.kill()
+        proc.wait()
+    assert hostcores.holders([5], tmp_path) == {}  # the kernel dropped the lock with the process
+    assert hostcores.claim([5], "lane y", tmp_path).cores == [5]
+
+
+def test_a_stack_on_held_cores_is_refused_before_it_starts_anything(tmp_path, monkeypatch):
+    from sharetune.stack import Stack
+
+    monkeypatch.setenv("SHARETUNE_CORE_OVERLAP", "refuse")
+    monkeypatch.setenv("SHARETUNE_CORE_LOCK_DIR", str(tmp_path / "locks"))
+    held = hostcores.claim([0], "lane measure.cpu.local.p50.c0 (pid 7 on h)", tmp_path / "locks")
+    st = Stack(tmp_path / "stack", lanes=["measure.cpu.c0"])
+    with pytest.raises(hostcores.CoresTaken, match="another process holds: core 0 held by lane .*pid 7"):
+        st.start()
+    assert st.redis_server is None and not st.procs  # nothing was started
+    with pytest.raises(hostcores.CoresTaken, match="both time on core 1"):
+        Stack(tmp_path / "two", lanes=["measure.cpu.c1", "measure.cpu.c1"]).start()
+    held.release()
+    monkeypatch.setenv("SHARETUNE_CORE_OVERLAP", "warn")  # told by the lanes, not refused
+    Stack(tmp_path / "three", lanes=["measure.cpu.c1", "measure.cpu.c1"]).check_cores()
+
+
+def test_a_lane_takes_its_cores_before_it_measures(tmp_path, monkeypatch):
+    """The lane process's own step (services.measurer.worker.LaneWorker.start): refused on a held core."""
+    from services.measurer.worker import LaneWorker
+    from shared import lanes
+    from shared.settings import LaneSettings
+
+    held = hostcores.claim([0], "lane other (pid 9 on h)", tmp_path)
+    s = LaneSettings(core_lock_dir=str(tmp_path), core_overlap="refuse", warmup=False)
+    worker = LaneWorker(s, lanes.parse("measure.cpu.c0"), redis=None, sandboxed=False)
+    with pytest.raises(hostcores.CoresTaken, match="lane other"):
+        worker.start()
+    held.release()
