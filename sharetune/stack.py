@@ -267,11 +267,17 @@ class Stack:
         if self.restart_redis and self.redis_server is not None and self.redis_server.proc is not None \
                 and self.redis_server.proc.poll() is not None:
             recent = [t for t in self._restarts.get("redis", ()) if now - t < RESTART_WINDOW_S]
+            log, code, pid = logging.getLogger("sharetune.stack"), self.redis_server.proc.returncode, self.redis_server.proc.pid
             if len(recent) >= MAX_RESTARTS:
-                self.given_up["redis"] = f"exited {self.redis_server.proc.returncode}, {len(recent)} restarts in {RESTART_WINDOW_S:.0f} s"
+                if "redis" not in self.given_up:
+                    log.error("redis (pid %s) exited with %s after %d restarts in %.0f s: not started again (see %s)",
+                              pid, code, len(recent), RESTART_WINDOW_S, self.work_dir / "redis" / "redis.log")
+                self.given_up["redis"] = f"exited {code}, {len(recent)} restarts in {RESTART_WINDOW_S:.0f} s"
             elif not self._backing_off("redis", now):
                 self._restarts.setdefault("redis", []).append(now)
                 self.redis_server.start()  # same port, same AOF
+                log.warning("redis (pid %s) exited with %s: started again as pid %s (same port, same AOF)", pid, code,
+                            self.redis_server.proc.pid)
                 restarted.append("redis")
         return restarted
 

@@ -120,3 +120,26 @@ def test_a_cpu_lane_dying_again_waits_its_back_off(tmp_path, monkeypatch):
     st.recover_once(0.0)
     assert started == ["lane-measure.cpu.c0"] * 2
     assert {r["name"]: r["restarts"] for r in st.services()}["lane-measure.cpu.c0"] == 2
+
+
+def test_a_redis_restart_is_in_the_supervisors_log(tmp_path, monkeypatch, caplog):
+    """Every restart in one log: the embedded Redis's too (an `up` stack's supervisor starts it again)."""
+    import logging
+
+    st, _ = _stack(tmp_path, ["measure.cpu.c0"], monkeypatch)
+    st.restart_redis = True
+
+    class FakeRedisServer:
+        def __init__(self):
+            self.proc = FakeProc(code=-9, pid=4242)
+
+        def start(self):
+            self.proc = FakeProc(code=None, pid=4343)
+            return self
+
+    st.redis_server = FakeRedisServer()
+    with caplog.at_level(logging.WARNING, logger="sharetune.stack"):
+        for now in (100.0, 200.0):  # seen dead, then started after its back-off
+            st._restart_services(now)
+    assert st.redis_server.proc.pid == 4343
+    assert "redis (pid 4242) exited with -9: started again as pid 4343" in caplog.text
