@@ -60,7 +60,8 @@ def main(argv=None) -> int:
     import tvm_ffi
     import tvm.support.nvcc as nvcc
 
-    from services.measurer.metaschedule import evaluate
+    from services.measurer.metaschedule.build import build
+    from services.measurer.metaschedule.targets import device_for
 
     t0 = time.perf_counter()
     target, cands = sample_candidates(args.model, args.candidates, args.tasks)
@@ -76,7 +77,7 @@ def main(argv=None) -> int:
         finally:
             compile_s.append(time.perf_counter() - t)
 
-    gpu = evaluate.device_for(target).exist if os.environ.get("CUDA_VISIBLE_DEVICES", "x") != "" else False
+    gpu = device_for(target).exist if os.environ.get("CUDA_VISIBLE_DEVICES", "x") != "" else False
     rows = {}
     for mode in ["default"]:
         per = []
@@ -84,7 +85,7 @@ def main(argv=None) -> int:
             compile_s.clear()
             t = time.perf_counter()
             try:
-                rt = evaluate.build(mod, target)
+                rt = build(mod, target)
             except Exception as err:  # noqa: BLE001
                 per.append({"task": name, "error": str(err)[:200]})
                 continue

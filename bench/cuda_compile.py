@@ -40,7 +40,7 @@ def main(argv=None) -> int:
     from build_profile import sample_candidates
 
     from services.measurer.metaschedule import cuda_compile as cc
-    from services.measurer.metaschedule import evaluate
+    from services.measurer.metaschedule.build import build
 
     rows = []
     for model in args.models.split(","):
@@ -49,7 +49,7 @@ def main(argv=None) -> int:
         print(f"{model}: sampled {len(cands)} candidates in {time.perf_counter() - t0:.0f} s", flush=True)
         for task, mod in cands:
             try:
-                rt, gen_s = timed(lambda: evaluate.build(mod, target))
+                rt, gen_s = timed(lambda: build(mod, target))
                 src = rt.imports[0].inspect_source()
             except Exception as err:  # noqa: BLE001 - lowering failed: neither path gets to compile it
                 rows.append({"model": model, "task": task, "error": str(err)[:200]})

@@ -7,7 +7,9 @@ step("import tvm"); import tvm
 step("import tvm.support.nvcc"); import tvm.support.nvcc
 step(f"cuda exist {tvm.cuda(0).exist}")
 from services.measurer.metaschedule import evaluate
-t = evaluate.gpu_target(); step(f"target {t}")
+from services.measurer.metaschedule.build import build
+from services.measurer.metaschedule.targets import gpu_target
+t = gpu_target(); step(f"target {t}")
 from tvm import te
 a = te.placeholder((64,), name="a"); b = te.compute((64,), lambda i: a[i] + 1.0, name="b")
 f = te.create_prim_func([a, b])
@@ -23,7 +25,7 @@ for mode in ["nvrtc", "nvcc"]:
     os.environ["TVM_CUDA_COMPILE_MODE"] = mode
     step(f"build {mode}")
     try:
-        t0 = time.time(); rt = evaluate.build(mod, t); step(f"built in {time.time()-t0:.2f}s")
+        t0 = time.time(); rt = build(mod, t); step(f"built in {time.time()-t0:.2f}s")
         dev = tvm.cuda(0)
         args = [tvm.runtime.empty((64,), "float32", dev) for _ in range(2)]
         step("time"); r = rt.time_evaluator(rt.entry_name, dev, number=3)(*args); step(f"ok {r.mean}")

@@ -22,7 +22,7 @@ sys.path.insert(0, str(REPO))
 
 
 def gpu_target():
-    from services.measurer.metaschedule.evaluate import gpu_target as lane_gpu_target
+    from services.measurer.metaschedule.targets import gpu_target as lane_gpu_target
 
     return lane_gpu_target()  # the same target the lanes tune for
 

@@ -153,10 +153,10 @@ def make_target(rehearse: bool):
     import tvm
 
     if rehearse:
-        from services.measurer.metaschedule.evaluate import cpu_target
+        from services.measurer.metaschedule.targets import cpu_target
 
         return cpu_target(1)
-    from services.measurer.metaschedule.evaluate import gpu_target
+    from services.measurer.metaschedule.targets import gpu_target
 
     return gpu_target()
 
@@ -507,9 +507,10 @@ def run_part(args) -> int:
 
 PROBE = """
 import json, tvm
-from services.measurer.metaschedule import evaluate
-t = evaluate.family_target("cuda.sm_90")
-rt = evaluate.build(evaluate.trivial_kernel(t), t)
+from services.measurer.metaschedule.build import build, trivial_kernel
+from services.measurer.metaschedule.targets import family_target
+t = family_target("cuda.sm_90")
+rt = build(trivial_kernel(t), t)
 print(json.dumps({"cubin": all(m.is_runnable() for m in rt.imports if m.kind == "cuda")}))
 """
 

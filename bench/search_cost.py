@@ -53,7 +53,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default="bench/results/search_cost.json")
     args = ap.parse_args(argv)
     random.seed(0)
-    from services.measurer.metaschedule.evaluate import family_target
+    from services.measurer.metaschedule.targets import family_target
     from services.tuner.metaschedule.extract import extract
     from sharetune.intake import to_relax
 

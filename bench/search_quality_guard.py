@@ -32,7 +32,7 @@ from bench.cpu_tuning import _r, git_state  # noqa: E402
 def _default_build(args_tuple):
     """In a pool process: the default schedule of one task, built and exported."""
     packed, target_json, out_dir = args_tuple
-    from services.measurer.metaschedule.evaluate import build_to_file
+    from services.measurer.metaschedule.build import build_to_file
 
     return build_to_file(packed, target_json, out_dir)
 
@@ -45,7 +45,7 @@ def default_timings(model: str, target, rehearse: bool, work: Path) -> dict[str,
     import tvm
     from tvm.s_tir import meta_schedule as ms
 
-    from services.measurer.metaschedule.evaluate import time_module
+    from services.measurer.metaschedule.timing import time_module
     from services.tuner.metaschedule.defaults import default_module
     from services.tuner.metaschedule.extract import fuse
     from services.tuner.metaschedule.lanes import module_candidate

@@ -270,7 +270,7 @@ def heaviest_tasks(model: Any, k: int, device: str, example_inputs=None) -> list
 
 def model_tasks(model: Any, device: str, example_inputs=None) -> list[str]:
     """Names of all the model's tasks, heaviest (FLOPs x weight) first."""
-    from services.measurer.metaschedule.evaluate import cpu_target, gpu_target
+    from services.measurer.metaschedule.targets import cpu_target, gpu_target
     from services.tuner.metaschedule.extract import extract
     from sharetune.intake import to_relax
 

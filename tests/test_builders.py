@@ -101,15 +101,16 @@ def _artifact_batch(redis_conn, client):
     import tvm
 
     from services.measurer.metaschedule.codec import dump_ir
-    from services.measurer.metaschedule import evaluate
+    from services.measurer.metaschedule.build import build_artifact, trivial_kernel
+    from services.measurer.metaschedule.targets import target_from_json
 
     lane = client.lanes()[0]
-    target = evaluate.target_from_json(lane.target)
-    mod = dump_ir(evaluate.trivial_kernel(target))
+    target = target_from_json(lane.target)
+    mod = dump_ir(trivial_kernel(target))
     args = [["TENSOR", "float32", [64]], ["TENSOR", "float32", [64]]]
     cands = []
     for cid in ("good", "corrupt", "oversized"):
-        art, err, _ = evaluate.build_artifact(Candidate(candidate_id=cid, mod=mod, args_info=args), target)
+        art, err, _ = build_artifact(Candidate(candidate_id=cid, mod=mod, args_info=args), target)
         assert err is None, err
         cands.append(Candidate(candidate_id=cid, mod=mod, args_info=args, artifact=art))
     data = bytearray(base64.b64decode(cands[1].artifact.data))
@@ -138,7 +139,7 @@ def test_a_corrupted_or_oversized_artifact_is_that_candidates_error(stack, clien
 
 
 def test_artifact_checks_name_the_problem():
-    from services.measurer.metaschedule.evaluate import artifact_bytes
+    from services.measurer.metaschedule.artifact import artifact_bytes
 
     data = b"\x7fELF not really a library"
     ok = Artifact(data=base64.b64encode(data).decode(), size=len(data), sha256=__import__("hashlib").sha256(data).hexdigest())

@@ -45,9 +45,9 @@ def monkeypatch_module():
 def _cuda_source(mod) -> str:
     """The CUDA source TVM generates for a scheduled module (on a host without libcuda the build holds
     the source; with it, the source of the module it compiled)."""
-    from services.measurer.metaschedule import evaluate
+    from services.measurer.metaschedule.build import build
 
-    rt = evaluate.build(mod, tvm.target.Target(H200))
+    rt = build(mod, tvm.target.Target(H200))
     return rt.imports[0].inspect_source()
 
 

@@ -196,3 +196,16 @@ def test_the_result_counts_how_candidates_were_timed(tuned_tiny, redis_conn):
     assert sum(res.timings.values()) == len(mine) > 0
     assert res.timings["brief"] == sum(r.timing == "brief" for r in mine)
     assert timing_line(res).startswith(f"timing: {res.timings['full']} candidates timed fully")
+
+
+def test_the_transformers_take_task_tunes_without_an_error(client, redis_conn, lane_share):
+    """The transformer's `take` of one of its 3 heads has an int64 index argument, which timing used to fill
+    with values up to 7, past the axis of 3 (out-of-bounds reads; a segfault where they leave the mapping).
+    Integer arguments are now zero (tests/test_timing.py checks the fill); here the task tunes end to end."""
+    job = client.submit("transformer", target="llvm", share=lane_share, trials=4, trials_per_iter=4, seed=3,
+                        only_tasks=["take"])
+    assert job.wait(timeout_s=600)["state"] == "done"
+    (task,) = store.job_tasks(redis_conn, job.job_id)
+    recs = [r for r in store.records(redis_conn, task.wkey) if r.job_id == job.job_id]
+    assert recs or store.job_progress(redis_conn, job.job_id)[task.task_id].reused_trials
+    assert all(r.error is None for r in recs), [r.error for r in recs if r.error][:1]

@@ -165,6 +165,7 @@ class LaneWorker:
         and return them. After a GPU fault (`gpu_fault` set) the rest of the batch stays unanswered (the
         tuner re-sends it) and the lane has left the lane list: the caller ends the process."""
         from services.measurer.metaschedule import evaluate
+        from services.measurer.metaschedule.targets import target_from_json
 
         r, lane, s = self.redis, self.lane, self.settings
         worker = self.worker
@@ -180,7 +181,7 @@ class LaneWorker:
                 store.put_result(r, batch.batch_id, res)
             return cancelled
         started = time.time()
-        target = evaluate.target_from_json(batch.target) if batch.target else self.target
+        target = target_from_json(batch.target) if batch.target else self.target
         window = self.observer is not None
         if window:
             self.observer.start_window(s.gpu_uuid)
@@ -364,14 +365,14 @@ def redelivered(r, batch: MeasureBatch) -> str | None:
 
 def lane_target(kind: lanes.LaneKind, lane: lanes.Lane):
     """The TVM target a lane measures for, read from its device (TVM's half of a lane kind)."""
-    from services.measurer.metaschedule import evaluate
+    from services.measurer.metaschedule.targets import cpu_target, gpu_target
 
-    from_device = {"llvm": lambda: evaluate.cpu_target(len(lane.cores)), "cuda": evaluate.gpu_target}
+    from_device = {"llvm": lambda: cpu_target(len(lane.cores)), "cuda": gpu_target}
     return from_device[kind.target_kind]()
 
 
 def _cuda_alive() -> bool:
-    from services.measurer.metaschedule.evaluate import cuda_context_alive
+    from services.measurer.metaschedule.timing import cuda_context_alive
 
     return cuda_context_alive()
 
@@ -396,10 +397,10 @@ class Builder:
 
     def start(self) -> None:
         """Warm up for the family (a builder that cannot build exits before it takes work), then announce."""
-        from services.measurer.metaschedule import evaluate
+        from services.measurer.metaschedule.build import warm_up_builder
 
         try:
-            warm_s = evaluate.warm_up_builder(self.family)
+            warm_s = warm_up_builder(self.family)
         except Exception as err:  # noqa: BLE001 - a builder that cannot build must not take work
             log.error("%s", err)
             os._exit(3)
@@ -422,7 +423,8 @@ class Builder:
     def build(self, req: BuildRequest) -> dict:
         """Build every candidate of the request's batch: failed builds are answered, the built ones are
         forwarded to the request's lane as one batch. Returns counts."""
-        from services.measurer.metaschedule import evaluate
+        from services.measurer.metaschedule.build import build_artifact
+        from services.measurer.metaschedule.targets import target_from_json
 
         batch, r, worker = req.batch, self.redis, self.worker
         store.mark_batch_building(r, batch.batch_id, worker, self.alive_key)
@@ -431,10 +433,10 @@ class Builder:
                 store.put_result(r, batch.batch_id,
                                  MeasureResult(candidate_id=cand.candidate_id, error=store.CANCELLED, lane=req.lane))
             return {"batch_id": batch.batch_id, "built": 0, "cancelled": True}
-        target = evaluate.target_from_json(batch.target)
+        target = target_from_json(batch.target)
         built, failed, secs = [], 0, 0.0
         for cand in batch.candidates:
-            art, error, spent = evaluate.build_artifact(cand, target, worker)
+            art, error, spent = build_artifact(cand, target, worker)
             secs += spent
             if art is None:
                 failed += 1

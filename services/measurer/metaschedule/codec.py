@@ -14,3 +14,9 @@ def dump_ir(mod) -> str:
 
 def load_ir(packed: str):
     return tvm.ir.load_json(unpack_json_text(packed))
+
+
+def clip_error(err: Exception, limit: int = 2000) -> str:
+    """An exception as the text a result carries: its type and message, clipped in the middle."""
+    text = f"{type(err).__name__}: {err}"
+    return text if len(text) <= limit else text[: limit // 2] + " ... " + text[-limit // 2 :]

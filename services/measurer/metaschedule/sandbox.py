@@ -21,8 +21,9 @@ def _serve(conn, target_json: str, warmup: bool, test_hooks: bool) -> None:
     """The child's loop: (candidate JSON, timing JSON) in, MeasureResult JSON out."""
     from services.measurer.metaschedule.codec import load_ir
     from services.measurer.metaschedule import evaluate
+    from services.measurer.metaschedule.targets import target_from_json
 
-    targets = {target_json: evaluate.target_from_json(target_json)}
+    targets = {target_json: target_from_json(target_json)}
     if warmup:
         evaluate.warm_up(targets[target_json])
     conn.send("ready")
@@ -33,7 +34,7 @@ def _serve(conn, target_json: str, warmup: bool, test_hooks: bool) -> None:
             return
         cand, timing = Candidate.model_validate_json(msg[0]), TimingConfig.model_validate_json(msg[1])
         if msg[2] not in targets:
-            targets[msg[2]] = evaluate.target_from_json(msg[2])
+            targets[msg[2]] = target_from_json(msg[2])
         target = targets[msg[2]]
         if test_hooks and _test_segv_build(cand.mod, load_ir):
             os.kill(os.getpid(), signal.SIGSEGV)

@@ -1,0 +1,111 @@
+"""Timing a built candidate on its lane's device: arguments filled, screened against its task's best, the
+evaluator's figures; and what a lost CUDA context leaves behind. Failures come back as data."""
+from __future__ import annotations
+
+import time
+
+import tvm
+from tvm.s_tir.meta_schedule.runner.config import EvaluatorConfig
+from tvm.s_tir.meta_schedule.runner.utils import alloc_argument_common, run_evaluator_common
+
+from services.measurer.metaschedule.codec import clip_error
+from services.measurer.metaschedule.targets import device_for
+from shared.messages import Candidate, MeasureResult, TimingConfig
+
+
+# Device objects of a CUDA context that a fault ended. They are never freed: freeing one calls into the dead
+# context, whose error, thrown from a destructor, aborts the process before its lane can report the fault.
+KEPT_AFTER_FAULT: list = []
+
+
+def cuda_context_alive() -> bool:
+    """After an unexplained run error: does this lane's CUDA context still work? (A sticky fault makes
+    every later call fail.)"""
+    probe = None
+    try:
+        dev = tvm.cuda(0)
+        probe = tvm.runtime.empty((1,), "float32", dev)
+        probe.copyfrom(__import__("numpy").zeros(1, "float32"))
+        dev.sync()
+        return True
+    except Exception:  # noqa: BLE001
+        KEPT_AFTER_FAULT.append(probe)
+        return False
+
+
+def _random_fill(arr) -> None:
+    """Floats uniform in [-1, 1); integers and booleans zero: an integer input may index another (an
+    embedding's `take`, a gather, the transformer's `take` of one of three heads), and zero is in bounds of
+    every axis, where any other value may read past a short one."""
+    import numpy as np
+
+    shape = tuple(int(s) for s in arr.shape)
+    dtype = str(arr.dtype)
+    if dtype.startswith("float"):
+        data = np.random.uniform(-1, 1, size=shape).astype(dtype)
+    else:
+        data = np.zeros(shape, dtype=dtype)
+    arr.copyfrom(data)
+
+
+def random_fill_fn():
+    """Floats: TVM's own fill (fast, on the device). Integers and booleans: zeros (_random_fill), because
+    TVM's fill spans the whole integer range, and an index tensor filled so reads far out of bounds: an
+    illegal address on a GPU, which ends the lane's CUDA context, for every candidate of such a task."""
+    f = tvm.get_global_func("tvm.contrib.random.random_fill_for_measure", allow_missing=True)
+    if f is None:
+        return _random_fill
+
+    def fill(arr) -> None:
+        (f if str(arr.dtype).startswith(("float", "bfloat")) else _random_fill)(arr)
+
+    return fill
+
+
+def time_module(rt_mod, candidate: Candidate, target, timing: TimingConfig) -> MeasureResult:
+    """Time a built candidate. With a bar (`candidate.full_below_s`) it is screened first: one launch
+    (does it run at all), then about `timing.brief_ms` of kernel time in three repeats; only when their
+    median is under the bar does it get the full timing. Without a bar: the full timing."""
+    from shared.ranking import rank_secs
+
+    t1 = time.perf_counter()
+    args = None
+    try:
+        dev = device_for(target)
+        args = alloc_argument_common(random_fill_fn(), dev, candidate.args_info, 1)
+        result = "full"
+        if candidate.full_below_s is not None:
+            costs = brief_costs(rt_mod, dev, args, timing.brief_ms, candidate.full_below_s)
+            if rank_secs(costs) >= candidate.full_below_s:
+                result = "brief"
+        if result == "full":
+            config = EvaluatorConfig(number=timing.number, repeat=timing.repeat, min_repeat_ms=timing.min_repeat_ms,
+                                     enable_cpu_cache_flush=False)
+            costs = run_evaluator_common(rt_mod, dev, config, args)
+    except Exception as err:  # noqa: BLE001
+        if target.kind.name == "cuda" and not cuda_context_alive():
+            KEPT_AFTER_FAULT.extend([args, rt_mod])
+        return MeasureResult(candidate_id=candidate.candidate_id, error=f"run failed: {clip_error(err)}",
+                             run_s=time.perf_counter() - t1)
+    return MeasureResult(candidate_id=candidate.candidate_id, run_secs=costs, run_s=time.perf_counter() - t1,
+                         timing=result)
+
+
+BRIEF_REPEATS = 3
+MAX_BRIEF_NUMBER = 10_000
+
+
+def brief_costs(rt_mod, dev, args, brief_ms: float, bar_s: float) -> list[float]:
+    """One launch (after the evaluator's own warm-up call); a launch at three times the bar or more is out as it
+    stands (a slow kernel's one launch is estimate enough). Else BRIEF_REPEATS repeats of as many launches
+    as fill about `brief_ms` of kernel time together. Per-launch seconds."""
+    import math
+
+    probe = run_evaluator_common(rt_mod, dev, EvaluatorConfig(number=1, repeat=1, min_repeat_ms=0,
+                                                              enable_cpu_cache_flush=False), args)[0]
+    if probe >= 3 * bar_s:
+        return [probe]
+    per_repeat = brief_ms / 1e3 / BRIEF_REPEATS
+    number = max(1, min(MAX_BRIEF_NUMBER, math.ceil(per_repeat / max(probe, 1e-9))))
+    return run_evaluator_common(rt_mod, dev, EvaluatorConfig(number=number, repeat=BRIEF_REPEATS, min_repeat_ms=0,
+                                                             enable_cpu_cache_flush=False), args)
