@@ -1,0 +1,121 @@
+"""Workloads and their measured records (idempotent, keyed by content), the defaults each was timed with,
+and a job's trial accounting (claimed = recorded)."""
+from __future__ import annotations
+
+import redis
+
+from shared import names
+from shared.errors import JobError
+from shared.messages import DefaultTiming, Record, TaskProgress, Workload
+from shared.store._redis import _script
+from shared.store.jobs import budget_left, job_spec, job_tasks, put_progress, settle_claim
+
+
+# ---- workloads and records ------------------------------------------------------------------------------
+
+
+def put_workload(r: redis.Redis, wl: Workload) -> bool:
+    """Store a workload once; True when it was new."""
+    return bool(r.set(names.workload_key(wl.wkey), wl.model_dump_json(), nx=True))
+
+
+def workload(r: redis.Redis, wkey: str) -> Workload:
+    raw = r.get(names.workload_key(wkey))
+    if raw is None:
+        raise JobError(f"workload {wkey} is not in the store")
+    return Workload.parse(raw)
+
+
+# What lanes and builders answer for the candidates of a cancelled job: not a measurement, so it is never
+# stored as a record (services.tuner.metaschedule.records skips it).
+CANCELLED = "job cancelled"
+
+
+def valid_record(rec: Record) -> bool:
+    """A measurement: no error and some figures. Only these answer a reuse lookup or count as reused."""
+    return rec.error is None and bool(rec.run_secs)
+
+
+# A record is kept once (idempotent), except that a valid measurement replaces an error record: a later
+# job that measures a candidate which once failed (e.g. for a transient reason) leaves the measurement.
+_PUT_RECORD = _script("""
+local old = redis.call('HGET', KEYS[1], ARGV[1])
+if old and ARGV[3] == '1' then
+  local o = cjson.decode(old)
+  if (o['error'] == nil or o['error'] == cjson.null) and type(o['run_secs']) == 'table' and #o['run_secs'] > 0 then
+    return 0
+  end
+elseif old then
+  return 0
+end
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+return 1
+""")
+
+
+def put_record(r: redis.Redis, rec: Record) -> bool:
+    """Idempotent: the candidate key is a hash of workload + trace, so a re-measured candidate keeps
+    its first valid record. True when the record was written (on a pipeline: queued, returns False)."""
+    return bool(_PUT_RECORD(keys=[names.records_key(rec.wkey)],
+                            args=[rec.candidate_key, rec.model_dump_json(), "1" if valid_record(rec) else "0"], client=r))
+
+
+def record_round(r: redis.Redis, job_id: str, shard: int, recs: list[Record], prog: TaskProgress, claimed: int) -> None:
+    """One round of a shard in one transaction: its records, its task's progress and the settling of the
+    shard's trial claim, so a client that dies mid-round leaves all of the round in the store or none."""
+    with r.pipeline(transaction=True) as p:
+        for rec in recs:
+            put_record(p, rec)
+        put_progress(p, job_id, prog)
+        settle_claim(p, job_id, shard, claimed)
+        p.execute()
+
+
+def replace_record(r: redis.Redis, rec: Record) -> None:
+    """Overwrite a record in place (re-timing adds figures; it never removes a record)."""
+    r.hset(names.records_key(rec.wkey), rec.candidate_key, rec.model_dump_json())
+
+
+def records(r: redis.Redis, wkey: str) -> list[Record]:
+    return [Record.parse(v) for v in r.hvals(names.records_key(wkey))]
+
+
+def record_count(r: redis.Redis, wkey: str) -> int:
+    """The valid records of a workload: what a new job reuses (error records are measured again)."""
+    return sum(1 for rec in records(r, wkey) if valid_record(rec))
+
+
+def put_default(r: redis.Redis, timing: DefaultTiming) -> None:
+    """A workload's default-schedule timing; a valid one is kept (a later failure never replaces it)."""
+    old = default_timing(r, timing.wkey)
+    if old is None or not old.run_secs:
+        r.set(names.default_key(timing.wkey), timing.model_dump_json())
+
+
+def default_timing(r: redis.Redis, wkey: str) -> DefaultTiming | None:
+    return default_timings(r, [wkey])[wkey]
+
+
+def default_timings(r: redis.Redis, wkeys: list[str]) -> dict[str, DefaultTiming | None]:
+    """Each workload's default-schedule timing, in one round trip."""
+    raws = r.mget([names.default_key(w) for w in wkeys]) if wkeys else []
+    return {w: DefaultTiming.parse(raw) if raw else None for w, raw in zip(wkeys, raws)}
+
+
+def known_records(r: redis.Redis, wkey: str, keys: list[str]) -> dict[str, Record]:
+    """The valid records the store holds for these candidate keys; an error record is not an answer."""
+    if not keys:
+        return {}
+    raw = r.hmget(names.records_key(wkey), keys)
+    found = {k: Record.parse(v) for k, v in zip(keys, raw) if v is not None}
+    return {k: rec for k, rec in found.items() if valid_record(rec)}
+
+def trial_accounting(r: redis.Redis, job_id: str) -> dict[str, int]:
+    """The job's trials as the store knows them: `claimed` from its budget (refunds handed back),
+    `outstanding` claimed by a round not yet recorded, `recorded` its records (results and errors), and
+    `lost`: claimed, settled, yet without a record. A finished job has lost == outstanding == 0."""
+    claimed = job_spec(r, job_id).trials - budget_left(r, job_id)
+    outstanding = sum(max(0, int(v)) for v in r.hvals(names.job_claims_key(job_id)))
+    recorded = sum(1 for t in job_tasks(r, job_id) for rec in records(r, t.wkey) if rec.job_id == job_id)
+    return {"claimed": claimed, "outstanding": outstanding, "recorded": recorded,
+            "lost": max(0, claimed - outstanding - recorded)}
