@@ -9,7 +9,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from shared import lanes
+from shared import lanes, timeouts
 from shared.errors import ShareError, TargetError
 from shared.ids import worker_id
 
@@ -367,7 +367,7 @@ class TimingConfig(Contract):
     number: int = Field(default=3, ge=1)
     repeat: int = Field(default=1, ge=1)
     min_repeat_ms: int = Field(default=100, ge=0)
-    timeout_s: float = Field(default=60.0, gt=0)
+    timeout_s: float = Field(default=timeouts.RUN_TIMEOUT_S, gt=0)
     # screening (a candidate that carries `full_below_s`): one launch, then about this much kernel time in
     # three repeats; only a candidate whose brief median is under its bar gets the full timing above
     brief_ms: float = Field(default=10.0, gt=0, le=1000)

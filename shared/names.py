@@ -22,13 +22,6 @@ MEASURE_TASK = "sharetune.measure_batch"
 BUILD_TASK = "sharetune.build_batch"  # to a build.<family> queue: build, then forward to the lane
 INGEST_TASK = "sharetune.ingest_results"
 
-LANE_TTL_S = 30  # a lane's liveness key expires unless refreshed this often
-LEASE_TTL_S = 20  # a tuner client's hold on a shard expires unless its heartbeat renews it
-STRANDED_AFTER_S = 90  # a pending shard whose message nobody took (queue empty) is sent again
-PLAN_LEASE_TTL_S = 15  # a planner's hold on the job it plans expires unless its heartbeat renews it
-# a job waiting to be planned whose plan message nobody holds (no lease, plan queue empty) is sent again
-# this long after its last send: a planner killed mid-plan costs seconds, not Redis's 1 h visibility timeout
-STRANDED_PLAN_S = 20
 
 _GPU_LANE = re.compile(r"^measure\.(?P<gpu>[0-9a-f]{8})\.p(?P<pct>\d{1,3})$")
 _CPU_LANE = re.compile(r"^measure\.cpu\.(?:(?P<node>[a-z0-9][a-z0-9_-]*)\.p(?P<pct>\d{1,3})\.)?"
@@ -200,15 +193,10 @@ def job_splits_key(job_id: str) -> str:
     return f"{PREFIX}:job:{job_id}:splits"
 
 
-# A job that ended keeps its status, tasks, progress, shards, batches and result; what only a running job
-# needs (the model above all: tens of MB) goes this long after it ended (a cancelled job is still finished
-# on what it measured, from its model).
-ENDED_JOB_STATE_TTL_S = 3600
-
-
 def job_transient_keys(job_id: str) -> list[str]:
     """What only a running job needs: its model, plan, budget, claims, gradient history, finish guard, time
-    splits and cancel flag. Expired ENDED_JOB_STATE_TTL_S after the job ends."""
+    splits and cancel flag: the model above all is tens of MB. They expire shared.timeouts.ENDED_JOB_STATE_TTL_S
+    after the job ends; its status, tasks, progress, shards, batches and result stay."""
     return [job_model_key(job_id), job_plan_key(job_id), plan_lease_key(job_id), job_budget_key(job_id),
             job_claims_key(job_id), job_history_key(job_id), job_finish_key(job_id), job_splits_key(job_id),
             job_cancel_key(job_id)]

@@ -9,6 +9,8 @@ from typing import Literal
 from pydantic import AliasChoices, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from shared import timeouts
+
 
 class CommonSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="SHARETUNE_", extra="ignore")
@@ -72,7 +74,7 @@ class LaneWaitSettings(CommonSettings):
 
 
 class TunerSettings(CommonSettings):
-    batch_grace_s: float = 120.0  # extra time a started batch gets before its candidates count as lost
+    batch_grace_s: float = timeouts.BATCH_GRACE_S  # extra time a started batch gets before its candidates count as lost
     warm_kinds: str = "llvm"  # target kinds whose tensor intrinsics a tuner loads before taking work
     # threads of one client's search (evolutionary search, feature extraction); 0: the host's physical
     # cores. Several clients on one host should split the cores between them.

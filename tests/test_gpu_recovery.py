@@ -10,7 +10,8 @@ import time
 import pytest
 
 from services.measurer.gpu.daemon import CommandResult, MpsDaemon, parse_pids
-from services.measurer.gpu.faults import Watchdog, run_hung, watchdog_allowance_s
+from services.measurer.gpu.faults import Watchdog, run_hung
+from shared.timeouts import watchdog_allowance_s
 from services.measurer.gpu.recovery import (
     GpuAttempt,
     ProcEntry,

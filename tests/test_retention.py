@@ -9,7 +9,7 @@ import uuid
 import pytest
 
 from services.broker.server import EmbeddedRedis, default_maxmemory
-from shared import names, store
+from shared import names, store, timeouts
 from shared.errors import SpecError, StoreFullError
 from shared.messages import JobSpec, Record
 
@@ -40,7 +40,7 @@ def test_an_ended_job_keeps_its_status_and_its_model_and_running_state_expire(r)
     assert r.pttl(names.job_model_key(job)) == -1  # a running job keeps everything
     store.set_state(r, job, "done")
     for key in (names.job_model_key(job), names.job_budget_key(job), names.job_history_key(job)):
-        assert 0 < r.pttl(key) <= names.ENDED_JOB_STATE_TTL_S * 1000
+        assert 0 < r.pttl(key) <= timeouts.ENDED_JOB_STATE_TTL_S * 1000
     # what status, results and reports read stays
     assert r.pttl(names.job_key(job)) == -1 and r.pttl(names.job_progress_key(job)) == -1
     # a key already set to go sooner keeps its time
@@ -48,7 +48,7 @@ def test_an_ended_job_keeps_its_status_and_its_model_and_running_state_expire(r)
     r.pexpire(names.job_model_key(other), 5000)
     assert store.cancel_job(r, other) == "cancelled"
     assert 0 < r.pttl(names.job_model_key(other)) <= 5000
-    assert 0 < r.pttl(names.job_budget_key(other)) <= names.ENDED_JOB_STATE_TTL_S * 1000
+    assert 0 < r.pttl(names.job_budget_key(other)) <= timeouts.ENDED_JOB_STATE_TTL_S * 1000
 
 
 def test_prune_deletes_jobs_that_ended_long_ago_and_keeps_the_tuning_records(r):

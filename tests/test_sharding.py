@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from shared import names, store
+from shared import names, store, timeouts
 from shared.messages import JobTask, ShardRef, ShardState
 from services.tuner.sharding import Steering, behind, expected_cost, flops_shares, gradient, partition, priority
 
@@ -168,7 +168,7 @@ def test_reaper_sends_back_dead_and_stranded_shards_once(redis_conn):
     shards = [
         ShardState(shard=0, task_ids=["a"], state="running", owner="dead.1"),  # no lease: its client died
         ShardState(shard=1, task_ids=["b"], state="running", owner="live.2"),  # leased: left alone
-        ShardState(shard=2, task_ids=["c"], state="pending", queued_at=now - 10 * names.STRANDED_AFTER_S),
+        ShardState(shard=2, task_ids=["c"], state="pending", queued_at=now - 10 * timeouts.STRANDED_AFTER_S),
         ShardState(shard=3, task_ids=["d"], state="pending", queued_at=now),  # just queued: left alone
     ]
     _job(redis_conn, job, shards, 50)

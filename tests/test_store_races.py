@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from shared import names, store
+from shared import names, store, timeouts
 from shared.messages import FINAL_STATES, JobHash, JobSpec, ShardState
 
 REPO = Path(__file__).resolve().parent.parent
@@ -214,7 +214,7 @@ def test_the_reaper_leaves_a_shard_its_client_finished_while_the_reaper_looked(r
          ShardState(shard=1, task_ids=["b"], state="running", owner="c2"))
     take = store.take_lease
 
-    def late_take(conn, job_id, shard, owner, ttl_s=names.LEASE_TTL_S):
+    def late_take(conn, job_id, shard, owner, ttl_s=timeouts.LEASE_TTL_S):
         if job_id == job and shard == 0 and owner.startswith("reaper"):
             # between the reaper's read ("running", no lease) and its lease: the client comes back,
             # finishes the shard and releases its lease
@@ -237,7 +237,7 @@ def test_the_reaper_leaves_a_shard_its_client_finished_while_the_reaper_looked(r
 def test_a_plan_no_planner_holds_is_sent_again_and_the_old_message_is_dropped(r):
     from services.tuner import reaper
 
-    job, later = "plan-orphan", time.time() + 10 * names.STRANDED_PLAN_S
+    job, later = "plan-orphan", time.time() + 10 * timeouts.STRANDED_PLAN_S
     store.create_job(r, JobSpec(job_id=job, target="llvm", trials=8), b"{}")
     store.plan_sent(r, job, "first")
     store.set_state(r, job, "planning")

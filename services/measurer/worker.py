@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from contextlib import nullcontext
 
-from shared import hostcores, lanes, names, store
+from shared import hostcores, lanes, names, store, timeouts
 from shared.ids import worker_id
 from shared.messages import (BuilderInfo, BuildRequest, GpuFault, LaneBatch, LaneInfo, MeasureBatch, MeasureResult,
                              Quarantined)
@@ -27,12 +27,12 @@ from services.measurer import poison
 log = logging.getLogger("sharetune.lane")
 
 # past its build wait and its run timeout (plus this), a candidate's kernel is taken as hung
-WATCHDOG_MARGIN_S = float(os.environ.get("SHARETUNE_WATCHDOG_MARGIN_S", "15"))
+WATCHDOG_MARGIN_S = float(os.environ.get("SHARETUNE_WATCHDOG_MARGIN_S", timeouts.WATCHDOG_MARGIN_S))
 
 
 def keep_announcing(stop: threading.Event, announce: Callable[[], None], what: str) -> None:
     """Refresh a liveness key well within its TTL until `stop` is set."""
-    while not stop.wait(names.LANE_TTL_S / 3):
+    while not stop.wait(timeouts.HEARTBEAT_S):
         try:
             announce()
         except Exception:  # noqa: BLE001 - Redis may be restarting; the next beat retries
@@ -137,7 +137,7 @@ class LaneWorker:
                     log.warning("lane claim %s is held by another replica", self.settings.lane_claim)
             except Exception:  # noqa: BLE001 - Redis may be restarting; the next beat retries
                 log.warning("lane claim refresh failed", exc_info=True)
-            self.stop.wait(names.LANE_TTL_S / 3)
+            self.stop.wait(timeouts.HEARTBEAT_S)
 
     def close(self) -> None:
         """Warm shutdown: stop the heartbeat, end the sandbox child, leave the lane list, free the claim."""
@@ -236,12 +236,13 @@ class LaneWorker:
         leaves the count; a suspect (in flight at an earlier fault) runs alone, and what a fault means is
         services.measurer.isolation.judge's call. A CUDA fault ends the batch: the lane's context is gone."""
         from services.measurer.isolation import GpuGate, judge, runs_alone
-        from services.measurer.gpu.faults import classify_cuda_error, watchdog_allowance_s
+        from services.measurer.gpu.faults import classify_cuda_error
 
         r, gpu_lane = self.redis, self.fault_domain is not None
         gate = None
         if gpu_lane:
-            gate = GpuGate(r, self.fault_domain, self.worker, hold_s=batch.timing.timeout_s + 30)
+            gate = GpuGate(r, self.fault_domain, self.worker,
+                           hold_s=timeouts.gate_hold_s(batch.timing.timeout_s, self.pool is not None, WATCHDOG_MARGIN_S))
         for cand in batch.candidates:
             if cand.candidate_id in quarantined:  # answered without building or running it
                 yield poison.quarantined_result(quarantined[cand.candidate_id], cand.candidate_id)
@@ -260,7 +261,7 @@ class LaneWorker:
                 if alone:
                     store.count_suspect_run(r, self.fault_domain, chash)
                 if gpu_lane:
-                    self.watchdog().arm(watchdog_allowance_s(batch.timing.timeout_s, self.pool is not None),
+                    self.watchdog().arm(timeouts.watchdog_allowance_s(batch.timing.timeout_s, self.pool is not None),
                                         batch_id=batch.batch_id, candidate_id=cand.candidate_id, chash=chash,
                                         crashes=crashes, job_id=batch.job_id, timeout_s=batch.timing.timeout_s)
                 try:

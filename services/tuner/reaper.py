@@ -3,7 +3,7 @@ shards whose client died (running, but no lease left) or whose message nobody to
 unrecorded trial claims back to the job's budget and sends them again; and it re-sends the finishing
 step of a job whose shards are all done when the client that should have finished it died, and the plan
 message of a job whose planner died while planning it (or that no planner holds: no lease, the plan queue
-empty, its last send STRANDED_PLAN_S ago), with a new token, so the old one is dropped if it ever comes
+empty, its last send timeouts.STRANDED_PLAN_S ago), with a new token, so the old one is dropped if it ever comes
 back. Guards in
 Redis make one reaper act, not all of them; taking a shard needs its lease, so a shard is never
 searched by two clients at once. The reaper holds a shard's lease itself while it sends the shard again,
@@ -15,7 +15,7 @@ import time
 import uuid
 from typing import Callable
 
-from shared import names, store
+from shared import names, store, timeouts
 from shared.messages import FINAL_STATES, JobRef, ShardRef, ShardState
 
 log = logging.getLogger("sharetune.tuner.reaper")
@@ -33,7 +33,7 @@ def reap(redis, send_shard: Callable[[ShardRef], None], send_finish: Callable[[s
 
         def orphaned(sh: ShardState) -> bool:
             return sh.state == "running" or (
-                sh.state == "pending" and queue_empty and now - sh.queued_at > names.STRANDED_AFTER_S)
+                sh.state == "pending" and queue_empty and now - sh.queued_at > timeouts.STRANDED_AFTER_S)
 
         for sh in shards.values():
             # a shard with a lease has a live client; a free one is leased by the reaper for the re-send, so
@@ -76,7 +76,7 @@ def reap_plans(redis, send_plan: Callable[[JobRef], None], now: float) -> list[s
         if not plan_queue_empty:  # a planner is behind, or none is up: what waits in the queue is taken first
             continue
         ref = JobRef(job_id=job_id, plan=uuid.uuid4().hex)
-        if store.replace_stranded_plan(redis, job_id, ref.plan, now, names.STRANDED_PLAN_S):
+        if store.replace_stranded_plan(redis, job_id, ref.plan, now, timeouts.STRANDED_PLAN_S):
             send_plan(ref)
             actions.append(f"job {job_id} plan sent again (no planner held it)")
     return actions

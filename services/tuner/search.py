@@ -8,12 +8,12 @@ import os
 import time
 from pathlib import Path
 
-from shared import lanes, store
+from shared import lanes, store, timeouts
 from shared.messages import JobResult, TaskBest, TimingConfig, lane_kind, lane_utilisation, target_kind
 from shared.ranking import default_secs, rank_secs
 
 
-def tune_shard(send, redis, job_id: str, shard: int, work_dir: Path, grace_s: float = 120.0,
+def tune_shard(send, redis, job_id: str, shard: int, work_dir: Path, grace_s: float = timeouts.BATCH_GRACE_S,
                check=None, search_threads: int = 0, cold_start: bool = True, population=None):
     """Search one shard's tasks until the job's budget is spent or its tasks are done. `check` raises
     rounds.Stopped when the client must hand the shard back (shutdown, lost lease). `send(task, payload,
@@ -79,7 +79,7 @@ def tune_shard(send, redis, job_id: str, shard: int, work_dir: Path, grace_s: fl
     return run
 
 
-def finish_job(send, redis, job_id: str, work_dir: Path, grace_s: float = 120.0) -> JobResult:
+def finish_job(send, redis, job_id: str, work_dir: Path, grace_s: float = timeouts.BATCH_GRACE_S) -> JobResult:
     """Once every shard is done (or the job was cancelled and its clients stopped): re-time each task's
     top k (lanes idle now; not for a cancelled job), compile the tuned and the untuned model, and store
     the result. Idempotent: a finish that died is simply run again. A cancelled job stays cancelled

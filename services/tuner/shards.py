@@ -15,7 +15,7 @@ import time
 import traceback
 from collections.abc import Callable
 
-from shared import names, store
+from shared import names, store, timeouts
 from shared.errors import SharetuneError
 from shared.messages import FINAL_STATES, ShardRef
 from shared.settings import TunerSettings
@@ -54,7 +54,7 @@ class ShardRunner:
                                                                 names.PLAN_QUEUE))
                 except Exception as err:  # noqa: BLE001 - a Redis hiccup must not end the heartbeat
                     log.warning("heartbeat/reaper: %s", err)
-                time.sleep(names.LANE_TTL_S / 3)
+                time.sleep(timeouts.HEARTBEAT_S)
 
         threading.Thread(target=beat, name="tuner-heartbeat", daemon=True).start()
 
@@ -185,7 +185,7 @@ class Lease:
         threading.Thread(target=self._renew, name=f"lease-{job_id}-{shard}", daemon=True).start()
 
     def _renew(self):
-        while not self._done.wait(names.LEASE_TTL_S / 4):
+        while not self._done.wait(timeouts.LEASE_RENEW_S):
             try:
                 if not store.renew_lease(self.redis, self.job_id, self.shard, self.worker):
                     self._lost.set()

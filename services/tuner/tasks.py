@@ -12,7 +12,7 @@ import threading
 
 from celery import signals
 
-from shared import lanes, names, store
+from shared import lanes, names, store, timeouts
 from shared.ids import worker_id
 from services.celery_app import make_celery
 from shared.errors import MessageError
@@ -96,7 +96,7 @@ def plan_job(payload):
         return {"job_id": ref.job_id, "dropped": "an older plan message than the job's current one"}
     if not store.take_plan_lease(r, ref.job_id, me):
         return {"job_id": ref.job_id, "dropped": "another planner is planning it"}
-    renewing = _keep_renewing(lambda: store.renew_plan_lease(r, ref.job_id, me), names.PLAN_LEASE_TTL_S / 3)
+    renewing = _keep_renewing(lambda: store.renew_plan_lease(r, ref.job_id, me), timeouts.PLAN_LEASE_RENEW_S)
     try:
         shards = planner.plan(r, ref.job_id, LANE_POLICY)
     except planner.Parked as parked:  # look again later; the planner takes the next job meanwhile

@@ -6,7 +6,6 @@ import redis
 from redis.commands.core import Script
 
 
-RESULT_TTL_S = 24 * 3600
 
 
 REDIS_OUTAGE_S = 60  # how long a restarting Redis is waited for before an operation gives up

@@ -7,7 +7,7 @@ import time
 
 import redis
 
-from shared import names
+from shared import names, timeouts
 from shared.errors import JobError, StoreFullError
 from shared.messages import FINAL_STATES, JobHash, JobResult, JobSpec, JobTask, TaskProgress
 from shared.store._redis import _s, _script
@@ -100,11 +100,11 @@ def replace_stranded_plan(r: redis.Redis, job_id: str, token: str, now: float, s
                              args=[token, repr(now), repr(stranded_s)], client=r))
 
 
-def take_plan_lease(r: redis.Redis, job_id: str, who: str, ttl_s: int = names.PLAN_LEASE_TTL_S) -> bool:
+def take_plan_lease(r: redis.Redis, job_id: str, who: str, ttl_s: int = timeouts.PLAN_LEASE_TTL_S) -> bool:
     return bool(_TAKE(keys=[names.plan_lease_key(job_id)], args=[who, int(ttl_s)], client=r))
 
 
-def renew_plan_lease(r: redis.Redis, job_id: str, who: str, ttl_s: int = names.PLAN_LEASE_TTL_S) -> bool:
+def renew_plan_lease(r: redis.Redis, job_id: str, who: str, ttl_s: int = timeouts.PLAN_LEASE_TTL_S) -> bool:
     return bool(_RENEW(keys=[names.plan_lease_key(job_id)], args=[who, int(ttl_s)], client=r))
 
 
@@ -166,7 +166,7 @@ return 1
 """)
 
 
-def expire_transient(r: redis.Redis, job_id: str, ttl_s: int = names.ENDED_JOB_STATE_TTL_S) -> None:
+def expire_transient(r: redis.Redis, job_id: str, ttl_s: int = timeouts.ENDED_JOB_STATE_TTL_S) -> None:
     """An ended job's model, plan, budget... expire in `ttl_s` (sooner if already set to)."""
     _EXPIRE_LT(keys=names.job_transient_keys(job_id), args=[int(ttl_s * 1000)], client=r)
 

@@ -7,7 +7,7 @@ from typing import Callable
 
 import redis
 
-from shared import names
+from shared import names, timeouts
 from shared.messages import ShardState
 from shared.store._redis import _s, _script
 
@@ -41,11 +41,11 @@ return 0
 """)
 
 
-def take_lease(r: redis.Redis, job_id: str, shard: int, owner: str, ttl_s: int = names.LEASE_TTL_S) -> bool:
+def take_lease(r: redis.Redis, job_id: str, shard: int, owner: str, ttl_s: int = timeouts.LEASE_TTL_S) -> bool:
     return bool(_TAKE(keys=[names.shard_lease_key(job_id, shard)], args=[owner, int(ttl_s)], client=r))
 
 
-def renew_lease(r: redis.Redis, job_id: str, shard: int, owner: str, ttl_s: int = names.LEASE_TTL_S) -> bool:
+def renew_lease(r: redis.Redis, job_id: str, shard: int, owner: str, ttl_s: int = timeouts.LEASE_TTL_S) -> bool:
     return bool(_RENEW(keys=[names.shard_lease_key(job_id, shard)], args=[owner, int(ttl_s)], client=r))
 
 
@@ -58,7 +58,7 @@ def release_lease(r: redis.Redis, job_id: str, shard: int, owner: str) -> bool:
     return bool(_RELEASE(keys=[names.shard_lease_key(job_id, shard)], args=[owner], client=r))
 
 
-def claim_slot(r: redis.Redis, scope: str, slots: int, worker: str, ttl_s: int = names.LANE_TTL_S) -> int | None:
+def claim_slot(r: redis.Redis, scope: str, slots: int, worker: str, ttl_s: int = timeouts.LANE_TTL_S) -> int | None:
     """Claim the first free slot of a lane pool for `worker` (atomic per slot); None when all are taken.
     The claim lives while its owner refreshes it (the lane's heartbeat)."""
     for i in range(slots):
@@ -67,7 +67,7 @@ def claim_slot(r: redis.Redis, scope: str, slots: int, worker: str, ttl_s: int =
     return None
 
 
-def refresh_claim(r: redis.Redis, claim_key: str, worker: str, ttl_s: int = names.LANE_TTL_S) -> bool:
+def refresh_claim(r: redis.Redis, claim_key: str, worker: str, ttl_s: int = timeouts.LANE_TTL_S) -> bool:
     """Keep a lane-pool claim (taken again if it lapsed and is still free); False when another replica
     holds it now, which is then left alone."""
     return bool(_TAKE(keys=[claim_key], args=[worker, int(ttl_s)], client=r))
@@ -210,4 +210,4 @@ def finish_shard(r: redis.Redis, job_id: str, shard: int, owner: str) -> bool:
 
 def claim_requeue(r: redis.Redis, job_id: str, shard: int) -> bool:
     """One reaper re-sends a shard (for a lease's time)."""
-    return bool(r.set(names.shard_requeue_key(job_id, shard), "1", nx=True, ex=names.LEASE_TTL_S))
+    return bool(r.set(names.shard_requeue_key(job_id, shard), "1", nx=True, ex=timeouts.LEASE_TTL_S))

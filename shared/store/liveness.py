@@ -6,18 +6,19 @@ import time
 
 import redis
 
-from shared import lanes, names
+from shared import lanes, names, timeouts
 from shared.messages import BuilderInfo, LaneInfo
-from shared.store._redis import RESULT_TTL_S, _s
+from shared.store._redis import _s
 from shared.store.jobs import planned, update_job
 from shared.store.results import lane_batches
+from shared.timeouts import RESULT_TTL_S
 
 
 # ---- lanes, builders and tuner clients (liveness keys), queues ------------------------------------------------
 
 
 def announce_lane(r: redis.Redis, info: LaneInfo) -> None:
-    r.set(names.lane_key(info.queue, info.worker), info.model_dump_json(), ex=names.LANE_TTL_S)
+    r.set(names.lane_key(info.queue, info.worker), info.model_dump_json(), ex=timeouts.LANE_TTL_S)
 
 
 def retire_lane(r: redis.Redis, info: LaneInfo) -> None:
@@ -49,7 +50,7 @@ def builder_alive(r: redis.Redis, alive_key: str) -> bool:
 
 
 def announce_builder(r: redis.Redis, info: BuilderInfo) -> None:
-    r.set(names.builder_key(info.family, info.worker), info.model_dump_json(), ex=names.LANE_TTL_S)
+    r.set(names.builder_key(info.family, info.worker), info.model_dump_json(), ex=timeouts.LANE_TTL_S)
 
 
 def retire_builder(r: redis.Redis, info: BuilderInfo) -> None:
@@ -76,7 +77,7 @@ def mark_batch_building(r: redis.Redis, batch_id: str, worker: str, alive_key: s
 
 
 def announce_tuner(r: redis.Redis, worker: str) -> None:
-    r.set(names.tuner_key(worker), "ready", ex=names.LANE_TTL_S)
+    r.set(names.tuner_key(worker), "ready", ex=timeouts.LANE_TTL_S)
 
 
 def retire_tuner(r: redis.Redis, worker: str) -> None:

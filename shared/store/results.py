@@ -9,7 +9,8 @@ import redis
 
 from shared import names
 from shared.messages import GpuFault, LaneBatch, MeasureResult, Quarantined
-from shared.store._redis import RESULT_TTL_S, _s
+from shared.store._redis import _s
+from shared.timeouts import RESULT_TTL_S
 
 
 DEADLETTER_KEEP = 1000  # dead letters kept (the newest)

@@ -49,11 +49,6 @@ def run_hung(started_at: float, timeout_s: float, now: float, margin_s: float = 
     return now - started_at > timeout_s + margin_s
 
 
-def watchdog_allowance_s(timeout_s: float, builds_in_pool: bool) -> float:
-    """A GPU lane waits up to `timeout_s` for a candidate's build from its pool, then runs it for up to
-    `timeout_s`; in-process it builds and runs within one."""
-    return timeout_s * (2 if builds_in_pool else 1)
-
 
 class Watchdog:
     """A thread that watches the candidate the lane is running: armed before it, disarmed after; past its

@@ -18,7 +18,7 @@ from tvm.s_tir.meta_schedule.builder import BuilderInput, BuilderResult, PyBuild
 from tvm.s_tir.meta_schedule.runner import PyRunner, PyRunnerFuture, RunnerFuture, RunnerInput, RunnerResult
 
 from shared import lanes as lane_kinds
-from shared import names, store
+from shared import names, store, timeouts
 from services.tuner.metaschedule.codec import dump_ir
 from shared.messages import BuildRequest, Candidate, LaneInfo, MeasureBatch, MeasureResult, TimingConfig
 
@@ -128,12 +128,12 @@ class BatchWatch:
                 why = f"builder {building.get('worker')} did not finish batch {self.batch.batch_id} in time"
         elif self.via and not building:
             since = self.runner.builders_missing_since()
-            if since is not None and now - since > names.LANE_TTL_S:
+            if since is not None and now - since > timeouts.LANE_TTL_S:
                 why = f"no builder of {self.runner.family} is left to build batch {self.batch.batch_id}"
         elif not store.lane_alive(self.redis, self.lane):
             self._lane_missing_since = self._lane_missing_since or now
-            if now - self._lane_missing_since > names.LANE_TTL_S:
-                why = f"lane {self.lane} is gone (no heartbeat for {names.LANE_TTL_S} s)"
+            if now - self._lane_missing_since > timeouts.LANE_TTL_S:
+                why = f"lane {self.lane} is gone (no heartbeat for {timeouts.LANE_TTL_S} s)"
         else:
             self._lane_missing_since = None
         if why:
@@ -196,7 +196,7 @@ class LaneRunner(PyRunner):
     policy says (shared.lanes.LiveLanePolicy.give_up_s), then gives up."""
 
     def __init__(self, send, redis, job_id: str, kind: str, share: int, target_json: str,
-                 stash: CandidateStash, split: TimeSplit, timing: TimingConfig, grace_s: float = 120.0,
+                 stash: CandidateStash, split: TimeSplit, timing: TimingConfig, grace_s: float = timeouts.BATCH_GRACE_S,
                  policy: lane_kinds.LiveLanePolicy | None = None):
         """`send(task_name, payload, queue)` publishes one message (the tuner's Celery boundary gives it)."""
         super().__init__()
