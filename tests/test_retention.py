@@ -11,7 +11,7 @@ import pytest
 from services.broker.server import EmbeddedRedis, default_maxmemory
 from shared import names, store, timeouts
 from shared.errors import SpecError, StoreFullError
-from shared.messages import JobSpec, Record
+from shared.messages import JobSpec, LaneBatch, MeasureResult, Record
 
 
 @pytest.fixture(scope="module")
@@ -76,9 +76,13 @@ def test_fifty_jobs_in_a_row_leave_the_store_as_it_was(r):
     wkey = f"wl-{uuid.uuid4().hex[:8]}"
     base = store.memory(r)
     peak = 0
-    for _ in range(50):
+    for i in range(50):
         job = _job(r, 512 << 10)
         _record(r, wkey, job)
+        batch = f"b-{job}"  # a batch a lane measured: its results (a hash with a day's TTL) and the job's log
+        store.put_result(r, batch, MeasureResult(candidate_id="c0", run_secs=[1e-3]))
+        store.log_lane_batch(r, job, LaneBatch(batch_id=batch, lane="measure.cpu.c0", worker="w", started_at=i,
+                                               finished_at=i + 1, candidates=1))
         store.set_state(r, job, "done")
         peak = max(peak, store.memory(r)["used_bytes"])
         store.prune_jobs(r, 0, now=time.time() + 1)

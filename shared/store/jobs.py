@@ -44,8 +44,9 @@ def memory(r: redis.Redis) -> dict:
 
 def prune_jobs(r: redis.Redis, older_than_s: float, now: float | None = None, dry_run: bool = False) -> list[str]:
     """Delete every key of each job that ended (done, failed, cancelled) more than `older_than_s` ago, or
-    whose status is gone; the workloads' records and defaults stay (the tuning knowledge: exports and later
-    jobs reuse them). Returns the job ids pruned (would be, with `dry_run`)."""
+    whose status is gone, and the results of the batches its lanes logged (already records); the workloads'
+    records and defaults stay (the tuning knowledge: exports and later jobs reuse them). Returns the job ids
+    pruned (would be, with `dry_run`)."""
     cutoff = (time.time() if now is None else now) - older_than_s
     gone = []
     for raw in r.zrange(names.JOBS_KEY, 0, -1):
@@ -58,7 +59,8 @@ def prune_jobs(r: redis.Redis, older_than_s: float, now: float | None = None, dr
         for i in range(0, len(gone), 100):
             with r.pipeline() as p:
                 for job_id in gone[i:i + 100]:
-                    p.delete(*names.job_keys(job_id))
+                    batches = {json.loads(raw)["batch_id"] for raw in r.lrange(names.job_batches_key(job_id), 0, -1)}
+                    p.delete(*names.job_keys(job_id), *(names.batch_results_key(b) for b in sorted(batches)))
                     p.zrem(names.JOBS_KEY, job_id)
                     p.srem(names.ACTIVE_JOBS_KEY, job_id)
                     p.srem(names.PLANNING_JOBS_KEY, job_id)
