@@ -9,7 +9,7 @@ from typing import Literal
 from pydantic import AliasChoices, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from shared import timeouts
+from shared import hostcores, timeouts
 
 
 class CommonSettings(BaseSettings):
@@ -55,7 +55,7 @@ class LaneSettings(CommonSettings):
     # a lane's cores are claimed on its host (shared.hostcores): taken by another live process, the lane is
     # refused ("refuse") or runs and says so ("warn"); the claims live in this directory, shared by every stack
     core_overlap: Literal["refuse", "warn"] = "refuse"
-    core_lock_dir: str = "/tmp/sharetune-cores"
+    core_lock_dir: str = hostcores.DEFAULT_LOCK_DIR
 
 
 def physical_cores() -> int:

@@ -352,3 +352,11 @@ def test_dockerfiles_lint_clean():
     files = [str(p) for p in ROOT.glob("services/*/Dockerfile")]
     out = subprocess.run([exe, "--no-color", *files], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_cpu_replicas_share_the_hosts_core_claims(compose):
+    """A replica's lane holds its cores in the host's claim directory, which a stack started on the host uses
+    too: neither times on a core the other holds (shared.hostcores)."""
+    from shared.hostcores import DEFAULT_LOCK_DIR
+
+    assert f"{DEFAULT_LOCK_DIR}:{DEFAULT_LOCK_DIR}" in compose["services"]["measurer-cpu"]["volumes"]
