@@ -15,12 +15,9 @@ from kombu.serialization import register
 from kombu.utils.json import dumps as _json_dumps
 from kombu.utils.json import loads as _json_loads
 
-from shared import names
+from shared import names, timeouts
 from shared.messages import MAX_MESSAGE_BYTES
 
-# Redis visibility timeout: an unacknowledged message returns to its queue after this long, so it must
-# outlast the longest batch a lane can take (16 candidates x 60 s timeout x 2 crash retries is 32 min).
-LONGEST_BATCH_S = 3600
 MAX_TASKS_PER_CHILD = 200  # prefork pools recycle a child after this many tasks (our lanes are solo: they
 # recycle their sandbox child instead, see LaneSettings.sandbox_recycle)
 
@@ -90,7 +87,7 @@ def make_celery(role: str, redis_url: str) -> Celery:
         worker_prefetch_multiplier=1,
         worker_max_tasks_per_child=MAX_TASKS_PER_CHILD,
         task_default_queue=names.PLAN_QUEUE,
-        broker_transport_options={"visibility_timeout": LONGEST_BATCH_S},
+        broker_transport_options={"visibility_timeout": timeouts.VISIBILITY_TIMEOUT_S},
         broker_connection_retry_on_startup=True,
         broker_connection_retry=True,
         broker_connection_max_retries=None,  # a restarting Redis is waited for, not given up on

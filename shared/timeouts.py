@@ -46,6 +46,13 @@ def gate_hold_s(timeout_s: float, builds_in_pool: bool, watchdog_margin_s: float
 # coming back (a GPU recovery: ~20 s on the H200) and a candidate's full timing
 BATCH_GRACE_S = 120.0
 
+# Redis's visibility timeout: an unacknowledged message (its worker died) returns to its queue after this long,
+# so it must outlast the longest batch a live lane can take (16 candidates x the run timeout x 2 crash retries
+# is 32 min at the defaults). A dead worker's message coming back this late is recognised and dropped (a plan
+# by its token, a batch whose job ended or that a lane already started), and the reaper re-sends what a dead
+# tuner or planner held within seconds: nothing waits for it.
+VISIBILITY_TIMEOUT_S = 3600
+
 # ---- what outlives a job --------------------------------------------------------------------------------------
 RESULT_TTL_S = 24 * 3600  # a batch's results and a lane's batch log (x30) in the store
 # an ended job's model and running state: past a cancelled job's finishing step, which reads its model

@@ -26,3 +26,7 @@ def test_a_gpu_gate_outlives_the_watchdog_of_the_candidate_holding_it():
 def test_a_batch_is_given_up_only_after_a_candidate_and_a_lane_restart():
     assert t.BATCH_GRACE_S > t.RUN_TIMEOUT_S and t.BATCH_GRACE_S > t.LANE_TTL_S
     assert t.ENDED_JOB_STATE_TTL_S < t.RESULT_TTL_S
+
+
+def test_a_live_lanes_longest_batch_never_comes_back_to_its_queue():
+    assert t.VISIBILITY_TIMEOUT_S > 16 * t.RUN_TIMEOUT_S * 2 + t.BATCH_GRACE_S
