@@ -102,6 +102,25 @@ def claim(cores: Iterable[int], holder: str, lock_dir: str | Path = DEFAULT_LOCK
     return CoreClaim(files, taken)
 
 
+def check_free(lanes: Iterable[tuple[str, Iterable[int]]], lock_dir: str | Path = DEFAULT_LOCK_DIR,
+               policy: str = "refuse") -> None:
+    """Before a group of lanes starts (a stack): CoresTaken when two of them would time on one core or another
+    live process holds one of their cores, unless the policy is "warn" (each lane then says so as it claims)."""
+    if policy != "refuse":
+        return
+    wanted: dict[int, str] = {}
+    for name, cores in lanes:
+        for core in cores:
+            if core in wanted:
+                raise CoresTaken(f"lanes {wanted[core]} and {name} of this stack both time on core {core}")
+            wanted[core] = name
+    held = holders(wanted, lock_dir)
+    if held:
+        raise CoresTaken(f"this stack's lanes would time on cores another process holds: {describe_holders(held)}. "
+                         "Stop it (`sharetune down` in its work dir), give other --lanes, or set "
+                         "SHARETUNE_CORE_OVERLAP=warn")
+
+
 def this_process(what: str) -> str:
     """A holder's description: what it is, its pid and host."""
     import socket

@@ -111,19 +111,20 @@ def cmd_services(args) -> int:
     sup = state.get("supervisor_pid")
     sup_alive = supervise._alive(sup)
     rows = [{**r, "alive": bool(r["alive"] and supervise._alive(r["pid"]))} for r in state.get("services", [])]
+    # non-zero for scripts and health checks: nothing restarts, or something was given up
+    healthy = 0 if sup_alive and not any(r["given_up"] for r in rows) else 1
     if args.json:
         _print_json({"work_dir": state.get("work_dir"), "redis_url": state.get("redis_url"), "supervisor_pid": sup,
                      "supervisor_alive": sup_alive, "ready": state.get("ready"), "updated_at": state.get("updated_at"),
                      "services": rows})
-        return 0 if sup_alive and not any(r["given_up"] for r in rows) else 1
+        return healthy
     age = time.time() - (state.get("updated_at") or 0)
     print(f"supervisor pid {sup} {'alive' if sup_alive else 'DEAD (nothing is restarted)'}; REDIS_URL="
           f"{state.get('redis_url')}; {'ready' if state.get('ready') else 'starting'}; state {age:.0f} s old")
     for r in rows:
         status = "GIVEN UP: " + r["given_up"] if r["given_up"] else ("alive" if r["alive"] else "dead")
         print(f"  {r['name']:<32} {r['kind']:<8} pid {str(r['pid'] or '-'):>7}  restarts {r['restarts']:>2}  {status}")
-    # non-zero for scripts and health checks: nothing restarts, or something was given up
-    return 0 if sup_alive and not any(r["given_up"] for r in rows) else 1
+    return healthy
 
 
 # ---- the user's side: submit, status, watch, results, export, lanes, cancel, report -------------------

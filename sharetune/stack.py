@@ -341,17 +341,7 @@ class Stack:
         from shared.settings import LaneSettings
 
         s = LaneSettings()
-        wanted: dict[int, str] = {}
-        for q in self.lanes:
-            for core in lane_kinds.parse(q).cores:
-                if core in wanted and s.core_overlap == "refuse":
-                    raise hostcores.CoresTaken(f"lanes {wanted[core]} and {q} of this stack both time on core {core}")
-                wanted[core] = q
-        held = hostcores.holders(wanted, s.core_lock_dir)
-        if held and s.core_overlap == "refuse":
-            raise hostcores.CoresTaken(
-                f"this stack's lanes would time on cores another process holds: {hostcores.describe_holders(held)}. "
-                "Stop it (`sharetune down` in its work dir), give other --lanes, or set SHARETUNE_CORE_OVERLAP=warn")
+        hostcores.check_free([(q, lane_kinds.parse(q).cores) for q in self.lanes], s.core_lock_dir, s.core_overlap)
 
     def start(self, wait_lanes_s: float = 300.0) -> "Stack":
         self.check_cores()

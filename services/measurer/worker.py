@@ -18,6 +18,7 @@ from collections.abc import Callable
 from contextlib import nullcontext
 
 from shared import hostcores, lanes, names, store, timeouts
+from shared.heartbeat import keep_beating
 from shared.ids import worker_id
 from shared.messages import (BuilderInfo, BuildRequest, GpuFault, LaneBatch, LaneInfo, MeasureBatch, MeasureResult,
                              Quarantined)
@@ -28,15 +29,6 @@ log = logging.getLogger("sharetune.lane")
 
 # past its build wait and its run timeout (plus this), a candidate's kernel is taken as hung
 WATCHDOG_MARGIN_S = float(os.environ.get("SHARETUNE_WATCHDOG_MARGIN_S", timeouts.WATCHDOG_MARGIN_S))
-
-
-def keep_announcing(stop: threading.Event, announce: Callable[[], None], what: str) -> None:
-    """Refresh a liveness key well within its TTL until `stop` is set."""
-    while not stop.wait(timeouts.HEARTBEAT_S):
-        try:
-            announce()
-        except Exception:  # noqa: BLE001 - Redis may be restarting; the next beat retries
-            log.warning("%s heartbeat failed", what, exc_info=True)
 
 
 class LaneWorker:
@@ -117,8 +109,7 @@ class LaneWorker:
             started_at=time.time(),
         )
         self.announce()
-        threading.Thread(target=keep_announcing, args=(self.stop, self.announce, "lane"), name="lane-heartbeat",
-                         daemon=True).start()
+        keep_beating(self.announce, timeouts.HEARTBEAT_S, "lane heartbeat", self.stop)
         # where a (re)start's seconds go: the checks and observer, the target (a GPU's first CUDA call), the warm-up
         log.info("lane %s ready in %.2f s (checks %.2f s, target %.2f s, warm-up %.2f s; share %s %%, target %s)",
                  lane.queue, time.perf_counter() - t0, t_target - t0, t_warm - t_target, warm_s, self.info.share,
@@ -406,8 +397,7 @@ class Builder:
             log.error("%s", err)
             os._exit(3)
         self.announce()
-        threading.Thread(target=keep_announcing, args=(self.stop, self.announce, "builder"),
-                         name="builder-heartbeat", daemon=True).start()
+        keep_beating(self.announce, timeouts.HEARTBEAT_S, "builder heartbeat", self.stop)
         log.info("builder for %s ready (warm-up %.2f s)", self.family, warm_s)
 
     def announce(self) -> None:

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import json
 import logging
-import threading
 
 from celery import signals
 
 from shared import lanes, names, store, timeouts
+from shared.heartbeat import keep_beating
 from shared.ids import worker_id
 from services.celery_app import make_celery
 from shared.errors import MessageError
@@ -96,7 +96,9 @@ def plan_job(payload):
         return {"job_id": ref.job_id, "dropped": "an older plan message than the job's current one"}
     if not store.take_plan_lease(r, ref.job_id, me):
         return {"job_id": ref.job_id, "dropped": "another planner is planning it"}
-    renewing = _keep_renewing(lambda: store.renew_plan_lease(r, ref.job_id, me), timeouts.PLAN_LEASE_RENEW_S)
+    # a plan of a large model takes minutes: its lease outlives it, and lapses within seconds of a planner's death
+    renewing = keep_beating(lambda: store.renew_plan_lease(r, ref.job_id, me), timeouts.PLAN_LEASE_RENEW_S,
+                            "plan lease renewal")
     try:
         shards = planner.plan(r, ref.job_id, LANE_POLICY)
     except planner.Parked as parked:  # look again later; the planner takes the next job meanwhile
@@ -117,22 +119,6 @@ def plan_job(payload):
         if sh.state == "pending":
             send_shard(ref.job_id, sh.shard)
     return {"job_id": ref.job_id, "shards": len(shards)}
-
-
-def _keep_renewing(renew, every_s: float) -> threading.Event:
-    """Call `renew` every `every_s` until the returned event is set (a plan of a large model takes minutes;
-    its lease must outlive it, and lapse within seconds of its planner's death)."""
-    stop = threading.Event()
-
-    def run():
-        while not stop.wait(every_s):
-            try:
-                renew()
-            except Exception as err:  # noqa: BLE001 - a Redis hiccup: the next beat tries again
-                log.warning("renewing a plan lease: %s", err)
-
-    threading.Thread(target=run, name="plan-lease", daemon=True).start()
-    return stop
 
 
 @app.task(name=names.TUNE_TASK)

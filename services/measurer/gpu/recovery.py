@@ -49,8 +49,8 @@ def plan_recovery(exits: Sequence[LaneExit], faults: Sequence, history: Mapping[
     """Decide, from what was observed, which lanes to restart. Pure: `exits` are lane processes seen
     ended, `faults` GpuFault-like records (with .gpu8) reported since the last recovery, `history`
     lane name -> times it was restarted. A GPU with a reported fault, a lane that exited with the
-    GPU-fault code or crashed (CRASH_SIGNALS), or two of its lanes dying together, is recovered as a whole; any other lane restarted `max_restarts` times within
-    `window_s` is given up (a crash loop is not hidden behind restarts). A lane that goes down with its
+    GPU-fault code or crashed (CRASH_SIGNALS), or two of its lanes dying together, is recovered as a whole;
+    any other lane restarted `max_restarts` times within `window_s` is given up (a crash loop is not hidden behind restarts). A lane that goes down with its
     GPU is never given up here: finding a culprit among suspects takes one recovery per fault, each of
     them progress (a suspect cleared or a culprit counted toward its quarantine), so the GPU's own
     verdict decides (judge_recovery, give_up_gpu: recoveries whose lanes do not come back measuring)."""
