@@ -72,6 +72,7 @@ def tune_shard(send, redis, job_id: str, shard: int, work_dir: Path, grace_s: fl
     times = split.as_dict()
     times["search"] = round(max(0.0, tune_s - split.wait - split.serialize - run.waited_s), 3)
     times["steer_wait"] = round(run.waited_s, 3)
+    times.update({k: round(v, 3) for k, v in run.phase_s.items()})
     times["tune_total"] = round(tune_s, 3)
     times.update(rounds=run.rounds, trials=run.trials, reused=run.reused, warm_switches=run.warm_switches,
                  population=pop)
@@ -95,6 +96,7 @@ def finish_job(send, redis, job_id: str, work_dir: Path, grace_s: float = timeou
     job_dir.mkdir(parents=True, exist_ok=True)
     from services.tuner.metaschedule.lanes import CandidateStash, LaneRunner, TimeSplit
     from services.tuner.metaschedule.records import export_json_database, full_timing_of_bests, retime_top_k
+    from services.tuner.metaschedule.rounds import PHASES
 
     retime = {}
     cancelled = state.state == "cancelled"  # finished on what was measured; it stays cancelled
@@ -142,7 +144,7 @@ def finish_job(send, redis, job_id: str, work_dir: Path, grace_s: float = timeou
     shards = store.shards(redis, job_id)
     splits = store.splits(redis, job_id)
     times = {k: round(sum(sp.get(k, 0.0) for sp in splits), 3)
-             for k in ("serialize", "wait", "queue", "build", "run", "search", "steer_wait")}
+             for k in ("serialize", "wait", "queue", "build", "run", "search", "steer_wait", *PHASES)}
     started = min((sh.started_at for sh in shards.values() if sh.started_at), default=t_compile)
     ended = max((sh.finished_at for sh in shards.values() if sh.finished_at), default=t_compile)
     times["tune_total"] = round(ended - started, 3)  # first shard's start to last shard's end

@@ -39,6 +39,7 @@ SEARCH_ROOM = 1 << 20
 # how long a client's second rounds wait for other clients' first rounds before they stop leaving them budget
 # (a shard nobody runs must not hold the job back for good)
 RESERVE_WAIT_S = 300.0
+PHASES = ("defaults", "sample", "features", "record")
 
 
 class Stopped(Exception):
@@ -67,7 +68,11 @@ class ShardRun:
     rounds: int = 0
     trials: int = 0  # measured and recorded (claimed from the job's budget)
     reused: int = 0  # proposed again but already in the store: not measured, not charged
-    waited_s: float = 0.0  # let other shards' tasks go first
+    waited_s: float = 0.0  # let other shards' tasks go first, or their first rounds' budget be left to them
+    # where the rest of the client's time went, in seconds: defaults (timing each task's default schedule),
+    # sample (MetaSchedule's search: sampling, evolution, the cost model's predictions), features (the
+    # measured rows' features for the updater), record (results into the store and the search)
+    phase_s: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
     warm_switches: int = 0  # tasks that moved from sampling to evolutionary search
     per_task: dict[str, int] = field(default_factory=dict)
 
@@ -106,7 +111,9 @@ class ShardLoop:
         hist = store.history(self.redis, self.job_id)
         cold = self.cold_start and not self.cost_model.trained()
         # a task runs its default schedule until a candidate beats it: that is its latency to the gradient
+        t0 = time.perf_counter()
         default = self.defaults([t.job_task for t in self.tasks]) if self.defaults else {}
+        self._spent("defaults", t0)
         for t in self.tasks:
             self._start_context(t, cold)
             past = hist.get(t.job_task.task_id) or []
@@ -215,6 +222,7 @@ class ShardLoop:
             if left <= 0:
                 self.check(True, blocked=True)  # a shard waiting for a client gets this one now
                 time.sleep(0.2)  # other clients' first rounds are due; the loop picks again
+                self.run_stats.waited_s += 0.2
                 return True
         if t.cold and not t.dry and self.cost_model.trained():
             # the central model is trained: evolve against it (unless evolution just came up empty)
@@ -274,7 +282,9 @@ class ShardLoop:
         and evolution gives up when it cannot sample 50 valid unmeasured schedules, while sampling alone
         still finds new ones. So such a round makes the task try the other strategy next, and only
         EMPTY_ROUNDS of them in a row, both strategies tried, end it."""
+        t0 = time.perf_counter()
         got = t.ctx.generate_measure_candidates()
+        self._spent("sample", t0)
         cands = list(got) if got is not None else []
         keys = [candidate_key(t.job_task.wkey, c) for c in cands]
         known = self.records.known(t.job_task.wkey, keys)
@@ -314,17 +324,25 @@ class ShardLoop:
         results = [f.result() for f in futures]
         t.ctx.notify_runner_results(cands, results)
         ok = [(c, b, r) for c, b, r in zip(cands, built, results) if b.error_msg is None]
+        t0 = time.perf_counter()
         if ok:
             timing_of = getattr(self.runner, "timing_of", lambda handle: None)
             self.cost_model.update_rows(t.ctx, [c for c, _, _ in ok], [r for _, _, r in ok],
                                         [timing_of(b.artifact_path) == "brief" for _, b, _ in ok])
+        t0 = self._spent("features", t0)
         self.records.record_round(t.ctx, cands, built, results, claimed)
+        self._spent("record", t0)
         for r in results:
             if r.error_msg is None and r.run_secs:
                 t.best_s = min(t.best_s, rank_secs(r.run_secs))
         store.push_history(self.redis, self.job_id, t.job_task.task_id, t.best_s if t.best_s < math.inf else 1e9)
         self.run_stats.trials += len(cands)
         self.run_stats.per_task[t.job_task.name] = self.run_stats.per_task.get(t.job_task.name, 0) + len(cands)
+
+    def _spent(self, phase: str, since: float) -> float:
+        now = time.perf_counter()
+        self.run_stats.phase_s[phase] += now - since
+        return now
 
     def _finish_task(self, t: _Task, exhausted: bool = False) -> bool:
         t.done = True
