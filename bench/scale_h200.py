@@ -406,6 +406,9 @@ def main(argv=None) -> int:
                     help="seconds of stock tuning per model (it needs ~90 s to start and commits a task's records only "
                          "when it returns to the task: a window under ~6 min leaves no equal-trials latency)")
     ap.add_argument("--stock-max-trials", type=int, default=100000)
+    ap.add_argument("--stock-models", default=None, help="models whose stock window runs (default: every model)")
+    ap.add_argument("--stock-from", default=None,
+                    help="an earlier result JSON whose stock windows stand for the models not run here (same protocol)")
     ap.add_argument("--config-timeout", type=float, default=600.0, help="a job's limit, its final compile included")
     ap.add_argument("--serve-rounds", type=int, default=15)
     ap.add_argument("--work-dir", default="/tmp/scale_bench")
@@ -465,8 +468,14 @@ def run_part(args) -> int:
     def save():
         out_json.write_text(json.dumps(result, indent=1))
 
+    if args.stock_from:
+        earlier = json.loads(Path(args.stock_from).read_text()).get("stocks") or {}
+        for model, stock in earlier.items():
+            if model in models and model not in result["stocks"]:
+                result["stocks"][model] = dict(stock, from_earlier_run=args.stock_from)
+    stock_models = args.stock_models.split(",") if args.stock_models else models
     if args.part == "A":  # one GPU: stock alone on the machine first, model after model
-        for model in models if args.stock_window > 0 else []:  # --stock-window 0: the service's rows only
+        for model in stock_models if args.stock_window > 0 else []:  # --stock-window 0: the service's rows only
             if model not in result["stocks"]:
                 stock = start_stock(args, gpus, work / model, model, cores="1" if args.rehearse else "0-15")
                 time.sleep(args.stock_window)
@@ -477,9 +486,11 @@ def run_part(args) -> int:
     else:
         stock = start_stock(args, gpus, work / models[0], models[0], cores="1" if args.rehearse else "16-31")
     result["phase"] = "service"
-    # model by model, its equal-trials latency as soon as its rows are in; the first-model-only controls last
-    steps = [(n, m) for m in models for n in names_ if n not in FIRST_MODEL_ONLY]
+    # configuration by configuration (a run cut short has the first configuration on every model), a model's
+    # equal-trials latency as soon as its rows are in; the first-model-only controls last
+    steps = [(n, m) for n in names_ if n not in FIRST_MODEL_ONLY for m in models]
     steps += [(n, models[0]) for n in names_ if n in FIRST_MODEL_ONLY]
+    last_step = {m: i for i, (_, m) in enumerate(steps)}
     for i, (name, model) in enumerate(steps):
         if not any(r["config"] == name and r["model"] == model for r in result["rows"]):
             row = run_config(args, name, table[name], gpus, work / model, model)
@@ -493,7 +504,7 @@ def run_part(args) -> int:
                 time.sleep(remaining)
             result["stocks"][models[0]] = result["stock"] = stop_stock(stock, args)
             save()
-        if i == len(steps) - 1 or steps[i + 1][1] != model or steps[i + 1][0] in FIRST_MODEL_ONLY:
+        if i == last_step[model] or (steps[i + 1][0] in FIRST_MODEL_ONLY and name not in FIRST_MODEL_ONLY):
             equal_trials_latency(args, result, model, gpus, work / model)
             result["summary"] = summarise(result)
             save()
