@@ -61,7 +61,7 @@ def main(argv=None) -> int:
     tasks = {t.name: t for t in extract(to_relax(args.model).mod, target)}
     rows = []
     for name in args.tasks.split(","):
-        configs = [("cold", 0)] + [("evolutionary", int(p)) for p in args.populations.split(",")]
+        configs = [("cold", 0)] + [("evolutionary", int(p)) for p in args.populations.split(",") if p]
         for how, pop in configs:
             rounds = round_costs(tasks[name], target, how == "cold", pop, args.threads, args.rounds, args.iters)
             rows.append({"task": name, "search": how, "population": pop or None, "threads": args.threads,
