@@ -432,6 +432,25 @@ class BuilderInfo(Contract):
         return worker_id(self.host, self.pid)
 
 
+class AgentInfo(Contract):
+    """A live node agent (its liveness key, with a TTL): the host's lanes and builders it keeps running, the
+    GPUs it recovers, and what it gave up (a process or GPU that kept failing), with why."""
+
+    host: str
+    pid: int
+    started_at: float
+    lanes: list[str] = []
+    builders: int = 0
+    gpus: list[str] = []  # UUIDs
+    restarts: int = 0  # processes started again, summed
+    recoveries: int = 0  # GPU recoveries
+    given_up: dict[str, str] = {}  # process name or GPU -> why
+
+    @property
+    def worker(self) -> str:
+        return worker_id(self.host, self.pid)
+
+
 class MeasureResult(Contract):
     candidate_id: str
     run_secs: list[float] | None = None

@@ -95,6 +95,15 @@ def builder_key(family: str, worker: str = "*") -> str:
 BUILDERS_PATTERN = f"{PREFIX}:builder:*"
 
 
+def agent_key(worker: str = "*") -> str:
+    """Liveness + description of one node agent (JSON AgentInfo), with a TTL: the process that starts, watches
+    and restarts one host's lanes and builders and recovers its GPUs."""
+    return f"{PREFIX}:agent:{worker}"
+
+
+AGENTS_PATTERN = f"{PREFIX}:agent:*"
+
+
 def tuner_key(worker: str) -> str:
     """Liveness of a tuner client that has finished its warm-up, with a TTL."""
     return f"{PREFIX}:tuner:{worker}"

@@ -170,11 +170,15 @@ def redis_url(tmp_path_factory):
         server.stop()
 
 
-def _stack(tmp_path, redis_url, monkeypatch):
+def _stack(tmp_path, redis_url, monkeypatch, layout="up"):
+    """`up`: the local stack (central services and the host's agent in one supervisor); `agent`: the node agent
+    alone, as compose and Kubernetes GPU nodes run it. One recovery code path serves both."""
+    from services.measurer.agent import NodeAgent
     from sharetune.stack import Stack
 
     lanes = [LANE_A] * 2 + [LANE_B] * 2
-    st = Stack(tmp_path, redis_url=redis_url, lanes=lanes, supervise=False)
+    make = Stack if layout == "up" else NodeAgent
+    st = make(tmp_path, redis_url=redis_url, lanes=lanes, supervise=False)
     st.gpu_uuids = {GPU_A: UUID_A, GPU_B: UUID_B}
     pids = iter(range(10_000, 20_000, 10))
     started, ended = [], []
@@ -217,10 +221,11 @@ def _announce(r, st, names_, batches=1):
                                         started_at=time.time(), batches=batches))
 
 
-def test_a_fault_ends_that_gpus_clients_only_and_restarts_its_lanes(tmp_path, redis_url, monkeypatch):
+@pytest.mark.parametrize("layout", ["up", "agent"])
+def test_a_fault_ends_that_gpus_clients_only_and_restarts_its_lanes(tmp_path, redis_url, monkeypatch, layout):
     r = store.connect(redis_url)
     r.flushdb()
-    st, started, ended = _stack(tmp_path, redis_url, monkeypatch)
+    st, started, ended = _stack(tmp_path, redis_url, monkeypatch, layout)
     a = [n for n in st.lane_procs if GPU_A in n]
     b_pids = {st.procs[n].pid for n in st.lane_procs if GPU_B in n}
     a_family = {st.procs[n].pid + k for n in a for k in (0, 1, 2)}

@@ -7,7 +7,7 @@ import time
 import redis
 
 from shared import lanes, names, timeouts
-from shared.messages import BuilderInfo, LaneInfo
+from shared.messages import AgentInfo, BuilderInfo, LaneInfo
 from shared.store._redis import _s
 from shared.store.jobs import planned, update_job
 from shared.store.results import lane_batches
@@ -64,6 +64,23 @@ def live_builders(r: redis.Redis, family: str | None = None) -> list[BuilderInfo
         if raw:
             out.append(BuilderInfo.parse(raw))
     return sorted(out, key=lambda b: (b.family, b.worker))
+
+
+def announce_agent(r: redis.Redis, info: AgentInfo) -> None:
+    r.set(names.agent_key(info.worker), info.model_dump_json(), ex=timeouts.LANE_TTL_S)
+
+
+def retire_agent(r: redis.Redis, info: AgentInfo) -> None:
+    r.delete(names.agent_key(info.worker))
+
+
+def live_agents(r: redis.Redis) -> list[AgentInfo]:
+    out = []
+    for key in r.scan_iter(match=names.AGENTS_PATTERN, count=500):
+        raw = r.get(key)
+        if raw:
+            out.append(AgentInfo.parse(raw))
+    return sorted(out, key=lambda a: a.worker)
 
 
 def mark_batch_building(r: redis.Redis, batch_id: str, worker: str, alive_key: str, forwarded: bool = False) -> None:

@@ -1,0 +1,58 @@
+"""Run this host's node agent until SIGTERM: `python -m services.measurer.agent --lanes 4x25 --builders 12`.
+
+What `sharetune up --join` and a compose or Kubernetes GPU node run: the agent starts the host's lanes (and
+the MPS daemon they need), its builders, restarts what dies, recovers a faulted GPU, and keeps its liveness
+key in the store. Options default to the environment (REDIS_URL, SHARETUNE_AGENT_LANES, SHARETUNE_BUILDERS,
+SHARETUNE_BUILDER_CORES, SHARETUNE_WORK_DIR), as a container sets them."""
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import threading
+from pathlib import Path
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m services.measurer.agent")
+    ap.add_argument("--lanes", default=os.environ.get("SHARETUNE_AGENT_LANES", "cpu"),
+                    help="cpu (a lane per core), lane queue names (measure.cpu.c0,...) or a GPU share spec (4x25, 2x50)")
+    ap.add_argument("--builders", type=int, default=int(os.environ.get("SHARETUNE_BUILDERS", "0")),
+                    help="build workers per family the lanes build for (0: the lanes build for themselves)")
+    ap.add_argument("--builder-cores", default=os.environ.get("SHARETUNE_BUILDER_CORES") or None)
+    ap.add_argument("--work-dir", default=os.environ.get("SHARETUNE_WORK_DIR", "/tmp/sharetune-agent"))
+    ap.add_argument("--redis-url", default=os.environ.get("REDIS_URL"))
+    ap.add_argument("--loglevel", default=os.environ.get("SHARETUNE_LOG_LEVEL", "INFO"))
+    ap.add_argument("--wait-s", type=float, default=300.0, help="how long the lanes and builders may take to come up")
+    args = ap.parse_args(argv)
+    import logging
+
+    logging.basicConfig(level=args.loglevel, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if not args.redis_url:
+        sys.exit("agent: no Redis URL (--redis-url or REDIS_URL)")
+    from shared.errors import SharetuneError
+    from services.measurer.agent.node import NodeAgent, lanes_from_spec
+
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    try:
+        agent = NodeAgent(Path(args.work_dir), args.redis_url, lanes_from_spec(args.lanes), args.loglevel,
+                          builders=args.builders, builder_cores=args.builder_cores)
+    except (SharetuneError, ValueError) as err:
+        sys.exit(f"agent: {err}")
+    try:
+        agent.start(args.wait_s)
+        logging.getLogger(agent.log_name).info("agent up: lanes %s, %d builders", agent.lanes, len(agent.builder_procs))
+        stop.wait()
+    except (SharetuneError, RuntimeError, TimeoutError) as err:
+        logging.getLogger(agent.log_name).error("agent: %s", err)
+        return 1
+    finally:
+        agent.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

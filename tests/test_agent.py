@@ -1,0 +1,91 @@
+"""The node agent as compose, Kubernetes and `up --join` run it: its own process against a real Redis, real
+lane and builder processes. It restarts a lane and a builder killed with SIGKILL, keeps its liveness key, and
+on SIGTERM stops what it started. (Its GPU recovery, the same code under `up` and alone:
+tests/test_gpu_recovery.py.)"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from shared import store
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _until(what, check, timeout_s=240.0):
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        got = check()
+        if got:
+            return got
+        time.sleep(0.3)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().split(")")[-1].split()[0] != "Z"
+
+
+@pytest.fixture
+def redis_url(tmp_path):
+    from services.broker.server import EmbeddedRedis
+
+    server = EmbeddedRedis(tmp_path / "redis").start()
+    try:
+        yield server.url
+    finally:
+        server.stop()
+
+
+def test_the_agent_restarts_a_killed_lane_and_builder_and_stops_what_it_started(tmp_path, redis_url):
+    r = store.connect(redis_url)
+    lane = "measure.cpu.c1" if (os.cpu_count() or 1) >= 2 else "measure.cpu.c0"
+    env = dict(os.environ, REDIS_URL=redis_url, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    agent = subprocess.Popen([sys.executable, "-m", "services.measurer.agent", "--lanes", lane, "--builders", "1",
+                              "--work-dir", str(tmp_path / "agent")], cwd=REPO, env=env, start_new_session=True,
+                             stdout=open(tmp_path / "agent.log", "wb"), stderr=subprocess.STDOUT)
+    try:
+        info = _until("the agent's liveness key", lambda: next(iter(store.live_agents(r)), None))
+        assert info.pid == agent.pid and len(info.lanes) == 1 and info.builders == 1
+        lane_pid = _until("its lane", lambda: next((l.pid for l in store.live_lanes(r)), None))
+        builder_pid = _until("its builder", lambda: next((b.pid for b in store.live_builders(r)), None))
+
+        os.kill(lane_pid, signal.SIGKILL)
+        new_lane = _until("the lane started again", lambda: next(
+            (l.pid for l in store.live_lanes(r) if l.pid != lane_pid), None))
+        os.kill(builder_pid, signal.SIGKILL)
+        new_builder = _until("the builder started again", lambda: next(
+            (b.pid for b in store.live_builders(r) if b.pid != builder_pid), None))
+        assert _until("the agent counting both restarts",
+                      lambda: next((a for a in store.live_agents(r) if a.restarts >= 2), None))
+
+        agent.send_signal(signal.SIGTERM)
+        assert agent.wait(60) == 0
+        assert store.live_agents(r) == []  # retired at once, not left to its TTL
+        assert not _alive(new_lane) and not _alive(new_builder)
+    finally:
+        if agent.poll() is None:
+            os.killpg(agent.pid, signal.SIGKILL)
+            agent.wait()
+        print((tmp_path / "agent.log").read_text()[-3000:])
+
+
+def test_an_agent_without_redis_or_with_a_bad_lane_spec_says_why(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "REDIS_URL"}
+    out = subprocess.run([sys.executable, "-m", "services.measurer.agent", "--lanes", "cpu"], cwd=REPO, env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode != 0 and "no Redis URL" in out.stderr
+    out = subprocess.run([sys.executable, "-m", "services.measurer.agent", "--lanes", "3x50",
+                          "--redis-url", "redis://127.0.0.1:1/0"], cwd=REPO, env=env, capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode != 0 and "agent:" in out.stderr
