@@ -315,7 +315,7 @@ def test_gpu_measurer_image_compiles_cuda(compose):
 def test_image_requirements_pin_what_the_tests_run():
     """The images install the versions the test suite runs with (requirements.txt)."""
     def pins(path):
-        return dict(re.findall(r"^([A-Za-z0-9_.-]+)==(\S+)", path.read_text(), re.M))
+        return dict(re.findall(r"^([A-Za-z0-9_.-]+)(?:\[[^\]]*\])?==(\S+)", path.read_text(), re.M))
 
     tested = pins(ROOT / "requirements.txt")
     for path in (ROOT / "docker").glob("requirements-*.txt"):
@@ -360,3 +360,37 @@ def test_cpu_replicas_share_the_hosts_core_claims(compose):
     from shared.hostcores import DEFAULT_LOCK_DIR
 
     assert f"{DEFAULT_LOCK_DIR}:{DEFAULT_LOCK_DIR}" in compose["services"]["measurer-cpu"]["volumes"]
+
+
+# ---- faults found by running the stack under Docker (issue 26) ----------------------------------------
+
+
+def _broker_requirements() -> list[str]:
+    """The lines of the service images' requirements that make the Celery broker client."""
+    lines = [l.split("#")[0].strip() for l in (ROOT / "docker" / "requirements-service.txt").read_text().splitlines()]
+    return [l for l in lines if re.split(r"[=<>\[ ;]", l)[0].lower() in ("celery", "kombu", "redis")]
+
+
+def test_service_images_install_celery_with_its_redis_extra():
+    """kombu's Redis transport imports `packaging`, which only celery's `redis` extra brings: with plain
+    `celery` every worker of the images crashed at start (the dev venv has packaging from elsewhere)."""
+    celery = [l for l in _broker_requirements() if l.lower().startswith("celery")]
+    assert celery and re.match(r"celery\[([^\]]*\b)?redis\b", celery[0]), celery
+
+
+def test_service_requirements_import_kombus_redis_transport_in_a_clean_venv(tmp_path):
+    """The same, as the images see it: a fresh venv with only the broker lines of the service requirements
+    (seconds; pip reaches the index, or the test says it skipped)."""
+    import subprocess
+    import venv
+
+    venv.EnvBuilder(with_pip=True).create(tmp_path / "venv")
+    py = str(tmp_path / "venv" / "bin" / "python")
+    out = subprocess.run([py, "-m", "pip", "install", "-q", *_broker_requirements()], capture_output=True,
+                         text=True, timeout=600)
+    if out.returncode and re.search(r"NewConnectionError|Name or service not known|Network is unreachable",
+                                    out.stdout + out.stderr):
+        pytest.skip("pip cannot reach a package index here")
+    assert out.returncode == 0, out.stdout + out.stderr
+    probe = subprocess.run([py, "-c", "import kombu.transport.redis"], capture_output=True, text=True, timeout=120)
+    assert probe.returncode == 0, probe.stderr
