@@ -52,7 +52,7 @@ def _setting_variables() -> set[str]:
 
 def test_the_api_and_flower_are_published_on_this_hosts_loopback_by_default(compose):
     api, flower = compose["services"]["api"], compose["services"]["flower"]
-    assert api["ports"] == ["${SHARETUNE_API_PUBLISH:-127.0.0.1}:8000:8000"]
+    assert api["ports"] == ["${SHARETUNE_API_PUBLISH:-127.0.0.1}:${API_PORT:-8000}:8000"]
     cmd = api["command"]
     assert cmd[cmd.index("--published-on") + 1] == "${SHARETUNE_API_PUBLISH:-127.0.0.1}"  # the refusal sees it
     assert "SHARETUNE_API_TOKEN" in api["environment"]
@@ -218,8 +218,11 @@ def test_compose_file_follows_the_compose_spec(compose):
 
 
 def _stages(dockerfile: Path) -> dict[str, str]:
-    """A Dockerfile's build stages: name -> its text (FROM line to the next FROM), continuations joined."""
+    """A Dockerfile's build stages: name -> its text (FROM line to the next FROM), continuations joined and
+    build arguments at their defaults (what a user without --build-arg builds)."""
     text = re.sub(r"\\\n\s*", " ", dockerfile.read_text())
+    for arg, default in re.findall(r"^ARG (\w+)=(.+)$", text, re.M):
+        text = text.replace("${%s}" % arg, default.strip().strip('"'))
     parts = re.split(r"^(?=FROM )", text, flags=re.M)
     return {re.match(r"FROM \S+(?: AS (\S+))?", p)[1] or "": p for p in parts if p.startswith("FROM ")}
 
@@ -294,7 +297,7 @@ def test_torch_only_in_the_converting_image_from_the_cpu_index(compose):
             assert {"torch", "onnx", "fastapi", "uvicorn"} <= pkgs
             torch_cmds = [c for c in cmds if re.search(r"\btorch\b", c)]
             assert torch_cmds and all(re.search(r"--(extra-)?index-url https://download.pytorch.org/whl/cpu", c)
-                                      for c in torch_cmds), torch_cmds
+                                      and re.search(r"\btorch==\S+\+cpu\b", c) for c in torch_cmds), torch_cmds
         else:
             assert "torch" not in pkgs, f"{name}'s image installs torch"
     assert "torch" not in _requirements(ROOT / "docker" / "requirements-service.txt")
@@ -394,3 +397,37 @@ def test_service_requirements_import_kombus_redis_transport_in_a_clean_venv(tmp_
     assert out.returncode == 0, out.stdout + out.stderr
     probe = subprocess.run([py, "-c", "import kombu.transport.redis"], capture_output=True, text=True, timeout=120)
     assert probe.returncode == 0, probe.stderr
+
+
+def test_redis_is_published_on_loopback_for_the_python_client(compose):
+    """The README's `Client("redis://:<password>@127.0.0.1:6379/0")` reaches the stack's Redis from this host."""
+    assert compose["services"]["redis"]["ports"] == ["${REDIS_PUBLISH:-127.0.0.1}:${REDIS_PORT:-6379}:6379"]
+    readme = (ROOT / "README.md").read_text()
+    compose_section = readme[readme.index("## docker compose"):readme.index("## Configuration")]
+    urls = re.findall(r'Client\("(redis://[^"]+)"\)', compose_section)
+    assert urls and all(re.match(r"redis://:[^@]+@127\.0\.0\.1:6379/0$", u) for u in urls), urls
+
+
+def test_every_service_has_a_healthcheck_and_waits_for_a_healthy_redis(compose):
+    """`depends_on` with `service_healthy` (compose 1.27+, the Compose Specification): a worker starts once
+    Redis answers a ping, not once its container exists."""
+    for name, svc in compose["services"].items():
+        if name in ("mps", "flower"):  # images of others, without our probes
+            continue
+        test = svc["healthcheck"]["test"]
+        assert test[0] in ("CMD", "CMD-SHELL"), name
+        if name != "redis":
+            assert svc["depends_on"]["redis"] == {"condition": "service_healthy"}, name
+    assert "ping" in " ".join(compose["services"]["redis"]["healthcheck"]["test"])
+    assert "/health" in " ".join(compose["services"]["api"]["healthcheck"]["test"])
+    for name in ("planner", "tuner", "updater", "measurer-cpu", "measurer", "builder"):
+        assert compose["services"][name]["healthcheck"]["test"][-2:] == ["-m", "services.healthcheck"], name
+
+
+def test_images_take_their_base_as_a_build_argument(compose):
+    """A host without Docker Hub builds from a stand-in base (tests/compose/run.sh); a user gets the public one."""
+    for dockerfile in ROOT.glob("services/*/Dockerfile"):
+        text = dockerfile.read_text()
+        assert "ARG PYTHON_IMAGE=python:3.11-slim-bookworm" in text and "FROM ${PYTHON_IMAGE} AS" in text, dockerfile
+    for name in ("planner", "tuner", "updater", "api", "measurer-cpu"):
+        assert compose["services"][name]["build"]["args"]["PYTHON_IMAGE"] == "${PYTHON_IMAGE:-python:3.11-slim-bookworm}"
