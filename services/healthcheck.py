@@ -25,9 +25,9 @@ def own_liveness_key(r, host: str) -> str | None:
 def answers_ping(redis_url: str, host: str, timeout_s: float) -> bool:
     """A Celery worker whose node name ends in @host answers a broadcast ping (workers name their node
     `role.pid@host`, services.workers)."""
-    from celery import Celery
+    from services.celery_app import make_celery  # Celery only through the one app factory
 
-    app = Celery(broker=redis_url)
+    app = make_celery("healthcheck", redis_url)
     try:
         replies = app.control.ping(timeout=timeout_s)
     finally:
