@@ -146,6 +146,12 @@ docker-compose up -d >"$SCRATCH/up.log" 2>&1 || { cat "$SCRATCH/up.log" >&2; fai
 as_user lanes 1 >/dev/null
 took "api on $API, redis on 127.0.0.1:$REDIS_PORT, 1 lane live"
 
+step "every container healthy (its healthcheck)"
+health() { docker inspect -f '{{.Name}} {{if .State.Health}}{{.State.Health.Status}}{{else}}none{{end}}' $(docker-compose ps -q); }
+for _ in $(seq 90); do health | grep -vq " healthy$" || break; sleep 1; done
+health | grep -v " healthy$" && fail "not every container is healthy (above)"
+took "$(health | wc -l) containers healthy"
+
 step "a job through the HTTP API: submit, wait, fetch results and database"
 JOB=$(as_user submit 16 | json_field job_id)
 as_user wait "$JOB"
