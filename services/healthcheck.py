@@ -10,16 +10,7 @@ from __future__ import annotations
 import socket
 import sys
 
-from shared import names
-
-
-def own_liveness_key(r, host: str) -> str | None:
-    """A liveness key of a worker of `host` (worker ids are host.pid), or None."""
-    for pattern in (names.lane_key("*", f"{host}.*"), names.builder_key("*", f"{host}.*"), names.tuner_key(f"{host}.*")):
-        key = next(iter(r.scan_iter(match=pattern, count=1000)), None)
-        if key is not None:
-            return key.decode() if isinstance(key, bytes) else key
-    return None
+PROBE_TIMEOUT_S = 3.0
 
 
 def answers_ping(redis_url: str, host: str, timeout_s: float) -> bool:
@@ -40,18 +31,15 @@ def main() -> int:
     from shared.settings import CommonSettings
 
     url, host = CommonSettings().redis_url, socket.gethostname()
-    unreachable = store.unreachable(url, timeout_s=3)
+    unreachable = store.unreachable(url, timeout_s=PROBE_TIMEOUT_S)
     if unreachable:
         print(f"unhealthy: Redis: {unreachable}")
         return 1
-    import redis
-
-    r = redis.Redis.from_url(url, socket_connect_timeout=3, socket_timeout=3)  # a probe waits for nothing
-    key = own_liveness_key(r, host)
+    key = store.host_liveness_key(store.connect_probe(url, PROBE_TIMEOUT_S), host)
     if key:
         print(f"healthy: {key}")
         return 0
-    if answers_ping(url, host, timeout_s=3):
+    if answers_ping(url, host, timeout_s=PROBE_TIMEOUT_S):
         print(f"healthy: a worker @{host} answers ping")
         return 0
     print(f"unhealthy: no liveness key and no ping answer from a worker @{host}")

@@ -438,16 +438,15 @@ def test_a_workers_healthcheck_finds_its_own_containers_liveness_key(tmp_path):
     """services.healthcheck (compose's and the chart's probe of a worker): a liveness key of this host's
     worker, a lane's, a builder's or a warm tuner client's; another container's keys are not its own."""
     from services.broker.server import EmbeddedRedis
-    from services.healthcheck import own_liveness_key
     from shared import store
 
     with EmbeddedRedis(tmp_path / "redis") as srv:
         r = store.connect(srv.url)
         r.set(names.lane_key("measure.cpu.c0", "otherhost.1"), "{}")
-        assert own_liveness_key(r, "c0ffee") is None
+        assert store.host_liveness_key(r, "c0ffee") is None
         for key in (names.lane_key("measure.cpu.c1", "c0ffee.1"), names.builder_key("llvm.x", "c0ffee.7"),
                     names.tuner_key("c0ffee.1")):
             r.set(key, "{}")
-            assert own_liveness_key(r, "c0ffee") == key
+            assert store.host_liveness_key(r, "c0ffee") == key
             r.delete(key)
-        assert own_liveness_key(r, "c0ffe") is None  # a prefix of another host's name is not this host
+        assert store.host_liveness_key(r, "c0ffe") is None  # a prefix of another host's name is not this host
