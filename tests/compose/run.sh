@@ -170,10 +170,10 @@ took "job $JOB"
 
 step "docker kill a lane container mid-job: the job finishes, no trial lost"
 JOB=$(as_user submit 32 | json_field job_id)
-as_user measured "$JOB" 1 >/dev/null
+AT_KILL=$(as_user measured "$JOB" 1)
 VICTIM=$(docker-compose ps -q measurer-cpu | tail -1)
 docker kill "$VICTIM" >/dev/null
-echo "killed $(docker inspect -f '{{.Name}} (host {{.Config.Hostname}})' "$VICTIM")"
+echo "killed $(docker inspect -f '{{.Name}} (host {{.Config.Hostname}})' "$VICTIM") when the job was $AT_KILL"
 as_user wait "$JOB"
 as_user account "$JOB"
 took "job $JOB"
