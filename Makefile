@@ -2,7 +2,7 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: demo test install bench clean
+.PHONY: demo test install bench clean compose-test
 install: $(VENV)/.installed
 
 $(VENV)/.installed: requirements.txt pyproject.toml
@@ -19,6 +19,11 @@ demo: install
 test: install
 	$(VENV)/bin/lint-imports
 	$(PY) -m pytest -q --durations=25 -m "not gpu" tests
+
+# the compose stack built, started, used, scaled and broken (tests/compose/run.sh): Docker is installed and
+# started if missing, and left as found
+compose-test: install
+	PY=$(abspath $(PY)) bash tests/compose/run.sh
 
 bench: install
 	$(PY) bench/cpu_tuning.py

@@ -143,6 +143,13 @@ class Handlers:
     def lanes(self) -> list[LaneInfo]:
         return self.client.lanes()
 
+    def health(self) -> str | None:
+        """None while the API reaches its Redis, else why not: one ping without the client's retries, so a
+        probe gets its answer in seconds."""
+        from shared import store
+
+        return store.unreachable(self.client.redis_url, timeout_s=2)
+
 
 def http_status(err: SharetuneError) -> int:
     """404 for an unknown job, 409 for a job without a result yet or failed, 422 for bad input."""
@@ -152,8 +159,9 @@ def http_status(err: SharetuneError) -> int:
     return 422
 
 
-# readable without the token: they describe the API, they do not touch a job
-OPEN_PATHS = frozenset({"/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"})
+# readable without the token: they describe the API or say it is up (probes carry no token), they do not
+# touch a job
+OPEN_PATHS = frozenset({"/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc", "/health"})
 
 
 def check_exposure(host: str, token: str, published_on: str | None = None) -> None:
@@ -230,4 +238,11 @@ def make_app(redis_url: str | None = None, client=None, token: str = ""):
 
     app.post("/jobs/{job_id}/cancel", response_model=Cancelled, summary="Stop after the round in flight")(handlers.cancel)
     app.get("/lanes", response_model=list[LaneInfo], summary="Live measurer lanes")(handlers.lanes)
+
+    @app.get("/health", summary="200 while the API reaches Redis, else 503 with the reason (probes)")
+    def health():
+        why = handlers.health()
+        return JSONResponse(status_code=503 if why else 200,
+                            content={"status": "unavailable", "redis": why} if why else {"status": "ok"})
+
     return app

@@ -130,3 +130,19 @@ def test_the_api_is_not_reachable_beyond_this_host_without_a_token(monkeypatch, 
     monkeypatch.delenv("SHARETUNE_API_TOKEN", raising=False)
     assert main(["api", "--host", "0.0.0.0", "--port", "1"]) == 2  # refused before it listens
     assert "no token" in capsys.readouterr().err
+
+
+def test_health_answers_probes_without_a_token_and_says_when_redis_is_gone(tmp_path):
+    """compose's and the chart's probe of the api: 200 while Redis answers, 503 with the reason when not."""
+    from fastapi.testclient import TestClient
+
+    from services.broker.server import EmbeddedRedis
+    from sharetune.api import make_app
+    from sharetune.client import Client
+
+    with EmbeddedRedis(tmp_path / "redis") as srv:
+        probe = TestClient(make_app(client=Client(srv.url), token="s3cret"))
+        up = probe.get("/health")
+        assert up.status_code == 200 and up.json() == {"status": "ok"}
+    down = probe.get("/health")
+    assert down.status_code == 503 and down.json()["redis"]

@@ -1,5 +1,6 @@
-"""docker-compose.yml cannot run here (no Docker engine): check that it names only what exists in the code
-(build contexts, Dockerfiles, Celery apps and queues, SHARETUNE_* settings) and keeps Redis durable."""
+"""docker-compose.yml without a Docker engine, in seconds: it names only what exists in the code (build
+contexts, Dockerfiles, Celery apps and queues, SHARETUNE_* settings), keeps Redis durable, probes every
+service. `make compose-test` (tests/compose/run.sh) builds and runs the stack itself under Docker."""
 import importlib.util
 import os
 import re
@@ -52,7 +53,7 @@ def _setting_variables() -> set[str]:
 
 def test_the_api_and_flower_are_published_on_this_hosts_loopback_by_default(compose):
     api, flower = compose["services"]["api"], compose["services"]["flower"]
-    assert api["ports"] == ["${SHARETUNE_API_PUBLISH:-127.0.0.1}:8000:8000"]
+    assert api["ports"] == ["${SHARETUNE_API_PUBLISH:-127.0.0.1}:${API_PORT:-8000}:8000"]
     cmd = api["command"]
     assert cmd[cmd.index("--published-on") + 1] == "${SHARETUNE_API_PUBLISH:-127.0.0.1}"  # the refusal sees it
     assert "SHARETUNE_API_TOKEN" in api["environment"]
@@ -198,7 +199,7 @@ def test_search_population_follows_the_rounds_batch(monkeypatch):
     assert TunerSettings(search_population=300).population(64) == 300
 
 
-# ---- what a Docker user runs: no engine here, so the file against the compose-spec schema, the
+# ---- what a Docker user runs, checked without an engine: the file against the compose-spec schema, the
 # Dockerfiles through hadolint, and the images' contents through the requirement files they install ----
 
 LANES_AND_BUILDERS = ("measurer", "measurer-cpu", "builder")
@@ -218,8 +219,11 @@ def test_compose_file_follows_the_compose_spec(compose):
 
 
 def _stages(dockerfile: Path) -> dict[str, str]:
-    """A Dockerfile's build stages: name -> its text (FROM line to the next FROM), continuations joined."""
+    """A Dockerfile's build stages: name -> its text (FROM line to the next FROM), continuations joined and
+    build arguments at their defaults (what a user without --build-arg builds)."""
     text = re.sub(r"\\\n\s*", " ", dockerfile.read_text())
+    for arg, default in re.findall(r"^ARG (\w+)=(.+)$", text, re.M):
+        text = text.replace("${%s}" % arg, default.strip().strip('"'))
     parts = re.split(r"^(?=FROM )", text, flags=re.M)
     return {re.match(r"FROM \S+(?: AS (\S+))?", p)[1] or "": p for p in parts if p.startswith("FROM ")}
 
@@ -294,7 +298,7 @@ def test_torch_only_in_the_converting_image_from_the_cpu_index(compose):
             assert {"torch", "onnx", "fastapi", "uvicorn"} <= pkgs
             torch_cmds = [c for c in cmds if re.search(r"\btorch\b", c)]
             assert torch_cmds and all(re.search(r"--(extra-)?index-url https://download.pytorch.org/whl/cpu", c)
-                                      for c in torch_cmds), torch_cmds
+                                      and re.search(r"\btorch==\S+\+cpu\b", c) for c in torch_cmds), torch_cmds
         else:
             assert "torch" not in pkgs, f"{name}'s image installs torch"
     assert "torch" not in _requirements(ROOT / "docker" / "requirements-service.txt")
@@ -315,7 +319,7 @@ def test_gpu_measurer_image_compiles_cuda(compose):
 def test_image_requirements_pin_what_the_tests_run():
     """The images install the versions the test suite runs with (requirements.txt)."""
     def pins(path):
-        return dict(re.findall(r"^([A-Za-z0-9_.-]+)==(\S+)", path.read_text(), re.M))
+        return dict(re.findall(r"^([A-Za-z0-9_.-]+)(?:\[[^\]]*\])?==(\S+)", path.read_text(), re.M))
 
     tested = pins(ROOT / "requirements.txt")
     for path in (ROOT / "docker").glob("requirements-*.txt"):
@@ -349,7 +353,7 @@ def test_dockerfiles_lint_clean():
     exe = str(exe) if exe.exists() else shutil.which("hadolint")
     if exe is None:
         pytest.skip("hadolint is not installed (pip install -r requirements.txt)")
-    files = [str(p) for p in ROOT.glob("services/*/Dockerfile")]
+    files = [str(p) for p in [*ROOT.glob("services/*/Dockerfile"), *ROOT.glob("tests/compose/*.Dockerfile")]]
     out = subprocess.run([exe, "--no-color", *files], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stdout + out.stderr
 
@@ -360,3 +364,89 @@ def test_cpu_replicas_share_the_hosts_core_claims(compose):
     from shared.hostcores import DEFAULT_LOCK_DIR
 
     assert f"{DEFAULT_LOCK_DIR}:{DEFAULT_LOCK_DIR}" in compose["services"]["measurer-cpu"]["volumes"]
+
+
+# ---- faults found by running the stack under Docker (issue 26) ----------------------------------------
+
+
+def _broker_requirements() -> list[str]:
+    """The lines of the service images' requirements that make the Celery broker client."""
+    lines = [l.split("#")[0].strip() for l in (ROOT / "docker" / "requirements-service.txt").read_text().splitlines()]
+    return [l for l in lines if re.split(r"[=<>\[ ;]", l)[0].lower() in ("celery", "kombu", "redis")]
+
+
+def test_service_images_install_celery_with_its_redis_extra():
+    """kombu's Redis transport imports `packaging`, which only celery's `redis` extra brings: with plain
+    `celery` every worker of the images crashed at start (the dev venv has packaging from elsewhere)."""
+    celery = [l for l in _broker_requirements() if l.lower().startswith("celery")]
+    assert celery and re.match(r"celery\[([^\]]*\b)?redis\b", celery[0]), celery
+
+
+def test_service_requirements_import_kombus_redis_transport_in_a_clean_venv(tmp_path):
+    """The same, as the images see it: a fresh venv with only the broker lines of the service requirements
+    (seconds; pip reaches the index, or the test says it skipped)."""
+    import subprocess
+    import venv
+
+    venv.EnvBuilder(with_pip=True).create(tmp_path / "venv")
+    py = str(tmp_path / "venv" / "bin" / "python")
+    out = subprocess.run([py, "-m", "pip", "install", "-q", *_broker_requirements()], capture_output=True,
+                         text=True, timeout=600)
+    if out.returncode and re.search(r"NewConnectionError|Name or service not known|Network is unreachable",
+                                    out.stdout + out.stderr):
+        pytest.skip("pip cannot reach a package index here")
+    assert out.returncode == 0, out.stdout + out.stderr
+    probe = subprocess.run([py, "-c", "import kombu.transport.redis"], capture_output=True, text=True, timeout=120)
+    assert probe.returncode == 0, probe.stderr
+
+
+def test_redis_is_published_on_loopback_for_the_python_client(compose):
+    """The README's `Client("redis://:<password>@127.0.0.1:6379/0")` reaches the stack's Redis from this host."""
+    assert compose["services"]["redis"]["ports"] == ["${REDIS_PUBLISH:-127.0.0.1}:${REDIS_PORT:-6379}:6379"]
+    readme = (ROOT / "README.md").read_text()
+    compose_section = readme[readme.index("## docker compose"):readme.index("## Configuration")]
+    urls = re.findall(r'Client\("(redis://[^"]+)"\)', compose_section)
+    assert urls and all(re.match(r"redis://:[^@]+@127\.0\.0\.1:6379/0$", u) for u in urls), urls
+
+
+def test_every_service_has_a_healthcheck_and_waits_for_a_healthy_redis(compose):
+    """`depends_on` with `service_healthy` (compose 1.27+, the Compose Specification): a worker starts once
+    Redis answers a ping, not once its container exists."""
+    for name, svc in compose["services"].items():
+        if name in ("mps", "flower"):  # images of others, without our probes
+            continue
+        test = svc["healthcheck"]["test"]
+        assert test[0] in ("CMD", "CMD-SHELL"), name
+        if name != "redis":
+            assert svc["depends_on"]["redis"] == {"condition": "service_healthy"}, name
+    assert "ping" in " ".join(compose["services"]["redis"]["healthcheck"]["test"])
+    assert "/health" in " ".join(compose["services"]["api"]["healthcheck"]["test"])
+    for name in ("planner", "tuner", "updater", "measurer-cpu", "measurer", "builder"):
+        assert compose["services"][name]["healthcheck"]["test"][-2:] == ["-m", "services.healthcheck"], name
+
+
+def test_images_take_their_base_as_a_build_argument(compose):
+    """A host without Docker Hub builds from a stand-in base (tests/compose/run.sh); a user gets the public one."""
+    for dockerfile in ROOT.glob("services/*/Dockerfile"):
+        text = dockerfile.read_text()
+        assert "ARG PYTHON_IMAGE=python:3.11-slim-bookworm" in text and "FROM ${PYTHON_IMAGE} AS" in text, dockerfile
+    for name in ("planner", "tuner", "updater", "api", "measurer-cpu"):
+        assert compose["services"][name]["build"]["args"]["PYTHON_IMAGE"] == "${PYTHON_IMAGE:-python:3.11-slim-bookworm}"
+
+
+def test_a_workers_healthcheck_finds_its_own_containers_liveness_key(tmp_path):
+    """services.healthcheck (compose's and the chart's probe of a worker): a liveness key of this host's
+    worker, a lane's, a builder's or a warm tuner client's; another container's keys are not its own."""
+    from services.broker.server import EmbeddedRedis
+    from shared import store
+
+    with EmbeddedRedis(tmp_path / "redis") as srv:
+        r = store.connect(srv.url)
+        r.set(names.lane_key("measure.cpu.c0", "otherhost.1"), "{}")
+        assert store.host_liveness_key(r, "c0ffee") is None
+        for key in (names.lane_key("measure.cpu.c1", "c0ffee.1"), names.builder_key("llvm.x", "c0ffee.7"),
+                    names.tuner_key("c0ffee.1")):
+            r.set(key, "{}")
+            assert store.host_liveness_key(r, "c0ffee") == key
+            r.delete(key)
+        assert store.host_liveness_key(r, "c0ffe") is None  # a prefix of another host's name is not this host

@@ -117,6 +117,22 @@ def test_a_lane_claim_is_kept_and_released_only_by_its_holder(r):
     assert store.release_claim(r, key, "b") and r.get(key) is None
 
 
+def test_a_restarted_replica_takes_back_its_own_claim_at_once(r):
+    """A lane container restarted in place is `<hostname>.1` again: it must get its slot back at start,
+    not be refused as if another replica held it until the claim's TTL lapses."""
+    scope = "restart-pool"
+    r.delete(*[names.lane_claim_key(scope, i) for i in range(3)])
+    assert store.claim_slot(r, scope, 3, "c1.1") == 0
+    assert store.claim_slot(r, scope, 3, "c2.1") == 1
+    r.delete(names.lane_claim_key(scope, 0))  # slot 0 freed: the restarted c2 still takes its own slot 1
+    r.expire(names.lane_claim_key(scope, 1), 3)
+    assert store.claim_slot(r, scope, 3, "c2.1") == 1
+    assert r.ttl(names.lane_claim_key(scope, 1)) > 3  # taken back with a fresh TTL
+    assert store.claim_slot(r, scope, 3, "c3.1") == 0
+    assert store.claim_slot(r, scope, 3, "c4.1") == 2
+    assert store.claim_slot(r, scope, 3, "c5.1") is None  # a pool held by others is still refused
+
+
 # ---- GPU gates -----------------------------------------------------------------------------------------
 
 

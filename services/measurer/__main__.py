@@ -71,8 +71,9 @@ def exec_builder(family: str, cores: str | None, loglevel: str) -> None:
 
 
 def claim_lane(gpu_uuid: str | None) -> tuple[lanes.Lane, str]:
-    """Take the first lane of this service's pool that no live replica holds (the worker identity is
-    host.pid, and exec keeps the pid, so the lane's heartbeat refreshes the same claim)."""
+    """Take the lane of this service's pool this worker already holds (a container restarted in place is
+    the same host.pid), else the first no live replica holds (exec keeps the pid, so the lane's heartbeat
+    refreshes the same claim)."""
     from shared import names, store
     from shared.errors import LaneError
     from shared.settings import LaneSettings

@@ -10,7 +10,7 @@ One module per aggregate: jobs (spec, state, plan, tasks, budget, retention), le
 GPU gates, shards), records (workloads, records, defaults, trial accounting), liveness (node agents, lanes, builders,
 tuner clients, GPUs given up), results (batch results, poison candidates, GPU faults), costmodels (training rows,
 snapshots). Callers use this package's names: `from shared import store; store.create_job(...)`."""
-from shared.store._redis import connect, REDIS_OUTAGE_S, unreachable  # noqa: F401
+from shared.store._redis import connect, connect_probe, REDIS_OUTAGE_S, unreachable  # noqa: F401
 from shared.store.jobs import (  # noqa: F401
     active_jobs, budget_left, cancel_job, claim_finish, claim_trials, clear_job_fields, create_job,
     deactivate_job, expire_transient, history, job_cancelled, job_hash, job_model, job_progress,
@@ -30,9 +30,9 @@ from shared.store.records import (  # noqa: F401
     record_count, record_round, records, replace_record, trial_accounting, valid_record, workload
 )
 from shared.store.liveness import (  # noqa: F401
-    announce_agent, announce_builder, announce_lane, announce_tuner, builder_alive, give_up_gpu, gpus_down, lane_alive,
-    lane_worker_alive, live_agents, live_builders, live_lanes, live_tuners, mark_batch_building, queue_length,
-    retire_agent, retire_builder, retire_lane, retire_tuner
+    announce_agent, announce_builder, announce_lane, announce_tuner, builder_alive, give_up_gpu, gpus_down,
+    host_liveness_key, lane_alive, lane_worker_alive, live_agents, live_builders, live_lanes, live_tuners,
+    mark_batch_building, queue_length, retire_agent, retire_builder, retire_lane, retire_tuner
 )
 from shared.store.results import (  # noqa: F401
     batch_progress, batch_results, batch_started, candidate_hash, crash_clear, crash_count,

@@ -36,6 +36,11 @@ def unreachable(url: str, timeout_s: float) -> str | None:
     return None
 
 
+def connect_probe(url: str, timeout_s: float) -> redis.Redis:
+    """A client for a health probe: no retries, each call answered or failed within timeout_s."""
+    return redis.Redis.from_url(url, socket_connect_timeout=timeout_s, socket_timeout=timeout_s)
+
+
 def _s(v) -> str | None:
     return v.decode() if isinstance(v, bytes) else v
 

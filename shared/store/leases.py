@@ -58,13 +58,31 @@ def release_lease(r: redis.Redis, job_id: str, shard: int, owner: str) -> bool:
     return bool(_RELEASE(keys=[names.shard_lease_key(job_id, shard)], args=[owner], client=r))
 
 
+# A pool slot for a claimant: the one it already holds, else the first free one; 0-based index, -1 when none.
+# A container restarted in place has the same claimant id (hostname.pid: same container id, pid 1), so its
+# old claim is its own and is taken back at once, not refused until the TTL lapses (which outlasts
+# on-failure:3). One script, so two replicas never take one slot.
+_CLAIM_SLOT = _script("""
+for i, key in ipairs(KEYS) do
+  if redis.call('GET', key) == ARGV[1] then
+    redis.call('SET', key, ARGV[1], 'EX', ARGV[2])
+    return i - 1
+  end
+end
+for i, key in ipairs(KEYS) do
+  if redis.call('SET', key, ARGV[1], 'NX', 'EX', ARGV[2]) then return i - 1 end
+end
+return -1
+""")
+
+
 def claim_slot(r: redis.Redis, scope: str, slots: int, worker: str, ttl_s: int = timeouts.LANE_TTL_S) -> int | None:
-    """Claim the first free slot of a lane pool for `worker` (atomic per slot); None when all are taken.
-    The claim lives while its owner refreshes it (the lane's heartbeat)."""
-    for i in range(slots):
-        if r.set(names.lane_claim_key(scope, i), worker, nx=True, ex=ttl_s):
-            return i
-    return None
+    """Claim a slot of a lane pool for `worker`: the one it holds already (a restarted container), else the
+    first free one; None when all are held by others. The claim lives while its owner refreshes it (the
+    lane's heartbeat)."""
+    keys = [names.lane_claim_key(scope, i) for i in range(slots)]
+    slot = int(_CLAIM_SLOT(keys=keys, args=[worker, int(ttl_s)], client=r))
+    return None if slot < 0 else slot
 
 
 def refresh_claim(r: redis.Redis, claim_key: str, worker: str, ttl_s: int = timeouts.LANE_TTL_S) -> bool:
