@@ -65,6 +65,14 @@ def physical_cores() -> int:
     return psutil.cpu_count(logical=False) or os.cpu_count() or 1
 
 
+class AgentSettings(CommonSettings):
+    """A node agent (python -m services.measurer.agent): what it runs on its host."""
+
+    agent_lanes: str = "cpu"  # cpu (a lane per core), lane queue names, or a GPU share spec (4x25, 2x50)
+    builders: int = Field(0, ge=0)  # build workers per family the lanes build for (0: lanes build for themselves)
+    builder_cores: str | None = None  # cores the builders are pinned to, e.g. 16-31
+
+
 class LaneWaitSettings(CommonSettings):
     """The live-lane policy's timeouts (shared.lanes.LiveLanePolicy): client, planner and tuner use these."""
 

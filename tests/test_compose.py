@@ -11,7 +11,9 @@ import yaml
 
 from shared import lanes, names
 from shared.lanes.cpu import share_of_cores
-from shared.settings import ApiSettings, CommonSettings, LaneSettings, LaneWaitSettings, TunerSettings, UpdaterSettings
+from shared.settings import (
+    AgentSettings, ApiSettings, CommonSettings, LaneSettings, LaneWaitSettings, TunerSettings, UpdaterSettings
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -22,7 +24,7 @@ def compose():
 
 
 def test_services_of_the_card(compose):
-    assert {"redis", "planner", "api", "tuner", "updater", "measurer", "measurer-cpu", "mps", "flower"} <= set(compose["services"])
+    assert {"redis", "planner", "api", "tuner", "updater", "agent", "measurer-cpu", "builder", "flower"} <= set(compose["services"])
 
 
 def test_build_contexts_and_dockerfiles_exist(compose):
@@ -46,7 +48,8 @@ def test_worker_commands_name_real_apps_and_queues(compose):
 
 def _setting_variables() -> set[str]:
     fields = set()
-    for cls in (ApiSettings, CommonSettings, LaneSettings, LaneWaitSettings, TunerSettings, UpdaterSettings):
+    for cls in (AgentSettings, ApiSettings, CommonSettings, LaneSettings, LaneWaitSettings, TunerSettings,
+                UpdaterSettings):
         fields |= {f"SHARETUNE_{f.upper()}" for f in cls.model_fields}
     return fields - {"SHARETUNE_REDIS_URL"} | {"REDIS_URL"}
 
@@ -75,12 +78,14 @@ def test_redis_is_durable_and_password_protected(compose):
     assert "REDIS_PASSWORD" in compose["services"]["planner"]["environment"]["REDIS_URL"]
 
 
-def test_gpu_lanes_get_the_mps_pipe(compose):
-    gpu = compose["services"]["measurer"]
-    mps = compose["services"]["mps"]
-    assert gpu["environment"]["CUDA_MPS_PIPE_DIRECTORY"] == mps["environment"]["CUDA_MPS_PIPE_DIRECTORY"]
-    assert any(v.startswith("mps:") for v in gpu["volumes"]) and any(v.startswith("mps:") for v in mps["volumes"])
-    assert "gpu" in gpu["profiles"] and "gpu" in mps["profiles"]
+def test_a_gpu_host_runs_one_node_agent(compose):
+    """The GPU profile runs the node agent (services/measurer/agent), the same code `sharetune up` runs: it
+    owns the MPS daemon, starts the lanes and recovers a faulted GPU; no separate MPS container."""
+    agent = compose["services"]["agent"]
+    assert agent["command"] == ["python", "-m", "services.measurer.agent"] and "gpu" in agent["profiles"]
+    assert _default(agent["environment"]["SHARETUNE_AGENT_LANES"]) == "4x25" and agent["ipc"] == "host"
+    assert agent["deploy"]["resources"]["reservations"]["devices"][0]["capabilities"] == ["gpu"]
+    assert "mps" not in compose["services"] and agent["restart"] == "unless-stopped"  # it restarts what it started
 
 
 def _default(value: str) -> str:
@@ -89,16 +94,14 @@ def _default(value: str) -> str:
     return m[1] if m else value
 
 
-def test_scale_measurer_4_means_four_distinct_lanes(compose, tmp_path):
-    """`--scale measurer=4`: four replicas with the service's environment claim four distinct lane slots
-    of a 25 % pool on the GPU (the pool's size is what MPS allows), and a fifth is refused."""
+def test_four_gpu_lane_replicas_of_25_percent_are_four_distinct_lanes(tmp_path):
+    """GPU lane replicas (the Helm chart's lane pods, SHARETUNE_LANE_SHARE=25): four claim four distinct lane
+    slots of a 25 % pool on the GPU (the pool's size is what MPS allows), and a fifth is refused."""
     from services.broker.server import EmbeddedRedis
     from services.measurer.lanes import lane_pool
     from shared import store
 
-    env = compose["services"]["measurer"]["environment"]
-    assert "SHARETUNE_LANE" not in env  # a fixed lane would make every replica the same lane
-    share = int(_default(env["SHARETUNE_LANE_SHARE"]))
+    share = 25
     scope, pool = lane_pool("GPU-3f2a1c9b-aaaa-bbbb-cccc-ddddeeeeffff", share, None, "local")
     assert pool == ["measure.3f2a1c9b.p25"] * 4
     server = EmbeddedRedis(tmp_path / "redis").start()
@@ -202,7 +205,7 @@ def test_search_population_follows_the_rounds_batch(monkeypatch):
 # ---- what a Docker user runs, checked without an engine: the file against the compose-spec schema, the
 # Dockerfiles through hadolint, and the images' contents through the requirement files they install ----
 
-LANES_AND_BUILDERS = ("measurer", "measurer-cpu", "builder")
+LANES_AND_BUILDERS = ("measurer-cpu", "builder")
 
 
 def test_compose_file_follows_the_compose_spec(compose):
@@ -282,7 +285,7 @@ def test_replicas_that_exit_on_purpose_do_not_restart_in_a_loop(compose):
     for name in LANES_AND_BUILDERS:
         policy = str(compose["services"][name].get("restart", "no"))
         assert policy == "no" or re.fullmatch(r"on-failure:\d+", policy), f"{name}: restart {policy}"
-    for name in ("redis", "planner", "tuner", "updater", "api"):
+    for name in ("redis", "planner", "tuner", "updater", "api", "agent"):
         assert compose["services"][name]["restart"] == "unless-stopped", name
 
 
@@ -307,7 +310,7 @@ def test_torch_only_in_the_converting_image_from_the_cpu_index(compose):
 def test_gpu_measurer_image_compiles_cuda(compose):
     """GPU lanes and builders: an NVIDIA CUDA base, NVRTC and cuda-bindings (TVM 0.27 compiles CUDA
     through them); libcuda comes from the driver at run time, through the GPU reservation."""
-    for name in ("measurer", "builder"):
+    for name in ("agent", "builder"):
         svc = compose["services"][name]
         dockerfile, target = _image(svc)
         assert re.match(r"FROM nvidia/cuda:\S+-(runtime|devel)-", _stages(dockerfile)[target]), name
@@ -413,7 +416,7 @@ def test_every_service_has_a_healthcheck_and_waits_for_a_healthy_redis(compose):
     """`depends_on` with `service_healthy` (compose 1.27+, the Compose Specification): a worker starts once
     Redis answers a ping, not once its container exists."""
     for name, svc in compose["services"].items():
-        if name in ("mps", "flower"):  # images of others, without our probes
+        if name == "flower":  # an image of others, without our probes
             continue
         test = svc["healthcheck"]["test"]
         assert test[0] in ("CMD", "CMD-SHELL"), name
@@ -421,7 +424,7 @@ def test_every_service_has_a_healthcheck_and_waits_for_a_healthy_redis(compose):
             assert svc["depends_on"]["redis"] == {"condition": "service_healthy"}, name
     assert "ping" in " ".join(compose["services"]["redis"]["healthcheck"]["test"])
     assert "/health" in " ".join(compose["services"]["api"]["healthcheck"]["test"])
-    for name in ("planner", "tuner", "updater", "measurer-cpu", "measurer", "builder"):
+    for name in ("planner", "tuner", "updater", "measurer-cpu", "agent", "builder"):
         assert compose["services"][name]["healthcheck"]["test"][-2:] == ["-m", "services.healthcheck"], name
 
 

@@ -94,9 +94,10 @@ def mark_batch_building(r: redis.Redis, batch_id: str, worker: str, alive_key: s
 
 
 def host_liveness_key(r: redis.Redis, host: str) -> str | None:
-    """A liveness key of a worker of `host` (worker ids are host.pid): a lane's, a builder's or a warm tuner
-    client's; None when no worker of that host keeps one."""
-    for pattern in (names.lane_key("*", f"{host}.*"), names.builder_key("*", f"{host}.*"), names.tuner_key(f"{host}.*")):
+    """A liveness key of a worker of `host` (worker ids are host.pid): a node agent's, a lane's, a builder's or a
+    warm tuner client's; None when no worker of that host keeps one."""
+    for pattern in (names.agent_key(f"{host}.*"), names.lane_key("*", f"{host}.*"), names.builder_key("*", f"{host}.*"),
+                    names.tuner_key(f"{host}.*")):
         key = next(iter(r.scan_iter(match=pattern, count=1000)), None)
         if key is not None:
             return _s(key)

@@ -2,8 +2,9 @@
 
 What `sharetune up --join` and a compose or Kubernetes GPU node run: the agent starts the host's lanes (and
 the MPS daemon they need), its builders, restarts what dies, recovers a faulted GPU, and keeps its liveness
-key in the store. Options default to the environment (REDIS_URL, SHARETUNE_AGENT_LANES, SHARETUNE_BUILDERS,
-SHARETUNE_BUILDER_CORES, SHARETUNE_WORK_DIR), as a container sets them."""
+key in the store. Options default to the environment (REDIS_URL, shared.settings.AgentSettings:
+SHARETUNE_AGENT_LANES, SHARETUNE_BUILDERS, SHARETUNE_BUILDER_CORES, SHARETUNE_WORK_DIR), as a container sets
+them."""
 from __future__ import annotations
 
 import argparse
@@ -15,15 +16,18 @@ from pathlib import Path
 
 
 def main(argv=None) -> int:
+    from shared.settings import AgentSettings
+
+    s = AgentSettings()
     ap = argparse.ArgumentParser(prog="python -m services.measurer.agent")
-    ap.add_argument("--lanes", default=os.environ.get("SHARETUNE_AGENT_LANES", "cpu"),
+    ap.add_argument("--lanes", default=s.agent_lanes,
                     help="cpu (a lane per core), lane queue names (measure.cpu.c0,...) or a GPU share spec (4x25, 2x50)")
-    ap.add_argument("--builders", type=int, default=int(os.environ.get("SHARETUNE_BUILDERS", "0")),
+    ap.add_argument("--builders", type=int, default=s.builders,
                     help="build workers per family the lanes build for (0: the lanes build for themselves)")
-    ap.add_argument("--builder-cores", default=os.environ.get("SHARETUNE_BUILDER_CORES") or None)
-    ap.add_argument("--work-dir", default=os.environ.get("SHARETUNE_WORK_DIR", "/tmp/sharetune-agent"))
-    ap.add_argument("--redis-url", default=os.environ.get("REDIS_URL"))
-    ap.add_argument("--loglevel", default=os.environ.get("SHARETUNE_LOG_LEVEL", "INFO"))
+    ap.add_argument("--builder-cores", default=s.builder_cores)
+    ap.add_argument("--work-dir", default=str(s.work_dir))
+    ap.add_argument("--redis-url", default=os.environ.get("REDIS_URL") or os.environ.get("SHARETUNE_REDIS_URL"))
+    ap.add_argument("--loglevel", default=s.log_level)
     ap.add_argument("--wait-s", type=float, default=300.0, help="how long the lanes and builders may take to come up")
     args = ap.parse_args(argv)
     import logging
