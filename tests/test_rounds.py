@@ -182,6 +182,22 @@ def test_a_round_samples_only_what_it_may_measure():
     assert 3 < len(cands) <= 8 and loop.run_stats.warm_switches == 0  # a resize is not a switch to evolution
 
 
+def test_a_small_draw_the_store_already_holds_widens_to_full_rounds_without_ending_the_task():
+    """A workload an earlier job measured: the first round's small draw finds only known schedules. That is no
+    proof of a dry space; the task draws full rounds from then on and still finds new ones."""
+    loop, t, target = _loop(_task(_DepthwiseConv()), population=64, first_round=3)
+    loop._start_context(t, cold=True, proposes=loop._proposes(t))
+    _, fresh = loop._search(t, loop._room(t))
+    _measure(loop, t, target, fresh)  # what the earlier job measured
+    loop._start_context(t, cold=True, proposes=3)  # the same draw again (same seed): all of it known
+    cands, fresh = loop._search(t, loop._room(t))
+    assert len(cands) == 3 and fresh == [] and t.dry == 0 and not t.done and t.full_draws
+    assert loop._proposes(t, room=3) == 8  # full rounds now
+    loop._start_context(t, cold=True, proposes=loop._proposes(t, room=3))
+    _, fresh = loop._search(t, room=3)
+    assert 0 < len(fresh) <= 3
+
+
 def test_a_second_round_leaves_budget_for_first_rounds_other_clients_still_owe():
     from services.tuner.sharding import first_rounds_reserve
 

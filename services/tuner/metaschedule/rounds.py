@@ -60,6 +60,7 @@ class _Task:
     fixed: bool = False  # its design space has no sampled decisions: a handful of schedules, all known at once
     spent: bool = False  # every schedule of a fixed space has been proposed
     proposes: int = 0  # candidates its search proposes a round (what the round may measure)
+    full_draws: bool = False  # a small draw found nothing new (the store held it): every round draws a full one
 
 
 @dataclass
@@ -289,6 +290,8 @@ class ShardLoop:
         """How many candidates task t's search proposes for a round that may measure `room`: no more than that,
         since the rest would be dropped unmeasured (a first round measures the job's even share, 37 of 64 for
         ResNet-18 at 1024 trials, and sampling one valid CUDA conv schedule costs ~0.3 s of CPU)."""
+        if t.full_draws:
+            return self.per_iter
         return max(1, min(self.per_iter, self._room(t) if room is None else room))
 
     def _search(self, t: _Task, room: int) -> tuple[list, list]:
@@ -298,6 +301,7 @@ class ShardLoop:
         and evolution gives up when it cannot sample 50 valid unmeasured schedules, while sampling alone
         still finds new ones. So such a round makes the task try the other strategy next, and only
         EMPTY_ROUNDS of them in a row, both strategies tried, end it."""
+        small = t.proposes < self.per_iter and not t.full_draws  # a draw of only what the round may measure
         t0 = time.perf_counter()
         got = t.ctx.generate_measure_candidates()
         self._spent("sample", t0)
@@ -311,6 +315,9 @@ class ShardLoop:
                 seen.add(k)
         reused = [(c, known[k]) for c, k in zip(cands, keys) if k in known]
         if reused:
+            # the store knows this workload (an earlier job, a resumed shard): draw full rounds from now on, so a
+            # round still finds what it may measure among the schedules the store already holds
+            t.full_draws = t.full_draws or small
             t.ctx.notify_runner_results([c for c, _ in reused], [_from_record(r) for _, r in reused])
             self.run_stats.reused += len(reused)
             t.reused += len(reused)
@@ -326,6 +333,9 @@ class ShardLoop:
             store.push_history(self.redis, self.job_id, t.job_task.task_id, t.best_s if t.best_s < math.inf else 1e9)
         if t.fixed:  # nothing new in a space whose every schedule one round proposes: spent
             self._finish_task(t, exhausted=True)
+            return cands, []
+        if small:  # a draw smaller than a round, all of it known: not yet proof of a dry space
+            t.full_draws = True
             return cands, []
         t.dry += 1
         if t.dry >= EMPTY_ROUNDS:
