@@ -25,13 +25,18 @@ def retire_lane(r: redis.Redis, info: LaneInfo) -> None:
     r.delete(names.lane_key(info.queue, info.worker))
 
 
-def live_lanes(r: redis.Redis) -> list[LaneInfo]:
-    lanes = []
-    for key in r.scan_iter(match=names.LANES_PATTERN, count=500):
+def _live(r: redis.Redis, pattern: str, contract):
+    """Every live key matching the pattern, parsed (a key that expired between the scan and the read is skipped)."""
+    out = []
+    for key in r.scan_iter(match=pattern, count=500):
         raw = r.get(key)
         if raw:
-            lanes.append(LaneInfo.parse(raw))
-    return sorted(lanes, key=lambda l: l.queue)
+            out.append(contract.parse(raw))
+    return out
+
+
+def live_lanes(r: redis.Redis) -> list[LaneInfo]:
+    return sorted(_live(r, names.LANES_PATTERN, LaneInfo), key=lambda l: l.queue)
 
 
 def lane_alive(r: redis.Redis, queue: str) -> bool:
@@ -58,11 +63,7 @@ def retire_builder(r: redis.Redis, info: BuilderInfo) -> None:
 
 
 def live_builders(r: redis.Redis, family: str | None = None) -> list[BuilderInfo]:
-    out = []
-    for key in r.scan_iter(match=names.builder_key(family) if family else names.BUILDERS_PATTERN, count=500):
-        raw = r.get(key)
-        if raw:
-            out.append(BuilderInfo.parse(raw))
+    out = _live(r, names.builder_key(family) if family else names.BUILDERS_PATTERN, BuilderInfo)
     return sorted(out, key=lambda b: (b.family, b.worker))
 
 
@@ -75,12 +76,7 @@ def retire_agent(r: redis.Redis, info: AgentInfo) -> None:
 
 
 def live_agents(r: redis.Redis) -> list[AgentInfo]:
-    out = []
-    for key in r.scan_iter(match=names.AGENTS_PATTERN, count=500):
-        raw = r.get(key)
-        if raw:
-            out.append(AgentInfo.parse(raw))
-    return sorted(out, key=lambda a: a.worker)
+    return sorted(_live(r, names.AGENTS_PATTERN, AgentInfo), key=lambda a: a.worker)
 
 
 def mark_batch_building(r: redis.Redis, batch_id: str, worker: str, alive_key: str, forwarded: bool = False) -> None:
