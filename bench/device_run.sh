@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # On the GPU machine, after ../shared/device/stage.sh's install step (PYTHONPATH=/tmp/site:$PWD):
-#   bash bench/device_run.sh smoke|gputest|stock|ours|sharding|matrix|gpufault|scale [A|B]|scale1|scale1-wait|searchq|searchq-wait
+#   bash bench/device_run.sh smoke|gputest|stock|ours|sharding|matrix|matrix-bg|matrix-wait|gpufault|scale [A|B]|scale1|scale1-wait|searchq|searchq-wait
 #   -> writes under $OUT
 set -uo pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site:$PWD
@@ -59,6 +59,25 @@ PY
           timeout 585 python3 bench/share_matrix.py "${@:2}" 2>&1 | tail -60
           tar czf "$OUT/matrix_logs.tgz" -C /tmp/share_matrix . --exclude='*.so' --exclude=redis --exclude=database \
               --exclude='*.npz' --exclude=ms 2>/dev/null ;;
+  # issue 23, one GPU, the full matrix (> one call): in the background from a copy outside the working tree;
+  # `matrix-wait` (the next calls, back to back) waits and collects. Run again with --resume to keep what a
+  # stopped run finished (complete models, shares whose tuned module is still on disk)
+  matrix-bg) mkdir -p /tmp/matrix && rm -rf /tmp/matrix/repo /tmp/matrix/DONE && cp -r . /tmp/matrix/repo
+          nvidia-smi --query-gpu=index,uuid,name --format=csv,noheader
+          (cd /tmp/matrix/repo && PYTHONPATH=/tmp/site:/tmp/matrix/repo OUT=/tmp/matrix setsid nohup bash -c \
+              "python3 bench/share_matrix.py --work-dir /tmp/matrix/work $(printf '%q ' "${@:2}"); touch /tmp/matrix/DONE" \
+              > /tmp/matrix/driver.log 2>&1 < /dev/null &)
+          bash "$0" matrix-wait ;;
+  matrix-wait)
+    t0=$(date +%s)
+    while [ $(( $(date +%s) - t0 )) -lt "${MATRIX_WAIT_S:-560}" ] && [ ! -e /tmp/matrix/DONE ]; do
+      grep -q '^Traceback' /tmp/matrix/driver.log 2>/dev/null && { echo "driver error: stopped waiting"; break; }
+      sleep 5
+    done
+    [ -e /tmp/matrix/DONE ] && echo "matrix run finished"
+    cp /tmp/matrix/share_matrix_*.json /tmp/matrix/share_matrix_*.png "$OUT/" 2>/dev/null
+    tail -c 20000 /tmp/matrix/driver.log
+    keep_logs /tmp/matrix/work matrix_logs ;;
   # issue 22, one GPU: 4x25 % lanes (job A; illegal-address, hung-kernel and launch-failure culprits) and a
   # CPU lane (the bystander job): rows in $OUT/gpu_fault_h200.json (<= 340 s; the script stops waiting at 300 s)
   # issue 12: stock's window beside the 16-core configurations (A), the 32-core and two-GPU ones (B); the

@@ -88,6 +88,7 @@ def run_models(args, models: list[str], deadline: float) -> list:
                     for m in models))
     reports: dict[str, object] = {}
     out_json = Path(args.out_json)
+    earlier = earlier_reports(out_json) if args.resume else {}
 
     def save(report) -> None:
         reports[report.model] = report
@@ -115,21 +116,38 @@ def run_models(args, models: list[str], deadline: float) -> list:
                 stack.start_tuner(proc)
 
         for i, model in enumerate(models):
+            my_shares, trials = plans[model]
+            done = earlier.get(model)
+            if done is not None and done.complete and done.shares == my_shares and done.trials_per_share == trials:
+                log(f"[matrix {model}] complete in an earlier run: kept")
+                save(done)
+                continue
             # the time left, split over the models still to run; serving reserve ~15 s per share
             my_deadline = time.time() + (deadline - time.time()) / (len(models) - i)
-            my_shares, trials = plans[model]
             report = run_matrix(client, model, my_shares, placement, work / model, trials=trials,
                                 trials_per_iter=args.per_iter, only_tasks=chosen[model], n_tasks=len(all_tasks[model]),
                                 seed=0, name=model, deadline=my_deadline,
                                 serve_reserve_s=SERVE_S * len(my_shares) + 10, rounds=args.rounds,
                                 serve_timeout_s=120, log=log, on_partial=save, on_job_timeout=stop_tuning,
-                                before_serving=stack.stop_lanes if i == len(models) - 1 else None)
+                                before_serving=stack.stop_lanes if i == len(models) - 1 else None,
+                                resume_jobs=done.info.get("jobs") if done is not None else None)
             report.info.update({"gpu": gpu.name if gpu else None, "gpu_uuid8": gpu.uuid8 if gpu else None,
                                 "task_names": chosen[model] or all_tasks[model],
                                 "lanes": sorted(set(stack.lanes)), "host_cores": os.cpu_count()})
             save(report)
             print(report.table(), flush=True)
     return list(reports.values())
+
+
+def earlier_reports(path: Path) -> dict:
+    """The matrices an earlier run of this command wrote (by model): complete ones are kept, and a model's shares
+    already tuned are served without tuning again (a background run that was stopped, run again)."""
+    from sharetune.share_matrix import ShareMatrix
+
+    if not path.exists():
+        return {}
+    body = json.loads(path.read_text())
+    return {m.model: m for m in (ShareMatrix.model_validate(x) for x in body.get("matrices", [body]))}
 
 
 def gpus() -> list:
@@ -235,6 +253,8 @@ def main() -> None:
     ap.add_argument("--work-dir", default="/tmp/share_matrix")
     ap.add_argument("--out-json", default=None)
     ap.add_argument("--merge", nargs="*", help="join these JSON files into --out-json (+ PNG) and stop")
+    ap.add_argument("--resume", action="store_true",
+                    help="keep what the result JSON already holds: complete models, and shares tuned (module on disk)")
     args = ap.parse_args()
     if args.merge:
         merge(args.merge, Path(args.out_json or "bench/results/share_matrix_h200.json"))

@@ -137,14 +137,16 @@ def run_matrix(client, model: Any, shares: list[int], placement: Placement, work
                before_serving=None,
                serve_timeout_s: float = 300.0, log: Callable[[str], None] = print,
                on_partial: Callable[[ShareMatrix], None] | None = None,
-               on_job_timeout: Callable[[Any], None] | None = None) -> ShareMatrix:
+               on_job_timeout: Callable[[Any], None] | None = None,
+               resume_jobs: dict[str, dict] | None = None) -> ShareMatrix:
     """Tune at each share (lanes of that share must be live in `client`'s stack), then serve every tuned
     model at every share. `deadline` (time.time()) with `serve_reserve_s` kept for serving: a share
     whose tuning would start past it is skipped and recorded as such. A job still running at its
     timeout cannot be cancelled: `on_job_timeout(job)` may stop it (e.g. stop the tuner processes) so
     that it does not disturb what is measured next. Every task is tuned unless `only_tasks` names some;
     `trials` per share defaults to default_trials(tasks) and `n_tasks` (the model's task count, when the
-    caller knows it) saves an extraction."""
+    caller knows it) saves an extraction. `resume_jobs` (an earlier run's `info["jobs"]`, by share): a share
+    whose job is done and whose tuned module is still on disk is not tuned again."""
     import numpy as np
 
     device = placement.device
@@ -189,6 +191,12 @@ def run_matrix(client, model: Any, shares: list[int], placement: Placement, work
     relax_mod = to_relax(model, example_inputs).mod  # once, not once per share (torch.export takes seconds)
     tuned: dict[int, str] = {}
     for p in shares:
+        earlier = (resume_jobs or {}).get(str(p)) or {}
+        if earlier.get("state") == "done" and Path(earlier.get("tuned_module_path") or "").is_file():
+            tuned[p] = earlier["tuned_module_path"]
+            jobs[str(p)] = dict(earlier, resumed=True)
+            log(f"[matrix {name}] share {p} %: tuned by an earlier run (job {earlier.get('job_id')}), kept")
+            continue
         left = None if deadline is None else deadline - serve_reserve_s - time.time()
         if left is not None and left < 30:
             errors[f"{p}@*"] = f"not tuned: {left + serve_reserve_s:.0f} s left before the deadline"

@@ -12,6 +12,7 @@ from shared.errors import ShareError
 pytestmark = pytest.mark.e2e
 
 TWO_CORES = lanes.parse("measure.cpu.c0-1").queue  # cores 0-1, named for this host
+RESUMED = {}  # the fixture's second run, started again from the first one's jobs
 
 
 @pytest.fixture(scope="module")
@@ -29,9 +30,20 @@ def cpu_matrix(stack, client, tmp_path_factory):
         # intervals are under test here, not tuning quality
         report = run_matrix(client, "tiny", shares, Placement("cpu"), tmp_path_factory.mktemp("matrix"), trials=4,
                             trials_per_iter=4, seed=0, rounds=5, job_timeout_s=600)
+        # a stopped background run started again: the shares it tuned are served, not tuned again
+        RESUMED["tiny"] = run_matrix(client, "tiny", shares, Placement("cpu"), tmp_path_factory.mktemp("again"),
+                                     trials=4, trials_per_iter=4, seed=0, rounds=3, job_timeout_s=600,
+                                     resume_jobs=report.info["jobs"])
     finally:
         stack.stop_process(f"lane-{TWO_CORES}")
     return report
+
+
+def test_a_run_again_with_the_earlier_jobs_serves_without_tuning(cpu_matrix):
+    again = RESUMED["tiny"]
+    assert again.complete and all(j["resumed"] for j in again.info["jobs"].values())
+    assert {p: j["job_id"] for p, j in again.info["jobs"].items()} == \
+        {p: j["job_id"] for p, j in cpu_matrix.info["jobs"].items()}
 
 
 def test_matrix_is_complete_and_normalised(cpu_matrix):
