@@ -57,15 +57,18 @@ def test_the_agent_restarts_a_killed_lane_and_builder_and_stops_what_it_started(
     try:
         info = _until("the agent's liveness key", lambda: next(iter(store.live_agents(r)), None))
         assert info.pid == agent.pid and len(info.lanes) == 1 and info.builders == 1
-        lane_pid = _until("its lane", lambda: next((l.pid for l in store.live_lanes(r)), None))
-        builder_pid = _until("its builder", lambda: next((b.pid for b in store.live_builders(r)), None))
+        old_lane = _until("its lane", lambda: next(iter(store.live_lanes(r)), None))
+        old_builder = _until("its builder", lambda: next(iter(store.live_builders(r)), None))
 
-        os.kill(lane_pid, signal.SIGKILL)
+        os.kill(old_lane.pid, signal.SIGKILL)
         new_lane = _until("the lane started again", lambda: next(
-            (l.pid for l in store.live_lanes(r) if l.pid != lane_pid), None))
-        os.kill(builder_pid, signal.SIGKILL)
+            (l.pid for l in store.live_lanes(r) if l.pid != old_lane.pid), None))
+        # the dead lane's key went when the agent saw it exit, not at its TTL (30 s after its last beat)
+        assert not store.lane_worker_alive(r, old_lane.queue, old_lane.worker)
+        os.kill(old_builder.pid, signal.SIGKILL)
         new_builder = _until("the builder started again", lambda: next(
-            (b.pid for b in store.live_builders(r) if b.pid != builder_pid), None))
+            (b.pid for b in store.live_builders(r) if b.pid != old_builder.pid), None))
+        assert old_builder.worker not in {b.worker for b in store.live_builders(r)}
         assert _until("the agent counting both restarts",
                       lambda: next((a for a in store.live_agents(r) if a.restarts >= 2), None))
 
@@ -78,6 +81,19 @@ def test_the_agent_restarts_a_killed_lane_and_builder_and_stops_what_it_started(
             os.killpg(agent.pid, signal.SIGKILL)
             agent.wait()
         print((tmp_path / "agent.log").read_text()[-3000:])
+
+
+def test_a_dead_workers_liveness_keys_are_forgotten_and_no_others(redis_url):
+    from shared.messages import BuilderInfo, LaneInfo
+
+    r = store.connect(redis_url)
+    for pid in (11, 12):
+        store.announce_lane(r, LaneInfo(queue="measure.cpu.c0", kind="cpu", share=50, target="{}", host="h", pid=pid,
+                                        started_at=time.time()))
+        store.announce_builder(r, BuilderInfo(family="llvm.x86-64", host="h", pid=pid, started_at=time.time()))
+    assert len(store.forget_worker(r, "h.11")) == 2
+    assert [l.pid for l in store.live_lanes(r)] == [12] and [b.pid for b in store.live_builders(r)] == [12]
+    assert store.forget_worker(r, "h.11") == []
 
 
 def test_an_agent_without_redis_or_with_a_bad_lane_spec_says_why(tmp_path):

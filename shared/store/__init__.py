@@ -30,8 +30,8 @@ from shared.store.records import (  # noqa: F401
     record_count, record_round, records, replace_record, trial_accounting, valid_record, workload
 )
 from shared.store.liveness import (  # noqa: F401
-    announce_agent, announce_builder, announce_lane, announce_tuner, builder_alive, give_up_gpu, gpus_down,
-    host_liveness_key, lane_alive, lane_worker_alive, live_agents, live_builders, live_lanes, live_tuners,
+    announce_agent, announce_builder, announce_lane, announce_tuner, builder_alive, forget_worker, give_up_gpu,
+    gpus_down, host_liveness_key, lane_alive, lane_worker_alive, live_agents, live_builders, live_lanes, live_tuners,
     mark_batch_building, queue_length, retire_agent, retire_builder, retire_lane, retire_tuner
 )
 from shared.store.results import (  # noqa: F401

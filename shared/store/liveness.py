@@ -79,6 +79,16 @@ def live_agents(r: redis.Redis) -> list[AgentInfo]:
     return sorted(_live(r, names.AGENTS_PATTERN, AgentInfo), key=lambda a: a.worker)
 
 
+def forget_worker(r: redis.Redis, worker: str) -> list[str]:
+    """A lane's or builder's liveness keys, deleted once the process is known dead (its supervisor saw it exit):
+    whoever waits on it (a tuner with a batch there) learns it at once instead of after the key's TTL."""
+    keys = [k for pattern in (names.lane_key("*", worker), names.builder_key("*", worker))
+            for k in r.scan_iter(match=pattern, count=1000)]
+    if keys:
+        r.delete(*keys)
+    return [_s(k) for k in keys]
+
+
 def mark_batch_building(r: redis.Redis, batch_id: str, worker: str, alive_key: str, forwarded: bool = False) -> None:
     """A builder took the batch (its liveness key says whether it still lives), or forwarded it to its lane."""
     key = names.batch_results_key(batch_id)

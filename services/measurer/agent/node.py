@@ -145,6 +145,7 @@ class NodeAgent:
         self._stopping = None
         self._started_at = time.time()
         self._beat_stop = None
+        self._forgotten: set[int] = set()  # pids of exited processes whose liveness keys were deleted
 
     # ---- processes ---------------------------------------------------------------------------------
 
@@ -243,6 +244,8 @@ class NodeAgent:
             proc = self.procs.get(name)
             if proc is None or proc.poll() is None:
                 continue
+            if name in self.builder_procs:
+                self._forget_dead(proc.pid)
             recent = [t for t in self._restarts.get(name, ()) if now - t < RESTART_WINDOW_S]
             if len(recent) >= MAX_RESTARTS:
                 self._give_up(name, proc.returncode, len(recent))
@@ -395,6 +398,8 @@ class NodeAgent:
             r = store.connect(self.redis_url)
             faults = [f for g in self.gpu_uuids if g not in self.gpus_given_up
                       for f in store.gpu_faults(r, g, since=faults_since)]
+        for e in exits:
+            self._forget_dead(self.procs[e.name].pid)
         plan = plan_recovery(exits, faults, self._restarts, now, gpu_fault_code=names.EXIT_GPU_FAULT)
         retry, give_up = self._judge_gpu_recoveries(now, set(plan.gpus), faults)
         if plan.empty and not (retry or give_up):
@@ -416,6 +421,20 @@ class NodeAgent:
         self.recoveries.append(event)
         # reports that arrive while a GPU recovers belong to the same incident (lanes stopping)
         return max([faults_since] + [f.at + 1e-6 for f in faults] + ([event["restarted_at"]] if gpus or give_up else []))
+
+    def _forget_dead(self, pid: int) -> None:
+        """A lane or builder process of ours has exited: its liveness key goes now, so a tuner waiting on a batch
+        there re-sends it at once, not after the key's TTL (a worker id is host.pid; a lane's exec keeps the pid)."""
+        if pid in self._forgotten:
+            return
+        self._forgotten.add(pid)
+        try:
+            from shared.ids import worker_id
+
+            # one try, never the outage-riding client: the supervisor's round must not wait on a Redis restart
+            store.forget_worker(store.connect_probe(self.redis_url, 2.0), worker_id(socket.gethostname(), pid))
+        except Exception:  # noqa: BLE001 - Redis restarting: the key lapses by its TTL instead
+            pass
 
     def _restart_lane(self, name: str) -> None:
         import logging
