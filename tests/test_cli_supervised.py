@@ -84,20 +84,23 @@ def test_up_is_supervised_refuses_a_second_stack_and_down_stops_everything(tmp_p
             assert time.time() < deadline, now
             time.sleep(1)
         seen |= {r["pid"] for r in now.values()}
+        # the CLI finds the stack through WORK_DIR/redis_url when REDIS_URL is not set; the new lane is live (the
+        # killed one's key went with it, so only the restarted lane can serve)
+        deadline = time.time() + 120
+        while True:
+            lanes = _cli("lanes", "--json", env={**env, "SHARETUNE_WORK_DIR": str(tmp_path)}, timeout=60)
+            assert lanes.returncode == 0, lanes.stderr[-2000:]
+            live = [l.get("pid") for l in json.loads(lanes.stdout)]
+            if now[LANE_PROC]["pid"] in live:
+                break
+            assert time.time() < deadline, lanes.stdout
+            time.sleep(1)
+        assert killed[LANE_PROC] not in live
         # the restarted stack tunes: a job planned, searched, measured and finished by the new processes
         from sharetune.client import Client
 
         job = Client(url).submit("tiny", target="llvm", trials=4, trials_per_iter=4, seed=21)
         assert job.wait(timeout_s=600)["state"] == "done"
-        # the CLI finds the stack through WORK_DIR/redis_url when REDIS_URL is not set; the new lane is live
-        deadline = time.time() + 120
-        while True:
-            lanes = _cli("lanes", "--json", env={**env, "SHARETUNE_WORK_DIR": str(tmp_path)}, timeout=60)
-            assert lanes.returncode == 0, lanes.stderr[-2000:]
-            if now[LANE_PROC]["pid"] in [l.get("pid") for l in json.loads(lanes.stdout)]:
-                break
-            assert time.time() < deadline, lanes.stdout
-            time.sleep(1)
     finally:
         down = _cli("down", "--work-dir", str(tmp_path), env=env, timeout=200)
     assert down.returncode == 0 and down.stdout.startswith("stopped: "), down.stdout + down.stderr[-2000:]
