@@ -52,6 +52,7 @@ class Stack(NodeAgent):
         self.redis_server = None
         self.redis_port = redis_port  # the embedded Redis's port (None: a free one)
         self.restart_redis = restart_redis  # the supervisor also starts a dead embedded Redis again
+        self.redis_given_up: str | None = None  # why a dead embedded Redis is not started again
 
     def _worker(self, name: str, queue: str, env: dict | None = None) -> subprocess.Popen:
         """A tuner-service worker (planner, tuner client, updater), through its service's entry point."""
@@ -76,10 +77,10 @@ class Stack(NodeAgent):
         recent = [t for t in self._restarts.get("redis", ()) if now - t < RESTART_WINDOW_S]
         log, code, pid = logging.getLogger(self.log_name), self.redis_server.proc.returncode, self.redis_server.proc.pid
         if len(recent) >= MAX_RESTARTS:
-            if "redis" not in self.given_up:
+            if self.redis_given_up is None:
                 log.error("redis (pid %s) exited with %s after %d restarts in %.0f s: not started again (see %s)",
                           pid, code, len(recent), RESTART_WINDOW_S, self.work_dir / "redis" / "redis.log")
-            self.given_up["redis"] = f"exited {code}, {len(recent)} restarts in {RESTART_WINDOW_S:.0f} s"
+            self.redis_given_up = f"exited {code}, {len(recent)} restarts in {RESTART_WINDOW_S:.0f} s"
             return []
         if self._backing_off("redis", now):
             return []
@@ -95,7 +96,7 @@ class Stack(NodeAgent):
         if self.redis_server is not None and self.redis_server.proc is not None:
             proc = self.redis_server.proc
             rows.append({"name": "redis", "kind": "redis", "pid": proc.pid, "alive": proc.poll() is None,
-                         "restarts": len(self._restarts.get("redis", ())), "given_up": self.given_up.get("redis")})
+                         "restarts": len(self._restarts.get("redis", ())), "given_up": self.redis_given_up})
         return rows + super().services()
 
     def start(self, wait_lanes_s: float = 300.0) -> "Stack":

@@ -12,6 +12,7 @@ import time
 
 import pytest
 
+from services.measurer.agent import alive as _alive
 from shared import store
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -25,15 +26,6 @@ def _until(what, check, timeout_s=240.0):
             return got
         time.sleep(0.3)
     raise AssertionError(f"timed out waiting for {what}")
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    with open(f"/proc/{pid}/stat") as f:
-        return f.read().split(")")[-1].split()[0] != "Z"
 
 
 @pytest.fixture

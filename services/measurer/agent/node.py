@@ -145,7 +145,7 @@ class NodeAgent:
         self._stopping = None
         self._started_at = time.time()
         self._beat_stop = None
-        self._forgotten: set[int] = set()  # pids of exited processes whose liveness keys were deleted
+        self._forgotten: dict[str, int] = {}  # process name -> the exited pid whose liveness keys were deleted
 
     # ---- processes ---------------------------------------------------------------------------------
 
@@ -245,7 +245,7 @@ class NodeAgent:
             if proc is None or proc.poll() is None:
                 continue
             if name in self.builder_procs:
-                self._forget_dead(proc.pid)
+                self._forget_dead(name, proc.pid)
             recent = [t for t in self._restarts.get(name, ()) if now - t < RESTART_WINDOW_S]
             if len(recent) >= MAX_RESTARTS:
                 self._give_up(name, proc.returncode, len(recent))
@@ -296,9 +296,8 @@ class NodeAgent:
             rows.append({"name": name, "kind": kind(name), "pid": proc.pid, "alive": proc.poll() is None,
                          "restarts": len(self._restarts.get(name, ())), "given_up": None})
         for name, why in list(self.given_up.items()):
-            if name != "redis":
-                rows.append({"name": name, "kind": "lane" if name.startswith("lane-") else kind(name), "pid": None,
-                             "alive": False, "restarts": len(self._restarts.get(name, ())), "given_up": why})
+            rows.append({"name": name, "kind": "lane" if name.startswith("lane-") else kind(name), "pid": None,
+                         "alive": False, "restarts": len(self._restarts.get(name, ())), "given_up": why})
         return rows
 
     def _start_gpu_support(self) -> None:
@@ -399,7 +398,7 @@ class NodeAgent:
             faults = [f for g in self.gpu_uuids if g not in self.gpus_given_up
                       for f in store.gpu_faults(r, g, since=faults_since)]
         for e in exits:
-            self._forget_dead(self.procs[e.name].pid)
+            self._forget_dead(e.name, self.procs[e.name].pid)
         plan = plan_recovery(exits, faults, self._restarts, now, gpu_fault_code=names.EXIT_GPU_FAULT)
         retry, give_up = self._judge_gpu_recoveries(now, set(plan.gpus), faults)
         if plan.empty and not (retry or give_up):
@@ -422,12 +421,13 @@ class NodeAgent:
         # reports that arrive while a GPU recovers belong to the same incident (lanes stopping)
         return max([faults_since] + [f.at + 1e-6 for f in faults] + ([event["restarted_at"]] if gpus or give_up else []))
 
-    def _forget_dead(self, pid: int) -> None:
+    def _forget_dead(self, name: str, pid: int) -> None:
         """A lane or builder process of ours has exited: its liveness key goes now, so a tuner waiting on a batch
-        there re-sends it at once, not after the key's TTL (a worker id is host.pid; a lane's exec keeps the pid)."""
-        if pid in self._forgotten:
+        there re-sends it at once, not after the key's TTL (a worker id is host.pid; a lane's exec keeps the pid).
+        Once per exited process: a dead builder in its back-off is seen again every round."""
+        if self._forgotten.get(name) == pid:
             return
-        self._forgotten.add(pid)
+        self._forgotten[name] = pid
         try:
             from shared.ids import worker_id
 
