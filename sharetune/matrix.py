@@ -291,6 +291,11 @@ def model_tasks(model: Any, device: str, example_inputs=None) -> list[str]:
 # ---- outputs ----------------------------------------------------------------------------------------
 
 
+# What `ci95_us` covers, said in the file so that nobody reads more into a verdict than it holds.
+INTERVALS = ("95 % bootstrap interval of each cell's median over its serving rounds: serving noise of one tuned "
+             "module per cell; the spread between tuning runs (search seed) is not sampled")
+
+
 def write_outputs(reports: list[ShareMatrix], json_path: Path, png_path: Path | None = None) -> str | None:
     """Write the JSON (one matrix, or {"matrices": [...]} for several) and the heatmap; returns the
     heatmap's path, or None when matplotlib is missing (the JSON and the table still tell all)."""
@@ -303,6 +308,7 @@ def write_outputs(reports: list[ShareMatrix], json_path: Path, png_path: Path | 
         body = {"tasks_tuned": tuned.pop() if len(tuned) == 1 else None,
                 "trials_per_share": {r.model: r.trials_per_share for r in reports},
                 "diagonal_wins": {r.model: r.diagonal_wins for r in reports},
+                "intervals": INTERVALS,
                 "matrices": [r.model_dump(mode="json") for r in reports]}
     tmp = json_path.with_suffix(".tmp")
     tmp.write_text(json.dumps(body, indent=1))
