@@ -10,9 +10,11 @@ os.environ.setdefault("TVM_NUM_THREADS", "1")
 # TEST ONLY: lets a test inject a build that segfaults (services/measurer/metaschedule/sandbox.py); off by
 # default everywhere else
 os.environ["SHARETUNE_TEST_FAULT_HOOKS"] = "1"
-# a 2-core CI host: a quarter of MetaSchedule's population keeps each evolutionary round cheap (the search
-# itself is the real one)
-os.environ.setdefault("SHARETUNE_SEARCH_POPULATION", "128")
+# a 2-core CI host: a small population keeps each evolutionary round cheap (the search itself is the real
+# one: sampling, 4 generations of mutation, the cost model's ranking). A round's CPU is about proportional to
+# it, and the suite's jobs tune the same few small tasks again and again: at 128 the one tuner client was busy
+# for ~9 of the suite's ~16 minutes, at 32 for under 3
+os.environ.setdefault("SHARETUNE_SEARCH_POPULATION", "32")
 # the suite runs the session stack and tests' own stacks on this host's two cores at once (it measures
 # behaviour, not speed): overlapping cores are reported, not refused, and claimed apart from any real stack's.
 # tests/test_hostcores.py checks the refusal itself

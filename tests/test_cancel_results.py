@@ -145,3 +145,20 @@ def test_partial_results_over_http(cancelled, client):
     mod = http.get(f"/jobs/{cancelled.job_id}/module")
     assert mod.status_code == 200 and mod.content == open(res.tuned_module_path, "rb").read()
     assert http.get("/jobs/nosuchjob/module").status_code == 404
+
+
+def test_a_job_cancelled_before_its_plan_finishes_cleanly(redis_conn, stack):
+    """Its finishing step has nothing to re-time or compile (no target resolved, no task): it is skipped,
+    the job stays cancelled with no error."""
+    from services.tuner.shards import ShardRunner
+    from shared.messages import JobSpec
+    from shared.settings import TunerSettings
+
+    spec = JobSpec(job_id=f"unplanned{time.time_ns()}", target="llvm", trials=4)
+    store.create_job(redis_conn, spec, b"not a model: never read")
+    assert store.cancel_job(redis_conn, spec.job_id) == "cancelled"
+    settings = TunerSettings(work_dir=str(stack.work_dir))
+    runner = ShardRunner(redis_conn, "test-finisher", settings, None, None, None)
+    assert runner.finish(spec.job_id) == {"job_id": spec.job_id, "skipped": "cancelled before it was planned"}
+    st = store.job_hash(redis_conn, spec.job_id)
+    assert st.state == "cancelled" and not st.error

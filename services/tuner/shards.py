@@ -163,6 +163,8 @@ class ShardRunner:
         state = store.job_status(r, job_id)
         if state in ("done", "failed") or (state == "cancelled" and store.job_result(r, job_id)):
             return {"job_id": job_id, "skipped": state}
+        if state == "cancelled" and store.job_hash(r, job_id).target_json is None:
+            return {"job_id": job_id, "skipped": "cancelled before it was planned"}  # nothing measured to finish on
         try:
             result = search.finish_job(self.send, r, job_id, self.settings.work_dir, self.settings.batch_grace_s)
         except Exception as err:  # noqa: BLE001
