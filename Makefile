@@ -15,10 +15,14 @@ $(VENV)/.installed: requirements.txt pyproject.toml
 demo: install
 	$(PY) -m sharetune demo
 
-# the module boundaries first (pyproject.toml [tool.importlinter]): seconds, before an 11-minute suite
+# the module boundaries first (pyproject.toml [tool.importlinter]): seconds, before the suite. The suite runs in
+# TEST_WORKERS processes (pytest-xdist), a test file per process at a time, each process with its own session
+# stack (Redis, planner, tuner, updater, lanes): most of a test's time is waiting on processes and TTLs, so two
+# processes on two cores take about 2/3 of one's time
+TEST_WORKERS ?= 2
 test: install
 	$(VENV)/bin/lint-imports
-	$(PY) -m pytest -q --durations=25 -m "not gpu" tests
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=25 -m "not gpu" tests
 
 # the compose stack built, started, used, scaled and broken (tests/compose/run.sh): Docker is installed and
 # started if missing, and left as found

@@ -18,7 +18,8 @@ pytestmark = pytest.mark.e2e
 
 @pytest.fixture(scope="module")
 def cli(stack):
-    env = {**os.environ, "REDIS_URL": stack.redis_url}
+    # a wide terminal, whatever runs the suite (xdist's workers inherit a narrow one): task names stay whole
+    env = {**os.environ, "REDIS_URL": stack.redis_url, "COLUMNS": "160"}
 
     def run(*args, timeout=300):
         out = subprocess.run([sys.executable, "-m", "sharetune", *args], cwd=ROOT, env=env, capture_output=True,
