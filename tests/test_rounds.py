@@ -114,7 +114,7 @@ def _measure(loop, t, target, fresh):
 def test_an_empty_evolutionary_round_on_cuda_does_not_end_the_task():
     """Evolution cannot sample its minimum of valid unmeasured schedules (most CUDA samples fail the GPU
     checks) and comes back empty; the old rule ended the task there. Sampling still finds new ones."""
-    loop, t, target = _loop(_task(_DepthwiseConv()), population=64)
+    loop, t, target = _loop(_task(_DepthwiseConv()), population=16)
     loop._start_context(t, cold=False)
     _, fresh = loop._search(t, room=8)
     assert fresh == [] and t.dry == 1  # the round the old rule took for an exhausted space
