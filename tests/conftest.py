@@ -68,4 +68,3 @@ def tuned_tiny(client, lane_share):
     final = job.wait(timeout_s=900)
     assert final["state"] == "done", final
     return job
-
