@@ -508,6 +508,7 @@ def run_part(args) -> int:
             equal_trials_latency(args, result, model, gpus, work / model)
             result["summary"] = summarise(result)
             save()
+    screened_against_uniform(args, result, gpus, work)
     result["summary"] = summarise(result)
     result["phase"] = "done"
     save()
@@ -631,6 +632,48 @@ def equal_trials_latency(args, result: dict, model: str, gpus, work: Path) -> No
             mps.stop()
 
 
+def screened_against_uniform(args, result: dict, gpus, work: Path) -> None:
+    """The uniform-timing control's tuned module and its screened twin's (same model, seed, trials, share),
+    timed in one fresh process, interleaved round by round, so GPU drift between the two rows' own serving
+    runs cannot decide the verdict. Each round's figure is kept to show the spread."""
+    uni = next((r for r in result["rows"] if r.get("timing") == "uniform" and r.get("tuned_module")), None)
+    if uni is None or result.get("screened_vs_uniform"):
+        return
+    twin = next((r for r in result["rows"] if r["model"] == uni["model"] and r.get("tuned_module")
+                 and r["config"] == uni["config"].removesuffix("-uniform")), None)
+    if twin is None:
+        return
+    mods = {"screened": twin["tuned_module"], "uniform": uni["tuned_module"]}
+    if not all(Path(m).exists() for m in mods.values()):
+        return
+    uuid0 = gpus[0].uuid if gpus else None
+    mps = None
+    if uuid0 and uni["share"] < 100:
+        from services.measurer.gpu import MpsDaemon
+
+        mps = MpsDaemon(work / "serve-mps-uniform" / "pipe", work / "serve-mps-uniform" / "log")
+        mps.start()
+    try:
+        served = serve(mods, uni["model"], uni["share"], uuid0, mps.environment() if mps else {},
+                       2 * args.serve_rounds, work / uni["model"])
+    finally:
+        if mps is not None:
+            mps.stop()
+    lat = served.get("latency_us", {})
+    out = {"model": uni["model"], "share": uni["share"], "latency_us": lat, "rounds_us": served.get("rounds_us"),
+           "errors": served.get("errors") or None,
+           "full_timing_of_bests": {"screened": twin.get("full_timing_of_bests"),
+                                    "uniform": uni.get("full_timing_of_bests")},
+           "trials_per_min": {"screened": twin.get("trials_per_min"), "uniform": uni.get("trials_per_min")},
+           "lane_s_per_candidate": {"screened": twin.get("lane_s_per_candidate"),
+                                    "uniform": uni.get("lane_s_per_candidate")},
+           "gpu_busy_frac": {"screened": twin.get("gpu_busy_frac"), "uniform": uni.get("gpu_busy_frac")}}
+    if "screened" in lat and "uniform" in lat:
+        out["latency_ratio"] = round(lat["screened"] / lat["uniform"], 3)
+    result["screened_vs_uniform"] = out
+    print(json.dumps({"screened_vs_uniform": out}), flush=True)
+
+
 def stock_steady_from_log(log_text: str) -> dict:
     """Stock's rate once started: from its first batch sent to the builder to its next task pick after the
     last batch it sent to the runner (that batch then timed)."""
@@ -688,6 +731,12 @@ def summarise(result: dict) -> dict:
     hundred = [r["lane_s_per_candidate"] for r in rows if r.get("share") == 100 and r.get("lane_s_per_candidate")
                and r.get("timing") != "uniform"]
     summary["lane_s_per_candidate"] = round(statistics.median(hundred), 4) if hundred else None
+    both = result.get("screened_vs_uniform") or {}
+    if both.get("latency_ratio"):  # timed side by side in one process
+        summary["screened_vs_uniform_latency"] = both["latency_ratio"]
+        summary["screened_vs_uniform_lane_s"] = [both["lane_s_per_candidate"]["screened"],
+                                                 both["lane_s_per_candidate"]["uniform"]]
+        return summary
     uni = next((r for r in rows if r.get("timing") == "uniform"), None)
     if uni:
         same = next((r for r in rows if r["model"] == uni["model"] and r["config"] == uni["config"].removesuffix("-uniform")), None)
