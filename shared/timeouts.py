@@ -12,6 +12,11 @@ LEASE_RENEW_S = LEASE_TTL_S / 4  # renewed four times a TTL: a client busy in a 
 PLAN_LEASE_TTL_S = 15  # a planner's hold on the job it plans
 PLAN_LEASE_RENEW_S = PLAN_LEASE_TTL_S / 3
 
+# a candidate waiting on a build queue that no live builder serves (the last builder's key lapsed, or its
+# agent saw it exit): sent to a lane, which builds it itself, after this long. Its death is already proven,
+# so this only covers a builder its agent is restarting; a lane building meanwhile loses nothing
+NO_BUILDER_GRACE_S = HEARTBEAT_S
+
 # ---- re-sends: only once the hold they replace has lapsed, so a live owner is never second-guessed ----------
 # a pending shard whose message nobody took (queue empty): well past a lease, so a client that took the
 # message and is starting (its lease not yet taken) is not raced

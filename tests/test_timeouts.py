@@ -30,3 +30,9 @@ def test_a_batch_is_given_up_only_after_a_candidate_and_a_lane_restart():
 
 def test_a_live_lanes_longest_batch_never_comes_back_to_its_queue():
     assert t.VISIBILITY_TIMEOUT_S > 16 * t.RUN_TIMEOUT_S * 2 + t.BATCH_GRACE_S
+
+
+def test_a_candidate_waits_for_a_restarting_builder_one_beat_not_a_second_ttl():
+    """The last builder's key has lapsed (or its agent saw it exit) before this clock starts: its death is
+    proven, so the wait covers only a restart announcing itself, and the lane builds meanwhile."""
+    assert t.HEARTBEAT_S <= t.NO_BUILDER_GRACE_S < t.LANE_TTL_S

@@ -128,7 +128,7 @@ class BatchWatch:
                 why = f"builder {building.get('worker')} did not finish batch {self.batch.batch_id} in time"
         elif self.via and not building:
             since = self.runner.builders_missing_since()
-            if since is not None and now - since > timeouts.LANE_TTL_S:
+            if since is not None and now - since > timeouts.NO_BUILDER_GRACE_S:
                 why = f"no builder of {self.runner.family} is left to build batch {self.batch.batch_id}"
         elif not store.lane_alive(self.redis, self.lane):
             self._lane_missing_since = self._lane_missing_since or now
