@@ -95,6 +95,10 @@ class TunerSettings(CommonSettings):
     cold_start: bool = True
     # evolutionary search's population; 0: twice the round's batch (trials_per_iter), 64 to 512
     search_population: int = Field(0, ge=0)
+    # the floor of a candidate's full timing in ms (MetaSchedule's min_repeat_ms) for every job this tuner
+    # runs; None: its lane kind's (100 ms on a CPU, 50 ms a repeat on a shared GPU). Lower on a quiet device
+    # to spend less lane time a candidate, higher on a noisy one
+    timing_floor_ms: int | None = Field(None, ge=0, le=10_000)
 
     def population(self, trials_per_iter: int) -> int:
         """Evolutionary search's population for a job measuring `trials_per_iter` a round: the setting, else

@@ -128,3 +128,12 @@ def test_index_arguments_are_filled_within_bounds():
     idx64, idx32, flags, x = alloc_argument_common(random_fill_fn(), tvm.cpu(), args_info, 1)[0]
     assert not idx64.numpy().any() and not idx32.numpy().any() and not flags.numpy().any()
     assert x.numpy().std() > 0
+
+
+def test_a_tuners_timing_floor_replaces_only_the_floor_of_its_lane_kinds_timing():
+    from services.tuner.search import timing_for
+
+    assert timing_for("llvm").min_repeat_ms == 100 and timing_for("llvm", 20).min_repeat_ms == 20
+    gpu = timing_for("cuda", 5)
+    assert (gpu.number, gpu.repeat, gpu.min_repeat_ms) == (3, 3, 5)
+    assert timing_for("cuda").min_repeat_ms == 50

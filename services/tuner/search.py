@@ -14,7 +14,8 @@ from shared.ranking import default_secs, rank_secs
 
 
 def tune_shard(send, redis, job_id: str, shard: int, work_dir: Path, grace_s: float = timeouts.BATCH_GRACE_S,
-               check=None, search_threads: int = 0, cold_start: bool = True, population=None):
+               check=None, search_threads: int = 0, cold_start: bool = True, population=None,
+               timing_floor_ms: int | None = None):
     """Search one shard's tasks until the job's budget is spent or its tasks are done. `check` raises
     rounds.Stopped when the client must hand the shard back (shutdown, lost lease). `send(task, payload,
     queue)` publishes a message (services.tuner.tasks, the Celery boundary, gives it). `population(trials_per_iter)`
@@ -52,7 +53,7 @@ def tune_shard(send, redis, job_id: str, shard: int, work_dir: Path, grace_s: fl
     split = TimeSplit()
     stash = CandidateStash()
     runner = LaneRunner(send, redis, job_id, lane_kind(spec.target), spec.share, str(target), stash, split,
-                        timing_for(kind), grace_s)
+                        timing_for(kind, timing_floor_ms), grace_s)
     family = _target_family(target, spec.share)
     if spec.cost_model == "per_client":
         family += f"-{job_id}-s{shard}"
@@ -80,7 +81,8 @@ def tune_shard(send, redis, job_id: str, shard: int, work_dir: Path, grace_s: fl
     return run
 
 
-def finish_job(send, redis, job_id: str, work_dir: Path, grace_s: float = timeouts.BATCH_GRACE_S) -> JobResult:
+def finish_job(send, redis, job_id: str, work_dir: Path, grace_s: float = timeouts.BATCH_GRACE_S,
+               timing_floor_ms: int | None = None) -> JobResult:
     """Once every shard is done (or the job was cancelled and its clients stopped): re-time each task's
     top k (lanes idle now; not for a cancelled job), compile the tuned and the untuned model, and store
     the result. Idempotent: a finish that died is simply run again. A cancelled job stays cancelled
@@ -103,7 +105,7 @@ def finish_job(send, redis, job_id: str, work_dir: Path, grace_s: float = timeou
     wkeys = [t.wkey for t in tasks]
     if not cancelled:  # lanes answer a cancelled job's batches without running them
         runner = LaneRunner(send, redis, job_id, lane_kind(spec.target), spec.share, str(target), CandidateStash(),
-                            TimeSplit(), timing_for(kind), grace_s)
+                            TimeSplit(), timing_for(kind, timing_floor_ms), grace_s)
         # no task's best is a screening figure: a brief best gets the full timing before anything exports it
         retime["full_timing_of_bests"] = full_timing_of_bests(redis, runner, wkeys)
         if spec.retime_top_k:
@@ -174,10 +176,14 @@ def finish_job(send, redis, job_id: str, work_dir: Path, grace_s: float = timeou
     return result
 
 
-def timing_for(kind: str) -> TimingConfig:
+def timing_for(kind: str, floor_ms: int | None = None) -> TimingConfig:
     """The timing of a target kind's candidates: the defaults (MetaSchedule's LocalRunner: 3 runs, 100 ms
-    floor) with what its lane kind changes (a shared GPU: 3 repeats, shared.lanes.gpu)."""
-    return TimingConfig(**lanes.for_target(kind).timing())
+    floor) with what its lane kind changes (a shared GPU: 3 repeats, shared.lanes.gpu), and the tuner's
+    floor where it sets one (TunerSettings.timing_floor_ms)."""
+    fields = lanes.for_target(kind).timing()
+    if floor_ms is not None:
+        fields["min_repeat_ms"] = floor_ms
+    return TimingConfig(**fields)
 
 
 def _best_record(redis, wkey: str):

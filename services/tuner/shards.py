@@ -101,7 +101,8 @@ class ShardRunner:
         try:
             run = search.tune_shard(self.send, r, ref.job_id, ref.shard, s.work_dir, s.batch_grace_s,
                                     check=lease.check, search_threads=s.search_threads,
-                                    cold_start=s.cold_start, population=s.population)
+                                    cold_start=s.cold_start, population=s.population,
+                                    timing_floor_ms=s.timing_floor_ms)
         except Stopped as why:
             lease.stop()
             self._hand_back(ref, lease, why)
@@ -166,7 +167,8 @@ class ShardRunner:
         if state == "cancelled" and store.job_hash(r, job_id).target_json is None:
             return {"job_id": job_id, "skipped": "cancelled before it was planned"}  # nothing measured to finish on
         try:
-            result = search.finish_job(self.send, r, job_id, self.settings.work_dir, self.settings.batch_grace_s)
+            result = search.finish_job(self.send, r, job_id, self.settings.work_dir, self.settings.batch_grace_s,
+                                       self.settings.timing_floor_ms)
         except Exception as err:  # noqa: BLE001
             fail_job(r, job_id, "finishing", err)
             return None
