@@ -27,6 +27,7 @@ started again with the same --work-dir and output resumes after the last finishe
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -605,18 +606,12 @@ def equal_trials_latency(args, result: dict, model: str, gpus, work: Path) -> No
         proc.wait(timeout=420)
     ok = {label: str(work / f"{label}.so") for label in compiles if (work / f"{label}.so").exists()}
     stock["tuned_module_at_trials"] = ok.get("stock")
-    mps = None
-    if uuid0:  # serving below 100 % needs an MPS daemon; each stack stopped its own
-        from services.measurer.gpu import MpsDaemon
-
-        mps = MpsDaemon(work / "serve-mps" / "pipe", work / "serve-mps" / "log")
-        mps.start()
-    try:
+    with serving_mps(work / "serve-mps", bool(uuid0)) as mps_env:
         for row in rows:
             label = row["config"]
             mods = {k: v for k, v in {"stock": ok.get("stock"), "ours_at_stock_trials": ok.get(label),
                                       "ours_full": row.get("tuned_module")}.items() if v}
-            served = serve(mods, model, row["share"], uuid0, mps.environment() if mps else {}, args.serve_rounds, work)
+            served = serve(mods, model, row["share"], uuid0, mps_env, args.serve_rounds, work)
             lat = served.get("latency_us", {})
             row["tuned_latency_us"] = round(lat["ours_full"], 2) if "ours_full" in lat else None
             row["tuned_latency_us_at_stock_trials"] = (round(lat["ours_at_stock_trials"], 2)
@@ -627,9 +622,22 @@ def equal_trials_latency(args, result: dict, model: str, gpus, work: Path) -> No
                 row["latency_vs_stock"] = round(lat["ours_at_stock_trials"] / lat["stock"], 3)
             if row["share"] == 100 and "stock" in lat and stock:
                 stock["tuned_latency_us"] = round(lat["stock"], 2)
+
+
+@contextlib.contextmanager
+def serving_mps(directory: Path, needed: bool):
+    """An MPS daemon to serve at a share below 100 % (each stack stopped its own); yields its environment."""
+    if not needed:
+        yield {}
+        return
+    from services.measurer.gpu import MpsDaemon
+
+    mps = MpsDaemon(directory / "pipe", directory / "log")
+    mps.start()
+    try:
+        yield mps.environment()
     finally:
-        if mps is not None:
-            mps.stop()
+        mps.stop()
 
 
 def screened_against_uniform(args, result: dict, gpus, work: Path) -> None:
@@ -647,27 +655,13 @@ def screened_against_uniform(args, result: dict, gpus, work: Path) -> None:
     if not all(Path(m).exists() for m in mods.values()):
         return
     uuid0 = gpus[0].uuid if gpus else None
-    mps = None
-    if uuid0 and uni["share"] < 100:
-        from services.measurer.gpu import MpsDaemon
-
-        mps = MpsDaemon(work / "serve-mps-uniform" / "pipe", work / "serve-mps-uniform" / "log")
-        mps.start()
-    try:
-        served = serve(mods, uni["model"], uni["share"], uuid0, mps.environment() if mps else {},
-                       2 * args.serve_rounds, work / uni["model"])
-    finally:
-        if mps is not None:
-            mps.stop()
+    with serving_mps(work / "serve-mps-uniform", bool(uuid0) and uni["share"] < 100) as mps_env:
+        served = serve(mods, uni["model"], uni["share"], uuid0, mps_env, 2 * args.serve_rounds, work / uni["model"])
     lat = served.get("latency_us", {})
     out = {"model": uni["model"], "share": uni["share"], "latency_us": lat, "rounds_us": served.get("rounds_us"),
            "errors": served.get("errors") or None,
-           "full_timing_of_bests": {"screened": twin.get("full_timing_of_bests"),
-                                    "uniform": uni.get("full_timing_of_bests")},
-           "trials_per_min": {"screened": twin.get("trials_per_min"), "uniform": uni.get("trials_per_min")},
-           "lane_s_per_candidate": {"screened": twin.get("lane_s_per_candidate"),
-                                    "uniform": uni.get("lane_s_per_candidate")},
-           "gpu_busy_frac": {"screened": twin.get("gpu_busy_frac"), "uniform": uni.get("gpu_busy_frac")}}
+           **{k: {"screened": twin.get(k), "uniform": uni.get(k)}
+              for k in ("full_timing_of_bests", "trials_per_min", "lane_s_per_candidate", "gpu_busy_frac")}}
     if "screened" in lat and "uniform" in lat:
         out["latency_ratio"] = round(lat["screened"] / lat["uniform"], 3)
     result["screened_vs_uniform"] = out
