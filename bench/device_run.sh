@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # On the GPU machine, after ../shared/device/stage.sh's install step (PYTHONPATH=/tmp/site:$PWD):
-#   bash bench/device_run.sh smoke|gputest|stock|ours|sharding|matrix|matrix-bg|matrix-wait|gpufault|scale [A|B]|scale1|scale1-wait|searchq|searchq-wait
+#   bash bench/device_run.sh smoke|gputest|stock|ours|sharding|matrix|matrix-bg|matrix-wait|gpufault|scale [A|B]|scale1|scale1-wait|searchq|searchq-wait|ttq-bg|ttq-wait
 #   -> writes under $OUT
 set -uo pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site:$PWD
@@ -111,6 +111,26 @@ PY
     keep_logs /tmp/scale1/work scale1_logs
     # each row's records as TVM's JSON database, for offline analysis (a few MB compressed)
     (cd /tmp/scale1/work && find . -type d -name records_db -print0 | tar czf "$OUT/scale1_records.tgz" --null -T -) ;;
+  # issue 35, time to quality on the panel (bench/panel.py): stock, then the service cold and warm, model by
+  # model, in the background from a copy outside the working tree; `ttq-wait` (the next call) waits and
+  # collects. Keeps what an earlier session finished: its JSON is copied in from bench/results for --resume
+  ttq-bg) rm -rf /tmp/ttq/repo /tmp/ttq/DONE && mkdir -p /tmp/ttq/out && cp -r . /tmp/ttq/repo
+          [ -f bench/results/time_to_quality_h200.json ] && cp bench/results/time_to_quality_h200.json /tmp/ttq/out/
+          nvidia-smi --query-gpu=index,uuid,name --format=csv,noheader
+          (cd /tmp/ttq/repo && PYTHONPATH=/tmp/site:/tmp/ttq/repo OUT=/tmp/ttq/out setsid nohup bash -c \
+              "python3 bench/time_to_quality.py --work-dir /tmp/ttq/work $(printf '%q ' "${@:2}"); touch /tmp/ttq/DONE" \
+              > /tmp/ttq/driver.log 2>&1 < /dev/null &)
+          bash "$0" ttq-wait ;;
+  ttq-wait)
+    t0=$(date +%s)
+    while [ $(( $(date +%s) - t0 )) -lt "${TTQ_WAIT_S:-560}" ] && [ ! -e /tmp/ttq/DONE ]; do
+      grep -q '^Traceback' /tmp/ttq/driver.log 2>/dev/null && { echo "driver error: stopped waiting"; break; }
+      sleep 5
+    done
+    [ -e /tmp/ttq/DONE ] && echo "time-to-quality run finished"
+    cp -r /tmp/ttq/out/. "$OUT/" 2>/dev/null
+    tail -c 20000 /tmp/ttq/driver.log
+    keep_logs /tmp/ttq/work ttq_logs ;;
   gpufault) nvidia-smi --query-gpu=index,uuid,name --format=csv,noheader
     timeout 340 python3 bench/gpu_fault.py "${@:2}" 2>&1 | tail -60
     keep_logs /tmp/gpu_fault gpu_fault_logs ;;

@@ -1,0 +1,597 @@
+"""Time to quality: how long a user waits, from submit, until the model is fast; stock MetaSchedule against
+this service on models never tuned here (bench/panel.py), one GPU (DESIGN.md section 4).
+
+For each panel model, in order, each step written to the JSON as it ends (a run started again with
+--resume keeps the steps it finds there and the files they left on disk):
+
+    stock   stock `tune_tasks` (LocalBuilder on every core, LocalRunner, the GPU unshared) run to its budget;
+            its JSON database polled every second, so each record gets the time it was committed
+    cold    this service on a fresh store: one 100 % lane, builders on every core, 4 tuner clients
+    warm    the same on a store that first tuned the zoo models (--warm-from; made once per work dir, and
+            copied for each model so one panel model never warms another)
+
+Each run's curve is the estimated model latency (sum over tasks of weight x the task's best so far; a task
+with no record yet at its default schedule, timed by the service on its lane) against wall seconds from
+submit. At the end of each model the tuned modules (stock's database compiled as stock compiles it, the
+service's exported bests, the service's first N trials with N = stock's trials, and the untuned model) are
+timed in one fresh process, interleaved, and checked against PyTorch.
+
+    python bench/time_to_quality.py --resume --deadline-s 1300       # on the GPU machine (device_run.sh ttq-bg)
+    python bench/time_to_quality.py --rehearse --models efficientnet-mbconv --trials 24 --per-iter 8
+    -> $OUT/time_to_quality_h200.json (rehearsal: time_to_quality_rehearsal.json) and a PNG beside it
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from bench.panel import PANEL, build  # noqa: E402
+
+PHASES = ("stock", "cold", "warm")
+# what a step is expected to take, to leave one that cannot finish before the deadline (stock: ~40 trials a
+# minute on one H200 at 64 a round, plus its start-up)
+STOCK_TRIALS_PER_MIN = 38.0
+STOCK_STARTUP_S = 90.0
+SERVICE_STEP_S = 240.0
+SERVE_S = 90.0
+WARM_STORE_S = 240.0
+
+
+def out_dir() -> Path:
+    d = Path(os.environ.get("OUT", "/tmp/out"))
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+def make_target(rehearse: bool):
+    from services.measurer.metaschedule.targets import cpu_target, gpu_target
+
+    return cpu_target(1) if rehearse else gpu_target()
+
+
+def relax_of(model: str):
+    from sharetune.intake import to_relax
+
+    module, inputs = build(model)
+    return to_relax(module, inputs).mod
+
+
+# ---- the estimate users wait on ------------------------------------------------------------------------
+
+
+def latency_curve(events: list[tuple[float, str, float | None]], weights: dict[str, int],
+                  defaults: dict[str, float]) -> list[tuple[float, int, float]]:
+    """(seconds, trials so far, estimated model seconds) after each measured trial. `events`: (seconds from
+    submit, task name, the trial's seconds or None for a failed trial), in any order; `defaults`: each task's
+    default schedule's seconds (a task without one counts at its first valid trial until then)."""
+    best = dict(defaults)
+    first = {}
+    for _, task, secs in sorted(events):
+        if secs is not None and task not in first:
+            first[task] = secs
+    out = []
+    for n, (t, task, secs) in enumerate(sorted(events), start=1):
+        if secs is not None and secs < best.get(task, math.inf):
+            best[task] = secs
+        total = sum(w * best.get(name, first.get(name, 0.0)) for name, w in weights.items())
+        out.append((round(t, 2), n, total))
+    return out
+
+
+def untuned_estimate(weights: dict[str, int], defaults: dict[str, float]) -> float:
+    return sum(w * defaults.get(name, 0.0) for name, w in weights.items())
+
+
+def time_to_reach(curve: list, target: float) -> tuple[float | None, int | None]:
+    """(seconds, trials) at which the curve first is at or below `target` (None: never)."""
+    for t, n, est in curve:
+        if est <= target * (1 + 1e-9):
+            return t, n
+    return None, None
+
+
+# ---- stock ------------------------------------------------------------------------------------------------
+
+
+def stock_child(args) -> int:
+    """In its own process: stock tune_tasks on every task of the model, to its budget."""
+    from tvm.s_tir import meta_schedule as ms
+
+    from services.tuner.metaschedule.extract import fuse, tvm_ffi_structural_hash
+
+    work = Path(args.stock_work)
+    target = make_target(args.rehearse)
+    extracted = ms.relax_integration.extract_tasks(fuse(relax_of(args.model)), target)
+    (work / "tasks.json").write_text(json.dumps([
+        {"name": t.task_name, "weight": int(t.weight), "shash": str(tvm_ffi_structural_hash(t.dispatched[0]))}
+        for t in extracted]))
+    contexts, weights = ms.relax_integration.extracted_tasks_to_tune_contexts(extracted, str(work), seed=0)
+    workers = len(os.sched_getaffinity(0))
+    ms.tune_tasks(tasks=contexts, task_weights=weights, work_dir=str(work), max_trials_global=args.trials,
+                  num_trials_per_iter=args.per_iter,
+                  builder=ms.builder.LocalBuilder(max_workers=workers, timeout_sec=120),
+                  runner=ms.runner.LocalRunner(timeout_sec=60), database=ms.database.JSONDatabase(work_dir=str(work)))
+    return 0
+
+
+class FileLines:
+    """When each line of a growing file appeared: polled every `every_s` from a thread."""
+
+    def __init__(self, path: Path, t0: float, every_s: float = 1.0):
+        self.path, self.t0, self.every_s = path, t0, every_s
+        self.seen: list[float] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._poll, daemon=True)
+        self._thread.start()
+
+    def _poll(self) -> None:
+        while not self._stop.is_set():
+            self._read()
+            self._stop.wait(self.every_s)
+
+    def _read(self) -> None:
+        try:
+            n = self.path.read_bytes().count(b"\n")
+        except OSError:
+            return
+        now = time.time() - self.t0
+        self.seen += [now] * max(0, n - len(self.seen))
+
+    def stop(self) -> list[float]:
+        self._stop.set()
+        self._thread.join()
+        self._read()
+        return self.seen
+
+
+def run_stock(args, model: str, work: Path) -> dict:
+    """Stock to its budget; returns its events (time each record was committed) and wall time."""
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    env = dict(os.environ, PYTHONPATH=f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    cmd = [sys.executable, __file__, "--stock-child", "--model", model, "--stock-work", str(work),
+           "--trials", str(args.trials), "--per-iter", str(args.per_iter)] + (["--rehearse"] if args.rehearse else [])
+    t0 = time.time()
+    lines = FileLines(work / "database_tuning_record.json", t0)
+    with open(work / "stock.log", "w") as log:
+        proc = subprocess.run(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=args.stock_timeout)
+    wall = time.time() - t0
+    seen = lines.stop()
+    row = {"wall_s": round(wall, 1), "exit": proc.returncode, "trials_per_min": None}
+    if proc.returncode != 0:
+        row["error"] = (work / "stock.log").read_text()[-1500:]
+        return row
+    tasks = json.loads((work / "tasks.json").read_text())
+    by_hash = {t["shash"]: t["name"] for t in tasks}
+    wl_names = [by_hash.get(json.loads(line)[0], f"?{i}") for i, line in
+                enumerate((work / "database_workload.json").read_text().splitlines())]
+    events = []
+    for t, line in zip(seen, (work / "database_tuning_record.json").read_text().splitlines()):
+        wl, rec = json.loads(line)
+        secs = rec[1]
+        ok = secs and all(s < 1e9 for s in secs)
+        events.append((t, wl_names[wl], statistics.median(secs) if ok else None))
+    row.update(trials=len(events), trials_per_min=round(60 * len(events) / wall, 1), events=events,
+               weights={t["name"]: t["weight"] for t in tasks})
+    return row
+
+
+# ---- this service ---------------------------------------------------------------------------------------
+
+
+def lanes_for(args) -> tuple[list[str], int, str]:
+    if args.rehearse:
+        return ["measure.cpu.c0"], 50, "llvm"
+    from services.measurer.observers import make_observer
+
+    obs = make_observer()
+    uuid = obs.inventory()[0].uuid
+    obs.close()
+    return [f"measure.{uuid.lower().removeprefix('gpu-')[:8]}.p100"], 100, "cuda"
+
+
+def run_service(args, model: str, work: Path, store_from: Path | None = None) -> dict:
+    """One job of the model on a stack in `work` (its store copied from `store_from` first: warm)."""
+    from shared import store
+    from sharetune.client import Client
+    from sharetune.stack import Stack
+
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    if store_from is not None:
+        shutil.copytree(store_from / "redis", work / "redis")
+    lanes, share, target = lanes_for(args)
+    module, inputs = build(model)
+    builders = 1 if args.rehearse else len(os.sched_getaffinity(0))
+    with Stack(work, lanes=lanes, tuners=args.tuners, builders=builders, log_level="INFO") as stack:
+        client = Client(stack.redis_url)
+        t0 = time.time()
+        job = client.submit(module, example_inputs=inputs, name=model, target=target, share=share,
+                            trials=args.trials, trials_per_iter=args.per_iter, seed=args.seed)
+        try:
+            final = job.wait(timeout_s=args.service_timeout, on_progress=None)
+        except TimeoutError:
+            job.cancel()
+            final = {"state": "timeout"}
+        wall = time.time() - t0
+        r = store.connect(stack.redis_url)
+        tasks = store.job_tasks(r, job.job_id)
+        weights = {t.name: t.weight for t in tasks}
+        defaults = {}
+        for t in tasks:
+            d = store.default_timing(r, t.wkey)
+            if d is not None and d.run_secs:
+                defaults[t.name] = statistics.median(d.run_secs)
+        events, seeds = [], 0
+        for t in tasks:
+            for rec in store.records(r, t.wkey):
+                if rec.job_id != job.job_id:
+                    continue
+                seeds += bool(getattr(rec, "seeded_from", None))
+                ok = store.valid_record(rec) and rec.timing == "full"
+                events.append((rec.measured_at - t0, t.name, statistics.median(rec.run_secs) if ok else None))
+        row = {"state": final.get("state"), "wall_s": round(wall, 1), "trials": len(events), "weights": weights,
+               "defaults": defaults, "events": events, "seeds_measured": seeds,
+               "trials_per_min": round(60 * len(events) / max(wall, 1e-9), 1)}
+        splits = store.splits(r, job.job_id)
+        row["splits"] = splits
+        valid = sum(1 for e in events if e[2] is not None)
+        from shared.settings import physical_cores
+
+        # a stack's clients split the host's physical cores for their searches (Stack.start_tuner); the
+        # sample phase is wall time, so this is its CPU only while its threads are busy
+        threads = int(os.environ.get("SHARETUNE_SEARCH_THREADS") or max(1, physical_cores() // args.tuners))
+        sample_s = sum(s.get("sample", 0.0) for s in splits)
+        row["search_cpu_s_per_valid_candidate"] = round(sample_s * threads / max(1, valid), 3)
+        if final.get("state") == "done":
+            res = job.result()
+            row.update(tuned_module=res.tuned_module_path, untuned_module=res.untuned_module_path,
+                       split_s=res.time_split_s)
+        from bench.scale_h200 import export_job_records
+
+        row["exported_trials"] = export_job_records(stack.redis_url, job.job_id, work / "records_db")
+    return row
+
+
+def prepare_warm_store(args, work: Path) -> dict:
+    """A store that has tuned the zoo models (each --warm-trials), made once per work dir."""
+    from sharetune.client import Client
+    from sharetune.stack import Stack
+
+    done = work / "DONE.json"
+    if done.exists():
+        return json.loads(done.read_text())
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    lanes, share, target = lanes_for(args)
+    builders = 1 if args.rehearse else len(os.sched_getaffinity(0))
+    out = {"models": {}}
+    t_all = time.time()
+    with Stack(work, lanes=lanes, tuners=args.tuners, builders=builders, log_level="INFO") as stack:
+        client = Client(stack.redis_url)
+        for m in args.warm_from.split(","):
+            t0 = time.time()
+            job = client.submit(m, target=target, share=share, trials=args.warm_trials,
+                                trials_per_iter=args.per_iter, seed=args.seed, untuned_baseline=False)
+            final = job.wait(timeout_s=args.service_timeout, on_progress=None)
+            out["models"][m] = {"state": final.get("state"), "trials": args.warm_trials,
+                                "wall_s": round(time.time() - t0, 1)}
+    out["wall_s"] = round(time.time() - t_all, 1)
+    done.write_text(json.dumps(out))
+    return out
+
+
+# ---- compiling and serving -----------------------------------------------------------------------------
+
+
+def compile_child(args) -> int:
+    """In its own process: the model compiled with a JSON database (cut to its first --first trials)."""
+    from tvm.s_tir import meta_schedule as ms
+
+    db_dir, cut = Path(args.db), Path(args.cut_dir)
+    cut.mkdir(parents=True, exist_ok=True)
+    (cut / "database_workload.json").write_text((db_dir / "database_workload.json").read_text())
+    lines = (db_dir / "database_tuning_record.json").read_text().splitlines()
+    valid = db_dir / "trial_valid.json"  # ours: the first N trials hold this many valid records
+    if args.first:
+        lines = lines[: sum(json.loads(valid.read_text())[: args.first]) if valid.exists() else args.first]
+    (cut / "database_tuning_record.json").write_text("\n".join(lines) + ("\n" if lines else ""))
+    db = ms.database.JSONDatabase(work_dir=str(cut), module_equality="structural")
+    ex = ms.relax_integration.compile_relax(db, relax_of(args.model), make_target(args.rehearse), params=None)
+    ex.export_library(args.out_module)
+    return 0
+
+
+def compile_module(args, model: str, db: Path, out: Path, first: int = 0) -> str | None:
+    env = dict(os.environ, PYTHONPATH=f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    cmd = [sys.executable, __file__, "--compile-child", "--model", model, "--db", str(db), "--cut-dir",
+           str(out) + ".db", "--out-module", str(out), "--first", str(first)] + (["--rehearse"] if args.rehearse else [])
+    with open(str(out) + ".log", "w") as log:
+        proc = subprocess.run(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=900)
+    return str(out) if proc.returncode == 0 and out.exists() else None
+
+
+def serve_all(args, model: str, modules: dict[str, str], work: Path) -> dict:
+    """Every module timed in one fresh process, interleaved, unshared, and checked against PyTorch."""
+    import numpy as np
+
+    from sharetune.intake import reference_output
+
+    module, example = build(model)
+    inputs, ref = work / "inputs.npz", work / "reference.npy"
+    np.savez(inputs, **{f"arg{i}": t.detach().numpy() for i, t in enumerate(example)})
+    np.save(ref, reference_output(module, example))
+    env = dict(os.environ, PYTHONPATH=f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", TVM_NUM_THREADS="1")
+    cmd = [sys.executable, "-m", "sharetune.evaluate", "--inputs", str(inputs), "--reference", str(ref),
+           "--rounds", str(args.serve_rounds), "--device", "cpu" if args.rehearse else "gpu"]
+    if args.rehearse:
+        cmd += ["--cores", "0"]
+    for label, path in modules.items():
+        cmd += ["--module", f"{label}={path}"]
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    try:
+        res = json.loads(out.stdout.strip().splitlines()[-1])
+    except (IndexError, json.JSONDecodeError):
+        return {"latency_us": {}, "errors": {"serve": (out.stderr or out.stdout)[-800:]}}
+    res.pop("rounds_us", None)
+    return res
+
+
+# ---- one model, start to end -----------------------------------------------------------------------------
+
+
+def fits(deadline: float | None, need_s: float) -> bool:
+    return deadline is None or time.time() + need_s <= deadline
+
+
+def run_model(args, model: str, row: dict, work: Path, warm_store, save, deadline) -> None:
+    """`warm_store()`: the zoo-tuned store's work dir (None when there is no time or no warm run)."""
+    mwork = work / model
+    if (row.get("stock") or {}).get("error"):
+        row.pop("stock")  # a failed step is run again
+    for phase in ("cold", "warm"):
+        if (row.get(phase) or {}).get("state") not in (None, "done"):
+            row.pop(phase)
+    ran = False  # a step run now: the modules are served again
+    if "stock" not in row:
+        ran = True
+        need = STOCK_STARTUP_S + 60 * args.trials / STOCK_TRIALS_PER_MIN
+        if not fits(deadline, need):
+            row.setdefault("skipped", {})["stock"] = f"needs ~{need:.0f} s, not left before the deadline"
+            return
+        row["stock"] = run_stock(args, model, mwork / "stock")
+        keep = out_dir() / f"stock-{model}"  # a model's stock run is made once and kept
+        shutil.rmtree(keep, ignore_errors=True)
+        keep.mkdir(parents=True)
+        for name in ("database_workload.json", "database_tuning_record.json", "tasks.json"):
+            if (mwork / "stock" / name).exists():
+                shutil.copy(mwork / "stock" / name, keep / name)
+        row["stock_lease"] = args.lease
+        save()
+    for phase in ("cold", "warm"):
+        if phase in row or (phase == "warm" and args.no_warm):
+            continue
+        source = warm_store() if phase == "warm" else None
+        if not fits(deadline, SERVICE_STEP_S) or (phase == "warm" and source is None):
+            row.setdefault("skipped", {})[phase] = "not enough time left before the deadline"
+            break
+        ran = True
+        row[phase] = run_service(args, model, mwork / phase, source)
+        row[phase]["lease"] = args.lease
+        save()
+    if ("served" not in row or ran) and fits(deadline, SERVE_S):
+        serve_model(args, model, row, mwork)
+        save()
+    summarise_model(row)
+    save()
+
+
+def stock_db(model: str, mwork: Path) -> Path | None:
+    for d in (mwork / "stock", out_dir() / f"stock-{model}", REPO / "bench" / "results" / "time_to_quality_stock" / model):
+        if (d / "database_tuning_record.json").exists():
+            return d
+    return None
+
+
+def serve_model(args, model: str, row: dict, mwork: Path) -> None:
+    mods, compiled = {}, mwork / "served"
+    compiled.mkdir(parents=True, exist_ok=True)
+    db = stock_db(model, mwork)
+    if db is not None:
+        mods["stock"] = compile_module(args, model, db, compiled / "stock.so")
+    for phase in ("cold", "warm"):
+        res = row.get(phase) or {}
+        if res.get("tuned_module"):
+            mods[phase] = res["tuned_module"]
+    cold = row.get("cold") or {}
+    if cold.get("untuned_module"):
+        mods["untuned"] = cold["untuned_module"]
+    stock_trials = (row.get("stock") or {}).get("trials")
+    if stock_trials and cold.get("trials", 0) > stock_trials and (mwork / "cold" / "records_db").exists():
+        mods["cold_at_stock_trials"] = compile_module(args, model, mwork / "cold" / "records_db",
+                                                      compiled / "cold_at_stock_trials.so", first=stock_trials)
+    failed = [k for k, v in mods.items() if not v]
+    mods = {k: v for k, v in mods.items() if v}
+    row["served"] = serve_all(args, model, mods, mwork)
+    if failed:
+        row["served"].setdefault("errors", {}).update({k: "did not compile" for k in failed})
+
+
+def summarise_model(row: dict) -> None:
+    """The curves from the events, and the figures the issue asks for."""
+    cold, warm, stock = row.get("cold"), row.get("warm"), row.get("stock")
+    defaults = (cold or warm or {}).get("defaults") or {}
+    weights = (cold or warm or stock or {}).get("weights") or {}
+    curves = {}
+    for name, res in (("stock", stock), ("cold", cold), ("warm", warm)):
+        if res and res.get("events"):
+            curves[name] = latency_curve([tuple(e) for e in res["events"]], weights, defaults)
+    row["curves"] = {k: [[t, n, round(e * 1e6, 3)] for t, n, e in v] for k, v in curves.items()}
+    s = {"untuned_estimate_us": round(untuned_estimate(weights, defaults) * 1e6, 3) if defaults else None}
+    for k, v in curves.items():
+        s[f"{k}_final_estimate_us"] = round(v[-1][2] * 1e6, 3)
+    if "stock" in curves and stock.get("wall_s"):
+        stock_final = curves["stock"][-1][2]
+        for k in ("cold", "warm"):
+            if k in curves:
+                t, n = time_to_reach(curves[k], stock_final)
+                s[f"{k}_time_to_stock_latency_s"] = t
+                s[f"{k}_trials_to_stock_latency"] = n
+                s[f"{k}_time_to_stock_latency_ratio"] = round(t / stock["wall_s"], 4) if t is not None else None
+    if "cold" in curves and "warm" in curves:
+        t, n = time_to_reach(curves["warm"], curves["cold"][-1][2])
+        s["warm_time_to_cold_latency_s"] = t
+        s["warm_trials_ratio"] = round(n / len(curves["cold"]), 4) if n is not None else None
+    lat = (row.get("served") or {}).get("latency_us") or {}
+    if "stock" in lat:
+        for k in ("cold", "warm", "cold_at_stock_trials"):
+            if k in lat:
+                s[f"{k}_vs_stock_latency"] = round(lat[k] / lat["stock"], 4)
+        equal = lat.get("cold_at_stock_trials", lat.get("cold"))
+        if equal is not None:
+            s["latency_vs_stock_equal_trials"] = round(equal / lat["stock"], 4)
+    if "untuned" in lat:
+        s["never_slower_than_untuned"] = all(v <= lat["untuned"] * 1.02 for k, v in lat.items() if k in ("cold", "warm"))
+    if cold:
+        s["search_cpu_s_per_valid_candidate"] = cold.get("search_cpu_s_per_valid_candidate")
+    row["summary"] = s
+
+
+def summarise(result: dict) -> dict:
+    """The worst panel model's figure for each goal."""
+    rows = [r for r in result["models"].values() if r.get("summary")]
+    def worst(key, pick=max):
+        vals = [(r["summary"][key], m) for m, r in result["models"].items()
+                if r.get("summary") and r["summary"].get(key) is not None]
+        if not vals:
+            return None, None
+        return pick(vals)
+    out = {"models": sum(1 for r in rows if r["summary"].get("latency_vs_stock_equal_trials") is not None),
+           "models_started": len(result["models"])}
+    for key, src in (("time_to_stock_latency_ratio", "cold_time_to_stock_latency_ratio"),
+                     ("latency_vs_stock_equal_trials", "latency_vs_stock_equal_trials"),
+                     ("warm_trials_ratio", "warm_trials_ratio"),
+                     ("search_cpu_s_per_valid_candidate", "search_cpu_s_per_valid_candidate")):
+        v, m = worst(src)
+        out[key], out[f"{key}_model"] = v, m
+    unreached = [m for m, r in result["models"].items() if r.get("summary") and "stock" in r.get("curves", {})
+                 and "cold" in r.get("curves", {}) and r["summary"].get("cold_time_to_stock_latency_s") is None]
+    if unreached:
+        out["never_reached_stock_latency"] = unreached
+    return out
+
+
+def plot(result: dict, path: Path) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    models = [m for m, r in result["models"].items() if r.get("curves")]
+    if not models:
+        return
+    fig, axes = plt.subplots(1, len(models), figsize=(5 * len(models), 4.2), squeeze=False)
+    for ax, m in zip(axes[0], models):
+        row = result["models"][m]
+        for name, style in (("stock", "k-"), ("cold", "b-"), ("warm", "g-")):
+            c = row["curves"].get(name)
+            if c:
+                ax.step([max(p[0], 0.5) for p in c], [p[2] for p in c], style, where="post", label=name)
+        u = (row.get("summary") or {}).get("untuned_estimate_us")
+        if u:
+            ax.axhline(u, color="grey", ls=":", label="untuned")
+        ax.set_xscale("log")
+        ax.set_title(m)
+        ax.set_xlabel("seconds from submit")
+        ax.set_ylabel("estimated model latency (us)")
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--models", default=",".join(PANEL))
+    ap.add_argument("--trials", type=int, default=384)
+    ap.add_argument("--per-iter", type=int, default=64)
+    ap.add_argument("--tuners", type=int, default=4)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--warm-from", default="resnet18,transformer", help="zoo models the warm store tuned first")
+    ap.add_argument("--warm-trials", type=int, default=512)
+    ap.add_argument("--no-warm", action="store_true")
+    ap.add_argument("--serve-rounds", type=int, default=30)
+    ap.add_argument("--work-dir", default="/tmp/ttq/work")
+    ap.add_argument("--resume", action="store_true", help="keep the steps the JSON already holds")
+    ap.add_argument("--deadline-s", type=float, default=None, help="start no step that cannot end before this")
+    ap.add_argument("--lease", default=time.strftime("%Y-%m-%d %H:%M"), help="names the lease a step ran in")
+    ap.add_argument("--stock-timeout", type=float, default=3600)
+    ap.add_argument("--service-timeout", type=float, default=1800)
+    ap.add_argument("--rehearse", action="store_true", help="CPU lanes (llvm) on this host, small")
+    ap.add_argument("--stock-child", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--compile-child", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--model", help=argparse.SUPPRESS)
+    ap.add_argument("--stock-work", help=argparse.SUPPRESS)
+    ap.add_argument("--db", help=argparse.SUPPRESS)
+    ap.add_argument("--cut-dir", help=argparse.SUPPRESS)
+    ap.add_argument("--out-module", help=argparse.SUPPRESS)
+    ap.add_argument("--first", type=int, default=0, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.stock_child:
+        return stock_child(args)
+    if args.compile_child:
+        return compile_child(args)
+    deadline = time.time() + args.deadline_s if args.deadline_s else None
+    work = Path(args.work_dir)
+    work.mkdir(parents=True, exist_ok=True)
+    path = out_dir() / ("time_to_quality_rehearsal.json" if args.rehearse else "time_to_quality_h200.json")
+    result = json.loads(path.read_text()) if args.resume and path.exists() else {}
+    result.setdefault("models", {})
+    result.update(protocol={
+        "trials": args.trials, "per_iter": args.per_iter, "tuners": args.tuners, "seed": args.seed,
+        "lanes": "1x100 %" if not args.rehearse else "one CPU core", "builders": "every core of the host",
+        "stock": "tune_tasks, LocalBuilder(every core, timeout 120 s), LocalRunner, JSONDatabase; run to its budget",
+        "warm_store": f"{args.warm_from} tuned first, {args.warm_trials} trials each" if not args.no_warm else None,
+        "estimate": "sum over tasks of weight x best so far; a task without a record at its default schedule "
+                    "(timed by the service on its lane)",
+        "served": "each tuned module timed in one fresh process, interleaved, the GPU unshared, median of rounds"},
+        rehearsal=args.rehearse, phase="running")
+
+    def save():
+        result["summary"] = summarise(result)
+        path.write_text(json.dumps(result, indent=1))
+
+    def warm_store() -> Path | None:
+        """Made when a warm step first needs it (stock and the cold run go first: they are kept if it fails)."""
+        if args.no_warm or not fits(deadline, WARM_STORE_S + SERVICE_STEP_S):
+            return None
+        result["warm_store"] = prepare_warm_store(args, work / "zoo")
+        save()
+        return work / "zoo"
+
+    for model in args.models.split(","):
+        row = result["models"].setdefault(model, {})
+        run_model(args, model, row, work, warm_store, save, deadline)
+        print(json.dumps({model: row.get("summary")}), flush=True)
+    result["phase"] = "done"
+    save()
+    plot(result, path.with_suffix(".png"))
+    print(json.dumps(result["summary"], indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

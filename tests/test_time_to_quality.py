@@ -1,0 +1,57 @@
+"""The time-to-quality benchmark's arithmetic (estimated model latency over time, time to a latency) and its
+panel: pure logic and model construction, no stack."""
+from __future__ import annotations
+
+import pytest
+
+from bench.time_to_quality import latency_curve, summarise_model, time_to_reach, untuned_estimate
+
+
+def test_the_estimate_counts_an_unmeasured_task_at_its_default_and_only_improvements():
+    weights, defaults = {"conv": 2, "dense": 1}, {"conv": 10.0, "dense": 4.0}
+    assert untuned_estimate(weights, defaults) == 24.0
+    events = [(3.0, "dense", 5.0), (1.0, "conv", 6.0), (2.0, "conv", None), (4.0, "conv", 8.0), (5.0, "dense", 1.0)]
+    curve = latency_curve(events, weights, defaults)
+    # in time order; a failed trial and a slower one change nothing; a slower-than-default one neither
+    assert [(t, n) for t, n, _ in curve] == [(1.0, 1), (2.0, 2), (3.0, 3), (4.0, 4), (5.0, 5)]
+    assert [e for _, _, e in curve] == [16.0, 16.0, 16.0, 16.0, 13.0]
+
+
+def test_a_task_without_a_default_counts_at_its_first_valid_trial():
+    curve = latency_curve([(1.0, "a", 3.0), (2.0, "b", 9.0), (3.0, "b", 2.0)], {"a": 1, "b": 1}, {"a": 5.0})
+    assert [e for _, _, e in curve] == [12.0, 12.0, 5.0]
+
+
+def test_time_to_reach_is_the_first_point_at_or_below_the_target():
+    curve = [(1.0, 1, 9.0), (2.0, 2, 5.0), (7.0, 3, 4.0)]
+    assert time_to_reach(curve, 5.0) == (2.0, 2)
+    assert time_to_reach(curve, 3.0) == (None, None)
+
+
+def test_the_summary_compares_each_run_with_stock_and_the_warm_run_with_the_cold_one():
+    weights, defaults = {"t": 1}, {"t": 10e-6}
+    row = {"stock": {"wall_s": 100.0, "events": [[50.0, "t", 6e-6], [90.0, "t", 5e-6]], "weights": weights},
+           "cold": {"events": [[1.0, "t", 7e-6], [4.0, "t", 5e-6], [8.0, "t", 4e-6]], "weights": weights,
+                    "defaults": defaults, "search_cpu_s_per_valid_candidate": 0.2},
+           "warm": {"events": [[1.0, "t", 4e-6], [2.0, "t", 3.9e-6]], "weights": weights, "defaults": defaults},
+           "served": {"latency_us": {"stock": 10.0, "cold": 6.0, "warm": 5.0, "untuned": 20.0}}}
+    summarise_model(row)
+    s = row["summary"]
+    assert s["cold_time_to_stock_latency_s"] == 4.0 and s["cold_time_to_stock_latency_ratio"] == 0.04
+    assert s["warm_time_to_stock_latency_s"] == 1.0
+    assert s["warm_trials_ratio"] == round(1 / 3, 4)  # the cold run's final 4 us: warm's first trial
+    assert s["latency_vs_stock_equal_trials"] == 0.6 and s["never_slower_than_untuned"] is True
+    assert s["untuned_estimate_us"] == 10.0
+
+
+@pytest.mark.parametrize("name", ["efficientnet-mbconv", "regnety-stage", "vit-s-encoder", "wav2vec2-conv"])
+def test_each_panel_model_builds_into_6_to_15_cuda_tasks(name):
+    pytest.importorskip("transformers")
+    from bench.panel import build
+    from services.measurer.metaschedule.targets import family_target
+    from services.tuner.metaschedule.extract import extract
+    from sharetune.intake import to_relax
+
+    module, inputs = build(name)
+    tasks = extract(to_relax(module, inputs).mod, family_target("cuda.sm_90"))
+    assert 6 <= len(tasks) <= 15
