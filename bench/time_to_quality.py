@@ -365,7 +365,7 @@ def run_model(args, model: str, row: dict, work: Path, warm_store, save, deadlin
         if (row.get(phase) or {}).get("state") not in (None, "done"):
             row.pop(phase)
     ran = False  # a step run now: the modules are served again
-    if "stock" not in row:
+    if "stock" not in row and "stock" in args.phases:
         ran = True
         need = STOCK_STARTUP_S + 60 * args.trials / STOCK_TRIALS_PER_MIN
         if not fits(deadline, need):
@@ -381,7 +381,7 @@ def run_model(args, model: str, row: dict, work: Path, warm_store, save, deadlin
         row["stock_lease"] = args.lease
         save()
     for phase in ("cold", "warm"):
-        if phase in row or (phase == "warm" and args.no_warm):
+        if phase in row or phase not in args.phases or (phase == "warm" and args.no_warm):
             continue
         source = warm_store() if phase == "warm" else None
         if not fits(deadline, SERVICE_STEP_S) or (phase == "warm" and source is None):
@@ -391,7 +391,7 @@ def run_model(args, model: str, row: dict, work: Path, warm_store, save, deadlin
         row[phase] = run_service(args, model, mwork / phase, source)
         row[phase]["lease"] = args.lease
         save()
-    if ("served" not in row or ran) and fits(deadline, SERVE_S):
+    if ("served" not in row or ran) and ("cold" in row or "warm" in row) and fits(deadline, SERVE_S):
         serve_model(args, model, row, mwork)
         save()
     summarise_model(row)
@@ -493,6 +493,28 @@ def summarise(result: dict) -> dict:
     return out
 
 
+def markdown_table(result: dict) -> str:
+    """One row a model and run, as docs/time_to_quality.md shows it."""
+    lines = ["| model | run | trials | wall s | time to stock's final (s, ratio to stock's wall) | final estimate us | "
+             "served us (x stock) |", "|---|---|---|---|---|---|---|"]
+    for m, row in result["models"].items():
+        s, lat = row.get("summary") or {}, (row.get("served") or {}).get("latency_us") or {}
+        for run in ("stock", "cold", "warm"):
+            res = row.get(run)
+            if not res or res.get("error"):
+                continue
+            reach = "-" if run == "stock" else (
+                f"{s.get(f'{run}_time_to_stock_latency_s')} ({s.get(f'{run}_time_to_stock_latency_ratio')})"
+                if s.get(f"{run}_time_to_stock_latency_s") is not None else "never")
+            served = f"{lat[run]:.1f}" + (f" ({lat[run] / lat['stock']:.2f}x)" if "stock" in lat and run != "stock" else "") \
+                if run in lat else "-"
+            lines.append(f"| {m} | {run} | {res.get('trials')} | {res.get('wall_s')} | {reach} | "
+                         f"{s.get(f'{run}_final_estimate_us')} | {served} |")
+        if "untuned" in lat:
+            lines.append(f"| {m} | untuned | 0 | - | - | {s.get('untuned_estimate_us')} | {lat['untuned']:.1f} |")
+    return "\n".join(lines)
+
+
 def plot(result: dict, path: Path) -> None:
     try:
         import matplotlib
@@ -507,11 +529,15 @@ def plot(result: dict, path: Path) -> None:
     fig, axes = plt.subplots(1, len(models), figsize=(5 * len(models), 4.2), squeeze=False)
     for ax, m in zip(axes[0], models):
         row = result["models"][m]
+        u = (row.get("summary") or {}).get("untuned_estimate_us")
         for name, style in (("stock", "k-"), ("cold", "b-"), ("warm", "g-")):
             c = row["curves"].get(name)
-            if c:
-                ax.step([max(p[0], 0.5) for p in c], [p[2] for p in c], style, where="post", label=name)
-        u = (row.get("summary") or {}).get("untuned_estimate_us")
+            if c:  # from submit at the untuned estimate; stock's end marked where its run ended
+                xs, ys = [0.5] + [max(p[0], 0.5) for p in c], [u or c[0][2]] + [p[2] for p in c]
+                wall = (row.get(name) or {}).get("wall_s")
+                if wall and wall > xs[-1]:
+                    xs, ys = xs + [wall], ys + [ys[-1]]
+                ax.step(xs, ys, style, where="post", label=name)
         if u:
             ax.axhline(u, color="grey", ls=":", label="untuned")
         ax.set_xscale("log")
@@ -533,6 +559,7 @@ def main(argv=None) -> int:
     ap.add_argument("--warm-from", default="resnet18,transformer", help="zoo models the warm store tuned first")
     ap.add_argument("--warm-trials", type=int, default=512)
     ap.add_argument("--no-warm", action="store_true")
+    ap.add_argument("--phases", default=",".join(PHASES), help="the steps to run now (stock,cold,warm)")
     ap.add_argument("--serve-rounds", type=int, default=30)
     ap.add_argument("--work-dir", default="/tmp/ttq/work")
     ap.add_argument("--resume", action="store_true", help="keep the steps the JSON already holds")
@@ -549,7 +576,14 @@ def main(argv=None) -> int:
     ap.add_argument("--cut-dir", help=argparse.SUPPRESS)
     ap.add_argument("--out-module", help=argparse.SUPPRESS)
     ap.add_argument("--first", type=int, default=0, help=argparse.SUPPRESS)
+    ap.add_argument("--table", metavar="JSON", help="print a results file's table (markdown) and its PNG again")
     args = ap.parse_args(argv)
+    if args.table:
+        result = json.loads(Path(args.table).read_text())
+        plot(result, Path(args.table).with_suffix(".png"))
+        print(markdown_table(result))
+        return 0
+    args.phases = set(args.phases.split(","))
     if args.stock_child:
         return stock_child(args)
     if args.compile_child:
@@ -589,6 +623,7 @@ def main(argv=None) -> int:
     result["phase"] = "done"
     save()
     plot(result, path.with_suffix(".png"))
+    print(markdown_table(result))
     print(json.dumps(result["summary"], indent=1))
     return 0
 
