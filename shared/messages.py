@@ -511,6 +511,9 @@ class Record(Contract):
     timing: Timing = "full"  # "brief": screened out, run_secs are the brief window's (never an exported best)
     brief_run_secs: list[float] | None = None  # a brief record later given the full timing: its brief figures
     build_cpu_s: float | None = None
+    # a warm seed: the candidate is a record of this (nearby) workload, its trace re-fitted to this one
+    # (services/tuner/metaschedule/seeds.py); None: the task's own search proposed it
+    seeded_from: str | None = None
 
 
 class DefaultTiming(Contract):
@@ -530,6 +533,18 @@ class Workload(Contract):
     target: str
     share: int
     mod: str  # packed TVM JSON
+
+
+class WorkloadShape(Contract):
+    """A workload with valid records, as the index of similar workloads holds it (services.tuner.similarity):
+    its operator kind and its PrimFunc's buffer parameters (shapes and dtypes)."""
+
+    wkey: str
+    op: str  # the task name without its numeric suffix
+    target: str
+    share: int
+    params: list[list[int]]
+    dtypes: list[str]
 
 
 # ---- cost model -------------------------------------------------------------------------------------

@@ -228,6 +228,12 @@ def records_key(wkey: str) -> str:
     return f"{PREFIX}:rec:{wkey}"
 
 
+def similar_key(target_kind: str, op: str) -> str:
+    """Hash workload key -> WorkloadShape JSON: the workloads of one operator kind on one target kind that have
+    valid records (where a new task's warm seeds come from: services.tuner.similarity)."""
+    return f"{PREFIX}:similar:{target_kind}:{op}"
+
+
 def default_key(wkey: str) -> str:
     """A workload's default schedule as measured on a lane (DefaultTiming JSON): what a task runs untuned."""
     return f"{PREFIX}:default:{wkey}"

@@ -15,7 +15,7 @@ from shared.ranking import default_secs, rank_secs
 
 def tune_shard(send, redis, job_id: str, shard: int, work_dir: Path, grace_s: float = timeouts.BATCH_GRACE_S,
                check=None, search_threads: int = 0, cold_start: bool = True, population=None,
-               timing_floor_ms: int | None = None):
+               timing_floor_ms: int | None = None, valid_sampling: bool = True, warm_seeds: bool = True):
     """Search one shard's tasks until the job's budget is spent or its tasks are done. `check` raises
     rounds.Stopped when the client must hand the shard back (shutdown, lost lease). `send(task, payload,
     queue)` publishes a message (services.tuner.tasks, the Celery boundary, gives it). `population(trials_per_iter)`
@@ -48,7 +48,7 @@ def tune_shard(send, redis, job_id: str, shard: int, work_dir: Path, grace_s: fl
     def make_context(task, cold: bool):
         return tune_context(mods[task.task_id], target, task.name, cold, pop,
                             rand_state=(spec.seed + shard) if spec.seed is not None else -1,
-                            num_threads=search_threads)
+                            num_threads=search_threads, valid_sampling=valid_sampling)
 
     split = TimeSplit()
     stash = CandidateStash()
@@ -58,8 +58,12 @@ def tune_shard(send, redis, job_id: str, shard: int, work_dir: Path, grace_s: fl
     if spec.cost_model == "per_client":
         family += f"-{job_id}-s{shard}"
     cost_model = SnapshotCostModel(send, redis, family, wkeys, spec.seed)
+    from services.tuner.metaschedule.seeds import SeedSource, workload_shape
+
+    shapes = {t.name: workload_shape(mods[t.task_id], t.wkey, t.name, str(target), spec.share) for t in tasks}
     records = StoreRecords(redis, job_id, spec.share, wkeys, {t.name: t.task_id for t in tasks}, runner,
-                           database, shard)
+                           database, shard, shapes={n: (kind, sh) for n, sh in shapes.items() if sh is not None})
+    seeds = SeedSource(redis, kind, str(target), spec.share) if warm_seeds else None
     t0 = time.time()
     from services.tuner.metaschedule.defaults import measure_defaults
 
@@ -67,7 +71,7 @@ def tune_shard(send, redis, job_id: str, shard: int, work_dir: Path, grace_s: fl
                      cost_model, records, spec.trials_per_iter, spec.max_trials_per_task or spec.trials,
                      check=check, cold_start=cold_start, first_round=first_round,
                      defaults=lambda ts: measure_defaults(redis, runner, ts, mods, target),
-                     screen=spec.timing == "screen")
+                     screen=spec.timing == "screen", seeds=seeds)
     run = loop.run()
     tune_s = time.time() - t0
     times = split.as_dict()
@@ -76,7 +80,8 @@ def tune_shard(send, redis, job_id: str, shard: int, work_dir: Path, grace_s: fl
     times.update({k: round(v, 3) for k, v in run.phase_s.items()})
     times["tune_total"] = round(tune_s, 3)
     times.update(rounds=run.rounds, trials=run.trials, reused=run.reused, warm_switches=run.warm_switches,
-                 population=pop)
+                 population=pop, seeds_measured=run.seeds, seeds_applied=seeds.applied if seeds else 0,
+                 seeds_skipped=seeds.skipped if seeds else 0)
     store.put_split(redis, job_id, shard, times)
     return run
 

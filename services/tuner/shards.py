@@ -102,7 +102,8 @@ class ShardRunner:
             run = search.tune_shard(self.send, r, ref.job_id, ref.shard, s.work_dir, s.batch_grace_s,
                                     check=lease.check, search_threads=s.search_threads,
                                     cold_start=s.cold_start, population=s.population,
-                                    timing_floor_ms=s.timing_floor_ms)
+                                    timing_floor_ms=s.timing_floor_ms, valid_sampling=s.valid_sampling,
+                                    warm_seeds=s.warm_seeds)
         except Stopped as why:
             lease.stop()
             self._hand_back(ref, lease, why)

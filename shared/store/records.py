@@ -6,7 +6,7 @@ import redis
 
 from shared import names
 from shared.errors import JobError
-from shared.messages import DefaultTiming, Record, TaskProgress, Workload
+from shared.messages import DefaultTiming, Record, TaskProgress, Workload, WorkloadShape
 from shared.store._redis import _script
 from shared.store.jobs import budget_left, job_spec, job_tasks, put_progress, settle_claim
 
@@ -60,15 +60,26 @@ def put_record(r: redis.Redis, rec: Record) -> bool:
                             args=[rec.candidate_key, rec.model_dump_json(), "1" if valid_record(rec) else "0"], client=r))
 
 
-def record_round(r: redis.Redis, job_id: str, shard: int, recs: list[Record], prog: TaskProgress, claimed: int) -> None:
+def record_round(r: redis.Redis, job_id: str, shard: int, recs: list[Record], prog: TaskProgress, claimed: int,
+                 shape: tuple[str, WorkloadShape] | None = None) -> None:
     """One round of a shard in one transaction: its records, its task's progress and the settling of the
-    shard's trial claim, so a client that dies mid-round leaves all of the round in the store or none."""
+    shard's trial claim, so a client that dies mid-round leaves all of the round in the store or none.
+    `shape` (target kind, the workload's shape): a round with a valid record enters the workload in the index
+    of similar workloads (idempotent: the same field, the same value)."""
     with r.pipeline(transaction=True) as p:
         for rec in recs:
             put_record(p, rec)
+        if shape is not None and any(valid_record(rec) for rec in recs):
+            kind, sh = shape
+            p.hset(names.similar_key(kind, sh.op), sh.wkey, sh.model_dump_json())
         put_progress(p, job_id, prog)
         settle_claim(p, job_id, shard, claimed)
         p.execute()
+
+
+def similar_workloads(r: redis.Redis, target_kind: str, op: str) -> list[WorkloadShape]:
+    """The workloads of this operator kind on this target kind that have valid records."""
+    return [WorkloadShape.parse(v) for v in r.hvals(names.similar_key(target_kind, op))]
 
 
 def replace_record(r: redis.Redis, rec: Record) -> None:

@@ -118,8 +118,12 @@ class StoreRecords:
     either all of the round in the store or none of it."""
 
     def __init__(self, redis, job_id: str, share: int, wkeys: dict[str, str], task_ids: dict[str, str],
-                 runner, database: ms.database.Database, shard: int = 0):
+                 runner, database: ms.database.Database, shard: int = 0, shapes: dict | None = None):
+        """`shapes`: task name -> (target kind, WorkloadShape): a task's workload enters the store's index of
+        similar workloads with its first valid record (where later jobs' warm seeds come from)."""
         self.redis, self.job_id, self.share, self.shard = redis, job_id, share, shard
+        self.shapes = shapes or {}
+        self.seeded: dict[str, str] = {}  # candidate key -> the workload its trace was re-fitted from
         self.wkeys, self.task_ids = wkeys, task_ids  # task name -> workload key / task id
         self.runner, self.database = runner, database
         self.workloads: dict[str, ms.database.Workload] = {}
@@ -152,8 +156,9 @@ class StoreRecords:
             measured = self.runner.measured.pop(built.artifact_path, None) if built.artifact_path else None
             if error is None and measured is not None and measured.run_secs:
                 run_secs = [float(x) for x in measured.run_secs]  # the store keeps every repeat
+            key = candidate_key(wkey, cand)
             recs.append(Record(
-                candidate_key=candidate_key(wkey, cand), wkey=wkey, trace=packed, run_secs=run_secs,
+                candidate_key=key, wkey=wkey, seeded_from=self.seeded.pop(key, None), trace=packed, run_secs=run_secs,
                 error=error, target=target, args_info=[], share=measured_share(measured, self.share),
                 lane=measured.lane if measured else "", device=measured.device if measured else {},
                 job_id=self.job_id, measured_at=time.time(),
@@ -167,7 +172,7 @@ class StoreRecords:
                 us = 1e6 * rank_secs(run_secs)
                 prog.best_us = us if prog.best_us is None else min(prog.best_us, us)
         self.progress[prog.task_id] = prog
-        store.record_round(self.redis, self.job_id, self.shard, recs, prog, claimed)
+        store.record_round(self.redis, self.job_id, self.shard, recs, prog, claimed, self.shapes.get(name))
         return prog
 
 

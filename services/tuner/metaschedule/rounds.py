@@ -76,6 +76,7 @@ class ShardRun:
     # measured rows' features for the updater), record (results into the store and the search)
     phase_s: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
     warm_switches: int = 0  # tasks that moved from sampling to evolutionary search
+    seeds: int = 0  # warm seeds sent to be measured (first rounds' re-fitted records of nearby workloads)
     per_task: dict[str, int] = field(default_factory=dict)
 
 
@@ -90,7 +91,7 @@ class ShardLoop:
                  max_trials_per_task: int, steering: Steering | None = None,
                  check: Callable[..., None] | None = None, cold_start: bool = True,
                  first_round: int | None = None, defaults: Callable[[list[JobTask]], dict] | None = None,
-                 screen: bool = False):
+                 screen: bool = False, seeds=None):
         self.redis, self.job_id, self.shard = redis, job_id, shard
         self.make_context, self.cold_start = make_context, cold_start
         self.tasks = [_Task(t, None) for t in tasks]
@@ -100,6 +101,7 @@ class ShardLoop:
         # task_id -> seconds of its default schedule (metaschedule/defaults.py), timed before the first rounds
         self.defaults = defaults
         self.screen = screen  # screened timing: each round's candidates carry the bar of their task's best
+        self.seeds = seeds  # seeds.SeedSource: a task's first round starts with nearby workloads' best records
         self.steering = steering or Steering()
         # raises Stopped when the client must hand the shard back; its argument says whether every task
         # of the shard has had a round (a client may then yield to a shard no client has taken)
@@ -239,6 +241,8 @@ class ShardLoop:
         elif not t.fixed and t.proposes != proposes:
             self._start_context(t, t.cold, proposes)
         cands, fresh = self._search(t, room)
+        if not t.started:
+            fresh = self._with_seeds(t, fresh, room)
         if not fresh:
             return True
         claimed = store.claim_trials(self.redis, self.job_id, self.shard, min(len(fresh), left))
@@ -263,6 +267,35 @@ class ShardLoop:
             self._finish_task(t, exhausted=True)
         self.run_stats.rounds += 1
         return True
+
+    def _with_seeds(self, t: _Task, fresh: list, room: int) -> list:
+        """A first round's candidates with the warm seeds first (seeds.seed_cap of the round at most): the
+        nearest stored workloads' best traces re-fitted to this task, none the store already holds. They are
+        measured, recorded and counted like the search's own; the search strategy is told their results as
+        it is of every round's (its trial counters have SEARCH_ROOM to spare)."""
+        from services.tuner.metaschedule.seeds import seed_cap
+
+        cap = seed_cap(room) if self.seeds is not None else 0
+        if cap == 0:
+            return fresh
+        wkey = t.job_task.wkey
+        have = {candidate_key(wkey, c) for c in fresh}
+        picked = []
+        t0 = time.perf_counter()
+        for cand, source in self.seeds.candidates(t.ctx, t.job_task):
+            key = candidate_key(wkey, cand)
+            if key not in have:
+                have.add(key)
+                picked.append((cand, key, source))
+            if len(picked) >= cap:
+                break
+        self._spent("sample", t0)
+        known = self.records.known(wkey, [k for _, k, _ in picked])
+        picked = [(c, k, src) for c, k, src in picked if k not in known]
+        for _, key, source in picked:
+            self.records.seeded[key] = source
+        self.run_stats.seeds += len(picked)
+        return ([c for c, _, _ in picked] + fresh)[:room]
 
     def _reserve(self) -> int:
         """Trials to leave for first rounds no client has made yet (a task whose first round found nothing

@@ -1,0 +1,139 @@
+"""Warm seeds: a new task's first round starts from the best records of the nearest stored workloads of the same
+operator kind (services.tuner.similarity chooses them), their traces re-fitted to the task's loop extents.
+
+A stored trace is replayed on the new task's workload with its tile decisions (SamplePerfectTile) re-fitted:
+from the innermost factor outwards each keeps what of it divides the extent left (its gcd with it), and the
+outermost takes the rest, so the product is the new extent and no inner factor grows (the innermost stays within
+its max_innermost_factor). Other decisions (unroll steps, compute locations, ...) are kept as they are. The
+context's postprocessors then run as they do on every sampled candidate; a trace that raises on the new workload,
+or that a postprocessor rejects, is skipped and counted, never an error."""
+from __future__ import annotations
+
+import logging
+import math
+from typing import Iterator
+
+import tvm
+from tvm import tirx
+from tvm.s_tir import meta_schedule as ms
+
+from shared import store
+from shared.messages import JobTask, WorkloadShape
+from services.tuner.metaschedule.codec import load_ir
+from services.tuner.metaschedule.records import ranked, tuning_record
+from services.tuner.similarity import nearest, op_kind
+
+log = logging.getLogger("sharetune.tuner.seeds")
+
+NEAREST = 3  # workloads a task's seeds come from
+PER_WORKLOAD = 4  # best records tried of each
+MAX_SEEDS = 8  # seeds in one task's first round, at most ...
+
+
+def seed_cap(first_round: int) -> int:
+    """... and at most a quarter of the round: the rest is the task's own search."""
+    return min(MAX_SEEDS, max(0, first_round) // 4)
+
+
+def workload_shape(mod, wkey: str, task_name: str, target: str, share: int) -> WorkloadShape | None:
+    """The workload's operator kind and its PrimFunc's buffer parameters; None when a shape is not static (or
+    the module holds no PrimFunc)."""
+    if sum(1 for f in mod.functions.values() if isinstance(f, tirx.PrimFunc)) != 1:
+        return None
+    params, dtypes = [], []
+    try:
+        infos = ms.arg_info.ArgInfo.from_entry_func(mod, remove_preproc=True)
+    except Exception:  # noqa: BLE001 - no entry function, or a parameter that is not a buffer
+        return None
+    for info in infos:
+        shape = getattr(info, "shape", None)
+        if shape is None:
+            return None
+        dims = []
+        for d in shape:
+            if isinstance(d, tirx.IntImm):
+                d = int(d)
+            if not isinstance(d, int):
+                return None
+            dims.append(d)
+        params.append(dims)
+        dtypes.append(str(info.dtype))
+    return WorkloadShape(wkey=wkey, op=op_kind(task_name), target=target, share=share, params=params, dtypes=dtypes)
+
+
+def refit_tile(factors: list[int], extent: int) -> list[int]:
+    """Tile factors re-fitted to a new extent: inner factors keep what divides, the outermost takes the rest."""
+    out = [1] * len(factors)
+    rest = extent
+    for i in range(len(factors) - 1, 0, -1):
+        f = math.gcd(int(factors[i]), rest)
+        out[i] = f
+        rest //= f
+    out[0] = rest
+    return out
+
+
+def transfer(trace, ctx: ms.TuneContext) -> ms.MeasureCandidate | None:
+    """A stored trace applied to the context's workload, tiles re-fitted, postprocessed; None when it does not
+    apply (an instruction raises: another operator, a block or loop the workload lacks; or a postprocessor
+    rejects the schedule)."""
+    def refit(inst, inputs, attrs, decision):
+        if inst.kind.name != "SamplePerfectTile" or decision is None:
+            return decision
+        extent = sch.get(inputs[0]).extent
+        if not isinstance(extent, tirx.IntImm):
+            return decision
+        return refit_tile([int(d) for d in decision], int(extent))
+
+    try:
+        sch = tvm.s_tir.Schedule(ctx.mod, debug_mask=0, error_render_level="none")
+        trace.apply_to_schedule(sch, remove_postproc=True, decision_provider=refit)
+        for postproc in ctx.space_generator.postprocs:
+            if not postproc.apply(sch):
+                return None
+        return ms.MeasureCandidate(sch, ms.arg_info.ArgInfo.from_entry_func(sch.mod, remove_preproc=True))
+    except Exception as err:  # noqa: BLE001 - a trace of another workload may fail anywhere in its replay
+        log.debug("trace does not apply to %s: %s", ctx.task_name, err)
+        return None
+
+
+class SeedSource:
+    """Seeds for the first rounds of one shard's tasks, from the store's index of similar workloads."""
+
+    def __init__(self, redis, target_kind: str, target: str, share: int, nearest_k: int = NEAREST,
+                 per_workload: int = PER_WORKLOAD):
+        self.redis, self.kind, self.target, self.share = redis, target_kind, target, share
+        self.nearest_k, self.per_workload = nearest_k, per_workload
+        self.applied = 0  # traces that applied to the new task's workload
+        self.skipped = 0  # traces that did not
+
+    def candidates(self, ctx: ms.TuneContext, task: JobTask) -> Iterator[tuple[ms.MeasureCandidate, str]]:
+        """(candidate, source workload key), the best record of each of the nearest workloads first, then each
+        one's second best, and so on; lazily: the caller stops when it has enough."""
+        shape = workload_shape(ctx.mod, task.wkey, task.name, self.target, self.share)
+        if shape is None:
+            return
+        near = nearest(shape, store.similar_workloads(self.redis, self.kind, shape.op), self.nearest_k)
+        sources = []
+        for _, src in near:
+            recs = ranked(store.records(self.redis, src.wkey), full_only=True)[:self.per_workload]
+            if recs:
+                sources.append((src.wkey, recs, None))
+        for rank in range(self.per_workload):
+            for i, (wkey, recs, wl) in enumerate(sources):
+                if rank >= len(recs):
+                    continue
+                if wl is None:
+                    wl = ms.database.Workload(load_ir(store.workload(self.redis, wkey).mod))
+                    sources[i] = (wkey, recs, wl)
+                try:
+                    trace = tuning_record(recs[rank].trace, wl).trace
+                except Exception:  # noqa: BLE001 - a record that no longer decodes is as good as absent
+                    self.skipped += 1
+                    continue
+                cand = transfer(trace, ctx)
+                if cand is None:
+                    self.skipped += 1
+                    continue
+                self.applied += 1
+                yield cand, wkey

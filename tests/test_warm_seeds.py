@@ -1,0 +1,140 @@
+"""Warm first rounds: the nearest stored workloads of a task's operator kind, their best traces re-fitted to the
+task and measured as seeds; a trace that does not apply is skipped."""
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from shared import store
+from shared.messages import WorkloadShape
+from services.tuner.similarity import distance, nearest, op_kind
+
+
+def _shape(wkey, op="conv2d", params=((1, 3, 16, 16), (8, 3, 3, 3), (1, 8, 16, 16)), dtypes=("float32",) * 3):
+    return WorkloadShape(wkey=wkey, op=op, target="t", share=100, params=[list(p) for p in params],
+                         dtypes=list(dtypes))
+
+
+def test_the_operator_kind_is_the_anchor_operator_without_tvms_numbering():
+    assert op_kind("fused_conv2d2_add_tir_sigmoid2_multiply2") == op_kind("fused_conv2d_add_relu_1") == "conv2d"
+    assert op_kind("fused_matmul4_add") == "matmul" and op_kind("conv1d6") == "conv1d"
+    assert op_kind("fused_batch_norm1_relu1") == "batch_norm" and op_kind("layer_norm4") == "layer_norm"
+
+
+def test_nearest_orders_by_shape_distance_and_leaves_out_what_is_not_comparable():
+    task = _shape("new")
+    near = _shape("near", params=((1, 3, 16, 16), (16, 3, 3, 3), (1, 16, 16, 16)))
+    far = _shape("far", params=((1, 3, 64, 64), (8, 3, 3, 3), (1, 8, 64, 64)))
+    other_rank = _shape("rank", params=((1, 3, 16, 16), (8, 3, 3, 3), (8, 16, 16)))
+    other_dtype = _shape("dtype", dtypes=("float16",) * 3)
+    assert distance(task, near) == pytest.approx(2 * math.log(2))
+    assert distance(task, other_rank) == math.inf and distance(task, other_dtype) == math.inf
+    got = nearest(task, [far, other_rank, near, other_dtype, _shape("new")], k=3)
+    assert [s.wkey for _, s in got] == ["near", "far"]  # its own workload is not a seed of itself
+
+
+def test_tile_factors_are_refitted_to_the_new_extent():
+    from services.tuner.metaschedule.seeds import refit_tile
+
+    assert refit_tile([4, 2, 2, 1], 20) == [5, 2, 2, 1]
+    assert refit_tile([1, 8, 1, 4], 20) == [5, 1, 1, 4]
+    out = refit_tile([2, 3, 7], 16)
+    assert math.prod(out) == 16 and out[-1] == 1
+
+
+def _conv_and_matmul_tasks():
+    import tvm
+    from tvm import relax
+
+    from services.tuner.metaschedule.extract import extract
+
+    cpu = tvm.target.Target({"kind": "llvm", "num-cores": 1})
+
+    def one(build):
+        bb = relax.BlockBuilder()
+        build(bb)
+        (task,) = extract(bb.get(), cpu)
+        return task
+
+    def conv(hw, cout):
+        def build(bb):
+            x = relax.Var("x", relax.TensorType((1, 3, hw, hw), "float32"))
+            w = relax.Var("w", relax.TensorType((cout, 3, 3, 3), "float32"))
+            with bb.function("main", [x, w]):
+                with bb.dataflow():
+                    out = bb.emit_output(relax.op.nn.relu(bb.emit(relax.op.nn.conv2d(x, w, padding=1))))
+                bb.emit_func_output(out)
+        return one(build)
+
+    def matmul(bb):
+        x = relax.Var("x", relax.TensorType((4, 64), "float32"))
+        w = relax.Var("w", relax.TensorType((64, 32), "float32"))
+        with bb.function("main", [x, w]):
+            with bb.dataflow():
+                out = bb.emit_output(relax.op.matmul(x, w))
+            bb.emit_func_output(out)
+
+    return cpu, conv(16, 8), conv(20, 16), one(matmul)
+
+
+def test_a_trace_applies_to_a_nearby_shape_and_one_of_another_operator_is_skipped():
+    from tvm.s_tir import meta_schedule as ms
+
+    from services.tuner.metaschedule.context import tune_context
+    from services.tuner.metaschedule.seeds import transfer
+
+    cpu, small, large, mm = _conv_and_matmul_tasks()
+    src = tune_context(small.mod, cpu, small.name, True, 16, rand_state=1, num_threads=1)
+    src.pre_tuning(100, 4, src.generate_design_space(), ms.database.MemoryDatabase(), ms.cost_model.RandomModel())
+    traces = [c.sch.trace for c in src.generate_measure_candidates()]
+    dst = tune_context(large.mod, cpu, large.name, True, 16, rand_state=2, num_threads=1)
+    moved = [transfer(tr, dst) for tr in traces]
+    assert all(m is not None for m in moved)
+    for m in moved:  # every tile of the re-fitted schedule multiplies out to the new workload's extents
+        assert m.sch.mod["main"].buffer_map  # a schedule of the new workload, postprocessed
+    other = tune_context(mm.mod, cpu, mm.name, True, 16, rand_state=1, num_threads=1)
+    assert transfer(other.generate_design_space()[0].trace, dst) is None  # skipped, never raised
+
+
+def test_a_new_job_seeds_its_first_rounds_from_a_nearby_workload(client, lane_share, redis_conn, tuned_tiny):
+    """After the tiny model (a 3->8 conv on 16x16), a model whose conv is 3->16 on 20x20 starts from it."""
+    import torch
+    from torch import nn
+
+    class Wider(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(3, 16, 3, 1, 1)
+
+        def forward(self, x):
+            return torch.relu(self.conv(x))
+
+    torch.manual_seed(0)
+    job = client.submit(Wider().eval(), example_inputs=(torch.randn(1, 3, 20, 20),), target="llvm",
+                        share=lane_share, trials=16, trials_per_iter=16, seed=0)
+    final = job.wait(timeout_s=900)
+    assert final["state"] == "done", final
+    tiny_wkeys = {t.wkey for t in store.job_tasks(redis_conn, tuned_tiny.job_id)}
+    recs = [r for t in store.job_tasks(redis_conn, job.job_id) for r in store.records(redis_conn, t.wkey)
+            if r.job_id == job.job_id]
+    seeded = [r for r in recs if r.seeded_from]
+    assert seeded, "no warm seed was measured"
+    assert {r.seeded_from for r in seeded} <= tiny_wkeys
+    assert all(r.error is None and r.run_secs for r in seeded)  # re-fitted traces build and run
+    assert len(recs) == 16  # seeds are trials of the job's budget, not extra
+    split = store.splits(redis_conn, job.job_id)
+    assert sum(s.get("seeds_measured", 0) for s in split) == len(seeded)
+
+
+def test_the_settings_turn_both_off(monkeypatch):
+    from shared.settings import TunerSettings
+
+    monkeypatch.setenv("SHARETUNE_WARM_SEEDS", "0")
+    monkeypatch.setenv("SHARETUNE_VALID_SAMPLING", "false")
+    s = TunerSettings()
+    assert s.warm_seeds is False and s.valid_sampling is False
+    monkeypatch.delenv("SHARETUNE_WARM_SEEDS")
+    monkeypatch.delenv("SHARETUNE_VALID_SAMPLING")
+    s = TunerSettings()
+    assert s.warm_seeds is True and s.valid_sampling is True
