@@ -1,8 +1,9 @@
-"""What a cold CUDA round's search costs per valid candidate, with and without the limits check that rejects a
-sample before TVM lowers it (services/tuner/metaschedule/validity.py). Needs no GPU: the CUDA target's
-sampling and TVM's GPU checks run on the CPU.
+"""What the CUDA precheck (services/tuner/metaschedule/validity.py) saves in a cold round: per task, one
+replay-trace round of 64 candidates on one thread, with the precheck and without (TVM's postprocessors
+alone): search CPU seconds per valid candidate, samples drawn, and which postprocessor rejected them.
+Needs no GPU: the CUDA search, GPU checks included, runs on the CPU.
 
-    python bench/valid_sampling.py --tasks resnet18:conv2d1,resnet18:conv2d3,transformer:fused_matmul_add
+    python bench/valid_sampling.py --tasks resnet18:conv2d1,transformer:fused_matmul_add
     -> a table, and JSON at --out (default bench/results/valid_sampling_cpu.json)
 """
 from __future__ import annotations
@@ -15,69 +16,91 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+DEFAULT_TASKS = ("resnet18:conv2d1,resnet18:conv2d4,resnet18:conv2d7,resnet18:conv2d9,resnet18:conv2d2,"
+                 "transformer:fused_matmul_add,transformer:fused_matmul4_add1,transformer:matmul1")
 
-def cold_round(task, target, valid_sampling: bool, per_round: int, rounds: int) -> dict:
+
+def counting(postprocs):
+    """The postprocessors, each wrapped to count its calls and rejections (so samples drawn = calls of
+    the first, rejected by X = X's rejections)."""
+    from tvm.ir.utils import derived_object
+    from tvm.s_tir.meta_schedule.postproc import PyPostproc
+
+    @derived_object
+    class Counted(PyPostproc):
+        def __init__(self, inner, name):
+            super().__init__()
+            self.inner, self.name, self.calls, self.rejects = inner, name, 0, 0
+
+        def _initialize_with_tune_context(self, context):
+            self.inner._initialize_with_tune_context(context)  # noqa: SLF001
+
+        def apply(self, sch):
+            self.calls += 1
+            ok = bool(self.inner.apply(sch))
+            self.rejects += not ok
+            return ok
+
+        def clone(self):
+            return self
+
+    return [Counted(p, type(p).__name__) for p in postprocs]
+
+
+def cold_round(task, target, precheck: bool, candidates: int) -> dict:
     from tvm.s_tir import meta_schedule as ms
-    from tvm.s_tir.meta_schedule.runner import RunnerResult
 
-    from services.tuner.metaschedule.context import tune_context
+    from services.tuner.metaschedule import validity
 
-    ctx = tune_context(task.mod, target, task.name, cold=True, population=16, rand_state=1, num_threads=1,
-                       valid_sampling=valid_sampling)
-    ctx.pre_tuning(1 << 20, per_round, ctx.generate_design_space(), ms.database.MemoryDatabase(),
+    base = validity.cuda_postprocs(target) if precheck else ms.postproc.Postproc.create(validity.rule_kind(target))
+    wrapped = counting(base)
+    # the same space generator context.py builds, with every postprocessor counted
+    ctx = ms.TuneContext(mod=task.mod, target=target,
+                         space_generator=ms.space_generator.PostOrderApply(postprocs=wrapped),
+                         search_strategy="replay-trace", task_name=task.name, rand_state=1, num_threads=1)
+    ctx.pre_tuning(candidates, candidates, ctx.generate_design_space(), ms.database.MemoryDatabase(),
                    ms.cost_model.RandomModel())
-    from services.tuner.metaschedule.validity import LimitsCheck
-
-    rejected0 = LimitsCheck.rejected
-    cpu, valid = 0.0, 0
-    for _ in range(rounds):
-        t0 = time.process_time()
-        cands = ctx.generate_measure_candidates() or []
-        cpu += time.process_time() - t0
-        valid += len(cands)
-        ctx.notify_runner_results(cands, [RunnerResult([1e-4], None)] * len(cands))
-    return {"valid_candidates": valid, "search_cpu_s": round(cpu, 2),
-            "cpu_s_per_valid_candidate": round(cpu / max(1, valid), 4),
-            "rejected_before_lowering": LimitsCheck.rejected - rejected0 if valid_sampling else None}
+    t0, c0 = time.perf_counter(), time.process_time()
+    cands = ctx.generate_measure_candidates() or []
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    drawn = wrapped[0].calls
+    rejected = {w.name: w.rejects for w in wrapped if w.rejects}
+    return {"precheck": precheck, "valid": len(cands), "drawn": drawn, "search_cpu_s": round(cpu, 2),
+            "search_wall_s": round(wall, 2), "cpu_s_per_valid": round(cpu / max(1, len(cands)), 3),
+            "rejected": rejected,
+            "frac_rejected_precheck": round(rejected.get("GPUPrecheck", 0) / max(1, drawn), 3),
+            "frac_rejected_verify_gpu": round(rejected.get("VerifyGPUCode", 0) / max(1, drawn), 3)}
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--tasks", default="resnet18:conv2d1,resnet18:conv2d3,resnet18:fused_conv2d_add_relu,"
-                                       "transformer:fused_matmul_add")
-    ap.add_argument("--per-round", type=int, default=64)
-    ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--tasks", default=DEFAULT_TASKS, help="comma-separated model:task")
+    ap.add_argument("--candidates", type=int, default=64)
     ap.add_argument("--arch", default="sm_90")
     ap.add_argument("--out", default="bench/results/valid_sampling_cpu.json")
     args = ap.parse_args(argv)
     from services.measurer.metaschedule.targets import family_target
     from services.tuner.metaschedule.extract import extract
-    from services.tuner.metaschedule.intrinsics import load_tensor_intrinsics
     from sharetune.intake import to_relax
 
-    load_tensor_intrinsics("cuda")
     target = family_target(f"cuda.{args.arch}")
-    models: dict[str, dict] = {}
+    models: dict = {}
     rows = []
+    print(f"{'task':<34} {'precheck':<8} {'valid':>5} {'drawn':>6} {'CPU s':>6} {'s/valid':>8} "
+          f"{'rej pre':>7} {'rej VGC':>7}")
     for spec in args.tasks.split(","):
-        model, name = spec.split(":", 1)
+        model, _, name = spec.partition(":")
         if model not in models:
             models[model] = {t.name: t for t in extract(to_relax(model).mod, target)}
-        task = models[model].get(name)
-        if task is None:
-            print(f"{spec}: no such task (have {sorted(models[model])})")
-            continue
-        row = {"model": model, "task": name}
-        for label, on in (("without", False), ("with", True)):
-            row[label] = cold_round(task, target, on, args.per_round, args.rounds)
-        row["cpu_ratio"] = round(row["with"]["cpu_s_per_valid_candidate"]
-                                 / max(1e-9, row["without"]["cpu_s_per_valid_candidate"]), 3)
-        rows.append(row)
-        print(f"{spec:<40} CPU s / valid candidate {row['without']['cpu_s_per_valid_candidate']:.3f} -> "
-              f"{row['with']['cpu_s_per_valid_candidate']:.3f} (x{row['cpu_ratio']}), rejected before lowering "
-              f"{row['with']['rejected_before_lowering']}", flush=True)
-    Path(args.out).write_text(json.dumps({"target": str(target), "per_round": args.per_round, "rounds": args.rounds,
-                                          "threads": 1, "rows": rows}, indent=1))
+        for precheck in (False, True):
+            r = {"model": model, "task": name, **cold_round(models[model][name], target, precheck, args.candidates)}
+            rows.append(r)
+            print(f"{model + ':' + name:<34} {'on' if precheck else 'off':<8} {r['valid']:>5} {r['drawn']:>6} "
+                  f"{r['search_cpu_s']:>6} {r['cpu_s_per_valid']:>8} {r['frac_rejected_precheck']:>7} "
+                  f"{r['frac_rejected_verify_gpu']:>7}", flush=True)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps({"target": str(target), "candidates": args.candidates, "threads": 1,
+                                          "strategy": "replay-trace", "rows": rows}, indent=1))
     print("wrote", args.out)
     return 0
 

@@ -13,7 +13,7 @@ def tune_context(mod, target, task_name: str, cold: bool, population: int, rand_
     if valid_sampling and target.kind.name == "cuda":
         from services.tuner.metaschedule.validity import cuda_postprocs
 
-        space = ms.space_generator.PostOrderApply(postprocs=cuda_postprocs())
+        space = ms.space_generator.PostOrderApply(postprocs=cuda_postprocs(target))
     return ms.TuneContext(
         mod=mod,
         target=target,

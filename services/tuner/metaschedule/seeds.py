@@ -91,6 +91,14 @@ def transfer(trace, ctx: ms.TuneContext) -> ms.MeasureCandidate | None:
         for postproc in ctx.space_generator.postprocs:
             if not postproc.apply(sch):
                 return None
+        # the re-fitted trace must replay on this workload by itself, as evolution (from the database) and the
+        # export (compile_relax) will replay it: a trace whose replay differs is no seed
+        again = tvm.s_tir.Schedule(ctx.mod, debug_mask=0, error_render_level="none")
+        sch.trace.apply_to_schedule(again, remove_postproc=False)
+        from tvm_ffi import structural_equal
+
+        if not structural_equal(again.mod, sch.mod):
+            return None
         return ms.MeasureCandidate(sch, ms.arg_info.ArgInfo.from_entry_func(sch.mod, remove_preproc=True))
     except Exception as err:  # noqa: BLE001 - a trace of another workload may fail anywhere in its replay
         log.debug("trace does not apply to %s: %s", ctx.task_name, err)
