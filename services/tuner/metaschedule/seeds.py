@@ -88,16 +88,18 @@ def transfer(trace, ctx: ms.TuneContext) -> ms.MeasureCandidate | None:
     try:
         sch = tvm.s_tir.Schedule(ctx.mod, debug_mask=0, error_render_level="none")
         trace.apply_to_schedule(sch, remove_postproc=True, decision_provider=refit)
+        sch.enter_postproc()  # as MetaSchedule's own search marks it: a replay may drop what follows
         for postproc in ctx.space_generator.postprocs:
             if not postproc.apply(sch):
                 return None
-        # the re-fitted trace must replay on this workload by itself, as evolution (from the database) and the
-        # export (compile_relax) will replay it: a trace whose replay differs is no seed
-        again = tvm.s_tir.Schedule(ctx.mod, debug_mask=0, error_render_level="none")
-        sch.trace.apply_to_schedule(again, remove_postproc=False)
+        # the re-fitted trace must replay on this workload as evolution (from the database) replays it: without
+        # its postprocessing, which the postprocessors then redo; a trace whose replay differs is no seed
         from tvm_ffi import structural_equal
 
-        if not structural_equal(again.mod, sch.mod):
+        again = tvm.s_tir.Schedule(ctx.mod, debug_mask=0, error_render_level="none")
+        sch.trace.apply_to_schedule(again, remove_postproc=True)
+        again.enter_postproc()
+        if not all(p.apply(again) for p in ctx.space_generator.postprocs) or not structural_equal(again.mod, sch.mod):
             return None
         return ms.MeasureCandidate(sch, ms.arg_info.ArgInfo.from_entry_func(sch.mod, remove_preproc=True))
     except Exception as err:  # noqa: BLE001 - a trace of another workload may fail anywhere in its replay
