@@ -17,6 +17,21 @@ def test_the_estimate_counts_an_unmeasured_task_at_its_default_and_only_improvem
     assert [e for _, _, e in curve] == [16.0, 16.0, 16.0, 16.0, 13.0]
 
 
+def test_trials_committed_at_the_same_second_keep_their_order_even_when_one_failed():
+    # stock commits a task's records together: one timestamp, a failed trial (None) beside timed ones
+    events = [(2.0, "conv", 6.0), (2.0, "conv", None), (2.0, "conv", 5.0), (1.0, "dense", 3.0)]
+    curve = latency_curve(events, {"conv": 1, "dense": 1}, {"conv": 10.0, "dense": 4.0})
+    assert [e for _, _, e in curve] == [13.0, 9.0, 9.0, 8.0]
+
+
+def test_stock_compiles_its_best_trial_even_where_the_default_schedule_is_faster():
+    events = [(1.0, "norm", 12.0), (2.0, "norm", 9.0)]
+    guarded = latency_curve(events, {"norm": 1}, {"norm": 5.0})
+    stock = latency_curve(events, {"norm": 1}, {"norm": 5.0}, keeps_default=False)
+    assert [e for _, _, e in guarded] == [5.0, 5.0]
+    assert [e for _, _, e in stock] == [12.0, 9.0]
+
+
 def test_a_task_without_a_default_counts_at_its_first_valid_trial():
     curve = latency_curve([(1.0, "a", 3.0), (2.0, "b", 9.0), (3.0, "b", 2.0)], {"a": 1, "b": 1}, {"a": 5.0})
     assert [e for _, _, e in curve] == [12.0, 12.0, 5.0]
