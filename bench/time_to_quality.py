@@ -242,20 +242,21 @@ def run_service(args, model: str, work: Path, store_from: Path | None = None) ->
             d = store.default_timing(r, t.wkey)
             if d is not None and d.run_secs:
                 defaults[t.name] = statistics.median(d.run_secs)
-        events, seeds = [], 0
+        events, seeds, valid = [], 0, 0
         for t in tasks:
             for rec in store.records(r, t.wkey):
                 if rec.job_id != job.job_id:
                     continue
                 seeds += bool(getattr(rec, "seeded_from", None))
-                ok = store.valid_record(rec) and rec.timing == "full"
+                valid += store.valid_record(rec)  # timed, briefly or fully
+                ok = store.valid_record(rec) and rec.timing == "full"  # what an export may use
                 events.append((rec.measured_at - t0, t.name, statistics.median(rec.run_secs) if ok else None))
         row = {"state": final.get("state"), "wall_s": round(wall, 1), "trials": len(events), "weights": weights,
                "defaults": defaults, "events": events, "seeds_measured": seeds,
                "trials_per_min": round(60 * len(events) / max(wall, 1e-9), 1)}
         splits = store.splits(r, job.job_id)
         row["splits"] = splits
-        valid = sum(1 for e in events if e[2] is not None)
+        row["valid_trials"], row["fully_timed_trials"] = valid, sum(1 for e in events if e[2] is not None)
         from shared.settings import physical_cores
 
         # a stack's clients split the host's physical cores for their searches (Stack.start_tuner); the
