@@ -3,6 +3,7 @@ import time
 
 import pytest
 
+from services.celery_app import MAX_ENTRY_BYTES
 from shared import names, store
 from shared.errors import ModelError, ShareError, TargetError
 
@@ -162,7 +163,8 @@ def test_a_100_mb_message_on_a_lane_queue_is_refused_before_parsing(client, redi
     client.app.send_task(names.MEASURE_TASK, args=[{"batch_id": "huge-1", "pad": "x" * HUNDRED_MB}], queue=lane.queue)
     entry = _last_dead_letter(redis_conn, before)
     assert entry["source"] == lane.queue
-    assert "exceeds the limit of 67108864 bytes" in entry["why"]
+    # its raw entry (the body base64-encoded in kombu's envelope) is refused before any decoding
+    assert f"exceeds the limit of {MAX_ENTRY_BYTES} bytes" in entry["why"]
     assert any(l.worker == worker for l in client.lanes())  # the same lane process serves on
 
 
