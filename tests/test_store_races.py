@@ -57,6 +57,40 @@ def test_an_expired_lease_retaken_by_another_owner_is_not_released_or_renewed_by
     assert store.lease_owner(r, job, 0) == "b"
 
 
+def _running(r, job: str, owner: str | None, state: str = "running") -> None:
+    sh = ShardState(shard=0, task_ids=["t"], state=state, owner=owner)
+    r.hset(names.job_shards_key(job), "0", sh.model_dump_json())
+
+
+def test_a_lease_that_lapsed_unseen_is_taken_again_by_its_live_owner(r):
+    job = "late-renewal"
+    key = names.shard_lease_key(job, 0)
+    _running(r, job, "a")
+    assert store.take_lease(r, job, 0, "a", ttl_s=30)
+    assert store.renew_lease_as(r, job, 0, "a") == 1
+    _expire(r, key)  # the renewal thread was starved past the TTL; no reaper came
+    assert store.renew_lease_as(r, job, 0, "a", ttl_s=30) == 2
+    assert store.lease_owner(r, job, 0) == "a" and r.ttl(key) > 0
+
+
+def test_a_lapsed_lease_is_lost_once_a_reaper_or_another_client_moved_the_shard(r):
+    job = "late-renewal-lost"
+    key = names.shard_lease_key(job, 0)
+    _running(r, job, "a")
+    assert store.take_lease(r, job, 0, "a", ttl_s=30)
+    _expire(r, key)
+    assert store.take_lease(r, job, 0, "reaper.x", ttl_s=30)  # the reaper holds it while it re-sends
+    assert store.renew_lease_as(r, job, 0, "a") == 0
+    store.release_lease(r, job, 0, "reaper.x")
+    _running(r, job, None, state="pending")  # re-sent: the shard is nobody's
+    assert not store.renew_lease(r, job, 0, "a")
+    _running(r, job, "b")  # another client runs it now
+    assert not store.renew_lease(r, job, 0, "a")
+    assert store.lease_owner(r, job, 0) is None
+    r.delete(names.job_shards_key(job))
+    assert not store.renew_lease(r, job, 0, "a")  # no shard at all
+
+
 class _RetakenAfterRead:
     """A connection on which the watched key expires and is retaken by `thief` right after this client
     reads it: the window of a read-then-delete release. An atomic release reads nothing client-side."""

@@ -190,13 +190,20 @@ class Lease:
         threading.Thread(target=self._renew, name=f"lease-{job_id}-{shard}", daemon=True).start()
 
     def _renew(self):
+        last = time.monotonic()
         while not self._done.wait(timeouts.LEASE_RENEW_S):
             try:
-                if not store.renew_lease(self.redis, self.job_id, self.shard, self.worker):
-                    self._lost.set()
-                    return
+                got = store.renew_lease_as(self.redis, self.job_id, self.shard, self.worker)
             except Exception as err:  # noqa: BLE001 - Redis away for a moment: try again
                 log.warning("lease renewal of %s/%s: %s", self.job_id, self.shard, err)
+                continue
+            if not got:
+                self._lost.set()
+                return
+            if got == 2:  # this thread was starved past the TTL (a loaded host), and no one had taken the shard
+                log.warning("lease of %s/%s lapsed %.1f s after its last renewal (TTL %d s) and was taken again",
+                            self.job_id, self.shard, time.monotonic() - last, timeouts.LEASE_TTL_S)
+            last = time.monotonic()
 
     def held(self) -> bool:
         return not self._lost.is_set()

@@ -31,6 +31,26 @@ end
 return 0
 """)
 
+# A shard's lease renewed, or taken again when it lapsed while nothing else happened: nobody holds it and the
+# shard (KEYS[2] field ARGV[3]) is still running under this owner, so no reaper has sent it again. A renewal
+# that came late (a loaded host) then keeps a live client's shard. 1 renewed, 2 taken again, 0 lost.
+_RENEW_SHARD = _script("""
+local cur = redis.call('GET', KEYS[1])
+if cur == ARGV[1] then
+  redis.call('EXPIRE', KEYS[1], ARGV[2])
+  return 1
+end
+if cur then return 0 end
+local raw = redis.call('HGET', KEYS[2], ARGV[3])
+if not raw then return 0 end
+local sh = cjson.decode(raw)
+if sh['state'] == 'running' and sh['owner'] == ARGV[1] then
+  redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[2])
+  return 2
+end
+return 0
+""")
+
 # Delete only our own: one that expired and was taken by another owner stays theirs.
 _RELEASE = _script("""
 if redis.call('GET', KEYS[1]) == ARGV[1] then
@@ -46,7 +66,14 @@ def take_lease(r: redis.Redis, job_id: str, shard: int, owner: str, ttl_s: int =
 
 
 def renew_lease(r: redis.Redis, job_id: str, shard: int, owner: str, ttl_s: int = timeouts.LEASE_TTL_S) -> bool:
-    return bool(_RENEW(keys=[names.shard_lease_key(job_id, shard)], args=[owner, int(ttl_s)], client=r))
+    """True while `owner` holds the shard: renewed, or taken again after it lapsed unseen (see _RENEW_SHARD)."""
+    return renew_lease_as(r, job_id, shard, owner, ttl_s) > 0
+
+
+def renew_lease_as(r: redis.Redis, job_id: str, shard: int, owner: str, ttl_s: int = timeouts.LEASE_TTL_S) -> int:
+    """1 renewed, 2 taken again after it lapsed while the shard stayed this owner's, 0 lost."""
+    return int(_RENEW_SHARD(keys=[names.shard_lease_key(job_id, shard), names.job_shards_key(job_id)],
+                            args=[owner, int(ttl_s), str(shard)], client=r))
 
 
 def lease_owner(r: redis.Redis, job_id: str, shard: int) -> str | None:
