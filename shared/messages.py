@@ -215,6 +215,21 @@ class TaskBest(Contract):
     applied: bool = True  # the tuned model runs its best record (False: the default was as fast or faster)
 
 
+class TrialAccounting(Contract):
+    """Where a job's trials went, as the store knows them. `claimed` from its budget (refunds handed back),
+    `outstanding` claimed by a round not yet recorded, `recorded` its records (results and errors), `lost`
+    claimed, settled and yet without a record (0 for a finished job), `reused` records found in the store
+    from before the job; `resends` batches sent again to another lane or builder, by kind."""
+
+    claimed: int
+    outstanding: int
+    recorded: int
+    lost: int
+    reused: int = 0
+    resends: int = 0
+    resend_kinds: dict[str, int] = {}
+
+
 class JobResult(Contract):
     job_id: str
     tasks: list[TaskBest]
@@ -229,6 +244,7 @@ class JobResult(Contract):
     lanes: dict[str, Any] = {}  # each lane's own busy clock over the job (see lane_utilisation)
     # the job's valid records by the timing they got: {"full": n, "brief": m} (screened timing's saving)
     timings: dict[str, int] = {}
+    accounting: TrialAccounting | None = None  # as it stood when the job finished
 
 
 class JobHash(BaseModel):

@@ -211,11 +211,21 @@ def job_transient_keys(job_id: str) -> list[str]:
             job_cancel_key(job_id)]
 
 
+def job_resends_key(job_id: str) -> str:
+    """List of the job's re-sent batches, JSON {at, batch, to, kind, why}, the newest RESENDS_KEPT."""
+    return f"{PREFIX}:job:{job_id}:resends"
+
+
+def job_resend_counts_key(job_id: str) -> str:
+    """Hash re-send kind -> how many batches were sent again for it (every one, not only the kept)."""
+    return f"{PREFIX}:job:{job_id}:resend_counts"
+
+
 def job_keys(job_id: str) -> list[str]:
     """Every key of a job (shard leases and re-queue guards aside: they lapse by their TTL). `prune` deletes
     them; the workloads' records and defaults are the tuning knowledge and stay."""
     return [job_key(job_id), job_tasks_key(job_id), job_progress_key(job_id), job_batches_key(job_id),
-            job_shards_key(job_id)] + job_transient_keys(job_id)
+            job_shards_key(job_id), job_resends_key(job_id), job_resend_counts_key(job_id)] + job_transient_keys(job_id)
 
 
 def workload_key(wkey: str) -> str:

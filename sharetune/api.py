@@ -11,7 +11,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from shared.errors import ExposureError, JobError, ModelError, SharetuneError
-from shared.messages import JobResult, LaneInfo
+from shared.messages import JobResult, LaneInfo, TrialAccounting
 
 
 class SubmitRequest(BaseModel):
@@ -70,6 +70,7 @@ class JobStatus(BaseModel):
     eta_s: float | None = None
     advice: str | None = None  # the budget that would give every task one round, when the job's does not
     waiting_for: str | None = None  # a job parked until a lane of its share lives
+    accounting: TrialAccounting | None = None  # claimed, recorded, outstanding, lost, reused, re-sends
 
 
 class Cancelled(BaseModel):

@@ -194,7 +194,11 @@ def _print_status(st: dict) -> None:
     """A job's status view: its bar, one line per task, the budget advice."""
     from sharetune.progress import render
 
+    from sharetune.progress import accounting_line
+
     print("\n".join(render(st, time.time(), _width())))
+    if accounting_line(st.get("accounting")):
+        print(accounting_line(st.get("accounting")))
     if st.get("advice"):
         print(f"budget advice: {st['advice']}")
 
@@ -243,7 +247,7 @@ def _watch(job, as_json: bool = False, interval: float = 1.0) -> int:
 
 def cmd_results(args) -> int:
     from shared.errors import SharetuneError
-    from sharetune.progress import fmt_us, timing_line
+    from sharetune.progress import accounting_line, fmt_us, timing_line
 
     job = _client().job(args.job_id)
     res = job.result()
@@ -254,6 +258,8 @@ def cmd_results(args) -> int:
     if advice:
         print(f"budget advice: {advice}")
     print(f"job {res.job_id}: {res.trials} trials in {res.wall_s:.0f} s on {res.target}")
+    if res.accounting is not None:
+        print(accounting_line(res.accounting.model_dump()))
     for t in res.tasks:
         kept = "" if t.applied or t.best_us is None else "  (default kept: as fast or faster)"
         print(f"  {t.name:<40} x{t.weight:<2} {t.trials:>4} trials  best {fmt_us(t.best_us):>10}  "

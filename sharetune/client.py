@@ -55,7 +55,8 @@ class Job:
                 "gpu_error": st.get("gpu_error"), "waiting_for": st.get("waiting_for"), "advice": st.get("advice"),
                 "target": spec.target, "share": spec.share, "budget": spec.trials,
                 "trials": sum(r["trials"] for r in rows), "submitted_at": spec.submitted_at, "times": stamps,
-                "tasks": rows, "shards": shards, "quarantined": quarantined}
+                "tasks": rows, "shards": shards, "quarantined": quarantined,
+                "accounting": store.trial_accounting(self.client.redis, self.job_id)}
 
     def cancel(self) -> str:
         """Stop the job after the round in flight; returns its state afterwards (done/failed stay)."""

@@ -121,3 +121,15 @@ def _job_estimate_us(st: dict) -> float | None:
     if not tasks or any(x is None for x in per_task):
         return None
     return sum(x * t["weight"] for x, t in zip(per_task, tasks))
+
+
+def accounting_line(acc: dict | None) -> str | None:
+    """Where a job's trials went, in one line (None when the store no longer knows)."""
+    if not acc:
+        return None
+    line = (f"trials: {acc['claimed']} claimed, {acc['recorded']} recorded, {acc['outstanding']} outstanding, "
+            f"{acc['lost']} lost, {acc.get('reused', 0)} reused from the store")
+    kinds = acc.get("resend_kinds") or {}
+    if kinds:
+        line += "; re-sent batches: " + ", ".join(f"{n} {k}" for k, n in sorted(kinds.items()))
+    return line

@@ -51,7 +51,8 @@ def job_data(r, job_id: str) -> dict:
     return {"job_id": job_id, "name": spec.name, "target": spec.target, "share": spec.share, "budget": spec.trials,
             "state": job.state, "error": job.error, "tasks": per_task, "job_curve": job_curve,
             "lanes": lanes, "utilisation": utilisation(lanes, end), "end_s": end,
-            "result": json.loads(store.job_result(r, job_id).model_dump_json()) if store.job_result(r, job_id) else None}
+            "result": json.loads(store.job_result(r, job_id).model_dump_json()) if store.job_result(r, job_id) else None,
+            "accounting": store.trial_accounting(r, job_id)}
 
 
 def utilisation(lanes: dict[str, list], end_s: float, bins: int = 40) -> dict[str, list]:
@@ -163,7 +164,7 @@ def matrix_rows(matrix: dict) -> list[dict]:
 def render_html(data: dict, matrix: dict | None = None) -> str:
     import jinja2
 
-    from sharetune.progress import fmt_s, fmt_us
+    from sharetune.progress import accounting_line, fmt_s, fmt_us
 
     tasks = sorted(data["tasks"].values(), key=lambda t: t["name"])
     by_trials = [(f"{t['name']} x{t['weight']}", [(c["trial"], c["best_us"]) for c in t["curve"]]) for t in tasks]
@@ -192,6 +193,7 @@ def render_html(data: dict, matrix: dict | None = None) -> str:
         trials=sum(len(t["curve"]) for t in tasks), tuning_time=fmt_s(data["end_s"]),
         estimate=fmt_us(data["job_curve"][-1]["est_us"] if data["job_curve"] else None),
         split=", ".join(f"{k} {v} s" for k, v in (res.get("time_split_s") or {}).items()),
+        accounting=accounting_line(data.get("accounting")),
         matrix={"shares": matrix["shares"], "rows": matrix_rows(matrix)} if matrix else None)
 
 

@@ -36,6 +36,7 @@ def test_status_and_results_of_a_finished_job(http, tuned_tiny):
     st = http.get(f"/jobs/{tuned_tiny.job_id}").json()
     assert st["state"] == "done" and st["trials"] == tuned_tiny.result().trials and st["eta_s"] == 0.0
     assert st["advice"] is None  # 24 trials at 8 a round reach both of tiny's tasks
+    assert st["accounting"]["recorded"] == st["trials"] and st["accounting"]["lost"] == 0
     res = http.get(f"/jobs/{tuned_tiny.job_id}/results").json()
     assert res["job_id"] == tuned_tiny.job_id and {t["name"] for t in res["tasks"]} == {t["task"] for t in st["tasks"]}
     assert tuned_tiny.job_id in http.get("/jobs").json()

@@ -42,6 +42,12 @@ def test_status_results_lanes_as_json(cli, tuned_tiny, client):
     assert {lane_kinds.parse("measure.cpu.c0").queue} <= {l["queue"] for l in lanes}
     text = cli("status", tuned_tiny.job_id).stdout
     assert "trials" in text and all(t["task"] in text for t in st["tasks"])
+    # where the trials went, in the JSON and in the text of both commands
+    acc = st["accounting"]
+    assert acc["claimed"] == acc["recorded"] == st["trials"] and acc["lost"] == acc["outstanding"] == 0
+    assert res["accounting"]["recorded"] == st["trials"] and res["accounting"]["lost"] == 0
+    line = f"trials: {acc['claimed']} claimed, {acc['recorded']} recorded, 0 outstanding, 0 lost"
+    assert line in text and line in cli("results", tuned_tiny.job_id).stdout
 
 
 def test_watch_ends_with_the_job(cli, tuned_tiny):

@@ -18,7 +18,8 @@ def test_lane_killed_mid_batch_loses_no_candidate(stack, client, redis_conn, lan
     restarts = len(stack.recoveries)
     job = client.submit("tiny", target="llvm", share=lane_share, trials=8, trials_per_iter=8, seed=3,
                         only_tasks=faultlib.conv_only(redis_conn, tuned_tiny))
-    _, info = faultlib.batch_in_flight(redis_conn, before, job.job_id)
+    batch_key, info = faultlib.batch_in_flight(redis_conn, before, job.job_id)
+    batch_id = (batch_key.decode() if isinstance(batch_key, bytes) else batch_key).rsplit(":", 1)[1]
     pid = int(info["worker"].rsplit(".", 1)[1])
     assert any(p.pid == pid for p in list(stack.procs.values()))
     os.kill(pid, signal.SIGKILL)
@@ -33,6 +34,13 @@ def test_lane_killed_mid_batch_loses_no_candidate(stack, client, redis_conn, lan
     assert all(r.error is None for r in recs)
     accounting = store.trial_accounting(redis_conn, job.job_id)  # every claimed trial ended as one record
     assert accounting["claimed"] == accounting["recorded"] == len(recs) and accounting["lost"] == 0
+    # the killed batch's re-send is on record, once, with its batch and reason, and the user sees it
+    sent_again = store.resends(redis_conn, job.job_id)
+    assert [e["kind"] for e in sent_again] == ["lane-died"] and sent_again[0]["batch"] == batch_id
+    assert f"worker {info['worker']} died" in sent_again[0]["why"]
+    assert accounting["resends"] == 1 and accounting["resend_kinds"] == {"lane-died": 1}
+    assert st["accounting"]["resend_kinds"] == {"lane-died": 1}
+    assert job.result().accounting.resends == 1 and job.result().accounting.lost == 0
     # the stack's supervisor started the lane again
     stack.wait_for_lanes(stack.lanes, 300)
     back = next(e for e in stack.recoveries[restarts:] if e["restarted"])

@@ -42,6 +42,10 @@ def test_report_data_matches_the_store(tuned_tiny, redis_conn):
     assert all(b.lane.startswith("measure.cpu.") and b.finished_at >= b.started_at for b in batches)
     assert all(0.0 <= u <= 1.0 for pts in data["utilisation"].values() for _, u in pts)
     assert data["job_curve"] and data["job_curve"][-1]["est_us"] > 0
+    assert data["accounting"]["recorded"] == res.trials and data["accounting"]["lost"] == 0
+    from sharetune.report import render_html
+
+    assert f"{res.trials} recorded, 0 outstanding, 0 lost" in render_html(data)
 
 
 def test_report_renders_in_headless_chromium(tuned_tiny, stack, tmp_path):

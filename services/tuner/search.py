@@ -9,7 +9,8 @@ import time
 from pathlib import Path
 
 from shared import lanes, store, timeouts
-from shared.messages import JobResult, TaskBest, TimingConfig, lane_kind, lane_utilisation, target_kind
+from shared.messages import (JobResult, TaskBest, TimingConfig, TrialAccounting, lane_kind, lane_utilisation,
+                             target_kind)
 from shared.ranking import default_secs, rank_secs
 
 
@@ -161,6 +162,7 @@ def finish_job(send, redis, job_id: str, work_dir: Path, grace_s: float = timeou
     times["clients"] = len(shards)
     times["population"] = max((sp.get("population", 0) for sp in splits), default=0)
     times["resumed_shards"] = sum(1 for sh in shards.values() if sh.attempts > 1)
+    accounting = store.trial_accounting(redis, job_id)
     result = JobResult(
         job_id=job_id,
         tasks=bests,
@@ -174,6 +176,7 @@ def finish_job(send, redis, job_id: str, work_dir: Path, grace_s: float = timeou
         retime=retime,
         lanes=lane_utilisation(store.lane_batches(redis, job_id)),
         timings=timings,
+        accounting=TrialAccounting(**accounting) if accounting else None,
     )
     store.set_result(redis, result)
     store.set_state(redis, job_id, "done")

@@ -37,7 +37,8 @@ from shared.store.liveness import (  # noqa: F401
 from shared.store.results import (  # noqa: F401
     batch_progress, batch_results, batch_started, candidate_hash, crash_clear, crash_count,
     crash_pending, dead_letter, DEADLETTER_KEEP, gpu_faults, lane_batches, log_lane_batch,
-    mark_batch_started, put_result, quarantine, quarantined, quarantined_all, report_gpu_fault
+    mark_batch_started, note_resend, put_result, quarantine, quarantined, quarantined_all, report_gpu_fault,
+    resend_counts, resends
 )
 from shared.store.costmodels import (  # noqa: F401
     best_rows, best_rows_of, newest_training_rows, next_snapshot_version, push_training_rows,

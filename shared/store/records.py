@@ -8,7 +8,8 @@ from shared import names
 from shared.errors import JobError
 from shared.messages import DefaultTiming, Record, TaskProgress, Workload, WorkloadShape
 from shared.store._redis import _script
-from shared.store.jobs import budget_left, job_spec, job_tasks, put_progress, settle_claim
+from shared.store.jobs import budget_left, job_progress, job_result, job_spec, job_tasks, put_progress, settle_claim
+from shared.store.results import resend_counts
 
 
 # ---- workloads and records ------------------------------------------------------------------------------
@@ -121,12 +122,18 @@ def known_records(r: redis.Redis, wkey: str, keys: list[str]) -> dict[str, Recor
     found = {k: Record.parse(v) for k, v in zip(keys, raw) if v is not None}
     return {k: rec for k, rec in found.items() if valid_record(rec)}
 
-def trial_accounting(r: redis.Redis, job_id: str) -> dict[str, int]:
-    """The job's trials as the store knows them: `claimed` from its budget (refunds handed back),
-    `outstanding` claimed by a round not yet recorded, `recorded` its records (results and errors), and
-    `lost`: claimed, settled, yet without a record. A finished job has lost == outstanding == 0."""
+def trial_accounting(r: redis.Redis, job_id: str) -> dict | None:
+    """The job's trials as the store knows them (the fields: shared.messages.TrialAccounting). A finished
+    job has lost == outstanding == 0. Its budget is a running job's key: once that expired after the job
+    ended, the accounting is the one its result kept (None before a result)."""
+    if not r.exists(names.job_budget_key(job_id)):
+        res = job_result(r, job_id)
+        return res.accounting.model_dump() if res is not None and res.accounting is not None else None
     claimed = job_spec(r, job_id).trials - budget_left(r, job_id)
     outstanding = sum(max(0, int(v)) for v in r.hvals(names.job_claims_key(job_id)))
     recorded = sum(1 for t in job_tasks(r, job_id) for rec in records(r, t.wkey) if rec.job_id == job_id)
+    reused = sum(p.reused_trials for p in job_progress(r, job_id).values())
+    kinds = resend_counts(r, job_id)
     return {"claimed": claimed, "outstanding": outstanding, "recorded": recorded,
-            "lost": max(0, claimed - outstanding - recorded)}
+            "lost": max(0, claimed - outstanding - recorded), "reused": reused, "resends": sum(kinds.values()),
+            "resend_kinds": kinds}

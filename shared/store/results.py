@@ -87,6 +87,27 @@ def dead_letter(r: redis.Redis, source: str, why: str, body: str) -> None:
         p.execute()
 
 
+RESENDS_KEPT = 200  # the newest re-sends of a job kept with their reasons (all are counted by kind)
+
+
+def note_resend(r: redis.Redis, job_id: str, batch_id: str, to: str, kind: str, why: str) -> None:
+    """A batch's unanswered candidates were sent again (to `to`) for `why`; `kind` names the cause."""
+    entry = json.dumps({"at": time.time(), "batch": batch_id, "to": to, "kind": kind, "why": why[:500]})
+    with r.pipeline() as p:
+        p.rpush(names.job_resends_key(job_id), entry)
+        p.ltrim(names.job_resends_key(job_id), -RESENDS_KEPT, -1)
+        p.hincrby(names.job_resend_counts_key(job_id), kind, 1)
+        p.execute()
+
+
+def resends(r: redis.Redis, job_id: str) -> list[dict]:
+    return [json.loads(e) for e in r.lrange(names.job_resends_key(job_id), 0, -1)]
+
+
+def resend_counts(r: redis.Redis, job_id: str) -> dict[str, int]:
+    return {_s(k): int(v) for k, v in r.hgetall(names.job_resend_counts_key(job_id)).items()}
+
+
 # ---- poison candidates ---------------------------------------------------------------------------------
 
 

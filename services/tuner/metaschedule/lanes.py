@@ -7,6 +7,7 @@ results the lanes write to Redis. A lane that vanishes or a batch that overruns 
 result, never to a hang."""
 from __future__ import annotations
 
+import logging
 import statistics
 import threading
 import time
@@ -21,6 +22,8 @@ from shared import lanes as lane_kinds
 from shared import names, store, timeouts
 from services.tuner.metaschedule.codec import dump_ir
 from shared.messages import BuildRequest, Candidate, LaneInfo, MeasureBatch, MeasureResult, TimingConfig
+
+log = logging.getLogger("sharetune.tuner.lanes")
 
 HANDLE_PREFIX = "lane-candidate:"
 # Times a batch's unanswered candidates are sent again after its lane died. A GPU fault under MPS ends every
@@ -96,7 +99,6 @@ class BatchWatch:
         self.worker: str | None = None
         self.failed: str | None = None
         self.redispatch_left = redispatch
-        self.redispatched: list[str] = []  # why, each time
         self.queue_time_counted = False
         self._lane_missing_since: float | None = None
         self._no_lane_since: float | None = None  # a re-send is due but no lane is live yet
@@ -115,44 +117,51 @@ class BatchWatch:
             return
         now = time.time()
         timeout = self.runner.timing.timeout_s
-        why = None
+        kind, why = None, None
         if self.started_at is not None:
             if self.worker and not store.lane_worker_alive(self.redis, self.lane, self.worker):
-                why = f"lane {self.lane} worker {self.worker} died during batch {self.batch.batch_id}"
+                kind, why = "lane-died", f"lane {self.lane} worker {self.worker} died during batch {self.batch.batch_id}"
             elif now - self.started_at > len(self.batch.candidates) * timeout + self.runner.grace_s:
-                why = f"lane {self.lane} did not finish batch {self.batch.batch_id} in time"
+                kind, why = "lane-timeout", f"lane {self.lane} did not finish batch {self.batch.batch_id} in time"
         elif self.via and building and not building.get("forwarded"):
             if building.get("alive_key") and not store.builder_alive(self.redis, building["alive_key"]):
-                why = f"builder {building.get('worker')} died while building batch {self.batch.batch_id}"
+                kind, why = "builder-died", f"builder {building.get('worker')} died while building batch {self.batch.batch_id}"
             elif now - building["at"] > len(self.batch.candidates) * timeout + self.runner.grace_s:
-                why = f"builder {building.get('worker')} did not finish batch {self.batch.batch_id} in time"
+                kind, why = ("builder-timeout",
+                             f"builder {building.get('worker')} did not finish batch {self.batch.batch_id} in time")
         elif self.via and not building:
             since = self.runner.builders_missing_since()
             if since is not None and now - since > timeouts.NO_BUILDER_GRACE_S:
-                why = f"no builder of {self.runner.family} is left to build batch {self.batch.batch_id}"
+                kind, why = "no-builder", f"no builder of {self.runner.family} is left to build batch {self.batch.batch_id}"
         elif not store.lane_alive(self.redis, self.lane):
             self._lane_missing_since = self._lane_missing_since or now
             if now - self._lane_missing_since > timeouts.LANE_TTL_S:
-                why = f"lane {self.lane} is gone (no heartbeat for {timeouts.LANE_TTL_S} s)"
+                kind, why = "lane-gone", f"lane {self.lane} is gone (no heartbeat for {timeouts.LANE_TTL_S} s)"
         else:
             self._lane_missing_since = None
         if why:
             queue = self.runner.live_queue() if self.redispatch_left > 0 else None
             if queue is not None:
-                self._redispatch(queue, why)
+                self._redispatch(queue, kind, why)
             elif self.redispatch_left > 0 and now - (self._no_lane_since or now) < self.runner.grace_s:
                 self._no_lane_since = self._no_lane_since or now  # lanes restarting (e.g. after a GPU fault)
             else:
                 self.failed = why
 
-    def _redispatch(self, queue: str, why: str) -> None:
+    def _redispatch(self, queue: str, kind: str, why: str) -> None:
         pending = [c for c in self.batch.candidates if c.candidate_id not in self.results]
+        old = self.batch.batch_id
         self.batch = self.batch.model_copy(update={"batch_id": uuid.uuid4().hex, "candidates": pending})
+        log.warning("job %s: %d candidate(s) of batch %s sent again to %s as batch %s: %s", self.batch.job_id,
+                    len(pending), old, queue, self.batch.batch_id, why)
+        try:
+            store.note_resend(self.redis, self.batch.job_id, old, queue, kind, why)
+        except Exception:  # noqa: BLE001 - the accounting must not stop the re-send itself
+            log.warning("could not record the re-send of batch %s", old, exc_info=True)
         self.lane, self.sent_at, self.started_at, self.worker = queue, time.time(), None, None
         self.via = None  # the lane builds what it is re-sent: a builder may be what failed
         self._lane_missing_since = None
         self.redispatch_left -= 1
-        self.redispatched.append(why)
         self.runner.send(self.batch, queue)
 
     def result_for(self, candidate_id: str) -> MeasureResult | None:
