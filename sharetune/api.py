@@ -6,6 +6,8 @@ FastAPI app only maps routes and errors onto them. Start it with `sharetune api`
 from __future__ import annotations
 
 import base64
+import os
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -187,12 +189,29 @@ def _loopback(host: str) -> bool:
         return False
 
 
-def authorised(header: str | None, token: str) -> bool:
-    """Does an Authorization header carry the token (constant-time compare)?"""
+def authorised(header: str | None, token: str, query_token: str | None = None) -> bool:
+    """Does an Authorization header (or a `?token=` in the URL, as a browser opens the printed link) carry
+    the token (constant-time compare)?"""
     import hmac
 
     scheme, _, given = (header or "").partition(" ")
-    return scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), token.encode())
+    if scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), token.encode()):
+        return True
+    return query_token is not None and hmac.compare_digest(query_token.encode(), token.encode())
+
+
+def new_token(work_dir: Path) -> tuple[str, Path]:
+    """A fresh API token, written to work_dir/api_token readable by its owner only (0600)."""
+    import secrets
+
+    token = secrets.token_urlsafe(24)
+    work_dir.mkdir(parents=True, exist_ok=True)
+    path = work_dir / "api_token"
+    path.unlink(missing_ok=True)  # a file another user made is not written through
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(token + "\n")
+    return token, path
 
 
 def make_app(redis_url: str | None = None, client=None, token: str = ""):
@@ -211,7 +230,8 @@ def make_app(redis_url: str | None = None, client=None, token: str = ""):
     if token:
         @app.middleware("http")
         async def _require_token(request: Request, call_next):
-            if request.url.path in OPEN_PATHS or authorised(request.headers.get("authorization"), token):
+            if request.url.path in OPEN_PATHS or authorised(request.headers.get("authorization"), token,
+                                                            request.query_params.get("token")):
                 return await call_next(request)
             return JSONResponse(status_code=401, headers={"WWW-Authenticate": "Bearer"},
                                 content={"detail": "missing or wrong API token: send 'Authorization: Bearer <token>'",

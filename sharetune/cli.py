@@ -7,6 +7,7 @@ import json
 import os
 import sys
 import time
+from pathlib import Path
 
 import click
 
@@ -419,6 +420,13 @@ def cmd_api(args) -> int:
     from shared.settings import ApiSettings
 
     token = ApiSettings().api_token
+    if not token and not args.no_token:
+        from sharetune.api import new_token
+
+        token, path = new_token(Path(os.environ.get("SHARETUNE_WORK_DIR", "runs/stack")))
+        host = f"[{args.host}]" if ":" in args.host else args.host
+        print(f"API token in {path} (readable by you only). Open http://{host}:{args.port}/jobs?token={token} "
+              f"or send 'Authorization: Bearer <token>'", file=sys.stderr, flush=True)
     check_exposure(args.host, token, args.published_on)
     uvicorn.run(make_app(_redis_url(), token=token), host=args.host, port=args.port, log_level="info")
     return 0
@@ -553,7 +561,10 @@ command("api", "serve the HTTP API (submit, status, results, cancel; /docs, /ope
         click.option("--port", type=int, default=8000, show_default=True),
         click.option("--published-on", default=None,
                      help="in a container: the host address its port is published on (what others reach; "
-                          "loopback needs no token)"))(cmd_api)
+                          "loopback needs no token)"),
+        click.option("--no-token", is_flag=True,
+                     help="serve without a token when SHARETUNE_API_TOKEN is unset (loopback only); by default "
+                          "a new token is made and written to SHARETUNE_WORK_DIR/api_token"))(cmd_api)
 command("matrix", "tune at each share, serve at every share: the latency matrix\n\n"
         "Tune at each share, serve each tuned model at every share, print the tuned-at x served-at table (with 95 % "
         "intervals), the recommended share, the knee and what a share mismatch costs; write JSON + heatmap. Every "

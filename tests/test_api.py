@@ -7,6 +7,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -75,18 +76,23 @@ def test_submit_without_a_share_takes_the_live_lanes_share(http, lane_share):
         http.post(f"/jobs/{job_id}/cancel")
 
 
-def test_a_real_api_server(stack):
+def test_a_real_api_server(stack, tmp_path):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    env = {**os.environ, "REDIS_URL": stack.redis_url}
+    env = {**os.environ, "REDIS_URL": stack.redis_url, "SHARETUNE_WORK_DIR": str(tmp_path)}
+    env.pop("SHARETUNE_API_TOKEN", None)
     proc = subprocess.Popen([sys.executable, "-m", "sharetune", "api", "--port", str(port)], cwd=ROOT, env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
     try:
         deadline = time.time() + 120
         while True:
             try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/lanes", timeout=5) as resp:
+                token = (tmp_path / "api_token").read_text().strip()  # made by default, for its owner only
+                assert (tmp_path / "api_token").stat().st_mode & 0o777 == 0o600
+                request = urllib.request.Request(f"http://127.0.0.1:{port}/lanes",
+                                                 headers={"Authorization": f"Bearer {token}"})
+                with urllib.request.urlopen(request, timeout=5) as resp:
                     lanes = json.load(resp)
                 break
             except OSError:
@@ -96,6 +102,11 @@ def test_a_real_api_server(stack):
         assert {l["queue"] for l in lanes} >= set(stack.lanes)
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/openapi.json", timeout=5) as resp:
             assert json.load(resp)["info"]["title"] == "sharetune"
+        with pytest.raises(urllib.error.HTTPError) as refused:  # no token, or a wrong one: 401
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/lanes?token=wrong", timeout=5)
+        assert refused.value.code == 401
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/lanes?token={token}", timeout=5) as resp:
+            assert resp.status == 200  # the printed link works in a browser
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(30)
@@ -129,7 +140,8 @@ def test_the_api_is_not_reachable_beyond_this_host_without_a_token(monkeypatch, 
         with pytest.raises(ExposureError, match="SHARETUNE_API_TOKEN"):
             check_exposure(host, "", published_on=published)
     monkeypatch.delenv("SHARETUNE_API_TOKEN", raising=False)
-    assert main(["api", "--host", "0.0.0.0", "--port", "1"]) == 2  # refused before it listens
+    # --no-token is a choice for loopback only: refused before it listens
+    assert main(["api", "--host", "0.0.0.0", "--port", "1", "--no-token"]) == 2
     assert "no token" in capsys.readouterr().err
 
 
