@@ -384,18 +384,24 @@ def cmd_prune(args) -> int:
 
     r = _client().redis
     before = store.memory(r)
-    gone = store.prune_jobs(r, parse_duration(args.older_than), dry_run=args.dry_run)
+    gone = store.prune_jobs(r, parse_duration(args.older_than), dry_run=True)
+    freed = store.job_bytes(r, gone)  # measured before anything goes
+    if not args.dry_run:
+        store.prune_jobs(r, parse_duration(args.older_than), dry_run=False)
     after = store.memory(r)
-    out = {"jobs": gone, "dry_run": args.dry_run, "used_bytes_before": before["used_bytes"],
+    out = {"jobs": gone, "dry_run": args.dry_run, "frees_bytes": freed, "used_bytes_before": before["used_bytes"],
            "used_bytes_after": after["used_bytes"], "max_bytes": after["max_bytes"], "keys": after["keys"]}
     if args.json:
         _print_json(out)
         return 0
-    verb = "would prune" if args.dry_run else "pruned"
     limit = f" of {after['max_bytes'] / 2**20:.1f}" if after["max_bytes"] else ""
-    print(f"{verb} {len(gone)} job(s) ended more than {args.older_than} ago; Redis uses "
-          f"{before['used_bytes'] / 2**20:.1f} -> {after['used_bytes'] / 2**20:.1f}{limit} MiB "
-          f"({after['keys']} keys; tuning records kept)")
+    head = f"{len(gone)} job(s) ended more than {args.older_than} ago"
+    if args.dry_run:
+        print(f"would prune {head}, freeing ~{freed / 2**20:.1f} MiB of the {before['used_bytes'] / 2**20:.1f}{limit} "
+              f"MiB Redis uses (tuning records kept); nothing deleted")
+    else:
+        print(f"pruned {head} (~{freed / 2**20:.1f} MiB); Redis uses {before['used_bytes'] / 2**20:.1f} -> "
+              f"{after['used_bytes'] / 2**20:.1f}{limit} MiB ({after['keys']} keys; tuning records kept)")
     return 0
 
 

@@ -397,6 +397,9 @@ def to_relax(model: Any, example_inputs: Any = None) -> RelaxModel:
     if isinstance(model, str):
         from sharetune import zoo
 
+        if model not in zoo.ZOO and (os.sep in model or "/" in model):  # a path, not a zoo name
+            what = "is a directory, not a model file" if os.path.isdir(model) else "does not exist"
+            raise ModelError(f"{model!r} {what} (give an ONNX file, a zoo model name or a torch module)")
         entry = zoo.get(model)
         try:
             module, inputs = entry.build()

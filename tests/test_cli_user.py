@@ -111,3 +111,13 @@ def test_results_show_the_models_tuning_curve(cli, tuned_tiny, redis_conn):
     assert curve and all(b["est_us"] <= a["est_us"] for a, b in zip(curve, curve[1:]))  # a running best
     line = next(l for l in cli("results", tuned_tiny.job_id).stdout.splitlines() if l.startswith("model estimate"))
     assert line.count(" trials ") == min(5, len(curve)) and f"{curve[-1]['trial']} trials" in line
+
+
+def test_prune_dry_run_says_what_it_would_free_and_deletes_nothing(cli, tuned_tiny, redis_conn):
+    keys = redis_conn.dbsize()
+    out = json.loads(cli("prune", "--older-than", "0", "--dry-run", "--json").stdout)
+    assert tuned_tiny.job_id in out["jobs"] and out["dry_run"]
+    assert 0 < out["frees_bytes"] < out["used_bytes_before"]
+    assert redis_conn.exists(names.job_key(tuned_tiny.job_id)) and redis_conn.dbsize() >= keys
+    text = cli("prune", "--older-than", "0", "--dry-run").stdout
+    assert text.startswith("would prune") and "MiB of the" in text and "nothing deleted" in text

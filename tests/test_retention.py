@@ -62,6 +62,9 @@ def test_prune_deletes_jobs_that_ended_long_ago_and_keeps_the_tuning_records(r):
     r.hset(names.job_key(old), "updated_at", repr(time.time() - 8 * 86400))
     r.hset(names.job_key(running), "updated_at", repr(time.time() - 8 * 86400))  # old, but not ended
     assert old in store.prune_jobs(r, 7 * 86400, dry_run=True) and r.exists(names.job_key(old))
+    would_free = store.job_bytes(r, [old])
+    used = store.memory(r)["used_bytes"]
+    assert 1024 < would_free < used  # the job's keys, its 1 KiB model among them: not the whole store
     gone = store.prune_jobs(r, 7 * 86400)
     assert old in gone and recent not in gone and running not in gone
     assert not any(r.exists(k) for k in names.job_keys(old))

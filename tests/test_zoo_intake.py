@@ -77,6 +77,13 @@ def test_unknown_zoo_name_lists_known_models():
         intake.to_relax("resnet9000")
 
 
+def test_a_path_that_is_not_a_model_file_says_so(tmp_path):
+    with pytest.raises(ModelError, match="is a directory, not a model file"):
+        intake.to_relax(str(tmp_path))
+    with pytest.raises(ModelError, match="does not exist"):
+        intake.to_relax(str(tmp_path / "nowhere" / "model"))
+
+
 @pytest.mark.parametrize("name", sorted(EXPECTED_SHAPES))
 def test_every_zoo_model_converts_to_relax(name):
     rm = intake.to_relax(name)

@@ -59,13 +59,29 @@ def prune_jobs(r: redis.Redis, older_than_s: float, now: float | None = None, dr
         for i in range(0, len(gone), 100):
             with r.pipeline() as p:
                 for job_id in gone[i:i + 100]:
-                    batches = {json.loads(raw)["batch_id"] for raw in r.lrange(names.job_batches_key(job_id), 0, -1)}
-                    p.delete(*names.job_keys(job_id), *(names.batch_results_key(b) for b in sorted(batches)))
+                    p.delete(*_prunable_keys(r, job_id))
                     p.zrem(names.JOBS_KEY, job_id)
                     p.srem(names.ACTIVE_JOBS_KEY, job_id)
                     p.srem(names.PLANNING_JOBS_KEY, job_id)
                 p.execute()
     return gone
+
+
+def _prunable_keys(r: redis.Redis, job_id: str) -> list[str]:
+    batches = {json.loads(raw)["batch_id"] for raw in r.lrange(names.job_batches_key(job_id), 0, -1)}
+    return names.job_keys(job_id) + [names.batch_results_key(b) for b in sorted(batches)]
+
+
+def job_bytes(r: redis.Redis, job_ids: list[str]) -> int:
+    """What pruning these jobs would free: Redis's own MEMORY USAGE of every key `prune_jobs` deletes."""
+    total = 0
+    for job_id in job_ids:
+        keys = _prunable_keys(r, job_id)
+        with r.pipeline() as p:
+            for key in keys:
+                p.memory_usage(key, samples=0)
+            total += sum(int(n or 0) for n in p.execute())
+    return total
 
 
 # ---- plans: a job is planned once, by one planner; a plan message older than the job's current one is dropped
