@@ -45,6 +45,7 @@ def cmd_demo(args) -> int:
 def cmd_up(args) -> int:
     """Start a supervisor of its own (sharetune/supervise.py) that runs the stack and restarts what dies;
     return once the stack is ready. One stack per work dir."""
+    from shared.store import masked_url
     from sharetune import supervise
     from sharetune.stack import gpu_lanes
 
@@ -56,7 +57,7 @@ def cmd_up(args) -> int:
                   f"processes still run: `sharetune down --work-dir {args.work_dir}` ends them, then `up` again",
                   file=sys.stderr)
             return 1
-        print(f"sharetune up: a stack is already running in {args.work_dir}: REDIS_URL={live.get('redis_url')}, "
+        print(f"sharetune up: a stack is already running in {args.work_dir}: REDIS_URL={masked_url(live.get('redis_url'))}, "
               f"supervisor pid {sup} (sharetune services / sharetune down --work-dir "
               f"{args.work_dir})", file=sys.stderr)
         return 1
@@ -68,11 +69,11 @@ def cmd_up(args) -> int:
     if lanes is None and args.join and families:
         lanes = []  # a build-only host joining a stack
     opts = [f"--lanes={','.join(lanes)}"] if lanes is not None else []
-    for flag, value in (("--tuners", args.tuners), ("--join", args.join), ("--builders", args.builders),
+    for flag, value in (("--tuners", args.tuners), ("--builders", args.builders),
                         ("--builder-cores", args.builder_cores), ("--builder-family", args.builder_family)):
         if value is not None:
             opts += [flag, str(value)]
-    proc = supervise.spawn(args.work_dir, opts)
+    proc = supervise.spawn(args.work_dir, opts, join_url=args.join)  # the URL in its env: ps shows argv
     try:
         state = supervise.wait_ready(args.work_dir, proc)
     except KeyboardInterrupt:
@@ -81,7 +82,11 @@ def cmd_up(args) -> int:
     except (RuntimeError, TimeoutError) as err:
         print(f"sharetune up: {err}", file=sys.stderr)
         return 1
-    print(f"REDIS_URL={state['redis_url']}")
+    # the password stays off the terminal (and its scrollback, CI logs): the full URL is in a file of the owner's
+    print(f"REDIS_URL={masked_url(state['redis_url'])}")
+    if not args.join:
+        print(f"the full URL is in {os.path.join(args.work_dir, supervise.URL_FILE)} (yours alone): the other commands "
+              f"read it there, or: export REDIS_URL=$(sharetune url --work-dir {args.work_dir})")
     builders = [n for n in state["pids"] if n.startswith("builder-")]
     print(f"lanes: {', '.join(state['lanes']) or 'none'}; builders: {len(builders)}; supervised by pid "
           f"{state['supervisor_pid']} (see: sharetune services --work-dir {args.work_dir}); "
@@ -102,7 +107,23 @@ def cmd_down(args) -> int:
 
 
 
+def cmd_url(args) -> int:
+    """The full REDIS_URL (with its password) of the stack `up` runs in the work dir, for its owner:
+    `export REDIS_URL=$(sharetune url)`."""
+    from sharetune import supervise
+
+    url = supervise.recorded_url(args.work_dir) or (supervise.running(args.work_dir) or {}).get("redis_url")
+    if not url:
+        path = os.path.join(args.work_dir, supervise.URL_FILE)
+        print(f"sharetune url: no stack URL recorded in {args.work_dir} ({path} is missing or unreadable; "
+              f"`sharetune up --work-dir {args.work_dir}` records it)", file=sys.stderr)
+        return 1
+    print(url)
+    return 0
+
+
 def cmd_services(args) -> int:
+    from shared.store import masked_url
     from sharetune import supervise
 
     state = supervise.read_state(args.work_dir)
@@ -115,13 +136,13 @@ def cmd_services(args) -> int:
     # non-zero for scripts and health checks: nothing restarts, or something was given up
     healthy = 0 if sup_alive and not any(r["given_up"] for r in rows) else 1
     if args.json:
-        _print_json({"work_dir": state.get("work_dir"), "redis_url": state.get("redis_url"), "supervisor_pid": sup,
+        _print_json({"work_dir": state.get("work_dir"), "redis_url": masked_url(state.get("redis_url")), "supervisor_pid": sup,
                      "supervisor_alive": sup_alive, "ready": state.get("ready"), "updated_at": state.get("updated_at"),
                      "services": rows})
         return healthy
     age = time.time() - (state.get("updated_at") or 0)
     print(f"supervisor pid {sup} {'alive' if sup_alive else 'DEAD (nothing is restarted)'}; REDIS_URL="
-          f"{state.get('redis_url')}; {'ready' if state.get('ready') else 'starting'}; state {age:.0f} s old")
+          f"{masked_url(state.get('redis_url'))}; {'ready' if state.get('ready') else 'starting'}; state {age:.0f} s old")
     for r in rows:
         status = "GIVEN UP: " + r["given_up"] if r["given_up"] else ("alive" if r["alive"] else "dead")
         print(f"  {r['name']:<32} {r['kind']:<8} pid {str(r['pid'] or '-'):>7}  restarts {r['restarts']:>2}  {status}")
@@ -518,6 +539,8 @@ command("up", "start the stack as local processes and leave it running", WORK_DI
         click.option("--builder-family",
                      help="families to build for (e.g. cuda.sm_90); with --join and no lanes: a build-only host"))(cmd_up)
 command("down", "stop the stack `up` started (by PID)", WORK_DIR)(cmd_down)
+command("url", "the full REDIS_URL (password included) of the stack `up` runs: export REDIS_URL=$(sharetune url)",
+        WORK_DIR)(cmd_url)
 command("services", "every process of the stack `up` started: pid, alive, restarts, given up", WORK_DIR, JSON)(cmd_services)
 command("submit", "submit a model (zoo name, .onnx file) to a running stack", click.argument("model"),
         click.option("--target", default="llvm", show_default=True),

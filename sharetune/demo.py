@@ -29,6 +29,7 @@ def _progress_printer():
 
 def run_demo(model: str = "small_cnn", trials: int = 40, per_iter: int = 8, work_dir: str = "runs/demo",
              timeout_s: float = 900) -> int:
+    from shared import store
     from sharetune.client import Client
     from sharetune.stack import Stack
 
@@ -37,7 +38,7 @@ def run_demo(model: str = "small_cnn", trials: int = 40, per_iter: int = 8, work
     print(f"sharetune demo: model {model}, {trials} trials, work dir {work.resolve()}", flush=True)
     with Stack(work) as stack:
         lanes = Client(stack.redis_url).lanes()
-        print(f"stack up in {time.time() - t0:.1f} s: Redis {stack.redis_url}, lanes "
+        print(f"stack up in {time.time() - t0:.1f} s: Redis {store.masked_url(stack.redis_url)}, lanes "
               + ", ".join(f"{l.queue} ({l.share} %)" for l in lanes), flush=True)
         share = lanes[0].share
         client = Client(stack.redis_url)

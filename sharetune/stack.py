@@ -40,7 +40,8 @@ class Stack(NodeAgent):
     def __init__(self, work_dir: Path, redis_url: str | None = None, lanes: list[str] | None = None,
                  tuners: int | None = None, log_level: str = "INFO", warm_kinds: str | None = None, lanes_only: bool = False,
                  supervise: bool = True, builders: int = 0, builder_cores: str | None = None,
-                 builder_families: list[str] | None = None, redis_port: int | None = None, restart_redis: bool = False):
+                 builder_families: list[str] | None = None, redis_port: int | None = None, restart_redis: bool = False,
+                 redis_password: str | None = None):
         super().__init__(work_dir, redis_url, lanes if lanes is not None else default_cpu_lanes(), log_level, warm_kinds,
                          supervise, builders, builder_cores, builder_families)
         self.lanes_only = lanes_only  # a second group of lanes joining a running stack (another host)
@@ -51,6 +52,7 @@ class Stack(NodeAgent):
         self.tuners = 0 if lanes_only else tuners
         self.redis_server = None
         self.redis_port = redis_port  # the embedded Redis's port (None: a free one)
+        self.redis_password = redis_password  # the embedded Redis's services' password (None: a new random one)
         self.restart_redis = restart_redis  # the supervisor also starts a dead embedded Redis again
         self.redis_given_up: str | None = None  # why a dead embedded Redis is not started again
 
@@ -102,9 +104,15 @@ class Stack(NodeAgent):
     def start(self, wait_lanes_s: float = 300.0) -> "Stack":
         self.prepare()
         if not self.redis_url:
-            from services.broker.server import EmbeddedRedis
+            import secrets
 
-            self.redis_server = EmbeddedRedis(self.work_dir / "redis", port=self.redis_port).start()
+            from services.broker.server import SERVICE_USER, EmbeddedRedis
+
+            # locked: any local user could otherwise read every model, cancel jobs or, through CONFIG, write
+            # files as this user. The services get the URL (user and password) in their environment (_env)
+            password = self.redis_password or secrets.token_urlsafe(24)
+            self.redis_server = EmbeddedRedis(self.work_dir / "redis", port=self.redis_port, password=password,
+                                              user=SERVICE_USER).start()
             self.redis_url = self.redis_server.url
         if not self.lanes_only:
             import functools

@@ -7,7 +7,10 @@ started, by PID, and removes the file.
 
 One stack per work dir: the supervisor holds W/supervisor.lock for its life. Redis keeps a stable port
 per work dir: the one recorded in W/redis_url when it is free, else 6379 when free, else a free one; the
-URL is written to W/redis_url, which the CLI's other commands read when REDIS_URL is not set."""
+URL is written to W/redis_url, which the CLI's other commands read when REDIS_URL is not set. That URL
+carries the store's services user and password (the embedded Redis is locked, sharetune/stack.py), kept per
+work dir like the port; W/redis_url and W/stack.json are the owner's alone (0600), and logs show the URL
+masked. A joined stack's URL (`up --join`) reaches the supervisor in SHARETUNE_JOIN_URL, not its argv."""
 from __future__ import annotations
 
 import argparse
@@ -24,6 +27,7 @@ STATE_FILE = "stack.json"
 URL_FILE = "redis_url"
 LOCK_FILE = "supervisor.lock"
 DEFAULT_PORT = 6379
+JOIN_ENV = "SHARETUNE_JOIN_URL"  # `up --join`'s URL, for the supervisor (its argv would show the password in ps)
 
 
 def _alive(pid) -> bool:
@@ -42,6 +46,16 @@ def _port_free(port: int) -> bool:
     with socket.socket() as s:  # nothing answering there either (a server bound to another address)
         s.settimeout(0.2)
         return s.connect_ex(("127.0.0.1", port)) != 0
+
+
+def write_private(path: Path, text: str) -> None:
+    """Write `path` readable by its owner alone (0600) and whole: readers never see half a file."""
+    tmp = Path(path).with_name(Path(path).name + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        os.fchmod(fd, 0o600)  # a tmp file left over with another mode
+        f.write(text)
+    os.replace(tmp, path)
 
 
 def recorded_url(work_dir: Path) -> str | None:
@@ -66,6 +80,21 @@ def choose_port(work_dir: Path) -> int:
         except (IndexError, ValueError):
             pass
     return DEFAULT_PORT if _port_free(DEFAULT_PORT) else free_port()
+
+
+def recorded_password(work_dir: Path) -> str | None:
+    """The services' password recorded for this work dir's embedded Redis (an exported REDIS_URL stays
+    right across `down` and `up`, like the port), or None: a new one is made."""
+    from urllib.parse import urlsplit
+
+    from services.broker.server import SERVICE_USER
+
+    url = recorded_url(work_dir)
+    try:
+        parts = urlsplit(url) if url else None
+    except ValueError:
+        return None
+    return parts.password if parts is not None and parts.username == SERVICE_USER and parts.password else None
 
 
 def read_state(work_dir: Path) -> dict | None:
@@ -94,10 +123,7 @@ def running(work_dir: Path) -> dict | None:
 
 
 def _write_state(work_dir: Path, state: dict) -> None:
-    path = Path(work_dir) / STATE_FILE
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(state, indent=1, default=str))
-    os.replace(tmp, path)  # readers never see half a file
+    write_private(Path(work_dir) / STATE_FILE, json.dumps(state, indent=1, default=str))  # it holds the URL
 
 
 def stack_state(stack, ready: bool) -> dict:
@@ -135,7 +161,8 @@ def main(argv=None) -> int:
     ap.add_argument("--work-dir", required=True)
     ap.add_argument("--lanes", default=None, help="comma-separated lane queues; empty: none (default: one CPU lane per core)")
     ap.add_argument("--tuners", type=int, default=None)
-    ap.add_argument("--join", default=None)
+    ap.add_argument("--join", default=os.environ.get(JOIN_ENV) or None,
+                    help=f"the URL of the stack to join (better: in {JOIN_ENV}, which ps does not show)")
     ap.add_argument("--builders", type=int, default=0)
     ap.add_argument("--builder-cores", default=None)
     ap.add_argument("--builder-family", default=None)
@@ -147,6 +174,9 @@ def main(argv=None) -> int:
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     log = logging.getLogger("sharetune.supervise")
+    from shared.store import masked_url
+
+    os.environ.pop(JOIN_ENV, None)  # the stack's children get REDIS_URL, not this
     work = Path(args.work_dir).resolve()
     work.mkdir(parents=True, exist_ok=True)
     if not args.join and os.environ.get("REDIS_URL") and os.environ["REDIS_URL"] == recorded_url(work):
@@ -155,7 +185,7 @@ def main(argv=None) -> int:
     if lock is None:
         state = read_state(work) or {}
         log.error("a stack is already running in %s (supervisor pid %s, REDIS_URL=%s)", work,
-                  state.get("supervisor_pid"), state.get("redis_url"))
+                  state.get("supervisor_pid"), masked_url(state.get("redis_url")))
         return 3
 
     from sharetune.stack import Stack
@@ -165,7 +195,8 @@ def main(argv=None) -> int:
     port = None if args.join else choose_port(work)
     stack = Stack(work, redis_url=args.join, lanes=lanes, tuners=args.tuners, lanes_only=bool(args.join),
                   log_level=args.log_level, builders=args.builders, builder_cores=args.builder_cores,
-                  builder_families=families, redis_port=port, restart_redis=True)
+                  builder_families=families, redis_port=port, restart_redis=True,
+                  redis_password=None if args.join else recorded_password(work))
 
     def _term(signum, frame):
         raise SystemExit(128 + signum)
@@ -177,8 +208,9 @@ def main(argv=None) -> int:
     try:
         stack.start()
         if stack.redis_server is not None:
-            (work / URL_FILE).write_text(stack.redis_url + "\n")
-        log.info("stack ready: REDIS_URL=%s, %d processes supervised", stack.redis_url, len(stack.procs))
+            write_private(work / URL_FILE, stack.redis_url + "\n")
+        log.info("stack ready: REDIS_URL=%s (in full: %s), %d processes supervised", masked_url(stack.redis_url),
+                 work / URL_FILE if stack.redis_server is not None else JOIN_ENV, len(stack.procs))
         while True:
             try:
                 _write_state(work, stack_state(stack, ready=True))
@@ -201,8 +233,9 @@ def main(argv=None) -> int:
 # ---- used by the CLI: `up` starts a supervisor and waits for it, `down` stops it ------------------------
 
 
-def spawn(work_dir: Path, options: list[str]) -> subprocess.Popen:
-    """Start a supervisor in its own session (it outlives the terminal), its output in W/logs/supervisor.log."""
+def spawn(work_dir: Path, options: list[str], join_url: str | None = None) -> subprocess.Popen:
+    """Start a supervisor in its own session (it outlives the terminal), its output in W/logs/supervisor.log;
+    `join_url` (up --join) goes in its environment."""
     from sharetune.stack import REPO
 
     work = Path(work_dir).resolve()
@@ -210,6 +243,9 @@ def spawn(work_dir: Path, options: list[str]) -> subprocess.Popen:
     out = open(work / "logs" / "supervisor.log", "ab")
     env = dict(os.environ)
     env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    env.pop(JOIN_ENV, None)
+    if join_url:
+        env[JOIN_ENV] = join_url
     return subprocess.Popen([sys.executable, "-m", "sharetune.supervise", "--work-dir", str(work), *options],
                             cwd=REPO, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                             start_new_session=True)

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from shared.lanes import parse as parse_lane
+from shared.store import masked_url
 
 ROOT = Path(__file__).resolve().parent.parent
 LANE_PROC = "lane-" + parse_lane("measure.cpu.c0").queue  # the lane of core 0, named for this host
@@ -57,8 +58,10 @@ def test_up_is_supervised_refuses_a_second_stack_and_down_stops_everything(tmp_p
     up = _cli("up", "--work-dir", str(tmp_path), "--lanes", "measure.cpu.c0",
               env={**env, "REDIS_URL": f"redis://127.0.0.1:{port}/0"})
     assert up.returncode == 0, up.stderr[-2000:]
-    url = next(l.split("=", 1)[1] for l in up.stdout.splitlines() if l.startswith("REDIS_URL="))
-    assert url == f"redis://127.0.0.1:{port}/0" == (tmp_path / "redis_url").read_text().strip()
+    printed = next(l.split("=", 1)[1] for l in up.stdout.splitlines() if l.startswith("REDIS_URL="))
+    # the same port; the URL printed masked, in full (the services user and its password) in W/redis_url
+    url = (tmp_path / "redis_url").read_text().strip()
+    assert printed == f"redis://sharetune:****@127.0.0.1:{port}/0" == masked_url(url) != url
     seen: set[int] = set()
     try:
         st = _services(tmp_path, env)
@@ -69,7 +72,7 @@ def test_up_is_supervised_refuses_a_second_stack_and_down_stops_everything(tmp_p
 
         again = _cli("up", "--work-dir", str(tmp_path), "--lanes", "measure.cpu.c0", env=env, timeout=60)
         assert again.returncode != 0
-        assert url in again.stderr and str(st["supervisor_pid"]) in again.stderr
+        assert printed in again.stderr and str(st["supervisor_pid"]) in again.stderr
         assert _services(tmp_path, env)["supervisor_pid"] == st["supervisor_pid"]  # nothing changed
 
         killed = {n: rows[n]["pid"] for n in (LANE_PROC, "tuner0", "planner", "updater")}

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from shared.lanes import parse as parse_lane
+from shared.store import masked_url
 
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.e2e
@@ -21,7 +22,9 @@ def test_up_then_down(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "REDIS_URL"}
     up = _cli("up", "--work-dir", str(tmp_path), "--lanes", "measure.cpu.c0", env=env)
     assert up.returncode == 0, up.stderr[-2000:]
-    url = next(l.split("=", 1)[1] for l in up.stdout.splitlines() if l.startswith("REDIS_URL="))
+    printed = next(l.split("=", 1)[1] for l in up.stdout.splitlines() if l.startswith("REDIS_URL="))
+    url = (tmp_path / "redis_url").read_text().strip()  # the full URL: printed masked, the password in the file
+    assert printed == masked_url(url) and "****" in printed
     import json
 
     state = json.loads((tmp_path / "stack.json").read_text())

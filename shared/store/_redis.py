@@ -41,6 +41,20 @@ def connect_probe(url: str, timeout_s: float) -> redis.Redis:
     return redis.Redis.from_url(url, socket_connect_timeout=timeout_s, socket_timeout=timeout_s)
 
 
+def masked_url(url: str | None) -> str | None:
+    """The URL with its password as ****, for printing and logs (redis://sharetune:****@127.0.0.1:6379/0)."""
+    if not url:
+        return url
+    from urllib.parse import urlsplit, urlunsplit
+
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    user = parts.username or ""
+    host = parts.netloc.rsplit("@", 1)[1]
+    return urlunsplit(parts._replace(netloc=f"{user}:****@{host}"))
+
+
 def _s(v) -> str | None:
     return v.decode() if isinstance(v, bytes) else v
 

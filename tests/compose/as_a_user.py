@@ -10,7 +10,7 @@ accounting. Each command prints one JSON line and exits non-zero, saying why, wh
     python tests/compose/as_a_user.py fetch JOB DIR      # results (JSON) and the database (zip) into DIR
     python tests/compose/as_a_user.py account JOB        # trial accounting and records per lane
 
-Environment: API (default http://127.0.0.1:8000), REDIS_URL (default redis://:sharetune@127.0.0.1:6379/0).
+Environment: API (default http://127.0.0.1:8000), REDIS_URL (default redis://:$REDIS_PASSWORD@127.0.0.1:6379/0).
 """
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ import zipfile
 from pathlib import Path
 
 API = os.environ.get("API", "http://127.0.0.1:8000")
-REDIS_URL = os.environ.get("REDIS_URL", "redis://:sharetune@127.0.0.1:6379/0")
+REDIS_URL = os.environ.get("REDIS_URL") or f"redis://:{os.environ.get('REDIS_PASSWORD', '')}@127.0.0.1:6379/0"
 FINAL = ("done", "failed", "cancelled")
 
 

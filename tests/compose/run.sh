@@ -12,6 +12,8 @@ ROOT=$PWD
 PY=${PY:-$ROOT/.venv/bin/python}
 export COMPOSE_PROJECT_NAME=${COMPOSE_PROJECT_NAME:-sharetune-compose-test}
 export DOCKER_BUILDKIT=0 COMPOSE_DOCKER_CLI_BUILD=0  # the legacy builder: Debian's docker.io has no buildx
+# docker-compose.yml has no default password (every command interpolates it, `build` and `down` too): a random one
+export REDIS_PASSWORD=${REDIS_PASSWORD:-$(od -An -N16 -tx1 /dev/urandom | tr -d ' \n')}
 SCRATCH=$(mktemp -d /tmp/sharetune-compose-test.XXXXXX)
 STARTED_DOCKERD="" WHEEL_SERVER="" STACK_UP="" STEPS_PASSED="" SKIPPED=""
 T0=$(date +%s)
@@ -137,7 +139,6 @@ took "$(docker image ls --format '{{.Repository}}:{{.Tag}} {{.Size}}' 'sharetune
 
 # ---- the stack, as a user ------------------------------------------------------------------------------------
 export API_PORT=${API_PORT:-$(free_port 8000)} REDIS_PORT=${REDIS_PORT:-$(free_port 6379)}
-export REDIS_PASSWORD=${REDIS_PASSWORD:-sharetune}
 export API="http://127.0.0.1:$API_PORT" REDIS_URL="redis://:$REDIS_PASSWORD@127.0.0.1:$REDIS_PORT/0"
 
 step "up -d (one CPU lane)"
