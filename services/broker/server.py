@@ -21,6 +21,9 @@ CONFIG = {
     "appendfsync": "everysec",
     "maxmemory-policy": "noeviction",
     "save": "",
+    # no single value above this is stored: a 100 MiB queue entry is refused by Redis itself, never written to
+    # the AOF. Above the largest message (services.celery_app.MAX_ENTRY_BYTES, ~85 MiB) and model (64 MiB)
+    "proto-max-bulk-len": str(96 * 1024 * 1024),
 }
 
 SERVICE_USER = "sharetune"  # the services' ACL user on a locked server (EmbeddedRedis(user=...))
