@@ -25,6 +25,7 @@ from pathlib import Path
 
 STATE_FILE = "stack.json"
 URL_FILE = "redis_url"
+START_ERROR_FILE = "start_error"  # why the last start failed, in one line (written by the supervisor)
 LOCK_FILE = "supervisor.lock"
 DEFAULT_PORT = 6379
 JOIN_ENV = "SHARETUNE_JOIN_URL"  # `up --join`'s URL, for the supervisor (its argv would show the password in ps)
@@ -156,6 +157,12 @@ def _lock(work_dir: Path):
     return f  # held while this process lives (not inherited: the stack's children are started close_fds)
 
 
+def _start_failed(work: Path, err: BaseException) -> None:
+    """Why the stack did not start, in the one line `up` prints."""
+    reason = (str(err).strip().splitlines() or [""])[0]
+    (work / START_ERROR_FILE).write_text(f"{type(err).__name__}: {reason}"[:2000] + "\n")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m sharetune.supervise")
     ap.add_argument("--work-dir", required=True)
@@ -181,6 +188,7 @@ def main(argv=None) -> int:
     work.mkdir(parents=True, exist_ok=True)
     if not args.join and os.environ.get("REDIS_URL") and os.environ["REDIS_URL"] == recorded_url(work):
         del os.environ["REDIS_URL"]  # this work dir's own Redis, exported from an earlier `up`: start it again
+    (work / START_ERROR_FILE).unlink(missing_ok=True)
     lock = _lock(work)
     if lock is None:
         state = read_state(work) or {}
@@ -193,10 +201,15 @@ def main(argv=None) -> int:
     lanes = None if args.lanes is None else [q for q in args.lanes.split(",") if q]
     families = args.builder_family.split(",") if args.builder_family else None
     port = None if args.join else choose_port(work)
-    stack = Stack(work, redis_url=args.join, lanes=lanes, tuners=args.tuners, lanes_only=bool(args.join),
-                  log_level=args.log_level, builders=args.builders, builder_cores=args.builder_cores,
-                  builder_families=families, redis_port=port, restart_redis=True,
-                  redis_password=None if args.join else recorded_password(work))
+    try:
+        stack = Stack(work, redis_url=args.join, lanes=lanes, tuners=args.tuners, lanes_only=bool(args.join),
+                      log_level=args.log_level, builders=args.builders, builder_cores=args.builder_cores,
+                      builder_families=families, redis_port=port, restart_redis=True,
+                      redis_password=None if args.join else recorded_password(work))
+    except Exception as err:  # noqa: BLE001 - a bad option: `up` says which, in a line
+        log.exception("stack refused")
+        _start_failed(work, err)
+        return 1
 
     def _term(signum, frame):
         raise SystemExit(128 + signum)
@@ -220,8 +233,10 @@ def main(argv=None) -> int:
     except SystemExit as stop:
         log.info("stopping (%s)", stop.code)
         return 0
-    except BaseException:
+    except BaseException as err:
         log.exception("stack failed")
+        if not (read_state(work) or {}).get("ready"):
+            _start_failed(work, err)
         return 1
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second `down` must not cut the stop short
@@ -260,6 +275,9 @@ def wait_ready(work_dir: Path, proc: subprocess.Popen, timeout_s: float = 900.0)
             return state
         if proc.poll() is not None:
             log = Path(work_dir).resolve() / "logs" / "supervisor.log"
+            why = Path(work_dir).resolve() / START_ERROR_FILE
+            if why.exists():
+                raise RuntimeError(f"the stack did not start: {why.read_text().strip()} (details: {log})")
             tail = log.read_text(errors="replace").splitlines()[-15:] if log.exists() else []
             raise RuntimeError(f"the stack did not start (supervisor exited {proc.returncode}; {log}):\n"
                                + "\n".join(tail))

@@ -39,3 +39,13 @@ def test_up_then_down(tmp_path):
 
     assert not any(_alive(p) for p in pids)
     assert not (tmp_path / "stack.json").exists()
+
+
+def test_a_refused_up_says_why_in_one_line(tmp_path):
+    work = tmp_path / "stack"
+    out = _cli("up", "--work-dir", str(work), "--lanes", "measure.nosuchkind.c0", timeout=120)
+    assert out.returncode == 1
+    lines = [l for l in out.stderr.strip().splitlines() if l.strip()]
+    assert len(lines) == 1 and lines[0].startswith("sharetune up: the stack did not start: "), out.stderr
+    assert "nosuchkind" in lines[0] and "Traceback" not in out.stderr
+    assert "supervisor.log" in lines[0]  # where the details are
