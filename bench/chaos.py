@@ -157,7 +157,10 @@ def soak(work: Path, duration_s: float, seed: int = 0, kill_every_s=(5.0, 30.0),
                 pass
             time.sleep(2)
         audits = [job_audit(r, j) for j in jobs]
-        dead_letters = store.connect(stack.redis_url).llen(names.DEADLETTER_KEY)
+        settle = time.time() + 60  # the last junk entries reach their (restarted) workers
+        while r.llen(names.DEADLETTER_KEY) < chaos.junk and time.time() < settle:
+            time.sleep(1)
+        dead_letters = r.llen(names.DEADLETTER_KEY)
         given_up = [row["name"] for row in stack.services() if row.get("given_up")]
         unaccounted = [a["job_id"] for a in audits if a["state"] not in FINAL or (a["state"] == "failed" and not a["error"])
                        or (a["state"] == "done" and a["claimed"] != a["recorded"])]

@@ -1,0 +1,21 @@
+"""The chaos soak, short (bench/chaos.py): two minutes of SIGKILLs of random service processes and junk on
+random queues beside a stream of jobs, on a stack of its own. Nothing is lost or counted twice, every job
+ends done or failed with its reason, and no worker is given up."""
+from __future__ import annotations
+
+import pytest
+
+pytestmark = pytest.mark.e2e
+
+
+def test_a_short_chaos_run_loses_nothing(tmp_path):
+    from bench.chaos import soak
+
+    result = soak(tmp_path / "stack", duration_s=120, seed=7, kill_every_s=(5.0, 15.0), junk_every_s=2.0,
+                  trials=8, drain_s=600)
+    s = result["summary"]
+    assert s["kills"] >= 3 and s["junk_entries"] >= 20, s
+    assert s["jobs"] >= 2 and s["jobs_unaccounted"] == 0, (s, result["unaccounted"], result["jobs"])
+    assert s["lost"] == 0 and s["duplicated"] == 0, result["jobs"]
+    assert s["workers_given_up"] == 0, result["given_up"]
+    assert s["dead_letters"] >= s["junk_entries"]  # every junk entry popped, refused and kept
