@@ -263,7 +263,12 @@ def run_service(args, model: str, work: Path, store_from: Path | None = None) ->
         # sample phase is wall time, so this is its CPU only while its threads are busy
         threads = int(os.environ.get("SHARETUNE_SEARCH_THREADS") or max(1, physical_cores() // args.tuners))
         sample_s = sum(s.get("sample", 0.0) for s in splits)
-        row["search_cpu_s_per_valid_candidate"] = round(sample_s * threads / max(1, valid), 3)
+        sample_cpu = sum(s.get("sample_cpu", 0.0) for s in splits)
+        if sample_cpu:  # measured: the CPU of every search thread while it sampled
+            row["search_cpu_s_per_valid_candidate"] = round(sample_cpu / max(1, valid), 3)
+            row["search_cpu_s_per_valid_candidate_bound"] = round(sample_s * threads / max(1, valid), 3)
+        else:  # an upper bound: the sample phase's wall time with every search thread busy
+            row["search_cpu_s_per_valid_candidate"] = round(sample_s * threads / max(1, valid), 3)
         if final.get("state") == "done":
             res = job.result()
             row.update(tuned_module=res.tuned_module_path, untuned_module=res.untuned_module_path,

@@ -43,6 +43,8 @@ def test_status_reports_trials_and_best_latency(tuned_tiny):
     # one best: what status says of a finished job is what its result says
     assert {t["task"]: t["best_us"] for t in st["tasks"]} == {b.name: b.best_us for b in tuned_tiny.result().tasks}
     assert all(t["default_us"] and t["default_us"] > 0 for t in st["tasks"])  # each default schedule was timed
+    split = tuned_tiny.result().time_split_s  # the search's sampling, in wall time and in CPU
+    assert split["sample"] > 0 and split["sample_cpu"] > 0
 
 
 def test_tuned_module_matches_pytorch(tuned_tiny):

@@ -39,7 +39,9 @@ SEARCH_ROOM = 1 << 20
 # how long a client's second rounds wait for other clients' first rounds before they stop leaving them budget
 # (a shard nobody runs must not hold the job back for good)
 RESERVE_WAIT_S = 300.0
-PHASES = ("defaults", "sample", "features", "record")
+# seconds of wall time in each phase, and "sample_cpu": the CPU (every thread of this process) the search's
+# sampling used, the cost of a valid candidate that bench/time_to_quality.py reports
+PHASES = ("defaults", "sample", "features", "record", "sample_cpu")
 
 
 class Stopped(Exception):
@@ -335,9 +337,10 @@ class ShardLoop:
         still finds new ones. So such a round makes the task try the other strategy next, and only
         EMPTY_ROUNDS of them in a row, both strategies tried, end it."""
         small = t.proposes < self.per_iter and not t.full_draws  # a draw of only what the round may measure
-        t0 = time.perf_counter()
+        t0, cpu0 = time.perf_counter(), time.process_time()
         got = t.ctx.generate_measure_candidates()
         self._spent("sample", t0)
+        self.run_stats.phase_s["sample_cpu"] += time.process_time() - cpu0
         cands = list(got) if got is not None else []
         keys = [candidate_key(t.job_task.wkey, c) for c in cands]
         known = self.records.known(t.job_task.wkey, keys)
