@@ -4,7 +4,7 @@ embedded Redis) runs a stream of jobs while a driver kills a random service proc
 each done job's claimed trials equal its records, no trial lost, no record counted twice, and memory
 bounded. Writes `$OUT/chaos.json` (default bench/results/chaos.json) with the kill log and a `summary`.
 
-    python bench/chaos.py --duration-s 1800                   # the soak (~35 min on a 2-core host)
+    python bench/chaos.py --duration-s 2100                   # the soak (~40 min on a 2-core host)
     python bench/chaos.py --duration-s 120 --out /tmp/c.json  # a short one (tests/test_chaos.py runs this)
 
 Kills stay within the supervisor's restart budget (MAX_RESTARTS within RESTART_WINDOW_S per process,
@@ -111,13 +111,14 @@ def job_audit(r, job_id: str) -> dict:
 
 
 def soak(work: Path, duration_s: float, seed: int = 0, kill_every_s=(5.0, 30.0), junk_every_s: float = 3.0,
-         trials: int = 16, max_active: int = 2, drain_s: float = 900.0, log=print) -> dict:
+         trials: int = 16, max_active: int = 2, drain_s: float = 900.0, tuners: int = 2, builders: int = 1,
+         log=print) -> dict:
     from sharetune.client import Client
     from sharetune.stack import Stack
 
     rng = random.Random(seed)
-    stack = Stack(work, lanes=["measure.cpu.c0", "measure.cpu.c1"], tuners=2, builders=1, restart_redis=True,
-                  log_level="INFO")
+    stack = Stack(work, lanes=["measure.cpu.c0", "measure.cpu.c1"], tuners=tuners, builders=builders,
+                  restart_redis=True, log_level="INFO")
     stack.start(wait_lanes_s=300)
     try:
         client = Client(stack.redis_url)
@@ -182,7 +183,7 @@ def soak(work: Path, duration_s: float, seed: int = 0, kill_every_s=(5.0, 30.0),
             kinds[kind] = kinds.get(kind, 0) + 1
         return {"summary": summary, "kills_by_kind": kinds, "given_up": given_up, "unaccounted": unaccounted,
                 "jobs": audits, "kills": [{k: v for k, v in x.items() if k != "at"} for x in chaos.kills],
-                "protocol": {"lanes": 2, "builders": 1, "tuners": 2, "trials": trials, "max_active": max_active,
+                "protocol": {"lanes": 2, "builders": builders, "tuners": tuners, "trials": trials, "max_active": max_active,
                              "kill_every_s": list(kill_every_s), "junk_every_s": junk_every_s, "seed": seed,
                              "host_cpus": os.cpu_count()}}
     finally:
@@ -193,6 +194,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--duration-s", type=float, default=1800)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--tuners", type=int, default=3)
+    ap.add_argument("--builders", type=int, default=3, help="more processes to kill: each may die 4 times in 10 min")
     ap.add_argument("--work-dir", default="/tmp/sharetune-chaos")
     ap.add_argument("--out", default=None, help="the JSON (default $OUT/chaos.json, else bench/results/chaos.json)")
     args = ap.parse_args(argv)
@@ -201,7 +204,9 @@ def main(argv=None) -> int:
 
     work = Path(args.work_dir)
     shutil.rmtree(work, ignore_errors=True)
-    result = soak(work, args.duration_s, seed=args.seed, log=lambda m: print(m, flush=True))
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop the stack it started, as for Ctrl-C
+    result = soak(work, args.duration_s, seed=args.seed, tuners=args.tuners, builders=args.builders,
+                  log=lambda m: print(m, flush=True))
     result["command"] = "python bench/chaos.py " + " ".join(argv if argv is not None else sys.argv[1:])
     result["date"] = time.strftime("%Y-%m-%d %H:%M")
     out.parent.mkdir(parents=True, exist_ok=True)
