@@ -1,4 +1,4 @@
-"""The chaos soak, short (bench/chaos.py): two minutes of SIGKILLs of random service processes and junk on
+"""The chaos soak, short (bench/chaos.py): ninety seconds of SIGKILLs of random service processes and junk on
 random queues beside a stream of jobs, on a stack of its own. Nothing is lost or counted twice, every job
 ends done or failed with its reason, and no worker is given up."""
 from __future__ import annotations
@@ -11,7 +11,7 @@ pytestmark = pytest.mark.e2e
 def test_a_short_chaos_run_loses_nothing(tmp_path):
     from bench.chaos import soak
 
-    result = soak(tmp_path / "stack", duration_s=120, seed=7, kill_every_s=(5.0, 15.0), junk_every_s=2.0,
+    result = soak(tmp_path / "stack", duration_s=90, seed=7, kill_every_s=(5.0, 12.0), junk_every_s=2.0,
                   trials=8, drain_s=600)
     s = result["summary"]
     assert s["kills"] >= 3 and s["junk_entries"] >= 20, s
