@@ -66,3 +66,37 @@ def test_a_lane_takes_its_cores_before_it_measures(tmp_path, monkeypatch):
     with pytest.raises(hostcores.CoresTaken, match="lane other"):
         worker.start()
     held.release()
+
+
+@pytest.fixture
+def redis_url(tmp_path):
+    from services.broker.server import EmbeddedRedis
+
+    server = EmbeddedRedis(tmp_path / "redis").start()
+    try:
+        yield server.url
+    finally:
+        server.stop()
+
+
+@pytest.mark.e2e
+def test_a_lane_process_on_held_cores_exits_with_the_reason_before_it_serves(tmp_path, redis_url):
+    """The whole lane process (`python -m services.measurer`): a start-up step that fails ends the worker,
+    it does not go on consuming its queue without its cores."""
+    import os
+    import sys
+
+    from shared import store
+
+    held = hostcores.claim([0], "lane other (pid 9 on h)", tmp_path)
+    env = {**os.environ, "REDIS_URL": redis_url, "SHARETUNE_CORE_LOCK_DIR": str(tmp_path),
+           "SHARETUNE_CORE_OVERLAP": "refuse"}
+    try:
+        out = subprocess.run([sys.executable, "-m", "services.measurer", "--lane", "measure.cpu.c0"], env=env,
+                             capture_output=True, text=True, timeout=120)
+    finally:
+        held.release()
+    assert out.returncode == 3, out.stderr[-2000:]
+    assert "start-up failed, exiting: CoresTaken" in out.stderr and "lane other" in out.stderr
+    r = store.connect(redis_url)
+    assert not [l for l in store.live_lanes(r) if l.queue.endswith(".c0")]  # never announced

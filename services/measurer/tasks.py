@@ -19,7 +19,7 @@ import os
 from celery import signals
 
 from shared import lanes, names, store
-from services.celery_app import make_celery
+from services.celery_app import exits_if_it_fails, make_celery
 from shared.errors import MessageError
 from shared.messages import BuildRequest, MeasureBatch, MeasureResult
 from shared.settings import LaneSettings
@@ -38,6 +38,7 @@ def _forward(batch: MeasureBatch, lane: str) -> None:
 
 
 @signals.worker_init.connect
+@exits_if_it_fails
 def _init_worker(**_):
     """Before the worker consumes: a builder's core when it is a builder, else its lane's (not warm yet)."""
     global WORKER, BUILDER
@@ -49,6 +50,7 @@ def _init_worker(**_):
 
 
 @signals.worker_ready.connect
+@exits_if_it_fails
 def _on_ready(**_):
     (BUILDER or WORKER).start()
 

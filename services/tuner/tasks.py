@@ -14,7 +14,7 @@ from celery import signals
 from shared import lanes, names, store, timeouts
 from shared.heartbeat import keep_beating
 from shared.ids import worker_id
-from services.celery_app import make_celery
+from services.celery_app import exits_if_it_fails, make_celery
 from shared.errors import MessageError
 from shared.messages import JobRef, ShardRef, TrainingBatch
 from shared.settings import TunerSettings, UpdaterSettings
@@ -42,6 +42,7 @@ def send_finish(job_id: str) -> None:
 
 
 @signals.worker_init.connect
+@exits_if_it_fails
 def _init_worker(**_):
     """Before the worker consumes: connect to Redis and build the client's shard runner (a solo-pool
     worker: this process is the one that works, so its id names the client)."""
@@ -50,6 +51,7 @@ def _init_worker(**_):
 
 
 @signals.worker_ready.connect
+@exits_if_it_fails
 def _warm_up(sender=None, **_):
     """A tuner client loads TVM and its targets' tensor intrinsics once, before it takes work, then
     keeps a liveness key and runs the reaper (services.tuner.shards)."""
