@@ -146,12 +146,12 @@ class Handlers:
     def lanes(self) -> list[LaneInfo]:
         return self.client.lanes()
 
-    def health(self) -> str | None:
+    def health(self, timeout_s: float = 2.0) -> str | None:
         """None while the API reaches its Redis, else why not: one ping without the client's retries, so a
         probe gets its answer in seconds."""
         from shared import store
 
-        return store.unreachable(self.client.redis_url, timeout_s=2)
+        return store.unreachable(self.client.redis_url, timeout_s=timeout_s)
 
 
 def http_status(err: SharetuneError) -> int:
@@ -164,6 +164,7 @@ def http_status(err: SharetuneError) -> int:
 
 # readable without the token: they describe the API or say it is up (probes carry no token), they do not
 # touch a job
+STORE_PROBE_S = 0.5  # how long a request waits to learn that Redis is away
 OPEN_PATHS = frozenset({"/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc", "/health"})
 
 
@@ -226,6 +227,22 @@ def make_app(redis_url: str | None = None, client=None, token: str = ""):
     app = FastAPI(title="sharetune", version="0.1.0",
                   description="Autotuning with spatially shared lanes. The Python client (sharetune.client) "
                               "is the first way in; this API is the same operations over HTTP.")
+
+    @app.middleware("http")
+    async def _store_reachable(request: Request, call_next):
+        """While Redis is away, a route answers 503 with the reason at once: its store calls would retry for a
+        minute (riding out a restart is right for the services, not for someone waiting on a request). The
+        token check, added after it, runs first."""
+        if request.url.path in OPEN_PATHS:
+            return await call_next(request)
+        from starlette.concurrency import run_in_threadpool
+
+        why = await run_in_threadpool(handlers.health, STORE_PROBE_S)
+        if why:
+            return JSONResponse(status_code=503, headers={"Retry-After": "5"},
+                                content={"detail": f"the store (Redis) is unreachable: {why}",
+                                         "error": "StoreUnavailable"})
+        return await call_next(request)
 
     if token:
         @app.middleware("http")

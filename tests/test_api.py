@@ -159,3 +159,7 @@ def test_health_answers_probes_without_a_token_and_says_when_redis_is_gone(tmp_p
         assert up.status_code == 200 and up.json() == {"status": "ok"}
     down = probe.get("/health")
     assert down.status_code == 503 and down.json()["redis"]
+    # every other route too, at once (not after the store client's minute of retries), with the reason
+    away = probe.get("/jobs", headers={"Authorization": "Bearer s3cret"})
+    assert away.status_code == 503 and "store (Redis) is unreachable" in away.json()["detail"]
+    assert away.headers["retry-after"] == "5"
