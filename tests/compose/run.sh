@@ -11,6 +11,7 @@ cd "$(dirname "$0")/../.."
 ROOT=$PWD
 PY=${PY:-$ROOT/.venv/bin/python}
 export COMPOSE_PROJECT_NAME=${COMPOSE_PROJECT_NAME:-sharetune-compose-test}
+export COMPOSE_FILE=docker-compose.yml  # the project's file alone: a stray docker-compose.override.yml is not read
 export DOCKER_BUILDKIT=0 COMPOSE_DOCKER_CLI_BUILD=0  # the legacy builder: Debian's docker.io has no buildx
 # docker-compose.yml has no default password (every command interpolates it, `build` and `down` too): a random one
 export REDIS_PASSWORD=${REDIS_PASSWORD:-$(od -An -N16 -tx1 /dev/urandom | tr -d ' \n')}
