@@ -2,7 +2,10 @@
 this service on models never tuned here (bench/panel.py), one GPU (DESIGN.md section 4).
 
 For each panel model, in order, each step written to the JSON as it ends (a run started again with
---resume keeps the steps it finds there and the files they left on disk):
+--resume keeps the steps it finds there and the files they left on disk, or kept: a step's databases go to
+$OUT, stock-MODEL/ and cold-MODEL/ or warm-MODEL/, and from there to bench/results/time_to_quality_stock/ and
+time_to_quality_runs/, so a later lease serves them again; a service step whose module is gone and that left
+nothing kept is run again):
 
     stock   stock `tune_tasks` (LocalBuilder on every core, LocalRunner, the GPU unshared) run to its budget;
             its JSON database polled every second, so each record gets the time it was committed
@@ -272,7 +275,7 @@ def run_service(args, model: str, work: Path, store_from: Path | None = None) ->
         if final.get("state") == "done":
             res = job.result()
             row.update(tuned_module=res.tuned_module_path, untuned_module=res.untuned_module_path,
-                       split_s=res.time_split_s)
+                       database_dir=res.database_dir, split_s=res.time_split_s)
         from bench.scale_h200 import export_job_records
 
         row["exported_trials"] = export_job_records(stack.redis_url, job.job_id, work / "records_db")
@@ -312,8 +315,12 @@ def prepare_warm_store(args, work: Path) -> dict:
 
 def compile_child(args) -> int:
     """In its own process: the model compiled with a JSON database (cut to its first --first trials)."""
-    from tvm.s_tir import meta_schedule as ms
 
+    from services.tuner.metaschedule.compile import compile_tuned, compile_untuned
+
+    if not args.db:
+        compile_untuned(relax_of(args.model), make_target(args.rehearse), args.out_module)
+        return 0
     db_dir, cut = Path(args.db), Path(args.cut_dir)
     cut.mkdir(parents=True, exist_ok=True)
     (cut / "database_workload.json").write_text((db_dir / "database_workload.json").read_text())
@@ -322,15 +329,15 @@ def compile_child(args) -> int:
     if args.first:
         lines = lines[: sum(json.loads(valid.read_text())[: args.first]) if valid.exists() else args.first]
     (cut / "database_tuning_record.json").write_text("\n".join(lines) + ("\n" if lines else ""))
-    db = ms.database.JSONDatabase(work_dir=str(cut), module_equality="structural")
-    ex = ms.relax_integration.compile_relax(db, relax_of(args.model), make_target(args.rehearse), params=None)
-    ex.export_library(args.out_module)
+    compile_tuned(relax_of(args.model), make_target(args.rehearse), str(cut), args.out_module)
     return 0
 
 
-def compile_module(args, model: str, db: Path, out: Path, first: int = 0) -> str | None:
+def compile_module(args, model: str, db: Path | None, out: Path, first: int = 0) -> str | None:
+    """The model compiled in a child process with the JSON database in `db` (None: untuned, as the service
+    compiles its baseline)."""
     env = dict(os.environ, PYTHONPATH=f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
-    cmd = [sys.executable, __file__, "--compile-child", "--model", model, "--db", str(db), "--cut-dir",
+    cmd = [sys.executable, __file__, "--compile-child", "--model", model, "--db", str(db or ""), "--cut-dir",
            str(out) + ".db", "--out-module", str(out), "--first", str(first)] + (["--rehearse"] if args.rehearse else [])
     with open(str(out) + ".log", "w") as log:
         proc = subprocess.run(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=900)
@@ -378,6 +385,8 @@ def run_model(args, model: str, row: dict, work: Path, warm_store, save, deadlin
     for phase in ("cold", "warm"):
         if (row.get(phase) or {}).get("state") not in (None, "done"):
             row.pop(phase)
+        elif phase in row and "served" not in row and kept_run(model, phase, mwork / phase) is None:
+            row.pop(phase)  # its module went with an earlier lease and nothing kept can make it: run again
     ran = False  # a step run now: the modules are served again
     if "stock" not in row and "stock" in args.phases:
         ran = True
@@ -404,6 +413,7 @@ def run_model(args, model: str, row: dict, work: Path, warm_store, save, deadlin
         ran = True
         row[phase] = run_service(args, model, mwork / phase, source)
         row[phase]["lease"] = args.lease
+        keep_run(model, phase, mwork / phase, row[phase])
         save()
     if ("served" not in row or ran) and ("cold" in row or "warm" in row) and fits(deadline, SERVE_S):
         serve_model(args, model, row, mwork)
@@ -419,6 +429,27 @@ def stock_db(model: str, mwork: Path) -> Path | None:
     return None
 
 
+def keep_run(model: str, phase: str, work: Path, res: dict) -> None:
+    """A service run's exported database (what its tuned module was compiled with) and its job's records,
+    kept under $OUT (then bench/results/time_to_quality_runs) so that a later lease can serve it again."""
+    keep = out_dir() / f"{phase}-{model}"
+    shutil.rmtree(keep, ignore_errors=True)
+    if res.get("database_dir") and Path(res["database_dir"]).is_dir():
+        shutil.copytree(res["database_dir"], keep / "database")
+    if (work / "records_db").is_dir():
+        shutil.copytree(work / "records_db", keep / "records_db")
+
+
+def kept_run(model: str, phase: str, work: Path) -> Path | None:
+    """Where a service run's databases are: this lease's work dir, $OUT, or the results kept in the repo."""
+    if (work / "records_db").is_dir() and any(work.glob("jobs/*/tuned.so")):
+        return work
+    for d in (out_dir() / f"{phase}-{model}", REPO / "bench" / "results" / "time_to_quality_runs" / f"{phase}-{model}"):
+        if (d / "database" / "database_tuning_record.json").exists():
+            return d
+    return None
+
+
 def serve_model(args, model: str, row: dict, mwork: Path) -> None:
     mods, compiled = {}, mwork / "served"
     compiled.mkdir(parents=True, exist_ok=True)
@@ -427,14 +458,19 @@ def serve_model(args, model: str, row: dict, mwork: Path) -> None:
         mods["stock"] = compile_module(args, model, db, compiled / "stock.so")
     for phase in ("cold", "warm"):
         res = row.get(phase) or {}
-        if res.get("tuned_module"):
+        if res.get("tuned_module") and Path(res["tuned_module"]).exists():
             mods[phase] = res["tuned_module"]
+        elif res and (kept := kept_run(model, phase, mwork / phase)) is not None:  # made in an earlier lease
+            mods[phase] = compile_module(args, model, kept / "database", compiled / f"{phase}.so")
     cold = row.get("cold") or {}
-    if cold.get("untuned_module"):
+    if cold.get("untuned_module") and Path(cold["untuned_module"]).exists():
         mods["untuned"] = cold["untuned_module"]
+    elif cold:
+        mods["untuned"] = compile_module(args, model, None, compiled / "untuned.so")
     stock_trials = (row.get("stock") or {}).get("trials")
-    if stock_trials and cold.get("trials", 0) > stock_trials and (mwork / "cold" / "records_db").exists():
-        mods["cold_at_stock_trials"] = compile_module(args, model, mwork / "cold" / "records_db",
+    kept = kept_run(model, "cold", mwork / "cold") if cold else None
+    if stock_trials and cold.get("trials", 0) > stock_trials and kept is not None and (kept / "records_db").exists():
+        mods["cold_at_stock_trials"] = compile_module(args, model, kept / "records_db",
                                                       compiled / "cold_at_stock_trials.so", first=stock_trials)
     failed = [k for k, v in mods.items() if not v]
     mods = {k: v for k, v in mods.items() if v}
