@@ -11,6 +11,11 @@ LEASE_TTL_S = 20  # a tuner client's hold on a shard (and the reaper's re-send g
 LEASE_RENEW_S = LEASE_TTL_S / 4  # renewed four times a TTL: a client busy in a search round keeps it
 PLAN_LEASE_TTL_S = 15  # a planner's hold on the job it plans
 PLAN_LEASE_RENEW_S = PLAN_LEASE_TTL_S / 3
+FINISH_LEASE_TTL_S = 20  # a tuner client's hold on the finishing step it runs: the reaper sends it again once it lapses
+FINISH_LEASE_RENEW_S = FINISH_LEASE_TTL_S / 4
+# a finishing step sent but not yet started (it waits in the tune queue behind shards): not sent again
+# before this, unless a client took it and died
+FINISH_QUEUED_S = 900
 
 # a candidate waiting on a build queue that no live builder serves (the last builder's key lapsed, or its
 # agent saw it exit): sent to a lane, which builds it itself, after this long. Its death is already proven,

@@ -204,6 +204,27 @@ def test_reaper_resends_the_finish_of_a_job_whose_shards_are_done(redis_conn):
     redis_conn.srem(names.ACTIVE_JOBS_KEY, job)
 
 
+def test_a_finish_whose_client_died_mid_step_is_sent_again_once_its_hold_lapses(redis_conn):
+    from services.tuner.reaper import reap
+
+    job = "finish-hold-test"
+    _job(redis_conn, job, [ShardState(shard=0, task_ids=["a"], state="done")], 10)
+    redis_conn.delete(names.job_finish_key(job))
+    assert store.claim_finish(redis_conn, job, "sender.1")  # sent: it may wait in the queue for minutes
+    finished = []
+    reap(redis_conn, lambda ref: None, finished.append)
+    assert finished == []
+    store.hold_finish(redis_conn, job, "client.2", ttl_s=1)  # a client runs it, then is killed: no renewal
+    reap(redis_conn, lambda ref: None, finished.append)
+    assert finished == []  # held: a live client is not second-guessed
+    time.sleep(1.2)
+    reap(redis_conn, lambda ref: None, finished.append)
+    assert finished == [job]
+    reap(redis_conn, lambda ref: None, finished.append)
+    assert finished == [job]  # once
+    redis_conn.srem(names.ACTIVE_JOBS_KEY, job)
+
+
 def test_shard_messages_are_validated():
     assert ShardRef.parse({"job_id": "j", "shard": 1}).shard == 1
     from shared.errors import MessageError

@@ -9,6 +9,7 @@ lease, and the client that marks a job's last shard done sends the job's finishi
 Sending is given: `send(task_name, payload, queue)`, `send_shard(job_id, shard)`, `send_finish(job_id)`."""
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -17,6 +18,7 @@ from collections.abc import Callable
 
 from shared import names, store, timeouts
 from shared.errors import SharetuneError
+from shared.heartbeat import keep_beating
 from shared.messages import FINAL_STATES, ShardRef
 from shared.settings import TunerSettings
 
@@ -167,12 +169,19 @@ class ShardRunner:
             return {"job_id": job_id, "skipped": state}
         if state == "cancelled" and store.job_hash(r, job_id).target_json is None:
             return {"job_id": job_id, "skipped": "cancelled before it was planned"}  # nothing measured to finish on
+        # the guard this step was sent under outlives a dead client by FINISH_QUEUED_S: held with a short TTL
+        # while it runs, so a client killed mid-finish has the reaper send it again within seconds
+        hold = functools.partial(store.hold_finish, r, job_id, self.worker)
+        hold()
+        stop = keep_beating(hold, timeouts.FINISH_LEASE_RENEW_S, f"finish hold of {job_id}")
         try:
             result = search.finish_job(self.send, r, job_id, self.settings.work_dir, self.settings.batch_grace_s,
                                        self.settings.timing_floor_ms)
         except Exception as err:  # noqa: BLE001
             fail_job(r, job_id, "finishing", err)
             return None
+        finally:
+            stop.set()
         return {"job_id": job_id, "trials": result.trials}
 
 

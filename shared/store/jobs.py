@@ -272,9 +272,15 @@ def deactivate_job(r: redis.Redis, job_id: str) -> None:
     r.srem(names.ACTIVE_JOBS_KEY, job_id)
 
 
-def claim_finish(r: redis.Redis, job_id: str, who: str, ttl_s: int = 900) -> bool:
+def claim_finish(r: redis.Redis, job_id: str, who: str, ttl_s: int = timeouts.FINISH_QUEUED_S) -> bool:
     """Exactly one process sends a job's finishing step (until the guard lapses, for a finish that died)."""
     return bool(r.set(names.job_finish_key(job_id), who, nx=True, ex=ttl_s))
+
+
+def hold_finish(r: redis.Redis, job_id: str, who: str, ttl_s: float = timeouts.FINISH_LEASE_TTL_S) -> None:
+    """The client running a job's finishing step holds its guard, renewed while it runs, so that the guard
+    lapses soon after the client dies (and the reaper sends the step again), not after FINISH_QUEUED_S."""
+    r.set(names.job_finish_key(job_id), who, ex=max(1, int(ttl_s)))
 
 
 def set_result(r: redis.Redis, result: JobResult) -> None:
