@@ -112,6 +112,12 @@ def tuner_key(worker: str) -> str:
 TUNERS_PATTERN = f"{PREFIX}:tuner:*"
 
 
+def service_key(role: str, worker: str = "*") -> str:
+    """Liveness of a planner or cost-model updater worker (`role`), with a TTL: what its container's health
+    probe looks for (services.healthcheck)."""
+    return f"{PREFIX}:service:{role}:{worker}"
+
+
 def job_key(job_id: str) -> str:
     """Hash: spec, status, error, timestamps, result."""
     return f"{PREFIX}:job:{job_id}"

@@ -439,7 +439,8 @@ def test_images_take_their_base_as_a_build_argument(compose):
 
 def test_a_workers_healthcheck_finds_its_own_containers_liveness_key(tmp_path):
     """services.healthcheck (compose's and the chart's probe of a worker): a liveness key of this host's
-    worker, a lane's, a builder's or a warm tuner client's; another container's keys are not its own."""
+    worker, a lane's, a builder's, a warm tuner client's, a planner's or an updater's; another container's keys
+    are not its own."""
     from services.broker.server import EmbeddedRedis
     from shared import store
 
@@ -448,7 +449,8 @@ def test_a_workers_healthcheck_finds_its_own_containers_liveness_key(tmp_path):
         r.set(names.lane_key("measure.cpu.c0", "otherhost.1"), "{}")
         assert store.host_liveness_key(r, "c0ffee") is None
         for key in (names.lane_key("measure.cpu.c1", "c0ffee.1"), names.builder_key("llvm.x", "c0ffee.7"),
-                    names.tuner_key("c0ffee.1")):
+                    names.tuner_key("c0ffee.1"), names.service_key("planner", "c0ffee.3"),
+                    names.service_key("updater", "c0ffee.4")):
             r.set(key, "{}")
             assert store.host_liveness_key(r, "c0ffee") == key
             r.delete(key)

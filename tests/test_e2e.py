@@ -211,3 +211,14 @@ def test_the_transformers_take_task_tunes_without_an_error(client, redis_conn, l
     recs = [r for r in store.records(redis_conn, task.wkey) if r.job_id == job.job_id]
     assert recs or store.job_progress(redis_conn, job.job_id)[task.task_id].reused_trials
     assert all(r.error is None for r in recs), [r.error for r in recs if r.error][:1]
+
+
+def test_the_planner_and_the_updater_keep_liveness_keys_a_health_probe_finds(tuned_tiny, redis_conn):
+    """Every worker role keeps a liveness key of its own (services.healthcheck needs no Celery ping)."""
+    import socket
+
+    planners, updaters = store.live_services(redis_conn, "planner"), store.live_services(redis_conn, "updater")
+    assert planners and updaters, (planners, updaters)
+    host = socket.gethostname()
+    assert all(w.startswith(f"{host}.") for w in planners + updaters)
+    assert store.host_liveness_key(redis_conn, host) is not None

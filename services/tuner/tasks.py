@@ -25,6 +25,8 @@ settings = TunerSettings()
 LANE_POLICY = lanes.LiveLanePolicy.configured()
 app = make_celery("tuner", settings.redis_url)
 RUNNER: ShardRunner | None = None  # built when the worker starts (_init_worker), never at import
+SERVICE_ROLES = {names.PLAN_QUEUE: "planner", names.COSTMODEL_QUEUE: "updater"}  # roles that keep a liveness key
+LIVENESS: list = []  # (role, the event that stops its beat), while the worker serves
 
 
 def send(task_name: str, payload: dict, queue: str) -> None:
@@ -59,6 +61,7 @@ def _warm_up(sender=None, **_):
     queues = {q.name for q in consumer.queues} if consumer is not None else set()
     if names.PLAN_QUEUE in queues:
         from services.tuner.metaschedule import extract  # noqa: F401 - the planner's first job should not pay TVM's import
+    keep_liveness(queues)
     if names.TUNE_QUEUE not in queues:
         return
     from services.tuner.metaschedule.intrinsics import load_tensor_intrinsics
@@ -69,9 +72,27 @@ def _warm_up(sender=None, **_):
     RUNNER.start()
 
 
+def keep_liveness(queues: set[str]) -> None:
+    """A planner and an updater keep a liveness key each, beaten from a thread (so during a long plan too):
+    a container's health probe finds it (services.healthcheck); a tuner client keeps its own (ShardRunner)."""
+    me = worker_id()
+    for queue, role in SERVICE_ROLES.items():
+        if queue in queues:
+            beat = lambda role=role: store.announce_service(RUNNER.redis, role, me)  # noqa: E731
+            beat()
+            LIVENESS.append((role, keep_beating(beat, timeouts.HEARTBEAT_S, f"{role} liveness")))
+
+
 @signals.worker_shutting_down.connect
 def _on_shutdown(**_):
     RUNNER.stop()  # the running shard is handed back at its next round
+    while LIVENESS:
+        role, stop = LIVENESS.pop()
+        stop.set()
+        try:
+            store.retire_service(RUNNER.redis, role, worker_id())
+        except Exception:  # noqa: BLE001 - Redis away: the key lapses on its own
+            pass
 
 
 def _parse(payload, source: str, contract=JobRef):

@@ -100,10 +100,10 @@ def mark_batch_building(r: redis.Redis, batch_id: str, worker: str, alive_key: s
 
 
 def host_liveness_key(r: redis.Redis, host: str) -> str | None:
-    """A liveness key of a worker of `host` (worker ids are host.pid): a node agent's, a lane's, a builder's or a
-    warm tuner client's; None when no worker of that host keeps one."""
+    """A liveness key of a worker of `host` (worker ids are host.pid): a node agent's, a lane's, a builder's, a
+    warm tuner client's, a planner's or an updater's; None when no worker of that host keeps one."""
     for pattern in (names.agent_key(f"{host}.*"), names.lane_key("*", f"{host}.*"), names.builder_key("*", f"{host}.*"),
-                    names.tuner_key(f"{host}.*")):
+                    names.tuner_key(f"{host}.*"), names.service_key("*", f"{host}.*")):
         key = next(iter(r.scan_iter(match=pattern, count=1000)), None)
         if key is not None:
             return _s(key)
@@ -116,6 +116,19 @@ def announce_tuner(r: redis.Redis, worker: str) -> None:
 
 def retire_tuner(r: redis.Redis, worker: str) -> None:
     r.delete(names.tuner_key(worker))
+
+
+def announce_service(r: redis.Redis, role: str, worker: str) -> None:
+    r.set(names.service_key(role, worker), "ready", ex=timeouts.LANE_TTL_S)
+
+
+def retire_service(r: redis.Redis, role: str, worker: str) -> None:
+    r.delete(names.service_key(role, worker))
+
+
+def live_services(r: redis.Redis, role: str) -> list[str]:
+    """The workers of `role` (planner, updater) that keep their liveness key."""
+    return sorted(_s(k).rsplit(":", 1)[-1] for k in r.scan_iter(match=names.service_key(role), count=500))
 
 
 def live_tuners(r: redis.Redis) -> int:

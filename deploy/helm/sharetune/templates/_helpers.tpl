@@ -33,7 +33,7 @@ app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
   persistentVolumeClaim: {claimName: {{ include "sharetune.name" . }}-work}
 {{- end -}}
 
-{{/* Probes of a worker: its liveness key in Redis or a Celery ping (services/healthcheck.py). */}}
+{{/* Probes of a worker: its own liveness key in Redis (services/healthcheck.py). */}}
 {{- define "sharetune.workerProbes" -}}
 startupProbe:
   exec: {command: ["python", "-m", "services.healthcheck"]}
