@@ -197,26 +197,21 @@ class GuardedRedisTransport(RedisTransport):
     Channel = GuardedRedisChannel
 
 
-STARTUP_FAILED_EXIT = 3  # a worker whose start-up failed: its supervisor (or compose's restart limit) sees it
-
-
 def exits_if_it_fails(step):
     """A worker's start-up step (a Celery signal handler): Celery logs what such a handler raises and goes on
     consuming, so a lane that could not take its cores, say, would measure anyway. This ends the process
     instead, with the reason in one line, before the worker takes any message."""
     import functools
-    import os
+
+    from shared.exits import STARTUP_FAILED, exit_now
 
     @functools.wraps(step)
     def run(*args, **kwargs):
         try:
             return step(*args, **kwargs)
         except BaseException as err:  # noqa: BLE001 - whatever it was, this worker must not serve
-            log.error("start-up failed, exiting: %s: %s", type(err).__name__, str(err).strip().splitlines()[0]
-                      if str(err).strip() else "", exc_info=True)
-            for h in logging.getLogger().handlers + log.handlers:
-                h.flush()
-            os._exit(STARTUP_FAILED_EXIT)
+            exit_now(STARTUP_FAILED, log, "start-up failed, exiting: %s: %s", type(err).__name__,
+                     str(err).strip().splitlines()[0] if str(err).strip() else "", exc_info=True)
 
     return run
 

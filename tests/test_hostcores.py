@@ -100,3 +100,48 @@ def test_a_lane_process_on_held_cores_exits_with_the_reason_before_it_serves(tmp
     assert "start-up failed, exiting: CoresTaken" in out.stderr and "lane other" in out.stderr
     r = store.connect(redis_url)
     assert not [l for l in store.live_lanes(r) if l.queue.endswith(".c0")]  # never announced
+
+
+@pytest.mark.e2e
+def test_a_lane_slot_is_never_served_twice(tmp_path, redis_url):
+    """Replicas of one CPU lane service (`python -m services.measurer`, no lane named) on a one-core pool: the
+    first claims the slot and serves; a second is refused with the reason; once another replica holds the
+    first one's slot (its claim lapsed unseen), the first exits at once (shared.exits.CLAIM_LOST)."""
+    import os
+    import socket
+    import sys
+    import time
+
+    from shared import exits, names, store
+
+    env = {**os.environ, "REDIS_URL": redis_url, "SHARETUNE_CORE_LOCK_DIR": str(tmp_path),
+           "SHARETUNE_LANE_CORES": "1", "SHARETUNE_NODE": "slot-test", "SHARETUNE_WARMUP": "0"}
+    env.pop("SHARETUNE_LANE", None)
+    one_core = min(os.sched_getaffinity(0))
+
+    def replica(**kw):
+        return subprocess.Popen([sys.executable, "-m", "services.measurer"], env=env, text=True,
+                                preexec_fn=lambda: os.sched_setaffinity(0, {one_core}), **kw)
+
+    r = store.connect(redis_url)
+    claim = names.lane_claim_key("cpu-slot-test", 0)
+    first = replica(stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        me = f"{socket.gethostname()}.{first.pid}"
+        deadline = time.time() + 120
+        while not any(l.pid == first.pid for l in store.live_lanes(r)) and time.time() < deadline:
+            assert first.poll() is None, first.stderr.read()[-2000:]
+            time.sleep(0.5)
+        assert r.get(claim) in (me, me.encode())
+        second = replica(stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        out, _ = second.communicate(timeout=120)
+        assert second.returncode not in (0, None) and "held by live replicas" in out, out[-2000:]
+        r.set(claim, "another-host.1", ex=120)  # a replica that took the slot while this one's claim had lapsed
+        first.wait(timeout=60)
+        err = first.stderr.read()
+        assert first.returncode == exits.CLAIM_LOST, err[-2000:]
+        assert "held by another replica now" in err
+    finally:
+        if first.poll() is None:
+            first.kill()
+            first.wait()

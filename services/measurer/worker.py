@@ -17,7 +17,8 @@ import time
 from collections.abc import Callable
 from contextlib import nullcontext
 
-from shared import hostcores, lanes, names, store, timeouts
+from shared import exits, hostcores, lanes, names, store, timeouts
+from shared.exits import exit_now
 from shared.heartbeat import keep_beating
 from shared.ids import worker_id
 from shared.messages import (BuilderInfo, BuildRequest, GpuFault, LaneBatch, LaneInfo, MeasureBatch, MeasureResult,
@@ -120,15 +121,22 @@ class LaneWorker:
             store.announce_lane(self.redis, self.info)
 
     def keep_claim(self) -> None:
-        """A replica that claimed its lane from a pool holds the claim while it lives."""
+        """A replica that claimed its lane from a pool holds the claim while it lives. Once another replica
+        holds it (this one's claim lapsed: a stall, a long Redis outage), this one ends at once: a lane
+        queue is never consumed by two workers; its batch in flight is sent again like a dead lane's."""
         worker = worker_id()
         while not self.stop.is_set():
             try:
                 if not store.refresh_claim(self.redis, self.settings.lane_claim, worker):
-                    log.warning("lane claim %s is held by another replica", self.settings.lane_claim)
+                    self.on_claim_lost(self.settings.lane_claim)
+                    return
             except Exception:  # noqa: BLE001 - Redis may be restarting; the next beat retries
                 log.warning("lane claim refresh failed", exc_info=True)
             self.stop.wait(timeouts.HEARTBEAT_S)
+
+    def on_claim_lost(self, claim: str) -> None:
+        exit_now(exits.CLAIM_LOST, log, "lane claim %s is held by another replica now: exiting, so that one "
+                 "lane is never served twice", claim)
 
     def close(self) -> None:
         """Warm shutdown: stop the heartbeat, end the sandbox child, leave the lane list, free the claim."""
