@@ -216,7 +216,9 @@ def exits_if_it_fails(step):
     return run
 
 
-def make_celery(role: str, redis_url: str) -> Celery:
+def make_celery(role: str, redis_url: str, outage_s: float = 60.0) -> Celery:
+    """A Celery app on the Redis broker. `outage_s`: how long sending a message waits for a Redis that is
+    away before it gives up (the services: their SHARETUNE_REDIS_OUTAGE_S; a client: a minute)."""
     register_capped_json()
     app = Celery(f"sharetune-{role}", broker=redis_url)  # a password in REDIS_URL is used as given
     if redis_url.startswith("redis://"):  # other schemes (TLS, sentinel, unix) keep kombu's own transport
@@ -241,7 +243,8 @@ def make_celery(role: str, redis_url: str) -> Celery:
         broker_connection_retry_on_startup=True,
         broker_connection_retry=True,
         broker_connection_max_retries=None,  # a restarting Redis is waited for, not given up on
-        task_publish_retry_policy={"max_retries": 60, "interval_start": 0, "interval_step": 0.5, "interval_max": 1},
+        task_publish_retry_policy={"max_retries": max(1, int(outage_s)), "interval_start": 0, "interval_step": 0.5,
+                                   "interval_max": 1},
         worker_hijack_root_logger=False,
         worker_send_task_events=True,  # Flower and `celery inspect` see the workers
         task_send_sent_event=True,

@@ -20,6 +20,9 @@ class CommonSettings(BaseSettings):
     )
     work_dir: Path = Path("runs")  # tuned modules, exported databases, logs
     log_level: str = "INFO"
+    # how long a service's Redis operation (and a message it sends) waits for a Redis that is away before it
+    # gives up; work that gives up is not failed but left to its lease, and sent again once Redis is back
+    redis_outage_s: float = Field(default=600.0, ge=1.0)
 
 
 class ApiSettings(CommonSettings):

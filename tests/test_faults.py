@@ -8,6 +8,7 @@ import time
 import pytest
 
 import faultlib
+from conftest import LANES
 from shared import names, store
 
 pytestmark = pytest.mark.e2e
@@ -74,6 +75,34 @@ def test_redis_stopped_and_started_mid_job_loses_nothing(stack, client, redis_co
     assert figures["candidates_lost"] == 0 and figures["trials_respent"] <= 8
     faultlib.record_row({"scenario": "stop Redis mid-job and start it again", **figures,
                          "recovery_s": round(back_at - stopped_at, 1)})
+
+
+def test_redis_away_longer_than_the_services_wait_loses_nothing(tmp_path, monkeypatch):
+    """Redis away longer than the services' window (SHARETUNE_REDIS_OUTAGE_S, 5 s here; 600 s by default):
+    the operations that give up leave their step to its lease instead of failing the job (a failure would be
+    written: Redis is back before the failing step's own wait ends), and once Redis is back the reapers send
+    the steps again. An outage of minutes takes the same path with the default window."""
+    from sharetune.client import Client
+    from sharetune.stack import Stack
+
+    monkeypatch.delenv("REDIS_URL", raising=False)
+    monkeypatch.setenv("SHARETUNE_REDIS_OUTAGE_S", "5")
+    monkeypatch.setenv("SHARETUNE_CORE_LOCK_DIR", str(tmp_path / "cores"))  # beside the session stack's lanes
+    with Stack(tmp_path / "stack", lanes=LANES[:1], tuners=1, log_level="INFO") as st:
+        r, client = store.connect(st.redis_url), Client(st.redis_url)
+        before = set(r.scan_iter(match=f"{names.PREFIX}:batch:*"))
+        job = client.submit("tiny", target="llvm", share=client.lanes()[0].share, trials=8, trials_per_iter=4,
+                            seed=11, untuned_baseline=False)
+        faultlib.batch_in_flight(r, before, job.job_id)
+        st.redis_server.stop()
+        time.sleep(8)  # an outage longer than the window, not a timing assertion
+        st.redis_server.start()
+        final = job.wait(timeout_s=600)
+        assert final["state"] == "done", final
+        figures = faultlib.job_figures(r, job, 8)
+        assert figures["claimed"] == figures["recorded"] and figures["candidates_lost"] == 0, figures
+        logs = "".join(f.read_text(errors="replace") for f in (tmp_path / "stack" / "logs").glob("tuner*.log"))
+        assert "Redis was away" in logs  # the path under test was taken: some step gave up and was sent again
 
 
 def _small_add_model(width: int) -> bytes:

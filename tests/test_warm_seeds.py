@@ -141,3 +141,38 @@ def test_the_settings_turn_both_off(monkeypatch):
     monkeypatch.delenv("SHARETUNE_VALID_SAMPLING")
     s = TunerSettings()
     assert s.warm_seeds is True and s.valid_sampling is True
+
+
+def test_a_first_round_evolves_only_on_a_model_that_knows_the_workload(tmp_path):
+    """A cost model trained on other networks' operators does not guide a task it has never seen: the task
+    samples its first round. It evolves from its first round when the store holds its workload or a near one,
+    and after its first round in any case."""
+    from services.broker.server import EmbeddedRedis
+    from services.tuner.metaschedule.rounds import ShardLoop, _Task
+    from services.tuner.metaschedule.seeds import SeedSource
+    from shared import names
+    from shared.messages import JobTask
+
+    class Trained:
+        def trained(self):
+            return True
+
+    with EmbeddedRedis(tmp_path / "redis") as srv:
+        r = store.connect(srv.url)
+        near = _shape("near", params=((1, 3, 16, 16), (12, 3, 3, 3), (1, 12, 16, 16)))  # 2 x log(1.5) away
+        far = _shape("far", params=((1, 3, 64, 64), (8, 3, 3, 3), (1, 8, 64, 64)))  # 4 x log(4) away
+        r.hset(names.similar_key("llvm", "conv2d"), "far", far.model_dump_json())
+        tasks = {name: JobTask(task_id=name, name="fused_conv2d_add", weight=1, wkey=name, flops=1.0)
+                 for name in ("new", "again")}
+        seeds = SeedSource(r, "llvm", "t", 100, shapes={name: _shape(name) for name in tasks})
+        loop = ShardLoop.__new__(ShardLoop)  # the rule alone: no contexts, no store of the job
+        loop.cost_model, loop.seeds = Trained(), seeds
+        new = _Task(tasks["new"], None)
+        assert not seeds.knows(tasks["new"]) and not loop._may_evolve(new)  # only a far workload is stored
+        r.hset(names.similar_key("llvm", "conv2d"), "near", near.model_dump_json())
+        assert seeds.knows(tasks["new"]) and loop._may_evolve(new)
+        r.hset(names.records_key("again"), "k", b"{}")  # its own workload measured before (another job)
+        assert seeds.knows(tasks["again"])
+        r.delete(names.similar_key("llvm", "conv2d"))
+        new.started = True
+        assert loop._may_evolve(new)  # its own first round has been measured

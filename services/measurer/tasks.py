@@ -27,7 +27,7 @@ from services.measurer.worker import Builder, LaneWorker
 
 log = logging.getLogger("sharetune.lane")
 settings = LaneSettings()
-app = make_celery("measurer", settings.redis_url)  # Celery connects when the worker starts, not here
+app = make_celery("measurer", settings.redis_url, settings.redis_outage_s)  # Celery connects when the worker starts, not here
 # Built when the worker starts (_init_worker), never at import: this process's lane, or its builder.
 WORKER: LaneWorker | None = None
 BUILDER: Builder | None = None
@@ -42,7 +42,7 @@ def _forward(batch: MeasureBatch, lane: str) -> None:
 def _init_worker(**_):
     """Before the worker consumes: a builder's core when it is a builder, else its lane's (not warm yet)."""
     global WORKER, BUILDER
-    r = store.connect(settings.redis_url)
+    r = store.connect(settings.redis_url, settings.redis_outage_s)
     if settings.builder_family:
         BUILDER = Builder(r, _forward, settings.builder_family)
     else:

@@ -64,7 +64,8 @@ def tune_shard(send, redis, job_id: str, shard: int, work_dir: Path, grace_s: fl
     shapes = {t.name: workload_shape(mods[t.task_id], t.wkey, t.name, str(target), spec.share) for t in tasks}
     records = StoreRecords(redis, job_id, spec.share, wkeys, {t.name: t.task_id for t in tasks}, runner,
                            database, shard, shapes={n: (kind, sh) for n, sh in shapes.items() if sh is not None})
-    seeds = SeedSource(redis, kind, str(target), spec.share) if warm_seeds else None
+    seeds = (SeedSource(redis, kind, str(target), spec.share, shapes={t.task_id: shapes[t.name] for t in tasks})
+             if warm_seeds else None)
     t0 = time.time()
     from services.tuner.metaschedule.defaults import measure_defaults
 

@@ -32,6 +32,13 @@ def fail_job(r, job_id: str, stage: str, err: BaseException) -> None:
     store.set_state(r, job_id, "failed", error=f"{stage}: {msg}")
 
 
+def left_to_lapse(job_id: str, step: str, err: BaseException) -> dict:
+    """A step that gave up because Redis was away: not the job's fault, so the job is not failed; the
+    step's lease or hold lapses, and a reaper sends it again once Redis is back."""
+    log.warning("job %s: %s left to be sent again, Redis was away: %s", job_id, step, err)
+    return {"job_id": job_id, "redis_away": step}
+
+
 class ShardRunner:
     """Leases, searches, hands back and finishes shards for one tuner client (one worker process)."""
 
@@ -75,6 +82,7 @@ class ShardRunner:
         from services.tuner.metaschedule.rounds import Stopped
 
         r, me, s = self.redis, self.worker, self.settings
+        started = time.time()
         state = store.job_status(r, ref.job_id)
         if state == "cancelled":
             self.finish_cancelled(ref.job_id)  # a shard no client took: the job may be finished now
@@ -112,6 +120,8 @@ class ShardRunner:
             return {"job_id": ref.job_id, "shard": ref.shard, "handed_back": str(why)}
         except Exception as err:  # noqa: BLE001
             lease.stop()
+            if store.outage_since(started, err):  # the lease lapses; the reaper refunds and re-sends the shard
+                return left_to_lapse(ref.job_id, f"shard {ref.shard}", err)
             fail_job(r, ref.job_id, f"tuning shard {ref.shard}", err)
             return None
         lease.stop()
@@ -164,6 +174,7 @@ class ShardRunner:
         from services.tuner import search
 
         r = self.redis
+        started = time.time()
         state = store.job_status(r, job_id)
         if state in ("done", "failed") or (state == "cancelled" and store.job_result(r, job_id)):
             return {"job_id": job_id, "skipped": state}
@@ -178,6 +189,8 @@ class ShardRunner:
             result = search.finish_job(self.send, r, job_id, self.settings.work_dir, self.settings.batch_grace_s,
                                        self.settings.timing_floor_ms)
         except Exception as err:  # noqa: BLE001
+            if store.outage_since(started, err):  # the hold lapses; the reaper sends the finishing step again
+                return left_to_lapse(job_id, "finishing", err)
             fail_job(r, job_id, "finishing", err)
             return None
         finally:

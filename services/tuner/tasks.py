@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 
 from celery import signals
 
@@ -18,12 +19,12 @@ from services.celery_app import exits_if_it_fails, make_celery
 from shared.errors import MessageError
 from shared.messages import JobRef, ShardRef, TrainingBatch
 from shared.settings import TunerSettings, UpdaterSettings
-from services.tuner.shards import ShardRunner, fail_job
+from services.tuner.shards import ShardRunner, fail_job, left_to_lapse
 
 log = logging.getLogger("sharetune.tuner")
 settings = TunerSettings()
 LANE_POLICY = lanes.LiveLanePolicy.configured()
-app = make_celery("tuner", settings.redis_url)
+app = make_celery("tuner", settings.redis_url, settings.redis_outage_s)
 RUNNER: ShardRunner | None = None  # built when the worker starts (_init_worker), never at import
 SERVICE_ROLES = {names.PLAN_QUEUE: "planner", names.COSTMODEL_QUEUE: "updater"}  # roles that keep a liveness key
 LIVENESS: list = []  # (role, the event that stops its beat), while the worker serves
@@ -31,7 +32,14 @@ LIVENESS: list = []  # (role, the event that stops its beat), while the worker s
 
 def send(task_name: str, payload: dict, queue: str) -> None:
     """Publish one message: what the search, its lanes runner and its cost model are given to send with."""
-    app.send_task(task_name, args=[payload], queue=queue)
+    from kombu.exceptions import OperationalError
+
+    try:
+        app.send_task(task_name, args=[payload], queue=queue)
+    except OperationalError:
+        if store.unreachable(settings.redis_url, 1.0):  # the broker gave up on an outage, not on this message
+            store.note_unreachable()
+        raise
 
 
 def send_shard(job_id: str, shard: int) -> None:
@@ -49,7 +57,7 @@ def _init_worker(**_):
     """Before the worker consumes: connect to Redis and build the client's shard runner (a solo-pool
     worker: this process is the one that works, so its id names the client)."""
     global RUNNER
-    RUNNER = ShardRunner(store.connect(settings.redis_url), worker_id(), settings, send, send_shard, send_finish)
+    RUNNER = ShardRunner(store.connect(settings.redis_url, settings.redis_outage_s), worker_id(), settings, send, send_shard, send_finish)
 
 
 @signals.worker_ready.connect
@@ -122,6 +130,7 @@ def plan_job(payload):
     # a plan of a large model takes minutes: its lease outlives it, and lapses within seconds of a planner's death
     renewing = keep_beating(lambda: store.renew_plan_lease(r, ref.job_id, me), timeouts.PLAN_LEASE_RENEW_S,
                             "plan lease renewal")
+    started = time.time()
     try:
         shards = planner.plan(r, ref.job_id, LANE_POLICY)
     except planner.Parked as parked:  # look again later; the planner takes the next job meanwhile
@@ -131,12 +140,17 @@ def plan_job(payload):
                       countdown=parked.retry_in)
         return {"job_id": ref.job_id, "parked": parked.waiting_for}
     except Exception as err:  # noqa: BLE001
+        if store.outage_since(started, err):  # the plan lease lapses and the reaper sends the plan again
+            return left_to_lapse(ref.job_id, "planning", err)
         fail_job(r, ref.job_id, "planning", err)
         store.planned(r, ref.job_id)
         return None
     finally:
         renewing.set()
-        store.release_plan_lease(r, ref.job_id, me)
+        try:
+            store.release_plan_lease(r, ref.job_id, me)
+        except Exception as err:  # noqa: BLE001 - Redis away: the lease lapses on its own
+            log.warning("job %s: plan lease not released: %s", ref.job_id, err)
     store.planned(r, ref.job_id)
     for sh in shards:
         if sh.state == "pending":

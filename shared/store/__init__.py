@@ -10,7 +10,8 @@ One module per aggregate: jobs (spec, state, plan, tasks, budget, retention), le
 GPU gates, shards), records (workloads, records, defaults, trial accounting), liveness (node agents, lanes, builders,
 tuner clients, GPUs given up), results (batch results, poison candidates, GPU faults), costmodels (training rows,
 snapshots). Callers use this package's names: `from shared import store; store.create_job(...)`."""
-from shared.store._redis import connect, connect_probe, masked_url, REDIS_OUTAGE_S, unreachable  # noqa: F401
+from shared.store._redis import (connect, connect_probe, masked_url, note_unreachable, outage_since,  # noqa: F401
+                                 REDIS_OUTAGE_S, unreachable)
 from shared.store.jobs import (  # noqa: F401
     active_jobs, budget_left, cancel_job, claim_finish, claim_trials, clear_job_fields, create_job,
     deactivate_job, expire_transient, history, hold_finish, job_cancelled, job_hash, job_model, job_progress,

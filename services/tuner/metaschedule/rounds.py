@@ -86,7 +86,8 @@ class ShardLoop:
     """`make_context(task, cold)` builds a task's TuneContext. Cold: the cost model has no snapshot yet,
     so it predicts at random, and evolving candidates against random scores (70 % of stock's search time
     on the H200 conv tasks) buys nothing over sampling the design space: a cold task samples (MetaSchedule's
-    replay-trace strategy) and moves to evolutionary search once the central model is trained."""
+    replay-trace strategy) and moves to evolutionary search once the central model is trained and knows the
+    task (_may_evolve)."""
 
     def __init__(self, redis, job_id: str, shard: int, tasks: list[JobTask], make_context: Callable, builder,
                  runner, database, cost_model, records: StoreRecords, trials_per_iter: int,
@@ -115,7 +116,6 @@ class ShardLoop:
     # -- the loop -------------------------------------------------------------------------------------
     def run(self) -> ShardRun:
         hist = store.history(self.redis, self.job_id)
-        cold = self.cold_start and not self.cost_model.trained()
         # a task runs its default schedule until a candidate beats it: that is its latency to the gradient
         t0 = time.perf_counter()
         default = self.defaults([t.job_task for t in self.tasks]) if self.defaults else {}
@@ -123,7 +123,7 @@ class ShardLoop:
         for t in self.tasks:
             past = hist.get(t.job_task.task_id) or []
             t.started = bool(past)
-            self._start_context(t, cold, self._proposes(t))
+            self._start_context(t, self.cold_start and not self._may_evolve(t), self._proposes(t))
             t.best_s = min(past) if past else self._best_in_store(t)
             if default.get(t.job_task.task_id):
                 t.best_s = min(t.best_s, default[t.job_task.task_id])
@@ -164,6 +164,14 @@ class ShardLoop:
             self.run_stats.warm_switches += 1
         log.info("job %s shard %s: task %s %s", self.job_id, self.shard, t.job_task.name,
                  "samples the design space (no trained cost model yet)" if cold else "runs evolutionary search")
+
+    def _may_evolve(self, t: _Task) -> bool:
+        """Evolutionary search once the central model is trained, and, where the store's knowledge of nearby
+        workloads is used (seeds), once it knows this task: its first round measured, or its workload or a near
+        one in the store (seeds.SeedSource.knows); until then the task samples."""
+        if not self.cost_model.trained():
+            return False
+        return t.started or self.seeds is None or self.seeds.knows(t.job_task)
 
     def _best_in_store(self, t: _Task) -> float:
         good = [r for r in store.records(self.redis, t.job_task.wkey) if r.error is None and r.run_secs]
@@ -237,8 +245,8 @@ class ShardLoop:
                 self.run_stats.waited_s += 0.2
                 return True
         proposes = self._proposes(t, min(room, left))
-        if t.cold and not t.dry and self.cost_model.trained():
-            # the central model is trained: evolve against it (unless evolution just came up empty)
+        if t.cold and not t.dry and self._may_evolve(t):
+            # the central model is trained and knows this task: evolve against it (unless evolution just came up empty)
             self._start_context(t, cold=False, proposes=proposes)
         elif not t.fixed and t.proposes != proposes:
             self._start_context(t, t.cold, proposes)

@@ -17,7 +17,7 @@ import tvm
 from tvm import tirx
 from tvm.s_tir import meta_schedule as ms
 
-from shared import store
+from shared import names, store
 from shared.messages import JobTask, WorkloadShape
 from services.tuner.metaschedule.codec import load_ir
 from services.tuner.metaschedule.records import ranked, tuning_record
@@ -28,6 +28,9 @@ log = logging.getLogger("sharetune.tuner.seeds")
 NEAREST = 3  # workloads a task's seeds come from
 PER_WORKLOAD = 4  # best records tried of each
 MAX_SEEDS = 8  # seeds in one task's first round, at most ...
+# A stored workload this near (services.tuner.similarity.distance: the sum of |log| shape ratios; 1.0 is e.g. one
+# dimension 2.7x apart) counts as one the central cost model knows: a judgement, not a measured optimum
+NEAR_DISTANCE = 1.0
 
 
 def seed_cap(first_round: int) -> int:
@@ -111,11 +114,25 @@ class SeedSource:
     """Seeds for the first rounds of one shard's tasks, from the store's index of similar workloads."""
 
     def __init__(self, redis, target_kind: str, target: str, share: int, nearest_k: int = NEAREST,
-                 per_workload: int = PER_WORKLOAD):
+                 per_workload: int = PER_WORKLOAD, shapes: dict[str, WorkloadShape | None] | None = None):
         self.redis, self.kind, self.target, self.share = redis, target_kind, target, share
         self.nearest_k, self.per_workload = nearest_k, per_workload
+        self.shapes = shapes or {}  # task_id -> its workload's shape (workload_shape), for `knows`
         self.applied = 0  # traces that applied to the new task's workload
         self.skipped = 0  # traces that did not
+
+    def knows(self, task: JobTask) -> bool:
+        """Whether the store has measured this task's workload or one within NEAR_DISTANCE of it. A cost model
+        trained on other workloads only (another network's operators) guides a first round no better than
+        sampling the design space does, and evolving against it costs more search per candidate: such a
+        task's first round samples, as on a fresh store."""
+        if self.redis.hlen(names.records_key(task.wkey)):
+            return True
+        shape = self.shapes.get(task.task_id)
+        if shape is None:
+            return False
+        near = nearest(shape, store.similar_workloads(self.redis, self.kind, shape.op), 1)
+        return bool(near) and near[0][0] <= NEAR_DISTANCE
 
     def candidates(self, ctx: ms.TuneContext, task: JobTask) -> Iterator[tuple[ms.MeasureCandidate, str]]:
         """(candidate, source workload key), the best record of each of the nearest workloads first, then each
