@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import time
+from enum import StrEnum
 from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -87,9 +88,30 @@ Timing = Literal["full", "brief"]
 TimingPolicy = Literal["screen", "uniform"]
 
 
-JobState = Literal["queued", "planning", "planned", "tuning", "retiming", "compiling", "done", "failed", "cancelled"]
+class JobState(StrEnum):
+    """A job's state, in the order a job passes through them; the store and the HTTP API carry the values."""
+
+    QUEUED = "queued"
+    PLANNING = "planning"
+    PLANNED = "planned"
+    TUNING = "tuning"
+    RETIMING = "retiming"
+    COMPILING = "compiling"
+    DONE = "done"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
 # the states a job never leaves: the one definition every service, the client and the store's scripts use
-FINAL_STATES: tuple[JobState, ...] = ("done", "failed", "cancelled")
+FINAL_STATES: tuple[JobState, ...] = (JobState.DONE, JobState.FAILED, JobState.CANCELLED)
+
+
+class ShardPhase(StrEnum):
+    """Where one shard of a job is: waiting for a client, searched by one (under its lease), or done."""
+
+    PENDING = "pending"
+    RUNNING = "running"
+    DONE = "done"
 
 
 class JobSpec(Contract):
@@ -175,7 +197,7 @@ class ShardState(Contract):
 
     shard: int
     task_ids: list[str]
-    state: Literal["pending", "running", "done"] = "pending"
+    state: ShardPhase = ShardPhase.PENDING
     owner: str | None = None  # worker id (host.pid) of the client running it
     attempts: int = 0  # how many times a client started it (more than one: it was resumed)
     refunded: int = 0  # trials a dead client had claimed but not recorded, handed back to the budget

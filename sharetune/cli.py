@@ -11,6 +11,8 @@ from pathlib import Path
 
 import click
 
+from shared.messages import JobState
+
 
 def _redis_url() -> str:
     """REDIS_URL, else the URL `sharetune up` wrote to its work dir (SHARETUNE_WORK_DIR, default runs/stack)."""
@@ -171,7 +173,7 @@ def cmd_submit(args) -> int:
             _print_json(st)
         else:
             _print_status(st)
-        return 0 if final.get("state") == "done" else 1
+        return 0 if final.get("state") == JobState.DONE else 1
     return 0
 
 
@@ -179,7 +181,7 @@ def _print_advice(job, plan_wait_s: float = 20.0) -> None:
     """Once the job is planned (a few seconds), the budget advice if its trials cannot reach every task."""
     deadline = time.time() + plan_wait_s
     st = job.status()
-    while st["state"] in ("queued", "planning") and not st["waiting_for"] and time.time() < deadline:
+    while st["state"] in (JobState.QUEUED, JobState.PLANNING) and not st["waiting_for"] and time.time() < deadline:
         time.sleep(0.3)
         st = job.status()
     if st["waiting_for"]:
@@ -259,7 +261,7 @@ def _watch(job, as_json: bool = False, interval: float = 1.0) -> int:
                       else "\n".join(render(st, time.time(), _width())), flush=True)
             last = key
             if st["state"] in FINAL_STATES:
-                return 0 if st["state"] == "done" else 1
+                return 0 if st["state"] == JobState.DONE else 1
             time.sleep(interval)
     finally:
         if live is not None:

@@ -11,7 +11,7 @@ from typing import Any
 from shared import lanes, names, store
 from services.celery_app import make_celery
 from shared.errors import JobError, ModelError, StoreError
-from shared.messages import (FINAL_STATES, MAX_MODEL_BYTES, JobRef, JobResult, JobSpec, TaskProgress, check_job,
+from shared.messages import (JobState, FINAL_STATES, MAX_MODEL_BYTES, JobRef, JobResult, JobSpec, TaskProgress, check_job,
                              check_share, lane_kind)
 from shared.ranking import default_secs
 
@@ -76,7 +76,7 @@ class Job:
 
     def result(self) -> JobResult:
         st = self.state()
-        if st.get("state") == "failed":
+        if st.get("state") == JobState.FAILED:
             raise JobError(f"job {self.job_id} failed: {st.get('error')}")
         res = store.job_result(self.client.redis, self.job_id)
         if res is None:

@@ -9,6 +9,8 @@ import os
 import time
 from pathlib import Path
 
+from shared.messages import JobState
+
 os.environ.setdefault("TVM_NUM_THREADS", "1")  # the report times models as a one-core lane would
 
 
@@ -46,7 +48,7 @@ def run_demo(model: str = "small_cnn", trials: int = 40, per_iter: int = 8, work
         job = client.submit(model, target="llvm", share=share, trials=trials, trials_per_iter=per_iter, seed=0)
         print(f"submitted job {job.job_id} at share {share} %", flush=True)
         final = job.wait(timeout_s=timeout_s, on_progress=_progress_printer())
-        if final["state"] != "done":
+        if final["state"] != JobState.DONE:
             print(f"job {job.job_id} ended {final['state']}: {final.get('error')}", flush=True)
             return 1
         res = job.result()

@@ -26,6 +26,7 @@ from pydantic import BaseModel, ConfigDict
 
 from shared import lanes as lane_kinds
 from shared.errors import ShareError
+from shared.messages import JobState
 from sharetune.share_matrix import ShareMatrix, default_trials, parse_shares
 from sharetune.stack import Stack
 
@@ -192,7 +193,7 @@ def run_matrix(client, model: Any, shares: list[int], placement: Placement, work
     tuned: dict[int, str] = {}
     for p in shares:
         earlier = (resume_jobs or {}).get(str(p)) or {}
-        if earlier.get("state") == "done" and Path(earlier.get("tuned_module_path") or "").is_file():
+        if earlier.get("state") == JobState.DONE and Path(earlier.get("tuned_module_path") or "").is_file():
             tuned[p] = earlier["tuned_module_path"]
             jobs[str(p)] = dict(earlier, resumed=True)
             log(f"[matrix {name}] share {p} %: tuned by an earlier run (job {earlier.get('job_id')}), kept")
@@ -216,7 +217,7 @@ def run_matrix(client, model: Any, shares: list[int], placement: Placement, work
             if on_job_timeout:
                 on_job_timeout(job)
         wall = time.time() - t0
-        if final["state"] != "done":
+        if final["state"] != JobState.DONE:
             errors[f"{p}@*"] = f"tuning job {job.job_id} {final['state']}: {final.get('error')}"
             jobs[str(p)] = {"job_id": job.job_id, "state": final["state"], "wall_s": round(wall, 1)}
             log(f"[matrix {name}] share {p} %: {errors[f'{p}@*']}")
@@ -224,7 +225,7 @@ def run_matrix(client, model: Any, shares: list[int], placement: Placement, work
             res = job.result()
             tuned[p] = res.tuned_module_path
             st = job.status()
-            jobs[str(p)] = {"job_id": job.job_id, "state": "done", "wall_s": round(wall, 1), "trials": res.trials,
+            jobs[str(p)] = {"job_id": job.job_id, "state": JobState.DONE.value, "wall_s": round(wall, 1), "trials": res.trials,
                             "reused_trials": sum(t["reused_trials"] for t in st["tasks"]),
                             "errors": sum(t["errors"] for t in st["tasks"]), "time_split_s": res.time_split_s,
                             "tuned_module_path": res.tuned_module_path}

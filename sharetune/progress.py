@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import math
 
+from shared.messages import JobState
+
 
 def bar(fraction: float, width: int = 20) -> str:
     fraction = min(1.0, max(0.0, fraction))
@@ -47,7 +49,7 @@ def estimates(st: dict, now: float) -> dict:
     elapsed = max(1e-9, end - started) if started else None
     trials, budget = st.get("trials", 0), max(1, st.get("budget", 1))
     rate = trials / elapsed if elapsed and trials else None
-    done = st.get("state") not in ("queued", "planning", "planned", "tuning")  # the search is over
+    done = st.get("state") not in (JobState.QUEUED, JobState.PLANNING, JobState.PLANNED, JobState.TUNING)  # the search is over
     eta = 0.0 if done or trials >= budget else ((budget - trials) / rate if rate else None)
     per_task = max(1, math.ceil(budget / max(1, len(tasks))))
     out_tasks = []
@@ -93,7 +95,7 @@ def live_view(st: dict, now: float):
     est = estimates(st, now)
     head = Text.assemble(
         (f"job {st['job_id']}", "bold"), f" ({st.get('name', '')}, {st.get('target', '')} at {st.get('share', '?')} %): ",
-        (str(st.get("state")), "bold green" if st.get("state") == "done" else "bold"),
+        (str(st.get("state")), "bold green" if st.get("state") == JobState.DONE else "bold"),
         (f" - {st['error']}", "red") if st.get("error") else "")
     total = Table.grid(padding=(0, 2))
     total.add_row(ProgressBar(total=1.0, completed=est["fraction"], width=30),

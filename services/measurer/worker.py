@@ -21,7 +21,7 @@ from shared import exits, hostcores, lanes, names, store, timeouts
 from shared.exits import exit_now
 from shared.heartbeat import keep_beating
 from shared.ids import worker_id
-from shared.messages import (BuilderInfo, BuildRequest, GpuFault, LaneBatch, LaneInfo, MeasureBatch, MeasureResult,
+from shared.messages import (JobState, BuilderInfo, BuildRequest, GpuFault, LaneBatch, LaneInfo, MeasureBatch, MeasureResult,
                              Quarantined)
 from shared.settings import LaneSettings
 from services.measurer import poison
@@ -360,7 +360,7 @@ def redelivered(r, batch: MeasureBatch) -> str | None:
         state = store.job_status(r, batch.job_id)
     except Exception:  # noqa: BLE001 - no job record (a bench's or a probe's batch): measured as sent
         return None
-    return f"its job is {state}" if state in ("done", "failed") else None
+    return f"its job is {state}" if state in (JobState.DONE, JobState.FAILED) else None
 
 
 def lane_target(kind: lanes.LaneKind, lane: lanes.Lane):

@@ -7,7 +7,7 @@ import time
 
 from shared import lanes, store
 from shared.errors import ModelError
-from shared.messages import FINAL_STATES, JobTask, LaneInfo, ShardState, Workload, lane_kind
+from shared.messages import FINAL_STATES, JobState, JobTask, lane_kind, LaneInfo, ShardState, Workload
 from services.tuner.sharding import first_round_size, partition
 
 
@@ -68,8 +68,8 @@ def plan(redis, job_id: str, policy: lanes.LiveLanePolicy) -> list[ShardState]:
     state = store.job_status(redis, job_id)
     if state in FINAL_STATES:
         return []  # e.g. a parked job cancelled while it waited for lanes
-    if state != "planning":  # a parked job's re-check keeps its first planning_at
-        store.set_state(redis, job_id, "planning")
+    if state != JobState.PLANNING:  # a parked job's re-check keeps its first planning_at
+        store.set_state(redis, job_id, JobState.PLANNING)
     kind = lane_kind(spec.target)
     serving = lanes_or_park(redis, job_id, kind, spec.share, policy, spec.wait_for_lanes)
     target = target_from_json(serving[0].target)
@@ -96,6 +96,6 @@ def plan(redis, job_id: str, policy: lanes.LiveLanePolicy) -> list[ShardState]:
         store.put_shards(redis, job_id, partition(store.job_tasks(redis, job_id), n), spec.trials)
         shards = store.shards(redis, job_id)
     advice = budget_advice(spec.trials, spec.trials_per_iter, len(tasks))
-    store.set_state(redis, job_id, "planned", target_json=str(target), lanes=[l.queue for l in serving],
+    store.set_state(redis, job_id, JobState.PLANNED, target_json=str(target), lanes=[l.queue for l in serving],
                     clients=len(shards), **({"advice": advice} if advice else {}))
     return [shards[k] for k in sorted(shards)]

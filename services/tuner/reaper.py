@@ -16,7 +16,7 @@ import uuid
 from typing import Callable
 
 from shared import names, store, timeouts
-from shared.messages import FINAL_STATES, JobRef, ShardRef, ShardState
+from shared.messages import FINAL_STATES, JobRef, JobState, ShardPhase, ShardRef, ShardState
 
 log = logging.getLogger("sharetune.tuner.reaper")
 
@@ -32,8 +32,8 @@ def reap(redis, send_shard: Callable[[ShardRef], None], send_finish: Callable[[s
         queue_empty = store.queue_length(redis, names.TUNE_QUEUE) == 0
 
         def orphaned(sh: ShardState) -> bool:
-            return sh.state == "running" or (
-                sh.state == "pending" and queue_empty and now - sh.queued_at > timeouts.STRANDED_AFTER_S)
+            return sh.state == ShardPhase.RUNNING or (
+                sh.state == ShardPhase.PENDING and queue_empty and now - sh.queued_at > timeouts.STRANDED_AFTER_S)
 
         for sh in shards.values():
             # a shard with a lease has a live client; a free one is leased by the reaper for the re-send, so
@@ -43,14 +43,14 @@ def reap(redis, send_shard: Callable[[ShardRef], None], send_finish: Callable[[s
             try:
                 if not store.claim_requeue(redis, job_id, sh.shard):
                     continue  # another reaper is on it
-                dead, refunded = sh.state == "running", 0
+                dead, refunded = sh.state == ShardPhase.RUNNING, 0
 
                 def requeued(cur: ShardState):
                     nonlocal refunded
                     if not orphaned(cur):  # changed since this pass read it (e.g. its client finished it)
                         return False
                     refunded += store.refund_claim(redis, job_id, cur.shard)  # once: a second call finds 0
-                    cur.state, cur.owner, cur.queued_at, cur.refunded = "pending", None, now, cur.refunded + refunded
+                    cur.state, cur.owner, cur.queued_at, cur.refunded = ShardPhase.PENDING, None, now, cur.refunded + refunded
 
                 if store.update_shard(redis, job_id, sh.shard, requeued, owner=me) is None:
                     continue
@@ -59,7 +59,7 @@ def reap(redis, send_shard: Callable[[ShardRef], None], send_finish: Callable[[s
             send_shard(ShardRef(job_id=job_id, shard=sh.shard))
             why = f"client {sh.owner} lost its lease" if dead else "its message was never taken"
             actions.append(f"job {job_id} shard {sh.shard} sent again ({why}; {refunded} trials refunded)")
-        if shards and all(sh.state == "done" for sh in shards.values()) and store.claim_finish(redis, job_id, "reaper"):
+        if shards and all(sh.state == ShardPhase.DONE for sh in shards.values()) and store.claim_finish(redis, job_id, "reaper"):
             send_finish(job_id)
             actions.append(f"job {job_id} finish sent again")
     for a in actions:
@@ -72,7 +72,7 @@ def reap_plans(redis, send_plan: Callable[[JobRef], None], now: float) -> list[s
     unacknowledged until Redis's visibility timeout, an hour) or the message was lost."""
     actions = []
     plan_queue_empty = store.queue_length(redis, names.PLAN_QUEUE) == 0
-    for job_id in _jobs(redis, store.planning_jobs(redis), lambda s: s in ("queued", "planning"), store.planned):
+    for job_id in _jobs(redis, store.planning_jobs(redis), lambda s: s in (JobState.QUEUED, JobState.PLANNING), store.planned):
         if not plan_queue_empty:  # a planner is behind, or none is up: what waits in the queue is taken first
             continue
         ref = JobRef(job_id=job_id, plan=uuid.uuid4().hex)

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 from shared import lanes, store, timeouts
-from shared.messages import (JobResult, TaskBest, TimingConfig, TrialAccounting, lane_kind, lane_utilisation,
+from shared.messages import (JobState, JobResult, TaskBest, TimingConfig, TrialAccounting, lane_kind, lane_utilisation,
                              target_kind)
 from shared.ranking import default_secs, rank_secs
 
@@ -108,7 +108,7 @@ def finish_job(send, redis, job_id: str, work_dir: Path, grace_s: float = timeou
     from services.tuner.metaschedule.rounds import PHASES
 
     retime = {}
-    cancelled = state.state == "cancelled"  # finished on what was measured; it stays cancelled
+    cancelled = state.state == JobState.CANCELLED  # finished on what was measured; it stays cancelled
     wkeys = [t.wkey for t in tasks]
     if not cancelled:  # lanes answer a cancelled job's batches without running them
         runner = LaneRunner(send, redis, job_id, lane_kind(spec.target), spec.share, str(target), CandidateStash(),
@@ -116,11 +116,11 @@ def finish_job(send, redis, job_id: str, work_dir: Path, grace_s: float = timeou
         # no task's best is a screening figure: a brief best gets the full timing before anything exports it
         retime["full_timing_of_bests"] = full_timing_of_bests(redis, runner, wkeys)
         if spec.retime_top_k:
-            store.set_state(redis, job_id, "retiming")
+            store.set_state(redis, job_id, JobState.RETIMING)
             t_retime = time.time()
             retime.update(retime_top_k(redis, runner, job_id, wkeys, spec.retime_top_k))
             retime["seconds"] = round(time.time() - t_retime, 3)
-    store.set_state(redis, job_id, "compiling")
+    store.set_state(redis, job_id, JobState.COMPILING)
     t_compile = time.time()
     from services.tuner.metaschedule.compile import compile_tuned, compile_untuned
 
@@ -180,7 +180,7 @@ def finish_job(send, redis, job_id: str, work_dir: Path, grace_s: float = timeou
         accounting=TrialAccounting(**accounting) if accounting else None,
     )
     store.set_result(redis, result)
-    store.set_state(redis, job_id, "done")
+    store.set_state(redis, job_id, JobState.DONE)
     store.deactivate_job(redis, job_id)
     return result
 

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from shared import names, store, timeouts
 from shared.errors import SharetuneError
 from shared.heartbeat import keep_beating
-from shared.messages import FINAL_STATES, ShardRef
+from shared.messages import FINAL_STATES, JobState, ShardPhase, ShardRef
 from shared.settings import TunerSettings
 
 log = logging.getLogger("sharetune.tuner")
@@ -29,7 +29,7 @@ def fail_job(r, job_id: str, stage: str, err: BaseException) -> None:
     """End a job with a message naming the stage and the problem (logged with its traceback)."""
     msg = str(err) if isinstance(err, SharetuneError) else f"{type(err).__name__}: {err}"
     log.error("job %s failed while %s: %s\n%s", job_id, stage, msg, traceback.format_exc())
-    store.set_state(r, job_id, "failed", error=f"{stage}: {msg}")
+    store.set_state(r, job_id, JobState.FAILED, error=f"{stage}: {msg}")
 
 
 def left_to_lapse(job_id: str, step: str, err: BaseException) -> dict:
@@ -84,12 +84,12 @@ class ShardRunner:
         r, me, s = self.redis, self.worker, self.settings
         started = time.time()
         state = store.job_status(r, ref.job_id)
-        if state == "cancelled":
+        if state == JobState.CANCELLED:
             self.finish_cancelled(ref.job_id)  # a shard no client took: the job may be finished now
         if state in FINAL_STATES:
             return {"job_id": ref.job_id, "skipped": state}  # a re-delivered message for a finished job
         shard = store.shards(r, ref.job_id).get(ref.shard)
-        if shard is None or shard.state == "done":
+        if shard is None or shard.state == ShardPhase.DONE:
             return {"job_id": ref.job_id, "shard": ref.shard, "skipped": "done"}
         if self.stopping.is_set() or not store.take_lease(r, ref.job_id, ref.shard, me):
             if self.stopping.is_set():
@@ -97,16 +97,16 @@ class ShardRunner:
             return {"job_id": ref.job_id, "shard": ref.shard, "skipped": "held by another client"}
 
         def running(sh):
-            if sh.state == "done":  # finished by the client that held it until we took the lease
+            if sh.state == ShardPhase.DONE:  # finished by the client that held it until we took the lease
                 return False
-            sh.state, sh.owner, sh.attempts = "running", me, sh.attempts + 1
+            sh.state, sh.owner, sh.attempts = ShardPhase.RUNNING, me, sh.attempts + 1
             sh.started_at = sh.started_at or time.time()
 
         if store.update_shard(r, ref.job_id, ref.shard, running, owner=me) is None:
             store.release_lease(r, ref.job_id, ref.shard, me)
             return {"job_id": ref.job_id, "shard": ref.shard, "skipped": "done, or the lease lapsed"}
-        if state in ("planned", "queued"):
-            store.set_state(r, ref.job_id, "tuning")
+        if state in (JobState.PLANNED, JobState.QUEUED):
+            store.set_state(r, ref.job_id, JobState.TUNING)
         lease = Lease(r, ref.job_id, ref.shard, me, self.stopping, s.shard_quantum_s)
         try:
             run = search.tune_shard(self.send, r, ref.job_id, ref.shard, s.work_dir, s.batch_grace_s,
@@ -130,7 +130,7 @@ class ShardRunner:
             # which resumes from the records this one stored, marks it done
             log.warning("job %s shard %s: lease lost before the shard was marked done", ref.job_id, ref.shard)
             return {"job_id": ref.job_id, "shard": ref.shard, "lease_lost": True, "trials": run.trials}
-        if all(sh.state == "done" for sh in store.shards(r, ref.job_id).values()):
+        if all(sh.state == ShardPhase.DONE for sh in store.shards(r, ref.job_id).values()):
             if store.claim_finish(r, ref.job_id, me):
                 self.send_finish(ref.job_id)
         return {"job_id": ref.job_id, "shard": ref.shard, "trials": run.trials, "reused": run.reused}
@@ -141,18 +141,18 @@ class ShardRunner:
         r, me = self.redis, self.worker
         log.warning("job %s shard %s handed back: %s", ref.job_id, ref.shard, why)
         state = store.job_status(r, ref.job_id)
-        if lease.held() and state not in ("failed", "cancelled"):
+        if lease.held() and state not in (JobState.FAILED, JobState.CANCELLED):
             refunded = store.refund_claim(r, ref.job_id, ref.shard)
 
             def handed_back(sh):
                 sh.refunded += refunded
-                sh.state, sh.owner, sh.queued_at = "pending", None, time.time()
+                sh.state, sh.owner, sh.queued_at = ShardPhase.PENDING, None, time.time()
 
             # written only while the lease is ours, and released with it: a client that lost its lease
             # was replaced, and the replacement's state stands
             if store.update_shard(r, ref.job_id, ref.shard, handed_back, owner=me, release=True):
                 self.send_shard(ref.job_id, ref.shard)
-        elif lease.held() and state == "cancelled":
+        elif lease.held() and state == JobState.CANCELLED:
             if store.finish_shard(r, ref.job_id, ref.shard, me):
                 self.finish_cancelled(ref.job_id)
 
@@ -164,7 +164,7 @@ class ShardRunner:
         r = self.redis
         if store.job_result(r, job_id) is not None:
             return
-        if any(sh.state == "running" for sh in store.shards(r, job_id).values()):
+        if any(sh.state == ShardPhase.RUNNING for sh in store.shards(r, job_id).values()):
             return  # the client still searching finishes it when it stops
         if store.claim_finish(r, job_id, self.worker):
             self.send_finish(job_id)
@@ -176,9 +176,9 @@ class ShardRunner:
         r = self.redis
         started = time.time()
         state = store.job_status(r, job_id)
-        if state in ("done", "failed") or (state == "cancelled" and store.job_result(r, job_id)):
+        if state in (JobState.DONE, JobState.FAILED) or (state == JobState.CANCELLED and store.job_result(r, job_id)):
             return {"job_id": job_id, "skipped": state}
-        if state == "cancelled" and store.job_hash(r, job_id).target_json is None:
+        if state == JobState.CANCELLED and store.job_hash(r, job_id).target_json is None:
             return {"job_id": job_id, "skipped": "cancelled before it was planned"}  # nothing measured to finish on
         # the guard this step was sent under outlives a dead client by FINISH_QUEUED_S: held with a short TTL
         # while it runs, so a client killed mid-finish has the reaper send it again within seconds
@@ -241,13 +241,13 @@ class Lease:
         if self._lost.is_set():
             raise Stopped("the shard's lease was lost (this client stalled past its TTL)")
         state = store.job_status(self.redis, self.job_id)
-        if state in ("failed", "cancelled"):
+        if state in (JobState.FAILED, JobState.CANCELLED):
             raise Stopped(f"the job is {state}")
         if passed and (blocked or time.time() - self.started > self.quantum_s):
             # fewer clients than shards: once each of its tasks has had a round, a client takes turns
             # with a shard that waits for a client, so every task of the job gets its first rounds
             waiting = [sh.shard for sh in store.shards(self.redis, self.job_id).values()
-                       if sh.state == "pending" and time.time() - sh.queued_at > 2.0]
+                       if sh.state == ShardPhase.PENDING and time.time() - sh.queued_at > 2.0]
             if waiting:
                 raise Stopped(f"taking turns with shard {waiting[0]}, which no client has taken")
 

@@ -17,7 +17,7 @@ from shared.heartbeat import keep_beating
 from shared.ids import worker_id
 from services.celery_app import exits_if_it_fails, make_celery
 from shared.errors import MessageError
-from shared.messages import JobRef, ShardRef, TrainingBatch
+from shared.messages import JobRef, ShardPhase, ShardRef, TrainingBatch
 from shared.settings import TunerSettings, UpdaterSettings
 from services.tuner.shards import ShardRunner, fail_job, left_to_lapse
 
@@ -153,7 +153,7 @@ def plan_job(payload):
             log.warning("job %s: plan lease not released: %s", ref.job_id, err)
     store.planned(r, ref.job_id)
     for sh in shards:
-        if sh.state == "pending":
+        if sh.state == ShardPhase.PENDING:
             send_shard(ref.job_id, sh.shard)
     return {"job_id": ref.job_id, "shards": len(shards)}
 

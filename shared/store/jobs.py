@@ -9,7 +9,7 @@ import redis
 
 from shared import names, timeouts
 from shared.errors import JobError, StoreFullError
-from shared.messages import FINAL_STATES, JobHash, JobResult, JobSpec, JobTask, TaskProgress
+from shared.messages import FINAL_STATES, JobHash, JobResult, JobSpec, JobState, JobTask, TaskProgress
 from shared.store._redis import _s, _script
 from shared.store.leases import _RELEASE, _RENEW, _TAKE
 
@@ -23,7 +23,7 @@ def create_job(r: redis.Redis, spec: JobSpec, model_blob: bytes) -> None:
         with r.pipeline() as p:  # MULTI/EXEC: a store that is full refuses all of it
             p.set(names.job_model_key(spec.job_id), model_blob)
             p.hset(names.job_key(spec.job_id),
-                   mapping=JobHash.dump_fields(spec=spec, state="queued", updated_at=time.time()))
+                   mapping=JobHash.dump_fields(spec=spec, state=JobState.QUEUED, updated_at=time.time()))
             p.zadd(names.JOBS_KEY, {spec.job_id: spec.submitted_at})
             p.execute()
     except redis.exceptions.OutOfMemoryError:
@@ -207,7 +207,7 @@ def cancel_job(r: redis.Redis, job_id: str) -> str:
     state = _CANCEL(keys=[names.job_key(job_id), names.job_cancel_key(job_id)], args=[repr(time.time())], client=r)
     if state is None:
         raise JobError(f"no job {job_id!r} in the store")
-    if _s(state) == "cancelled":
+    if _s(state) == JobState.CANCELLED:
         expire_transient(r, job_id)
     return _s(state)
 

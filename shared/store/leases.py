@@ -8,7 +8,7 @@ from typing import Callable
 import redis
 
 from shared import names, timeouts
-from shared.messages import ShardState
+from shared.messages import ShardPhase, ShardState
 from shared.store._redis import _s, _script
 
 
@@ -248,7 +248,7 @@ def finish_shard(r: redis.Redis, job_id: str, shard: int, owner: str) -> bool:
     """Mark a shard done and release its lease, atomically, only while `owner` still holds the lease
     (a client that lost it was replaced: the replacement's state stands). True when done by us."""
     def done(sh: ShardState) -> None:
-        sh.state, sh.finished_at = "done", time.time()
+        sh.state, sh.finished_at = ShardPhase.DONE, time.time()
 
     return update_shard(r, job_id, shard, done, owner=owner, release=True) is not None
 

@@ -88,6 +88,10 @@ def replace_record(r: redis.Redis, rec: Record) -> None:
     r.hset(names.records_key(rec.wkey), rec.candidate_key, rec.model_dump_json())
 
 
+def has_records(r: redis.Redis, wkey: str) -> bool:
+    return bool(r.hlen(names.records_key(wkey)))
+
+
 def records(r: redis.Redis, wkey: str) -> list[Record]:
     return [Record.parse(v) for v in r.hvals(names.records_key(wkey))]
 

@@ -548,18 +548,18 @@ class NodeAgent:
         """Judge each GPU recovery in doubt (services.measurer.gpu.judge_recovery): returns the GPUs to
         recover again (their lanes never came back) and those to give up (recoveries failed twice in a row).
         A fault a restarted lane reports with its candidate shows the lanes measuring again: a new incident."""
-        from services.measurer.gpu import give_up_gpu, judge_recovery, measured_by_fault
+        from services.measurer.gpu import Verdict, give_up_gpu, judge_recovery, measured_by_fault
 
         retry, give_up = set(), set()
         for gpu8, attempt in list(self._gpu_attempts.items()):
             attempt = measured_by_fault(self._observe_attempt(attempt, now), faults)
             verdict = judge_recovery(attempt, now, now if gpu8 in faulted else None)
-            if verdict == "pending":
+            if verdict == Verdict.PENDING:
                 self._gpu_attempts[gpu8] = attempt
                 continue
             del self._gpu_attempts[gpu8]
-            self._gpu_failures[gpu8] = 0 if verdict == "ok" else attempt.failures + 1
-            if verdict == "failed":
+            self._gpu_failures[gpu8] = 0 if verdict == Verdict.OK else attempt.failures + 1
+            if verdict == Verdict.FAILED:
                 (give_up if give_up_gpu(self._gpu_failures[gpu8]) else retry).add(gpu8)
         return retry, give_up
 

@@ -12,6 +12,7 @@ from services.measurer.gpu.plan import plan_gpu_lanes
 from services.measurer.gpu.recovery import (
     GpuAttempt,
     LaneExit,
+    Verdict,
     end_processes,
     give_up_gpu,
     judge_recovery,
@@ -21,5 +22,5 @@ from services.measurer.gpu.recovery import (
     read_process_table,
 )
 
-__all__ = ["GpuAttempt", "LaneExit", "MpsDaemon", "end_processes", "give_up_gpu", "judge_recovery", "measured_by_fault",
+__all__ = ["GpuAttempt", "LaneExit", "Verdict", "MpsDaemon", "end_processes", "give_up_gpu", "judge_recovery", "measured_by_fault",
            "plan_gpu_lanes", "plan_gpu_reset", "plan_recovery", "read_process_table"]

@@ -7,6 +7,7 @@ import os
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from enum import StrEnum
 from pathlib import Path
 
 from shared import lanes
@@ -224,19 +225,27 @@ class GpuAttempt:
     failures: int = 0
 
 
+class Verdict(StrEnum):
+    """How a GPU's recovery went."""
+
+    OK = "ok"
+    FAILED = "failed"
+    PENDING = "pending"
+
+
 def judge_recovery(attempt: GpuAttempt, now: float, faulted_again_at: float | None = None,
-                   come_back_s: float = 300.0, settle_s: float = 20.0) -> str:
-    """"ok", "failed" or "pending". Pure. A recovery failed when the lanes did not come back live within
+                   come_back_s: float = 300.0, settle_s: float = 20.0) -> Verdict:
+    """The recovery's verdict. Pure. A recovery failed when the lanes did not come back live within
     `come_back_s`, or the GPU faulted again before they were measuring (answered a batch, or stayed live
     for `settle_s`): a server still refusing clients, or a fault the restart did not cure."""
     confirmed_at = None
     if attempt.live_at is not None:
         confirmed_at = min(t for t in (attempt.measured_at, attempt.live_at + settle_s) if t is not None)
     if faulted_again_at is not None and faulted_again_at >= attempt.restarted_at:
-        return "ok" if confirmed_at is not None and confirmed_at <= faulted_again_at else "failed"
+        return Verdict.OK if confirmed_at is not None and confirmed_at <= faulted_again_at else Verdict.FAILED
     if attempt.live_at is None:
-        return "failed" if now - attempt.restarted_at > come_back_s else "pending"
-    return "ok" if confirmed_at <= now else "pending"
+        return Verdict.FAILED if now - attempt.restarted_at > come_back_s else Verdict.PENDING
+    return Verdict.OK if confirmed_at <= now else Verdict.PENDING
 
 
 def measured_by_fault(attempt: GpuAttempt, faults: Sequence) -> GpuAttempt:

@@ -22,7 +22,7 @@ from tvm.s_tir.meta_schedule.builder import BuilderInput
 from tvm.s_tir.meta_schedule.runner import RunnerInput, RunnerResult
 
 from shared import store
-from shared.messages import JobTask
+from shared.messages import JobTask, ShardPhase
 from shared.ranking import rank_secs, screen_bar
 from services.tuner.metaschedule.records import StoreRecords, candidate_key
 from services.tuner.sharding import Steering, behind, first_rounds_reserve, flops_shares, priority
@@ -212,7 +212,7 @@ class ShardLoop:
         shards = store.shards(self.redis, self.job_id)
         out, live = [], 1
         for sh in shards.values():
-            if sh.shard == self.shard or sh.state != "running":
+            if sh.shard == self.shard or sh.state != ShardPhase.RUNNING:
                 continue
             live += 1
             out += [prio(tid) for tid in sh.task_ids if tid in tasks]

@@ -17,7 +17,7 @@ import tvm
 from tvm import tirx
 from tvm.s_tir import meta_schedule as ms
 
-from shared import names, store
+from shared import store
 from shared.messages import JobTask, WorkloadShape
 from services.tuner.metaschedule.codec import load_ir
 from services.tuner.metaschedule.records import ranked, tuning_record
@@ -126,7 +126,7 @@ class SeedSource:
         trained on other workloads only (another network's operators) guides a first round no better than
         sampling the design space does, and evolving against it costs more search per candidate: such a
         task's first round samples, as on a fresh store."""
-        if self.redis.hlen(names.records_key(task.wkey)):
+        if store.has_records(self.redis, task.wkey):
             return True
         shape = self.shapes.get(task.task_id)
         if shape is None:
