@@ -255,9 +255,12 @@ def test_scaling_down_lets_each_worker_finish_its_task(helm):
     grace = {t: _pod(docs, t)["terminationGracePeriodSeconds"] for t in scaled}
     # a builder's task is one candidate's build: past a run timeout + the batch grace a tuner has re-sent it
     assert grace["st-sharetune-builder"] > timeouts.RUN_TIMEOUT_S + timeouts.BATCH_GRACE_S
-    # a stopping tuner client hands its shard back at its next round: a round's batches of up to 16 candidates
-    # a lane, each bounded by the batch watch (candidates x run timeout + batch grace)
-    assert grace["st-sharetune-tuner"] > 16 * timeouts.RUN_TIMEOUT_S + timeouts.BATCH_GRACE_S
+    # a stopping tuner client hands its shard back at its next round: a job's default round (trials_per_iter),
+    # all on one lane, bounded by the batch watch (candidates x run timeout + batch grace)
+    from shared.messages import JobSpec
+
+    per_round = JobSpec.model_fields["trials_per_iter"].default
+    assert grace["st-sharetune-tuner"] > per_round * timeouts.RUN_TIMEOUT_S + timeouts.BATCH_GRACE_S
     # a worker stopped anyway loses nothing for good: acknowledged after its task, one message at a time
     conf = make_celery("chart-test", "redis://127.0.0.1:1/0").conf
     assert conf.task_acks_late and conf.task_reject_on_worker_lost and conf.worker_prefetch_multiplier == 1
