@@ -50,7 +50,7 @@ fi
 
 SCRATCH=$(mktemp -d /tmp/sharetune-compose-up.XXXXXX)
 WHEEL_SERVER=""
-stop_wheel_server() { if [ -n "$WHEEL_SERVER" ]; then kill "$WHEEL_SERVER" 2>/dev/null; wait "$WHEEL_SERVER" 2>/dev/null || true; WHEEL_SERVER=""; fi; }
+stop_wheel_server() { if [ -n "$WHEEL_SERVER" ]; then kill "$WHEEL_SERVER" 2>/dev/null || true; wait "$WHEEL_SERVER" 2>/dev/null || true; WHEEL_SERVER=""; fi; }
 trap 'stop_wheel_server; rm -rf "$SCRATCH"' EXIT
 trap 'exit 130' INT TERM
 
