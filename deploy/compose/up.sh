@@ -8,7 +8,8 @@
 #   from a local wheel directory pip already uses; then the commands tagged `# [doc]` below, as written in
 #   docs/operations.md (tests/test_compose.py compares them), and a wait until every container is healthy.
 # Exit 3: Docker is missing or not running and this script may not fix it (the fix is printed).
-# State (REDIS_PASSWORD, the dockerd it started) lives in SHARETUNE_COMPOSE_STATE, default runs/compose.
+# State lives in SHARETUNE_COMPOSE_STATE, default runs/compose: REDIS_PASSWORD, the dockerd it started, and
+# `env`, the variables later docker-compose commands need (`. runs/compose/env`).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 ROOT=$PWD
@@ -40,6 +41,7 @@ stop_dockerd() {  # only the one this script started (its pid recorded in STATE)
 
 if [ "${1:-up}" = down ]; then
   shift
+  [ -f "$STATE/env" ] && . "$STATE/env"  # the project and file `up` used
   if docker info >/dev/null 2>&1; then
     docker-compose --profile gpu --profile monitor down --remove-orphans "$@"  # -v also deletes the volumes (records, results)
   fi
@@ -104,6 +106,10 @@ if ! have_image "$PYTHON_IMAGE" || ! have_image "$REDIS_IMAGE"; then
   if ! have_image "$REDIS_IMAGE"; then REDIS_IMAGE=sharetune/redis:7-bookworm; stand_in "$REDIS_IMAGE" tests/compose/redis.Dockerfile; fi
 fi
 took "python: $PYTHON_IMAGE, redis: $REDIS_IMAGE"
+# what later docker-compose commands need to see the same stack: a stand-in base changes the redis service's
+# image, so a command without REDIS_IMAGE would pull redis:7 (out of reach) and recreate it. Mode 0600: the password
+(umask 077 && for v in REDIS_PASSWORD COMPOSE_PROJECT_NAME COMPOSE_FILE DOCKER_BUILDKIT COMPOSE_DOCKER_CLI_BUILD \
+    PYTHON_IMAGE REDIS_IMAGE API_PORT REDIS_PORT; do if [ -n "${!v:-}" ]; then printf 'export %s=%q\n' "$v" "${!v}"; fi; done >"$STATE/env")
 
 # ---- the project's images --------------------------------------------------------------------------------
 step "build images"
@@ -154,6 +160,6 @@ sharetune runs (compose project $COMPOSE_PROJECT_NAME). Submit a job and follow 
   curl -s -XPOST $API/jobs -H 'Content-Type: application/json' -d '{"model": "tiny", "trials": 16}'
   curl -s $API/jobs/JOB_ID          # state, trials, per-task best, ETA; then /results, /database (zip), /module
 From Python: Client("redis://:\$(cat $STATE/redis_password)@127.0.0.1:${REDIS_PORT:-6379}/0")
-For docker-compose commands of your own: export REDIS_PASSWORD=\$(cat $STATE/redis_password) COMPOSE_FILE=docker-compose.yml COMPOSE_PROJECT_NAME=$COMPOSE_PROJECT_NAME
+Before docker-compose commands of your own (--scale, logs, ps): . $STATE/env
 Stop it: make compose-down (keeps the volumes) or deploy/compose/up.sh down -v (deletes them too)
 EOF

@@ -57,6 +57,7 @@ STACK_UP=1  # from here on the cleanup takes down what up.sh started, the docker
 rc=0; bash deploy/compose/up.sh up || rc=$?
 [ "$rc" = 3 ] && skip "Docker cannot be installed or started here (above)"
 [ "$rc" = 0 ] || fail "deploy/compose/up.sh failed (rc $rc)"
+. "$SHARETUNE_COMPOSE_STATE/env"  # the base images up.sh chose: the later commands see the same stack
 
 step "one CPU lane live"
 as_user lanes 1 >/dev/null
