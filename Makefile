@@ -2,7 +2,7 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: demo test install bench clean compose-test
+.PHONY: demo test install bench clean compose-test compose-up compose-down
 install: $(VENV)/.installed
 
 $(VENV)/.installed: requirements.txt pyproject.toml
@@ -28,6 +28,14 @@ test: install
 # started if missing, and left as found
 compose-test: install
 	PY=$(abspath $(PY)) bash tests/compose/run.sh
+
+# the compose stack's CPU profile on this host, as docs/operations.md describes it (deploy/compose/up.sh): Docker
+# installed and started where it is missing and can be, base images stood in for where Docker Hub is out of reach
+compose-up:
+	bash deploy/compose/up.sh up
+
+compose-down:
+	bash deploy/compose/up.sh down
 
 bench: install
 	$(PY) bench/cpu_tuning.py

@@ -1,5 +1,5 @@
 """Configuration through environment variables (pydantic-settings), one class per role.
-Every variable is listed in README.md's configuration table."""
+Every variable is listed in docs/operations.md's configuration table (tests/test_compose.py checks)."""
 from __future__ import annotations
 
 import os

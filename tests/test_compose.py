@@ -139,12 +139,19 @@ def test_api_service_runs_a_real_cli_command(compose):
     assert cmd[:3] == ["python", "-m", "sharetune"] and cmd[3] in cli.COMMANDS
 
 
-def test_readme_documents_every_setting_in_one_table():
-    readme = (ROOT / "README.md").read_text()
-    table = readme[readme.index("## Configuration"):].split("\n## ")[0]
+OPERATIONS = ROOT / "docs" / "operations.md"  # compose, Helm, MPS and the configuration table
+
+
+def _section(text: str, heading: str) -> str:
+    """A markdown section: from its `## ` heading to the next one."""
+    return text[text.index(f"\n## {heading}"):].split("\n## ")[1]
+
+
+def test_docs_document_every_setting_in_one_table():
+    table = _section(OPERATIONS.read_text(), "Configuration")
     documented = set(re.findall(r"^\| `([A-Z_]+)`", table, re.M))
     missing = _setting_variables() - documented
-    assert not missing, f"README's configuration table lacks {sorted(missing)}"
+    assert not missing, f"docs/operations.md's configuration table lacks {sorted(missing)}"
 
 
 @pytest.mark.e2e
@@ -404,10 +411,9 @@ def test_service_requirements_import_kombus_redis_transport_in_a_clean_venv(tmp_
 
 
 def test_redis_is_published_on_loopback_for_the_python_client(compose):
-    """The README's `Client("redis://:<password>@127.0.0.1:6379/0")` reaches the stack's Redis from this host."""
+    """docs/operations.md's `Client("redis://:<password>@127.0.0.1:6379/0")` reaches the stack's Redis from this host."""
     assert compose["services"]["redis"]["ports"] == ["${REDIS_PUBLISH:-127.0.0.1}:${REDIS_PORT:-6379}:6379"]
-    readme = (ROOT / "README.md").read_text()
-    compose_section = readme[readme.index("## docker compose"):readme.index("## Configuration")]
+    compose_section = _section(OPERATIONS.read_text(), "docker compose")
     urls = re.findall(r'Client\("(redis://[^"]+)"\)', compose_section)
     assert urls and all(re.match(r"redis://:[^@]+@127\.0\.0\.1:6379/0$", u) for u in urls), urls
 
@@ -455,3 +461,72 @@ def test_a_workers_healthcheck_finds_its_own_containers_liveness_key(tmp_path):
             assert store.host_liveness_key(r, "c0ffee") == key
             r.delete(key)
         assert store.host_liveness_key(r, "c0ffe") is None  # a prefix of another host's name is not this host
+
+
+# ---- deployments a user can follow: the documented compose commands are the ones make compose-up runs ------
+
+UP_SCRIPT = ROOT / "deploy" / "compose" / "up.sh"
+
+
+def _script_doc_commands(text: str) -> list[str]:
+    """The command lines deploy/compose/up.sh tags `# [doc]`, as written there."""
+    return [m.strip() for m in re.findall(r"^([^#\n]+?)\s+# \[doc\]", text, re.M)]
+
+
+def _documented_compose_commands(text: str) -> list[str]:
+    """The fenced block after docs/operations.md's `<!-- compose-up commands -->` marker, without comments, blank
+    lines and the REDIS_PASSWORD line (the script keeps its own password; the user makes one)."""
+    block = re.search(r"<!-- compose-up commands -->\n```sh\n(.*?)\n```", text, re.S)
+    assert block, "docs/operations.md lost its compose-up commands block"
+    lines = [re.sub(r"\s+#.*$", "", l).strip() for l in block[1].splitlines()]
+    return [l for l in lines if l and not l.startswith("export REDIS_PASSWORD=")]
+
+
+def test_documented_compose_commands_are_the_ones_compose_up_runs():
+    script = _script_doc_commands(UP_SCRIPT.read_text())
+    assert any(c.startswith("docker-compose build") for c in script) and "docker-compose up -d" in script, script
+    assert _documented_compose_commands(OPERATIONS.read_text()) == script
+    # and the comparison can fail: a doc that drifts from the script
+    drifted = OPERATIONS.read_text().replace("docker-compose up -d\n```", "docker-compose up\n```", 1)
+    assert _documented_compose_commands(drifted) != script
+
+
+def test_compose_up_and_compose_test_read_only_the_projects_compose_file():
+    """A stray docker-compose.override.yml must not change what a user or CI runs."""
+    assert "export COMPOSE_FILE=docker-compose.yml" in _script_doc_commands(UP_SCRIPT.read_text())
+    assert re.search(r"^export COMPOSE_FILE=docker-compose\.yml\b", (ROOT / "tests/compose/run.sh").read_text(), re.M)
+    assert "deploy/compose/up.sh" in (ROOT / "tests/compose/run.sh").read_text()  # compose-test runs the user's steps
+    make = (ROOT / "Makefile").read_text()
+    assert re.search(r"^compose-up:.*\n\tbash deploy/compose/up\.sh up$", make, re.M)
+    assert re.search(r"^compose-down:.*\n\tbash deploy/compose/up\.sh down$", make, re.M)
+
+
+def test_gpu_image_base_is_a_build_argument_with_a_real_tag(compose):
+    """compose passes CUDA_IMAGE to the GPU image, defaulting to the Dockerfile's; nvidia/cuda tags name their
+    OS (13.0.0-runtime alone does not exist), and the image's Python 3.11 comes for Ubuntu 24.04."""
+    dockerfile = ROOT / "services" / "measurer" / "Dockerfile"
+    default = re.search(r"^ARG CUDA_IMAGE=(\S+)$", dockerfile.read_text(), re.M)[1]
+    assert re.fullmatch(r"nvidia/cuda:\d+\.\d+\.\d+-(runtime|devel)-ubuntu24\.04", default), default
+    for name in ("agent", "builder"):
+        assert compose["services"][name]["build"]["args"]["CUDA_IMAGE"] == "${CUDA_IMAGE:-%s}" % default, name
+    assert f"`{default}`" in OPERATIONS.read_text()
+    gpu = _stages(dockerfile)["gpu"]
+    assert "python3.11-venv" in gpu and "python3.11 -m venv /opt/venv" in gpu
+
+
+def test_cpu_images_run_as_an_unprivileged_user(compose):
+    """Each CPU service's final stage ends with a USER that is not root, and owns /work (the work volume)."""
+    for name in ("planner", "tuner", "updater", "api", "measurer-cpu"):
+        dockerfile, target = _image(compose["services"][name])
+        stages = _stages(dockerfile)
+        text, users, owns_work = stages[target], [], False
+        while True:  # the stage and the stages it builds on
+            users = re.findall(r"^USER (\S+)", text, re.M) + users
+            if "chown sharetune /work" in text:
+                owns_work = True
+            base = re.match(r"FROM (\S+)", text)[1]
+            if base not in stages:
+                break
+            text = stages[base]
+        assert users and users[-1] not in ("root", "0"), (name, users)
+        assert owns_work, name

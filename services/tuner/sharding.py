@@ -1,7 +1,7 @@
 """Pure logic of sharding one job over several tuner clients: how tasks are split into shards, how the
 job's trials are allocated, and when a client should let other shards' tasks go first.
 
-The allocation rule, job-wide across shards and clients (README, "How trials are allocated"):
+The allocation rule, job-wide across shards and clients (docs/sharding.md, "How trials are allocated"):
 1. every task gets its first round before any task gets a second; a budget too small for a full round of
    every task is shared evenly by the first rounds (`first_round_size`), and a second round leaves in the
    budget what the job's remaining first rounds need (`first_rounds_reserve`);

@@ -115,7 +115,7 @@ class Sandbox:
         t0 = time.perf_counter()
         self.conn.send((cand.model_dump_json(), timing.model_dump_json(), target_json or self.target_json))
         self.served += 1
-        # one timeout covers build and timing: a warm build takes well under a second (see README)
+        # one timeout covers build and timing: a warm build takes well under a second (docs/architecture.md, "Builds")
         if self.conn.poll(timing.timeout_s):
             try:
                 return MeasureResult.model_validate_json(self.conn.recv())
