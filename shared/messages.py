@@ -8,7 +8,7 @@ import time
 from enum import StrEnum
 from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from shared import lanes, timeouts
 from shared.errors import ShareError, TargetError
@@ -114,36 +114,35 @@ class ShardPhase(StrEnum):
     DONE = "done"
 
 
-class JobSpec(Contract):
-    job_id: str
-    name: str = "model"
-    target: str  # a target kind ("llvm", "cuda") or a target's JSON; the planner resolves it per lane
-    share: int = 100  # percent of the device a lane of this job holds (CPU: of the machine's cores)
-    trials: int = Field(ge=1, le=100_000)
-    trials_per_iter: int = Field(default=16, ge=1, le=1024)
-    max_trials_per_task: int | None = Field(default=None, ge=1)
-    seed: int | None = None
-    only_tasks: list[str] | None = None  # tune only the tasks with these names (as tune_relax's op_names)
-    retime_top_k: int = Field(default=0, ge=0, le=32)  # re-time each task's k best with neighbours idle
-    # tuner clients that search the job's tasks at the same time (its shards); None: one per live
-    # tuner client when the job is planned. Never more than the job has tasks.
-    clients: int | None = Field(default=None, ge=1, le=256)
-    # "shared": every client learns from and predicts with the central updater's model of this target
-    # family; "per_client": each shard trains its own (kept to measure which is better)
-    cost_model: Literal["shared", "per_client"] = "shared"
-    untuned_baseline: bool = True  # also compile the model without tuning records, to compare against
-    # "screen": a candidate gets the full timing only when a brief one puts it within SCREEN_MARGIN of
-    # its task's best so far; "uniform": every candidate gets the full timing
-    timing: TimingPolicy = "screen"
-    wait_for_lanes: bool = False  # no live lane serves (kind, share) yet: wait for one (parked) until cancelled
-    # the model's inputs (shape, dtype), to time its compiled modules after its model left the store
-    inputs: list[tuple[list[int], str]] | None = None
-    submitted_at: float = Field(default_factory=time.time)
+class JobOptions(Contract):
+    """A job's options as its user gives them: the one declaration of their defaults, ranges and meaning.
+    `Client.submit`'s keywords, the CLI's `submit` flags and the HTTP API's request body are made from it."""
+
+    target: str = Field(default="llvm", description="a target kind (llvm, cuda) or a target's JSON")
+    share: int | None = Field(default=None, description="percent of a device a lane of the job holds (CPU: of "
+                              "the machine's cores); default: the share the live lanes of the target's kind agree on")
+    trials: int = Field(default=64, ge=1, le=100_000, description="candidates measured in all")
+    trials_per_iter: int = Field(default=16, ge=1, le=1024, description="candidates a task's round measures")
+    max_trials_per_task: int | None = Field(default=None, ge=1, description="at most this many for one task")
+    seed: int | None = Field(default=None, description="the search's random seed (default: a fresh one)")
+    only_tasks: list[str] | None = Field(default=None, description="tune only the tasks with these names")
+    retime_top_k: int = Field(default=0, ge=0, le=32, description="re-time each task's k best with neighbours idle")
+    clients: int | None = Field(default=None, ge=1, le=256, description="tuner clients searching the job's tasks "
+                                "at once (its shards); default: one per live client, never more than its tasks")
+    cost_model: Literal["shared", "per_client"] = Field(
+        default="shared", description="shared: the central updater's model of the target family; per_client: "
+        "each shard trains its own")
+    untuned_baseline: bool = Field(default=True, description="also compile the model untuned, to compare against")
+    timing: TimingPolicy = Field(default="screen", description="screen: a candidate is timed briefly, fully only "
+                                 "near its task's best; uniform: every candidate fully")
+    wait_for_lanes: bool = Field(default=False, description="a share no live lane serves yet: wait for its lanes "
+                                 "(until cancelled) instead of refusing")
+    name: str | None = Field(default=None, description="the job's name (default: the model's)")
 
     @field_validator("share")
     @classmethod
     def _share(cls, v):
-        return check_share(v)
+        return v if v is None else check_share(v)
 
     @field_validator("target")
     @classmethod
@@ -151,30 +150,44 @@ class JobSpec(Contract):
         target_kind(v)
         return v
 
+    @classmethod
+    def checked(cls, **fields) -> "JobOptions":
+        """The options, validated once, before any work is done for them; SpecError names the field, its
+        range and the value (a share out of range: ShareError)."""
+        from pydantic import ValidationError
+
+        from shared.errors import SpecError
+
+        try:
+            return cls.model_validate(fields)
+        except ValidationError as err:
+            parts = []
+            for e in err.errors()[:5]:
+                field = ".".join(str(p) for p in e.get("loc", ())) or "job"
+                msg = e.get("msg", "").replace("Input should be", "must be")
+                if e.get("type") == "extra_forbidden":
+                    msg = f"is not a job option (options: {', '.join(cls.model_fields)})"
+                parts.append(f"{_FLAGS.get(field, field)} {msg}, got {e.get('input')!r}")
+            raise SpecError("; ".join(parts)) from None
+        except TargetError as err:
+            raise SpecError(str(err)) from None
+
+
+class JobSpec(JobOptions):
+    """A submitted job: its options resolved (the share, the name) and what the client measured of its model."""
+
+    job_id: str
+    name: str = "model"
+    share: int = 100
+    trials: int = Field(ge=1, le=100_000)
+    # the model's inputs (shape, dtype), to time its compiled modules after its model left the store
+    inputs: list[tuple[list[int], str]] | None = None
+    submitted_at: float = Field(default_factory=time.time)
+
 
 # the user's names for JobSpec's fields where the CLI spells them otherwise
 _FLAGS = {"trials_per_iter": "trials per round (--per-iter)", "clients": "clients (--clients)",
           "trials": "trials (--trials)", "retime_top_k": "retime top k (--retime-top-k)"}
-
-
-def check_job(**fields) -> None:
-    """Validate a job's numbers (and other fields) against JobSpec's own constraints, before any work is
-    done for it (one place for the rule); raise SpecError naming the field, its range and the value."""
-    from pydantic import ValidationError
-
-    from shared.errors import SpecError
-
-    try:
-        JobSpec.model_validate({"job_id": "check", "target": "llvm", **fields})
-    except ValidationError as err:
-        parts = []
-        for e in err.errors()[:5]:
-            field = ".".join(str(p) for p in e.get("loc", ())) or "job"
-            msg = e.get("msg", "").replace("Input should be", "must be")
-            parts.append(f"{_FLAGS.get(field, field)} {msg}, got {e.get('input')!r}")
-        raise SpecError("; ".join(parts)) from None
-    except (ShareError, TargetError) as err:
-        raise SpecError(str(err)) from None
 
 
 class JobRef(Contract):
@@ -489,10 +502,24 @@ class AgentInfo(Contract):
         return worker_id(self.host, self.pid)
 
 
+class ErrorKind(StrEnum):
+    """What failed for a candidate that came back without timings."""
+
+    BUILD = "build"  # it did not compile, or its artifact was refused
+    RUN = "run"  # it compiled and running it failed (a launch error, a fault, a wrong result)
+    CRASH = "crash"  # it killed or hung its process, or is quarantined for having done so
+    CANCELLED = "cancelled"  # its job was cancelled before it ran
+    LANE = "lane"  # no lane answered it (the lane died or overran, and no other took it)
+    MALFORMED = "malformed"  # its batch's message failed validation
+
+
 class MeasureResult(Contract):
+    """One candidate's outcome: its timings, or an error of a kind (`error_kind`) with its message."""
+
     candidate_id: str
     run_secs: list[float] | None = None
     error: str | None = None
+    error_kind: ErrorKind | None = None
     build_s: float = 0.0
     run_s: float = 0.0
     lane: str = ""
@@ -503,6 +530,14 @@ class MeasureResult(Contract):
     fault: Literal["crash", "timeout", "quarantined"] | None = None
     timing: Timing | None = None  # which timing run_secs come from
     build_cpu_s: float | None = None  # CPU seconds its build took (builder or lane build pool)
+
+    @model_validator(mode="after")
+    def _timings_or_an_error(self):
+        if (self.error is None) != (self.error_kind is None):
+            raise ValueError("an error and its kind come together")
+        if self.error is None and not self.run_secs:
+            raise ValueError("a result has timings or an error")
+        return self
 
 
 class Quarantined(Contract):

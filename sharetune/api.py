@@ -8,33 +8,22 @@ from __future__ import annotations
 import base64
 import os
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, Field, model_validator
 
 from shared.errors import ExposureError, JobError, ModelError, SharetuneError
-from shared.messages import JobResult, LaneInfo, TrialAccounting
+from shared.messages import JobOptions, JobResult, LaneInfo, TrialAccounting
 
 
-class SubmitRequest(BaseModel):
-    """A model by zoo name, or an ONNX file as base64; the rest as `Client.submit`."""
-
-    model_config = ConfigDict(extra="forbid")
+class SubmitRequest(JobOptions):
+    """A model by zoo name, or an ONNX file as base64; the job's options as `Client.submit`'s (JobOptions)."""
 
     model: str | None = Field(default=None, description="zoo name: tiny, small_cnn, resnet18, mobilenetv2, transformer")
     onnx_base64: str | None = Field(default=None, description="an ONNX model file, base64-encoded")
-    name: str | None = None
-    target: str = "llvm"
-    share: int | None = Field(default=None, description="percent; default: the share the live lanes agree on")
-    wait_for_lanes: bool = Field(default=False, description="accept a share no live lane serves yet")
-    trials: int = Field(default=64, ge=1, le=100_000)
-    trials_per_iter: int = Field(default=16, ge=1, le=1024)
-    max_trials_per_task: int | None = Field(default=None, ge=1)
-    seed: int | None = None
-    only_tasks: list[str] | None = None
-    retime_top_k: int = Field(default=0, ge=0, le=32)
-    timing: Literal["screen", "uniform"] = Field(
-        default="screen", description="screen: full timing only for candidates near their task's best")
+
+    def options(self) -> dict:
+        return {k: getattr(self, k) for k in JobOptions.model_fields}
 
     @model_validator(mode="after")
     def _one_model(self):
@@ -94,11 +83,9 @@ class Handlers:
                 raise ModelError(f"onnx_base64 is not base64: {err}") from None
         else:
             model = req.model
-        job = self.client.submit(model, target=req.target, share=req.share, trials=req.trials,
-                                 name=req.name or (req.model or "onnx"), trials_per_iter=req.trials_per_iter,
-                                 max_trials_per_task=req.max_trials_per_task, seed=req.seed,
-                                 only_tasks=req.only_tasks, retime_top_k=req.retime_top_k,
-                                 wait_for_lanes=req.wait_for_lanes, timing=req.timing)
+        options = req.options()
+        options["name"] = req.name or (req.model or "onnx")
+        job = self.client.submit(model, **options)
         return Submitted(job_id=job.job_id, state=job.state().get("state"))
 
     def status(self, job_id: str) -> JobStatus:
@@ -219,6 +206,7 @@ def make_app(redis_url: str | None = None, client=None, token: str = ""):
     """The API over a Client; with `token`, every route but the API's description answers 401 to a request
     without 'Authorization: Bearer <token>'."""
     from fastapi import FastAPI, Request
+    from fastapi.exceptions import RequestValidationError
     from fastapi.responses import FileResponse, JSONResponse, Response
 
     from sharetune.client import Client
@@ -257,6 +245,13 @@ def make_app(redis_url: str | None = None, client=None, token: str = ""):
     @app.exception_handler(SharetuneError)
     async def _error(request: Request, err: SharetuneError):
         return JSONResponse(status_code=http_status(err), content={"detail": str(err), "error": type(err).__name__})
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, err: RequestValidationError):
+        """A request body that breaks its contract: 422 and one line naming each field, as every other error."""
+        parts = [f"{'.'.join(str(p) for p in e.get('loc', ())[1:]) or 'body'}: {e.get('msg', '')}"
+                 for e in err.errors()[:5]]
+        return JSONResponse(status_code=422, content={"detail": "; ".join(parts), "error": "RequestValidationError"})
 
     # sync handlers: FastAPI runs them in a thread pool, so a slow submit (model intake) blocks nothing
     app.post("/jobs", response_model=Submitted, status_code=201, summary="Submit a model for tuning")(handlers.submit)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import click
 
-from shared.messages import JobState
+from shared.messages import JobOptions, JobState
 
 
 def _redis_url() -> str:
@@ -156,9 +156,10 @@ def cmd_services(args) -> int:
 
 
 def cmd_submit(args) -> int:
-    job = _client().submit(args.model, target=args.target, share=args.share, trials=args.trials,
-                           trials_per_iter=args.per_iter, retime_top_k=args.retime_top_k, seed=args.seed,
-                           clients=args.clients, wait_for_lanes=args.wait_for_lanes, timing=args.timing)
+    options = {name: getattr(args, name) for name in JobOptions.model_fields}
+    if options["only_tasks"] is not None:
+        options["only_tasks"] = [t.strip() for t in options["only_tasks"].split(",") if t.strip()]
+    job = _client().submit(args.model, **options)
     if args.json and not (args.wait or args.watch):
         _print_json({"job_id": job.job_id})
     elif not args.json:
@@ -497,6 +498,35 @@ def cmd_matrix(args) -> int:
 
 JSON = click.option("--json", is_flag=True, help="machine-readable output (for scripts)")
 WORK_DIR = click.option("--work-dir", default="runs/stack", show_default=True, help="the stack's work dir")
+# a JobOptions field's flag where it is not the field's name with dashes
+FLAG_NAMES = {"trials_per_iter": "--per-iter"}
+
+
+def job_option_flags() -> list:
+    """`submit`'s flags, one per JobOptions field, with its default, range and help: declared once there."""
+    import typing
+
+    flags = []
+    for name, field in JobOptions.model_fields.items():
+        flag, ann = FLAG_NAMES.get(name, "--" + name.replace("_", "-")), field.annotation
+        kw: dict = {"help": field.description, "show_default": field.default is not None}
+        args = [a for a in typing.get_args(ann) if a is not type(None)]
+        if ann is bool and field.default:
+            flags.append(click.option(f"{flag}/--no-{flag[2:]}", name, default=True, **kw))
+            continue
+        if ann is bool:
+            flags.append(click.option(flag, name, is_flag=True, default=False, **{**kw, "show_default": False}))
+            continue
+        if typing.get_origin(ann) is typing.Literal:
+            kw["type"] = click.Choice(list(typing.get_args(ann)))
+        elif int in (args or [ann]):
+            kw["type"] = int
+        elif name == "only_tasks":
+            kw["help"] += " (comma-separated)"
+        flags.append(click.option(flag, name, default=field.default, **kw))
+    return flags
+
+
 JOB = click.argument("job_id")
 
 
@@ -545,19 +575,7 @@ command("url", "the full REDIS_URL (password included) of the stack `up` runs: e
         WORK_DIR)(cmd_url)
 command("services", "every process of the stack `up` started: pid, alive, restarts, given up", WORK_DIR, JSON)(cmd_services)
 command("submit", "submit a model (zoo name, .onnx file) to a running stack", click.argument("model"),
-        click.option("--target", default="llvm", show_default=True),
-        click.option("--share", type=int, help="percent of a device (default: the share of the live lanes of the "
-                     "target's kind)"),
-        click.option("--wait-for-lanes", is_flag=True,
-                     help="a share no live lane serves yet: wait for its lanes (until cancelled) instead of refusing"),
-        click.option("--trials", type=int, default=64, show_default=True),
-        click.option("--per-iter", type=int, default=16, show_default=True),
-        click.option("--retime-top-k", type=int, default=0, show_default=True),
-        click.option("--timing", type=click.Choice(["screen", "uniform"]), default="screen", show_default=True,
-                     help="screen: a candidate is timed briefly, fully only near its task's best; uniform: all fully"),
-        click.option("--seed", type=int),
-        click.option("--clients", type=int,
-                     help="tuner clients searching the job's tasks at once (default: one per live client)"),
+        *job_option_flags(),
         click.option("--wait", is_flag=True, help="wait for the job to end, then print its status"),
         click.option("--watch", is_flag=True, help="show live progress until the job ends"), JSON)(cmd_submit)
 command("status", "a job's state and per-task progress (no JOB: the newest jobs)",

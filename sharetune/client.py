@@ -11,7 +11,7 @@ from typing import Any
 from shared import lanes, names, store
 from services.celery_app import make_celery
 from shared.errors import JobError, ModelError, StoreError
-from shared.messages import (JobState, FINAL_STATES, MAX_MODEL_BYTES, JobRef, JobResult, JobSpec, TaskProgress, check_job,
+from shared.messages import (JobState, FINAL_STATES, MAX_MODEL_BYTES, JobOptions, JobRef, JobResult, JobSpec, TaskProgress,
                              check_share, lane_kind)
 from shared.ranking import default_secs
 
@@ -177,33 +177,23 @@ class Client:
         self.redis = store.connect(redis_url)
         self.app = make_celery("client", redis_url)
 
-    def submit(self, model: Any, target: str = "llvm", share: int | None = None, trials: int = 64, *,
-               example_inputs=None, name: str | None = None, trials_per_iter: int = 16,
-               max_trials_per_task: int | None = None, seed: int | None = None,
-               only_tasks: list[str] | None = None, retime_top_k: int = 0, clients: int | None = None,
-               cost_model: str = "shared", untuned_baseline: bool = True, wait_for_lanes: bool = False,
-               timing: str = "screen") -> Job:
+    def submit(self, model: Any, *, example_inputs=None, **options) -> Job:
         """Submit a model (torch nn.Module + example_inputs, ONNX path/bytes/ModelProto, Relax IRModule,
-        or a zoo name) for tuning at `share` % of a device of kind `target`. `clients` tuner clients
-        search its tasks at once (default: one per live tuner client), spending `trials` together.
-        Bad input raises a clear error here, before anything is queued.
+        or a zoo name) for tuning. `options` are JobOptions' fields (shared.messages: their defaults, ranges and
+        meaning), e.g. `target="cuda", share=25, trials=512, trials_per_iter=64`. Bad input raises a clear
+        error here, before anything is queued.
 
         `share` None: the share of the live lanes of the target's kind when they all agree. A share no live
         lane serves is refused (ShareError naming the shares served) unless `wait_for_lanes`: then the
-        job waits, parked, until such a lane appears or it is cancelled.
-
-        `timing` "screen" (default): each candidate is timed briefly first and gets the full timing only
-        within a margin of its task's best so far (a task's exported best always has it); "uniform":
-        every candidate gets the full timing."""
+        job waits, parked, until such a lane appears or it is cancelled. `clients` tuner clients search its
+        tasks at once (default: one per live tuner client), spending `trials` together."""
         from sharetune.intake import to_relax
 
-        if share is not None:
-            check_share(share)
-        kind = lane_kind(target)
-        check_job(share=share or 100, trials=trials, trials_per_iter=trials_per_iter, max_trials_per_task=max_trials_per_task,
-                  seed=seed, only_tasks=only_tasks, retime_top_k=retime_top_k, clients=clients, cost_model=cost_model,
-                  untuned_baseline=untuned_baseline, timing=timing)
-        share = self._share_for(kind, share, wait_for_lanes)
+        if options.get("share") is not None:
+            check_share(options["share"])
+        kind = lane_kind(options.get("target", JobOptions.model_fields["target"].default))  # TargetError names it
+        opts = JobOptions.checked(**options)
+        share = self._share_for(kind, opts.share, opts.wait_for_lanes)
         _check_model_size(model)
         relax_model = to_relax(model, example_inputs)
         job_id = uuid.uuid4().hex[:12]
@@ -213,13 +203,8 @@ class Client:
             inputs = [(list(shape), dtype) for shape, dtype in _main_inputs(relax_model.mod, "the model")]
         except ModelError:
             inputs = None  # not static tensors: tuned all the same, timed end to end only while its model is kept
-        spec = JobSpec(
-            job_id=job_id, name=name or (model if isinstance(model, str) else type(model).__name__),
-            target=target, share=share, trials=trials, trials_per_iter=trials_per_iter,
-            max_trials_per_task=max_trials_per_task, seed=seed, only_tasks=only_tasks, retime_top_k=retime_top_k,
-            clients=clients, cost_model=cost_model, untuned_baseline=untuned_baseline, wait_for_lanes=wait_for_lanes,
-            timing=timing, inputs=inputs,
-        )
+        spec = JobSpec(**{**opts.model_dump(), "job_id": job_id, "share": share, "inputs": inputs,
+                          "name": opts.name or (model if isinstance(model, str) else type(model).__name__)})
         from services.tuner.metaschedule.codec import dump_ir  # the IR format the planner reads
 
         blob = dump_ir(relax_model.mod).encode()

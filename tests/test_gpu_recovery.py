@@ -409,7 +409,8 @@ def test_a_gpu_lane_clears_the_suspects_that_answer_alone_and_quarantines_the_on
         lane._gpu_shared = lambda: True
         fake_gpu = (MeasureResult(candidate_id=c.candidate_id, run_secs=None if c.candidate_id == bad else [1e-3],
                                   error="run failed: CUDA: an illegal memory access was encountered"
-                                  if c.candidate_id == bad else None) for c in batch.candidates)
+                                  if c.candidate_id == bad else None,
+                                  error_kind="run" if c.candidate_id == bad else None) for c in batch.candidates)
         guard = dict(max_crashes=2, lane=LANE_A, job_id="j", batch_id=batch.batch_id)
         return {res.candidate_id: res for res in lane._in_process(batch, fake_gpu, {}, guard)}
 

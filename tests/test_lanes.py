@@ -108,7 +108,7 @@ def test_a_record_takes_the_share_its_lane_reports():
     from services.tuner.metaschedule.records import measured_share
 
     assert measured_share(MeasureResult(candidate_id="c", run_secs=[1e-3], share=25), job_share=50) == 25
-    assert measured_share(MeasureResult(candidate_id="c", error="cancelled"), job_share=50) == 50  # no share reported
+    assert measured_share(MeasureResult(candidate_id="c", error="cancelled", error_kind="cancelled"), job_share=50) == 50  # no share reported
     assert measured_share(None, job_share=50) == 50  # never measured
 
 

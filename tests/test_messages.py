@@ -42,3 +42,17 @@ def test_oversized_message_is_refused_before_parsing():
 
     with pytest.raises(MessageError, match="exceeds"):
         MeasureBatch.parse(b"x" * (MAX_MESSAGE_BYTES + 1))
+
+
+def test_a_measure_result_has_timings_or_an_error_of_a_kind():
+    from shared.errors import MessageError
+    from shared.messages import ErrorKind, MeasureResult
+
+    assert MeasureResult.parse({"candidate_id": "c", "run_secs": [1e-3]}).error_kind is None
+    failed = MeasureResult.parse({"candidate_id": "c", "error": "build failed: x", "error_kind": "build"})
+    assert failed.error_kind == ErrorKind.BUILD
+    for bad in ({"candidate_id": "c"}, {"candidate_id": "c", "error": "run failed: x"},
+                {"candidate_id": "c", "run_secs": [1e-3], "error_kind": "run"},
+                {"candidate_id": "c", "error": "x", "error_kind": "no such kind"}):
+        with pytest.raises(MessageError):
+            MeasureResult.parse(bad)

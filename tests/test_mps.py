@@ -317,7 +317,10 @@ LANE25 = f"measure.{U8}.p25"
     (None, None),
 ])
 def test_cuda_errors_are_classified(error, role):
-    assert classify_cuda_error(error) == role
+    from shared.messages import ErrorKind
+
+    kind = None if error is None else ErrorKind.BUILD if error.startswith("build") else ErrorKind.RUN
+    assert classify_cuda_error(error, kind) == role
 
 
 def _fault(role, chash, lane=LANE25, at=100.0):

@@ -9,11 +9,11 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from shared import store
-from shared.messages import Candidate, MeasureResult, Quarantined
+from shared.messages import Candidate, ErrorKind, MeasureResult, Quarantined
 
 
 def quarantined_result(entry: Quarantined, candidate_id: str) -> MeasureResult:
-    return MeasureResult(candidate_id=candidate_id, fault="quarantined",
+    return MeasureResult(candidate_id=candidate_id, fault="quarantined", error_kind=ErrorKind.CRASH,
                          error=f"quarantined after {entry.crashes} crashes: {entry.error}")
 
 

@@ -21,7 +21,7 @@ from celery import signals
 from shared import lanes, names, store
 from services.celery_app import exits_if_it_fails, make_celery
 from shared.errors import MessageError
-from shared.messages import BuildRequest, MeasureBatch, MeasureResult
+from shared.messages import BuildRequest, ErrorKind, MeasureBatch, MeasureResult
 from shared.settings import LaneSettings
 from services.measurer.worker import Builder, LaneWorker
 
@@ -87,7 +87,7 @@ def measure_batch(payload):
         return {"error": str(err)}
     results = WORKER.measure(batch)
     summary = {"batch_id": batch.batch_id, "measured": len(results), "ok": sum(r.error is None for r in results)}
-    if any(r.error == store.CANCELLED for r in results):
+    if any(r.error_kind == ErrorKind.CANCELLED for r in results):
         summary["cancelled"] = True
     if WORKER.gpu_fault is not None:
         # the lane has left the lane list; end the worker once this message is acknowledged, with the exit
@@ -115,4 +115,5 @@ def _answer_malformed(r, queue: str, lane: str, payload, why: str) -> None:
         for cand in payload.get("candidates") or []:
             cid = cand.get("candidate_id") if isinstance(cand, dict) else None
             if isinstance(cid, str):
-                store.put_result(r, payload["batch_id"], MeasureResult(candidate_id=cid, error=why, lane=lane))
+                store.put_result(r, payload["batch_id"], MeasureResult(candidate_id=cid, error=why, error_kind=ErrorKind.MALFORMED,
+                                                                     lane=lane))

@@ -21,7 +21,7 @@ from shared import exits, hostcores, lanes, names, store, timeouts
 from shared.exits import exit_now
 from shared.heartbeat import keep_beating
 from shared.ids import worker_id
-from shared.messages import (JobState, BuilderInfo, BuildRequest, GpuFault, LaneBatch, LaneInfo, MeasureBatch, MeasureResult,
+from shared.messages import (ErrorKind, JobState, BuilderInfo, BuildRequest, GpuFault, LaneBatch, LaneInfo, MeasureBatch, MeasureResult,
                              Quarantined)
 from shared.settings import LaneSettings
 from services.measurer import poison
@@ -174,7 +174,8 @@ class LaneWorker:
             return []
         store.mark_batch_started(r, batch.batch_id, lane.queue, worker, batch.job_id, len(batch.candidates))
         if store.job_cancelled(r, batch.job_id):  # answered, so no one waits on it
-            cancelled = [MeasureResult(candidate_id=c.candidate_id, error=store.CANCELLED, lane=lane.queue)
+            cancelled = [MeasureResult(candidate_id=c.candidate_id, error=store.CANCELLED, error_kind=ErrorKind.CANCELLED,
+                                       lane=lane.queue)
                          for c in batch.candidates]
             for res in cancelled:
                 store.put_result(r, batch.batch_id, res)
@@ -268,8 +269,8 @@ class LaneWorker:
                 finally:
                     if gpu_lane:
                         self.watchdog().disarm()
-            role = classify_cuda_error(res.error) if gpu_lane and res.error else None
-            if role is None and gpu_lane and res.error and res.error.startswith("run failed") and not _cuda_alive():
+            role = classify_cuda_error(res.error, res.error_kind) if gpu_lane and res.error else None
+            if role is None and gpu_lane and res.error_kind == ErrorKind.RUN and not _cuda_alive():
                 role = "unknown"
             verdict = judge(role, alone, self._gpu_shared() if role is not None else False, crashes,
                             guard["max_crashes"])
@@ -281,7 +282,7 @@ class LaneWorker:
                 store.quarantine(r, Quarantined(candidate_hash=chash, error=res.error, crashes=crashes,
                                                 lane=self.lane.queue, job_id=guard["job_id"],
                                                 batch_id=guard["batch_id"]))
-                res.error = f"quarantined after {crashes} crashes: {res.error}"
+                res.error, res.error_kind = f"quarantined after {crashes} crashes: {res.error}", ErrorKind.CRASH
             if verdict.role is not None:
                 res.fault = "crash"
             if verdict.answer:
@@ -333,7 +334,8 @@ class LaneWorker:
                 for done in list(held[1]):
                     store.put_result(self.redis, held[0], done)
             self._report_gpu_fault(armed["chash"], error, "culprit")
-            res = MeasureResult(candidate_id=armed["candidate_id"], error=error, fault="crash", lane=self.lane.queue)
+            res = MeasureResult(candidate_id=armed["candidate_id"], error=error, error_kind=ErrorKind.CRASH, fault="crash",
+                                lane=self.lane.queue)
             if armed["crashes"] >= self.settings.max_crashes:
                 store.quarantine(self.redis, Quarantined(candidate_hash=armed["chash"], error=error,
                                                          crashes=armed["crashes"], lane=self.lane.queue,
@@ -430,7 +432,8 @@ class Builder:
         if store.job_cancelled(r, batch.job_id):
             for cand in batch.candidates:
                 store.put_result(r, batch.batch_id,
-                                 MeasureResult(candidate_id=cand.candidate_id, error=store.CANCELLED, lane=req.lane))
+                                 MeasureResult(candidate_id=cand.candidate_id, error=store.CANCELLED,
+                                               error_kind=ErrorKind.CANCELLED, lane=req.lane))
             return {"batch_id": batch.batch_id, "built": 0, "cancelled": True}
         target = target_from_json(batch.target)
         built, failed, secs = [], 0, 0.0
@@ -440,6 +443,7 @@ class Builder:
             if art is None:
                 failed += 1
                 store.put_result(r, batch.batch_id, MeasureResult(candidate_id=cand.candidate_id, error=error,
+                                                                  error_kind=ErrorKind.BUILD,
                                                                   build_s=spent, lane=req.lane))
             else:
                 built.append(cand.model_copy(update={"artifact": art}))

@@ -11,13 +11,15 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 
+from shared.messages import ErrorKind
+
 _CULPRIT = ("illegal memory access", "illegal address", "misaligned address", "illegal instruction",
             "device-side assert", "hardware stack error", "invalid program counter", "out of bounds")
 _VICTIM = ("mps", "context is destroyed", "context destroyed", "launch failure", "not yet initialized",
            "exclusive-process", "busy or unavailable")
 
 
-def classify_cuda_error(error: str | None) -> str | None:
+def classify_cuda_error(error: str | None, kind: ErrorKind | None = None) -> str | None:
     """How a candidate's error bears on its lane's CUDA context: "culprit" (its own kernel faulted),
     "victim" (a neighbour's fault took the context), or None (an ordinary error: a failed build, too many
     threads, out of memory; the lane goes on). The lane probes its context after any other run error and
@@ -25,7 +27,7 @@ def classify_cuda_error(error: str | None) -> str | None:
     if not error:
         return None
     text = error.lower()
-    if error.startswith("build failed"):
+    if kind == ErrorKind.BUILD:  # codegen's own messages may name a fault: the build is no kernel run
         return None
     if any(p in text for p in _CULPRIT):
         return "culprit"

@@ -10,7 +10,7 @@ from tvm.s_tir.meta_schedule.runner.utils import alloc_argument_common, run_eval
 
 from services.measurer.metaschedule.codec import clip_error
 from services.measurer.metaschedule.targets import device_for
-from shared.messages import Candidate, MeasureResult, TimingConfig
+from shared.messages import Candidate, ErrorKind, MeasureResult, TimingConfig
 
 
 # Device objects of a CUDA context that a fault ended. They are never freed: freeing one calls into the dead
@@ -85,7 +85,7 @@ def time_module(rt_mod, candidate: Candidate, target, timing: TimingConfig) -> M
     except Exception as err:  # noqa: BLE001
         if target.kind.name == "cuda" and not cuda_context_alive():
             KEPT_AFTER_FAULT.extend([args, rt_mod])
-        return MeasureResult(candidate_id=candidate.candidate_id, error=f"run failed: {clip_error(err)}",
+        return MeasureResult(candidate_id=candidate.candidate_id, error=f"run failed: {clip_error(err)}", error_kind=ErrorKind.RUN,
                              run_s=time.perf_counter() - t1)
     return MeasureResult(candidate_id=candidate.candidate_id, run_secs=costs, run_s=time.perf_counter() - t1,
                          timing=result)

@@ -21,7 +21,7 @@ from tvm.s_tir.meta_schedule.runner import PyRunner, PyRunnerFuture, RunnerFutur
 from shared import lanes as lane_kinds
 from shared import names, store, timeouts
 from services.tuner.metaschedule.codec import dump_ir
-from shared.messages import BuildRequest, Candidate, LaneInfo, MeasureBatch, MeasureResult, TimingConfig
+from shared.messages import BuildRequest, Candidate, ErrorKind, LaneInfo, MeasureBatch, MeasureResult, TimingConfig
 
 log = logging.getLogger("sharetune.tuner.lanes")
 
@@ -168,7 +168,7 @@ class BatchWatch:
         if candidate_id in self.results:
             return self.results[candidate_id]
         if self.failed:
-            return MeasureResult(candidate_id=candidate_id, error=self.failed, lane=self.lane)
+            return MeasureResult(candidate_id=candidate_id, error=self.failed, error_kind=ErrorKind.LANE, lane=self.lane)
         return None
 
 
