@@ -51,8 +51,10 @@ def batch_started(r: redis.Redis, batch_id: str) -> dict | None:
     return json.loads(raw) if raw else None
 
 
-def batch_progress(r: redis.Redis, batch_id: str) -> tuple[dict | None, dict | None, dict[str, MeasureResult]]:
-    """(lane started, builder building, results) of one batch."""
+def batch_progress(r: redis.Redis, batch_id: str, known=frozenset()) -> tuple[dict | None, dict | None,
+                                                                             dict[str, MeasureResult]]:
+    """(lane started, builder building, results) of one batch; the results of candidates in `known` (read
+    before: a candidate's first answer stands) are left out, unparsed."""
     raw = r.hgetall(names.batch_results_key(batch_id))
     started = building = None
     out = {}
@@ -62,7 +64,7 @@ def batch_progress(r: redis.Redis, batch_id: str) -> tuple[dict | None, dict | N
             started = json.loads(v)
         elif k == "_building":
             building = json.loads(v)
-        else:
+        elif k not in known:
             out[k] = MeasureResult.parse(v)
     return started, building, out
 

@@ -31,6 +31,7 @@ HANDLE_PREFIX = "lane-candidate:"
 # innocent suspect may need two re-sends; a candidate that keeps killing lanes is quarantined and answered
 # long before the sends run out (services.measurer.isolation.judge).
 REDISPATCH = 3
+HEALTH_CHECK_S = 0.25  # how often a waiting batch looks at its lane's and builder's liveness (their TTLs are seconds)
 
 
 @dataclass
@@ -102,6 +103,7 @@ class BatchWatch:
         self.queue_time_counted = False
         self._lane_missing_since: float | None = None
         self._no_lane_since: float | None = None  # a re-send is due but no lane is live yet
+        self._checked_at = 0.0  # when the lane's and builder's liveness was last looked at
 
     def complete(self) -> bool:
         return self.ids <= self.results.keys()
@@ -109,13 +111,16 @@ class BatchWatch:
     def poll(self) -> None:
         if self.failed or self.complete():
             return
-        started, building, results = store.batch_progress(self.redis, self.batch.batch_id)
+        started, building, results = store.batch_progress(self.redis, self.batch.batch_id, self.results.keys())
         self.results.update({k: v for k, v in results.items() if k in self.ids})
         if started and self.started_at is None:
             self.started_at, self.worker = started["at"], started.get("worker")
         if self.complete():
             return
         now = time.time()
+        if now - self._checked_at < HEALTH_CHECK_S:  # results are read every poll, liveness a few times a second
+            return
+        self._checked_at = now
         timeout = self.runner.timing.timeout_s
         kind, why = None, None
         if self.started_at is not None:
@@ -179,15 +184,15 @@ class LaneFuture(PyRunnerFuture):
         self.runner, self.watch, self.candidate_id = runner, watch, candidate_id
 
     def done(self) -> bool:
-        self.watch.poll()
+        if self.watch.result_for(self.candidate_id) is None:
+            self.watch.poll()
         return self.watch.result_for(self.candidate_id) is not None
 
     def result(self) -> RunnerResult:
         t0 = time.perf_counter()
-        while True:
+        while (res := self.watch.result_for(self.candidate_id)) is None:
             self.watch.poll()
-            res = self.watch.result_for(self.candidate_id)
-            if res is not None:
+            if (res := self.watch.result_for(self.candidate_id)) is not None:
                 break
             time.sleep(0.01)
         self.runner.on_result(self.watch, res, time.perf_counter() - t0)
