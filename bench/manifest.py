@@ -1,0 +1,100 @@
+"""The results manifest, bench/results/MANIFEST.json: for each results file (or kept folder) under
+bench/results, the script that wrote it, the host it ran on, the commit and date it was last committed at, the
+command that reproduces it where the docs give one, and the docs that cite it. A file no doc cites is listed
+with `"cited_by": []`: an orphan, kept on purpose or to be pruned.
+
+    python bench/manifest.py            # refresh commits, dates and citations; add new files (commands kept)
+    python bench/manifest.py --check    # exit 1 when a results file is missing from the manifest, or the reverse
+
+tests/test_bench_manifest.py runs the check."""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+RESULTS = REPO / "bench" / "results"
+MANIFEST = RESULTS / "MANIFEST.json"
+
+
+def results_entries() -> list[str]:
+    """Every results file and kept folder (a folder counts once), relative to bench/results."""
+    return sorted(p.name for p in RESULTS.iterdir() if p.name != MANIFEST.name)
+
+
+def _git(*args: str) -> str:
+    try:
+        return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, timeout=30).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
+def _docs() -> dict[str, str]:
+    paths = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md")), *sorted((REPO / "deploy").rglob("*.md"))]
+    return {str(p.relative_to(REPO)): p.read_text(errors="replace") for p in paths}
+
+
+def _script_for(name: str) -> str | None:
+    """The bench script whose source names the file (its default output), else the one whose name it starts with."""
+    stem = name.split(".")[0]
+    scripts = sorted((REPO / "bench").glob("*.py"))
+    for s in scripts:
+        if name in s.read_text(errors="replace"):
+            return f"bench/{s.name}"
+    best = max((s for s in scripts if stem.startswith(s.stem)), key=lambda s: len(s.stem), default=None)
+    return f"bench/{best.name}" if best else None
+
+
+def _command_in(docs: dict[str, str], script: str | None) -> str | None:
+    if not script:
+        return None
+    for text in docs.values():
+        m = re.search(rf"python3? {re.escape(script)}[^`\n]*", text)
+        if m:
+            return m.group(0).strip()
+    return None
+
+
+def refresh(old: dict) -> dict:
+    docs, out = _docs(), {}
+    for name in results_entries():
+        entry = dict(old.get(name) or {})
+        entry.setdefault("script", _script_for(name))
+        entry.setdefault("host", "one NVIDIA H200 + 16 cores" if "h200" in name or name.startswith("time_to_quality")
+                         else "this project's 2-core CPU host")
+        if "command" not in entry:  # null: the citing doc says how (a command set by hand is kept)
+            entry["command"] = _command_in(docs, entry["script"])
+        log = _git("log", "-1", "--format=%h %cs", "--", f"bench/results/{name}").split()
+        if log:
+            entry["commit"], entry["date"] = log
+        entry["cited_by"] = sorted(doc for doc, text in docs.items() if name in text)
+        out[name] = entry
+    return out
+
+
+def check(manifest: dict) -> list[str]:
+    have = set(results_entries())
+    return ([f"not in the manifest: {n}" for n in sorted(have - set(manifest))]
+            + [f"in the manifest but gone: {n}" for n in sorted(set(manifest) - have)])
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--check", action="store_true")
+    args = ap.parse_args(argv)
+    manifest = json.loads(MANIFEST.read_text()) if MANIFEST.exists() else {}
+    if args.check:
+        problems = check(manifest)
+        print("\n".join(problems) or "every results file is in the manifest")
+        return 1 if problems else 0
+    MANIFEST.write_text(json.dumps(refresh(manifest), indent=1) + "\n")
+    print(f"{MANIFEST.relative_to(REPO)}: {len(results_entries())} entries")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
