@@ -74,7 +74,7 @@ class _Records:
 def _loop(task, population, first_round=None, target=None):
     from tvm.s_tir import meta_schedule as ms
 
-    from services.tuner.metaschedule.rounds import ShardLoop
+    from services.tuner.metaschedule.rounds import SearchParts, Shard, ShardLoop
     from shared.messages import JobTask
 
     load_tensor_intrinsics("cuda")
@@ -87,9 +87,10 @@ def _loop(task, population, first_round=None, target=None):
             search_strategy="replay-trace" if cold else ms.search_strategy.EvolutionarySearch(population_size=population),
             num_threads=2)
 
-    loop = ShardLoop(None, "job", 0, [job_task], make_context, None, None, ms.database.MemoryDatabase(),
-                     ms.cost_model.RandomModel(), _Records(), trials_per_iter=8, max_trials_per_task=1000,
-                     first_round=first_round)
+    loop = ShardLoop(Shard(None, "job", 0, [job_task], trials_per_iter=8, max_trials_per_task=1000,
+                           first_round=first_round),
+                     SearchParts(make_context, None, None, ms.database.MemoryDatabase(), ms.cost_model.RandomModel(),
+                                 _Records()))
     return loop, loop.tasks[0], target
 
 

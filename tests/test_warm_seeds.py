@@ -148,7 +148,7 @@ def test_a_first_round_evolves_only_on_a_model_that_knows_the_workload(tmp_path)
     samples its first round. It evolves from its first round when the store holds its workload or a near one,
     and after its first round in any case."""
     from services.broker.server import EmbeddedRedis
-    from services.tuner.metaschedule.rounds import ShardLoop, _Task
+    from services.tuner.metaschedule.rounds import SearchParts, Shard, ShardLoop, _Task
     from services.tuner.metaschedule.seeds import SeedSource
     from shared import names
     from shared.messages import JobTask
@@ -165,8 +165,8 @@ def test_a_first_round_evolves_only_on_a_model_that_knows_the_workload(tmp_path)
         tasks = {name: JobTask(task_id=name, name="fused_conv2d_add", weight=1, wkey=name, flops=1.0)
                  for name in ("new", "again")}
         seeds = SeedSource(r, "llvm", "t", 100, shapes={name: _shape(name) for name in tasks})
-        loop = ShardLoop.__new__(ShardLoop)  # the rule alone: no contexts, no store of the job
-        loop.cost_model, loop.seeds = Trained(), seeds
+        loop = ShardLoop(Shard(r, "job", 0, list(tasks.values()), trials_per_iter=8, max_trials_per_task=64),
+                         SearchParts(None, None, None, None, Trained(), None, seeds=seeds))  # the rule alone
         new = _Task(tasks["new"], None)
         assert not seeds.knows(tasks["new"]) and not loop._may_evolve(new)  # only a far workload is stored
         r.hset(names.similar_key("llvm", "conv2d"), "near", near.model_dump_json())

@@ -33,7 +33,7 @@ def tune_shard(send, redis, job_id: str, shard: int, work_dir: Path, grace_s: fl
     from services.tuner.metaschedule.cost_model import SnapshotCostModel
     from services.tuner.metaschedule.lanes import CandidateStash, DeferredBuilder, LaneRunner, TimeSplit
     from services.tuner.metaschedule.records import StoreRecords, seed_database
-    from services.tuner.metaschedule.rounds import ShardLoop
+    from services.tuner.metaschedule.rounds import SearchParts, Shard, ShardLoop
     from services.tuner.sharding import first_round_size
 
     plan = store.shards(redis, job_id)[shard]
@@ -69,11 +69,11 @@ def tune_shard(send, redis, job_id: str, shard: int, work_dir: Path, grace_s: fl
     t0 = time.time()
     from services.tuner.metaschedule.defaults import measure_defaults
 
-    loop = ShardLoop(redis, job_id, shard, tasks, make_context, DeferredBuilder(stash, split), runner, database,
-                     cost_model, records, spec.trials_per_iter, spec.max_trials_per_task or spec.trials,
-                     check=check, cold_start=cold_start, first_round=first_round,
-                     defaults=lambda ts: measure_defaults(redis, runner, ts, mods, target),
-                     screen=spec.timing == "screen", seeds=seeds)
+    loop = ShardLoop(Shard(redis, job_id, shard, tasks, spec.trials_per_iter, spec.max_trials_per_task or spec.trials,
+                           first_round),
+                     SearchParts(make_context, DeferredBuilder(stash, split), runner, database, cost_model, records,
+                                 defaults=lambda ts: measure_defaults(redis, runner, ts, mods, target), seeds=seeds),
+                     check=check, cold_start=cold_start, screen=spec.timing == "screen")
     run = loop.run()
     tune_s = time.time() - t0
     times = split.as_dict()

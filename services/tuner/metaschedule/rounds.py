@@ -82,29 +82,54 @@ class ShardRun:
     per_task: dict[str, int] = field(default_factory=dict)
 
 
-class ShardLoop:
-    """`make_context(task, cold)` builds a task's TuneContext. Cold: the cost model has no snapshot yet,
-    so it predicts at random, and evolving candidates against random scores (70 % of stock's search time
-    on the H200 conv tasks) buys nothing over sampling the design space: a cold task samples (MetaSchedule's
-    replay-trace strategy) and moves to evolutionary search once the central model is trained and knows the
-    task (_may_evolve)."""
+@dataclass
+class Shard:
+    """Which shard of which job the loop searches, and the job's round sizes."""
 
-    def __init__(self, redis, job_id: str, shard: int, tasks: list[JobTask], make_context: Callable, builder,
-                 runner, database, cost_model, records: StoreRecords, trials_per_iter: int,
-                 max_trials_per_task: int, steering: Steering | None = None,
-                 check: Callable[..., None] | None = None, cold_start: bool = True,
-                 first_round: int | None = None, defaults: Callable[[list[JobTask]], dict] | None = None,
-                 screen: bool = False, seeds=None):
-        self.redis, self.job_id, self.shard = redis, job_id, shard
-        self.make_context, self.cold_start = make_context, cold_start
-        self.tasks = [_Task(t, None) for t in tasks]
-        self.builder, self.runner, self.database, self.cost_model = builder, runner, database, cost_model
-        self.records, self.per_iter, self.max_per_task = records, trials_per_iter, max_trials_per_task
-        self.first_round = first_round or trials_per_iter  # sharding.first_round_size
-        # task_id -> seconds of its default schedule (metaschedule/defaults.py), timed before the first rounds
-        self.defaults = defaults
+    redis: object
+    job_id: str
+    shard: int
+    tasks: list[JobTask]
+    trials_per_iter: int
+    max_trials_per_task: int
+    first_round: int | None = None  # sharding.first_round_size (default: a full round)
+
+
+@dataclass
+class SearchParts:
+    """What the loop drives: `make_context(task, cold)` builds a task's TuneContext; the builder and runner
+    (deferred builds, lanes), TVM's database of the shard's workloads, the central cost model, the store's
+    records; `defaults(tasks)`: task_id -> seconds of its default schedule, timed before the first rounds;
+    `seeds` (seeds.SeedSource): a first round starts with nearby workloads' best records."""
+
+    make_context: Callable
+    builder: object
+    runner: object
+    database: object
+    cost_model: object
+    records: StoreRecords
+    defaults: Callable[[list[JobTask]], dict] | None = None
+    seeds: object = None
+
+
+class ShardLoop:
+    """Cold: the cost model has no snapshot yet, so it predicts at random, and evolving candidates against
+    random scores (70 % of stock's search time on the H200 conv tasks) buys nothing over sampling the design
+    space: a cold task samples (MetaSchedule's replay-trace strategy) and moves to evolutionary search once
+    the central model is trained and knows the task (_may_evolve)."""
+
+    def __init__(self, shard: Shard, parts: SearchParts, steering: Steering | None = None,
+                 check: Callable[..., None] | None = None, cold_start: bool = True, screen: bool = False):
+        self.redis, self.job_id, self.shard = shard.redis, shard.job_id, shard.shard
+        self.make_context, self.cold_start = parts.make_context, cold_start
+        self.tasks = [_Task(t, None) for t in shard.tasks]
+        self.builder, self.runner, self.database = parts.builder, parts.runner, parts.database
+        self.cost_model, self.records = parts.cost_model, parts.records
+        self.per_iter, self.max_per_task = shard.trials_per_iter, shard.max_trials_per_task
+        self.first_round = shard.first_round or shard.trials_per_iter
+        self.defaults = parts.defaults
         self.screen = screen  # screened timing: each round's candidates carry the bar of their task's best
-        self.seeds = seeds  # seeds.SeedSource: a task's first round starts with nearby workloads' best records
+        self.seeds = parts.seeds
         self.steering = steering or Steering()
         # raises Stopped when the client must hand the shard back; its argument says whether every task
         # of the shard has had a round (a client may then yield to a shard no client has taken)
