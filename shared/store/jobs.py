@@ -36,9 +36,11 @@ def create_job(r: redis.Redis, spec: JobSpec, model_blob: bytes) -> None:
 
 
 def memory(r: redis.Redis) -> dict:
-    """Redis's memory: used and max bytes (0: no limit), and how many keys it holds."""
+    """Redis's memory: used and max bytes (0: no limit), the data's share of it (used less the server's
+    overhead: client buffers, the AOF buffer, replication), and how many keys it holds."""
     info = r.info("memory")
     return {"used_bytes": int(info.get("used_memory", 0)), "max_bytes": int(info.get("maxmemory", 0)),
+            "dataset_bytes": int(info.get("used_memory_dataset", info.get("used_memory", 0))),
             "keys": int(r.dbsize())}
 
 
