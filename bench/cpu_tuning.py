@@ -204,7 +204,6 @@ class ForeignLoad:
 
 def stock_main(args) -> None:
     t_proc = time.time()
-    import tvm
     from tvm.s_tir import meta_schedule as ms
 
     from services.tuner.metaschedule.extract import fuse

@@ -86,7 +86,6 @@ def model_inputs(model: str):
 
 
 def run_stock(args) -> dict:
-    import tvm
     from tvm.s_tir import meta_schedule as ms
 
     from services.measurer.observers import make_observer
@@ -136,7 +135,6 @@ def run_ours(args) -> list[dict]:
     from sharetune.client import Client
     from sharetune.stack import Stack
 
-    import tvm
 
     obs = make_observer()
     gpus = obs.inventory()
@@ -248,7 +246,6 @@ def main() -> None:
     if args.part in ("ours", "all"):
         rows += run_ours(args)
         extra["torch_eager_us"] = round(torch_eager_us(args.model), 2)
-    import tvm
 
     extra["tasks"] = heaviest(args.model, args.tasks, gpu_target())[1]
     out = args.out or os.path.join(os.environ.get("OUT", "."), f"gpu_tuning_{args.part}.json")

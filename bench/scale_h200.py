@@ -35,7 +35,6 @@ import signal
 import statistics
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -151,7 +150,6 @@ def stock_tune(args) -> int:
 
 
 def make_target(rehearse: bool):
-    import tvm
 
     if rehearse:
         from services.measurer.metaschedule.targets import cpu_target

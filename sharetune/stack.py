@@ -24,10 +24,10 @@ def default_tuners(lanes: list[str], cores: int) -> int:
     (4 clients on 4x25 % lanes: 99 s against 1 client's 138 s, bench/results/sharding_h200.json), with at
     least 4 physical cores each for its search and builds; on CPU lanes one (the search competes with the
     lanes for the same cores)."""
-    gpu_lanes = sum(1 for q in lanes if lane_kinds.of(lane_kinds.parse(q)).build_pool)
-    if not gpu_lanes:
+    n_gpu_lanes = sum(1 for q in lanes if lane_kinds.of(lane_kinds.parse(q)).build_pool)
+    if not n_gpu_lanes:
         return 1
-    return max(1, min(gpu_lanes, cores // 4))
+    return max(1, min(n_gpu_lanes, cores // 4))
 
 
 class Stack(NodeAgent):

@@ -42,7 +42,6 @@ def test_corrupt_onnx(client, lane_share, records_before, tmp_path):
 
 
 def test_unsupported_onnx_operator(client, lane_share, records_before):
-    import onnx
     from onnx import TensorProto, helper
 
     node = helper.make_node("FooBarOp", ["x"], ["y"])

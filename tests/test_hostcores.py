@@ -110,7 +110,6 @@ def test_a_lane_slot_is_never_served_twice(tmp_path, redis_url):
     import os
     import socket
     import sys
-    import time
 
     from shared import exits, names, store
 

@@ -86,13 +86,13 @@ def test_a_brief_best_is_timed_fully_before_it_counts(tmp_path):
     rec = next(x for x in store.records(r, "w") if x.candidate_key == "brief")
     assert rec.timing == "full" and rec.run_secs == [0.5] * 3 and rec.brief_run_secs == [1.0] * 3
     assert _best_record(r, "w").candidate_key == "brief"
-    db_dir = export_json_database(r, ["w"], str(tmp_path / "db")).dir
+    export_json_database(r, ["w"], str(tmp_path / "db"))
     first = (tmp_path / "db" / "database_tuning_record.json").read_text().splitlines()
     assert len(first) == 2
 
 
 def test_a_brief_best_that_is_slower_when_timed_fully_leaves_the_next_best(tmp_path):
-    from services.tuner.metaschedule.records import export_json_database, full_timing_of_bests
+    from services.tuner.metaschedule.records import full_timing_of_bests
     from services.tuner.search import _best_record
     from shared import store
 

@@ -160,7 +160,6 @@ def test_unsupported_object_type():
 
 
 def _onnx_matmul_relu(op_type: str = "Relu", domain: str = ""):
-    import onnx
     from onnx import TensorProto, helper, numpy_helper
 
     w = np.random.default_rng(0).standard_normal((8, 4)).astype("float32")

@@ -9,7 +9,7 @@ import redis
 from shared import lanes, names, timeouts
 from shared.messages import AgentInfo, BuilderInfo, LaneInfo
 from shared.store._redis import _s
-from shared.store.jobs import planned, update_job
+from shared.store.jobs import update_job
 from shared.store.results import lane_batches
 from shared.timeouts import RESULT_TTL_S
 
@@ -153,8 +153,8 @@ def give_up_gpu(r: redis.Redis, gpu8: str, error: str, lanes: list[str]) -> list
     hit = []
     for raw in r.smembers(names.ACTIVE_JOBS_KEY):
         job_id = _s(raw)
-        planned = json.loads(_s(r.hget(names.job_key(job_id), "lanes")) or "[]")
-        used = set(planned) | {b.lane for b in lane_batches(r, job_id)}
+        planned_lanes = json.loads(_s(r.hget(names.job_key(job_id), "lanes")) or "[]")
+        used = set(planned_lanes) | {b.lane for b in lane_batches(r, job_id)}
         if any(_lane_gpu(q) == gpu8 for q in used):
             update_job(r, job_id, gpu_error=error, updated_at=time.time())
             hit.append(job_id)
