@@ -185,9 +185,15 @@ class JobSpec(JobOptions):
     submitted_at: float = Field(default_factory=time.time)
 
 
-# the user's names for JobSpec's fields where the CLI spells them otherwise
-_FLAGS = {"trials_per_iter": "trials per round (--per-iter)", "clients": "clients (--clients)",
-          "trials": "trials (--trials)", "retime_top_k": "retime top k (--retime-top-k)"}
+def cli_flag(option: str) -> str:
+    """The CLI's flag of a JobOptions field: its name with dashes, except where the CLI spells it shorter."""
+    return {"trials_per_iter": "--per-iter"}.get(option, "--" + option.replace("_", "-"))
+
+
+# how an error names a job's numbers: the user's words and the CLI's flag
+_FLAGS = {field: f"{words} ({cli_flag(field)})" for field, words in
+          {"trials_per_iter": "trials per round", "clients": "clients", "trials": "trials",
+           "retime_top_k": "retime top k"}.items()}
 
 
 class JobRef(Contract):

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import click
 
-from shared.messages import JobOptions, JobState
+from shared.messages import JobOptions, JobState, cli_flag
 
 
 def _redis_url() -> str:
@@ -498,17 +498,13 @@ def cmd_matrix(args) -> int:
 
 JSON = click.option("--json", is_flag=True, help="machine-readable output (for scripts)")
 WORK_DIR = click.option("--work-dir", default="runs/stack", show_default=True, help="the stack's work dir")
-# a JobOptions field's flag where it is not the field's name with dashes
-FLAG_NAMES = {"trials_per_iter": "--per-iter"}
-
-
 def job_option_flags() -> list:
     """`submit`'s flags, one per JobOptions field, with its default, range and help: declared once there."""
     import typing
 
     flags = []
     for name, field in JobOptions.model_fields.items():
-        flag, ann = FLAG_NAMES.get(name, "--" + name.replace("_", "-")), field.annotation
+        flag, ann = cli_flag(name), field.annotation
         kw: dict = {"help": field.description, "show_default": field.default is not None}
         args = [a for a in typing.get_args(ann) if a is not type(None)]
         if ann is bool and field.default:

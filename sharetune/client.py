@@ -11,8 +11,8 @@ from typing import Any
 from shared import lanes, names, store
 from services.celery_app import make_celery
 from shared.errors import JobError, ModelError, StoreError
-from shared.messages import (JobState, FINAL_STATES, MAX_MODEL_BYTES, JobOptions, JobRef, JobResult, JobSpec, TaskProgress,
-                             check_share, lane_kind)
+from shared.messages import (FINAL_STATES, MAX_MODEL_BYTES, JobOptions, JobRef, JobResult, JobSpec, JobState,
+                             TaskProgress, check_share, lane_kind)
 from shared.ranking import default_secs
 
 

@@ -225,7 +225,8 @@ def run_matrix(client, model: Any, shares: list[int], placement: Placement, work
             res = job.result()
             tuned[p] = res.tuned_module_path
             st = job.status()
-            jobs[str(p)] = {"job_id": job.job_id, "state": JobState.DONE.value, "wall_s": round(wall, 1), "trials": res.trials,
+            jobs[str(p)] = {"job_id": job.job_id, "state": JobState.DONE.value, "wall_s": round(wall, 1),
+                            "trials": res.trials,
                             "reused_trials": sum(t["reused_trials"] for t in st["tasks"]),
                             "errors": sum(t["errors"] for t in st["tasks"]), "time_split_s": res.time_split_s,
                             "tuned_module_path": res.tuned_module_path}

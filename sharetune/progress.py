@@ -49,7 +49,8 @@ def estimates(st: dict, now: float) -> dict:
     elapsed = max(1e-9, end - started) if started else None
     trials, budget = st.get("trials", 0), max(1, st.get("budget", 1))
     rate = trials / elapsed if elapsed and trials else None
-    done = st.get("state") not in (JobState.QUEUED, JobState.PLANNING, JobState.PLANNED, JobState.TUNING)  # the search is over
+    searching = (JobState.QUEUED, JobState.PLANNING, JobState.PLANNED, JobState.TUNING)
+    done = st.get("state") not in searching  # the search is over
     eta = 0.0 if done or trials >= budget else ((budget - trials) / rate if rate else None)
     per_task = max(1, math.ceil(budget / max(1, len(tasks))))
     out_tasks = []

@@ -27,7 +27,8 @@ from services.measurer.worker import Builder, LaneWorker
 
 log = logging.getLogger("sharetune.lane")
 settings = LaneSettings()
-app = make_celery("measurer", settings.redis_url, settings.redis_outage_s)  # Celery connects when the worker starts, not here
+# Celery connects when the worker starts, not here
+app = make_celery("measurer", settings.redis_url, settings.redis_outage_s)
 # Built when the worker starts (_init_worker), never at import: this process's lane, or its builder.
 WORKER: LaneWorker | None = None
 BUILDER: Builder | None = None
@@ -115,5 +116,5 @@ def _answer_malformed(r, queue: str, lane: str, payload, why: str) -> None:
         for cand in payload.get("candidates") or []:
             cid = cand.get("candidate_id") if isinstance(cand, dict) else None
             if isinstance(cid, str):
-                store.put_result(r, payload["batch_id"], MeasureResult(candidate_id=cid, error=why, error_kind=ErrorKind.MALFORMED,
-                                                                     lane=lane))
+                store.put_result(r, payload["batch_id"], MeasureResult(candidate_id=cid, error=why, lane=lane,
+                                                                     error_kind=ErrorKind.MALFORMED))

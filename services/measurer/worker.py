@@ -21,8 +21,8 @@ from shared import exits, hostcores, lanes, names, store, timeouts
 from shared.exits import exit_now
 from shared.heartbeat import keep_beating
 from shared.ids import worker_id
-from shared.messages import (ErrorKind, JobState, BuilderInfo, BuildRequest, GpuFault, LaneBatch, LaneInfo, MeasureBatch, MeasureResult,
-                             Quarantined)
+from shared.messages import (BuilderInfo, BuildRequest, ErrorKind, GpuFault, JobState, LaneBatch, LaneInfo, MeasureBatch,
+                             MeasureResult, Quarantined)
 from shared.settings import LaneSettings
 from services.measurer import poison
 
@@ -174,8 +174,8 @@ class LaneWorker:
             return []
         store.mark_batch_started(r, batch.batch_id, lane.queue, worker, batch.job_id, len(batch.candidates))
         if store.job_cancelled(r, batch.job_id):  # answered, so no one waits on it
-            cancelled = [MeasureResult(candidate_id=c.candidate_id, error=store.CANCELLED, error_kind=ErrorKind.CANCELLED,
-                                       lane=lane.queue)
+            cancelled = [MeasureResult(candidate_id=c.candidate_id, error=store.CANCELLED,
+                                       error_kind=ErrorKind.CANCELLED, lane=lane.queue)
                          for c in batch.candidates]
             for res in cancelled:
                 store.put_result(r, batch.batch_id, res)
@@ -334,8 +334,8 @@ class LaneWorker:
                 for done in list(held[1]):
                     store.put_result(self.redis, held[0], done)
             self._report_gpu_fault(armed["chash"], error, "culprit")
-            res = MeasureResult(candidate_id=armed["candidate_id"], error=error, error_kind=ErrorKind.CRASH, fault="crash",
-                                lane=self.lane.queue)
+            res = MeasureResult(candidate_id=armed["candidate_id"], error=error, error_kind=ErrorKind.CRASH,
+                                fault="crash", lane=self.lane.queue)
             if armed["crashes"] >= self.settings.max_crashes:
                 store.quarantine(self.redis, Quarantined(candidate_hash=armed["chash"], error=error,
                                                          crashes=armed["crashes"], lane=self.lane.queue,

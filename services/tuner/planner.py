@@ -7,7 +7,7 @@ import time
 
 from shared import lanes, store
 from shared.errors import ModelError
-from shared.messages import FINAL_STATES, JobState, JobTask, lane_kind, LaneInfo, ShardState, Workload
+from shared.messages import FINAL_STATES, JobState, JobTask, LaneInfo, ShardState, Workload, lane_kind
 from services.tuner.sharding import first_round_size, partition
 
 

@@ -50,7 +50,8 @@ def reap(redis, send_shard: Callable[[ShardRef], None], send_finish: Callable[[s
                     if not orphaned(cur):  # changed since this pass read it (e.g. its client finished it)
                         return False
                     refunded += store.refund_claim(redis, job_id, cur.shard)  # once: a second call finds 0
-                    cur.state, cur.owner, cur.queued_at, cur.refunded = ShardPhase.PENDING, None, now, cur.refunded + refunded
+                    cur.state, cur.owner, cur.queued_at = ShardPhase.PENDING, None, now
+                    cur.refunded += refunded
 
                 if store.update_shard(redis, job_id, sh.shard, requeued, owner=me) is None:
                     continue
@@ -59,7 +60,8 @@ def reap(redis, send_shard: Callable[[ShardRef], None], send_finish: Callable[[s
             send_shard(ShardRef(job_id=job_id, shard=sh.shard))
             why = f"client {sh.owner} lost its lease" if dead else "its message was never taken"
             actions.append(f"job {job_id} shard {sh.shard} sent again ({why}; {refunded} trials refunded)")
-        if shards and all(sh.state == ShardPhase.DONE for sh in shards.values()) and store.claim_finish(redis, job_id, "reaper"):
+        if (shards and all(sh.state == ShardPhase.DONE for sh in shards.values())
+                and store.claim_finish(redis, job_id, "reaper")):
             send_finish(job_id)
             actions.append(f"job {job_id} finish sent again")
     for a in actions:
@@ -72,7 +74,8 @@ def reap_plans(redis, send_plan: Callable[[JobRef], None], now: float) -> list[s
     unacknowledged until Redis's visibility timeout, an hour) or the message was lost."""
     actions = []
     plan_queue_empty = store.queue_length(redis, names.PLAN_QUEUE) == 0
-    for job_id in _jobs(redis, store.planning_jobs(redis), lambda s: s in (JobState.QUEUED, JobState.PLANNING), store.planned):
+    awaiting_plan = (JobState.QUEUED, JobState.PLANNING)
+    for job_id in _jobs(redis, store.planning_jobs(redis), lambda s: s in awaiting_plan, store.planned):
         if not plan_queue_empty:  # a planner is behind, or none is up: what waits in the queue is taken first
             continue
         ref = JobRef(job_id=job_id, plan=uuid.uuid4().hex)

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 from shared import lanes, store, timeouts
-from shared.messages import (JobState, JobResult, TaskBest, TimingConfig, TrialAccounting, lane_kind, lane_utilisation,
+from shared.messages import (JobResult, JobState, TaskBest, TimingConfig, TrialAccounting, lane_kind, lane_utilisation,
                              target_kind)
 from shared.ranking import default_secs, rank_secs
 

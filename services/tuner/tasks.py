@@ -57,7 +57,8 @@ def _init_worker(**_):
     """Before the worker consumes: connect to Redis and build the client's shard runner (a solo-pool
     worker: this process is the one that works, so its id names the client)."""
     global RUNNER
-    RUNNER = ShardRunner(store.connect(settings.redis_url, settings.redis_outage_s), worker_id(), settings, send, send_shard, send_finish)
+    RUNNER = ShardRunner(store.connect(settings.redis_url, settings.redis_outage_s), worker_id(), settings, send,
+                         send_shard, send_finish)
 
 
 @signals.worker_ready.connect

@@ -22,5 +22,5 @@ from services.measurer.gpu.recovery import (
     read_process_table,
 )
 
-__all__ = ["GpuAttempt", "LaneExit", "Verdict", "MpsDaemon", "end_processes", "give_up_gpu", "judge_recovery", "measured_by_fault",
-           "plan_gpu_lanes", "plan_gpu_reset", "plan_recovery", "read_process_table"]
+__all__ = ["GpuAttempt", "LaneExit", "MpsDaemon", "Verdict", "end_processes", "give_up_gpu", "judge_recovery",
+           "measured_by_fault", "plan_gpu_lanes", "plan_gpu_reset", "plan_recovery", "read_process_table"]

@@ -24,8 +24,8 @@ def measure(candidate: Candidate, target, timing: TimingConfig) -> MeasureResult
     try:
         rt_mod = build(load_ir(candidate.mod), target)
     except Exception as err:  # noqa: BLE001 - a failed build is a result, not a crash
-        return MeasureResult(candidate_id=candidate.candidate_id, error=f"build failed: {clip_error(err)}", error_kind=ErrorKind.BUILD,
-                             build_s=time.perf_counter() - t0, build_cpu_s=cpu_since(c0))
+        return MeasureResult(candidate_id=candidate.candidate_id, error=f"build failed: {clip_error(err)}",
+                             error_kind=ErrorKind.BUILD, build_s=time.perf_counter() - t0, build_cpu_s=cpu_since(c0))
     cpu = cpu_since(c0)
     res = time_module(rt_mod, candidate, target, timing)
     res.build_s, res.build_cpu_s = time.perf_counter() - t0 - res.run_s, cpu
@@ -39,8 +39,8 @@ def measure_built(candidate: Candidate, target, timing: TimingConfig) -> Measure
     try:
         rt_mod = artifact.load(art)
     except ValueError as err:
-        return MeasureResult(candidate_id=candidate.candidate_id, error=f"artifact refused: {err}", error_kind=ErrorKind.BUILD,
-                             build_s=art.build_s)
+        return MeasureResult(candidate_id=candidate.candidate_id, error=f"artifact refused: {err}",
+                             error_kind=ErrorKind.BUILD, build_s=art.build_s)
     load_s = time.perf_counter() - t0
     res = time_module(rt_mod, candidate, target, timing)
     res.build_s, res.build_cpu_s = art.build_s + load_s, art.build_cpu_s
@@ -127,8 +127,8 @@ class BuildPool:
             except Exception as err:  # noqa: BLE001 - e.g. a build past its timeout
                 path, error, build_s, cpu_s = None, f"build failed: {clip_error(err)}", timing.timeout_s, None
             if error is not None:
-                yield MeasureResult(candidate_id=cand.candidate_id, error=error, error_kind=ErrorKind.BUILD, build_s=build_s,
-                                    build_cpu_s=cpu_s)
+                yield MeasureResult(candidate_id=cand.candidate_id, error=error, error_kind=ErrorKind.BUILD,
+                                    build_s=build_s, build_cpu_s=cpu_s)
                 continue
             t1 = time.perf_counter()
             try:

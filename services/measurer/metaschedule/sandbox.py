@@ -41,8 +41,8 @@ def _serve(conn, target_json: str, warmup: bool, test_hooks: bool) -> None:
         try:
             res = evaluate.measure(cand, target, timing)  # build and run errors already come back as data
         except Exception as err:  # noqa: BLE001 - anything else too: only a signal or a hang may end the child
-            res = MeasureResult(candidate_id=cand.candidate_id, error=f"build failed: {type(err).__name__}: {err}"[:2000],
-                                error_kind=ErrorKind.BUILD)
+            res = MeasureResult(candidate_id=cand.candidate_id, error_kind=ErrorKind.BUILD,
+                                error=f"build failed: {type(err).__name__}: {err}"[:2000])
         conn.send(res.model_dump_json())
 
 
@@ -124,11 +124,13 @@ class Sandbox:
                 pass  # the child died: its exit status says how
             code = self.kill()
             self.restarts += 1
-            return MeasureResult(candidate_id=cand.candidate_id, fault="crash", error_kind=ErrorKind.CRASH, run_s=time.perf_counter() - t0,
+            return MeasureResult(candidate_id=cand.candidate_id, fault="crash", error_kind=ErrorKind.CRASH,
+                                 run_s=time.perf_counter() - t0,
                                  error=f"candidate killed its process: {_signal_name(code)}")
         self.kill()
         self.restarts += 1
-        return MeasureResult(candidate_id=cand.candidate_id, fault="timeout", error_kind=ErrorKind.CRASH, run_s=time.perf_counter() - t0,
+        return MeasureResult(candidate_id=cand.candidate_id, fault="timeout", error_kind=ErrorKind.CRASH,
+                             run_s=time.perf_counter() - t0,
                              error=f"candidate timed out: no result in {timing.timeout_s:g} s, its process was killed")
 
     def close(self) -> None:

@@ -85,8 +85,8 @@ def time_module(rt_mod, candidate: Candidate, target, timing: TimingConfig) -> M
     except Exception as err:  # noqa: BLE001
         if target.kind.name == "cuda" and not cuda_context_alive():
             KEPT_AFTER_FAULT.extend([args, rt_mod])
-        return MeasureResult(candidate_id=candidate.candidate_id, error=f"run failed: {clip_error(err)}", error_kind=ErrorKind.RUN,
-                             run_s=time.perf_counter() - t1)
+        return MeasureResult(candidate_id=candidate.candidate_id, error=f"run failed: {clip_error(err)}",
+                             error_kind=ErrorKind.RUN, run_s=time.perf_counter() - t1)
     return MeasureResult(candidate_id=candidate.candidate_id, run_secs=costs, run_s=time.perf_counter() - t1,
                          timing=result)
 

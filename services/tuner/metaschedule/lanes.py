@@ -173,7 +173,8 @@ class BatchWatch:
         if candidate_id in self.results:
             return self.results[candidate_id]
         if self.failed:
-            return MeasureResult(candidate_id=candidate_id, error=self.failed, error_kind=ErrorKind.LANE, lane=self.lane)
+            return MeasureResult(candidate_id=candidate_id, error=self.failed, error_kind=ErrorKind.LANE,
+                                 lane=self.lane)
         return None
 
 
@@ -190,11 +191,12 @@ class LaneFuture(PyRunnerFuture):
 
     def result(self) -> RunnerResult:
         t0 = time.perf_counter()
-        while (res := self.watch.result_for(self.candidate_id)) is None:
+        res = self.watch.result_for(self.candidate_id)
+        while res is None:
             self.watch.poll()
-            if (res := self.watch.result_for(self.candidate_id)) is not None:
-                break
-            time.sleep(0.01)
+            res = self.watch.result_for(self.candidate_id)
+            if res is None:
+                time.sleep(0.01)
         self.runner.on_result(self.watch, res, time.perf_counter() - t0)
         if res.error is not None:
             return RunnerResult(None, res.error)
