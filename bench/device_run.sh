@@ -116,6 +116,9 @@ PY
   # collects. Keeps what an earlier session finished: its JSON is copied in from bench/results for --resume
   ttq-bg) rm -rf /tmp/ttq/repo /tmp/ttq/DONE && mkdir -p /tmp/ttq/out && cp -r . /tmp/ttq/repo
           [ -f bench/results/time_to_quality_h200.json ] && cp bench/results/time_to_quality_h200.json /tmp/ttq/out/
+          # the zoo store an earlier lease made (carry .dev/zoo_store.tgz): the warm runs need not tune it again
+          [ -f .dev/zoo_store.tgz ] && [ ! -e /tmp/ttq/work/zoo/DONE.json ] && mkdir -p /tmp/ttq/work/zoo \
+              && tar xzf .dev/zoo_store.tgz -C /tmp/ttq/work/zoo
           nvidia-smi --query-gpu=index,uuid,name --format=csv,noheader
           (cd /tmp/ttq/repo && PYTHONPATH=/tmp/site:/tmp/ttq/repo OUT=/tmp/ttq/out setsid nohup bash -c \
               "python3 bench/time_to_quality.py --work-dir /tmp/ttq/work $(printf '%q ' "${@:2}"); touch /tmp/ttq/DONE" \
