@@ -135,7 +135,6 @@ def run_ours(args) -> list[dict]:
     from sharetune.client import Client
     from sharetune.stack import Stack
 
-
     obs = make_observer()
     gpus = obs.inventory()
     uuid = gpus[0].uuid
@@ -246,7 +245,6 @@ def main() -> None:
     if args.part in ("ours", "all"):
         rows += run_ours(args)
         extra["torch_eager_us"] = round(torch_eager_us(args.model), 2)
-
     extra["tasks"] = heaviest(args.model, args.tasks, gpu_target())[1]
     out = args.out or os.path.join(os.environ.get("OUT", "."), f"gpu_tuning_{args.part}.json")
     Path(out).write_text(json.dumps({**extra, "rows": rows}, indent=1))

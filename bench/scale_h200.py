@@ -150,7 +150,6 @@ def stock_tune(args) -> int:
 
 
 def make_target(rehearse: bool):
-
     if rehearse:
         from services.measurer.metaschedule.targets import cpu_target
 

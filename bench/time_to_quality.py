@@ -399,7 +399,6 @@ def run_model(args, model: str, row: dict, work: Path, warm_store, save, deadlin
         if not fits(deadline, need):
             row.setdefault("skipped", {})["stock"] = f"needs ~{need:.0f} s, not left before the deadline"
             return
-        row.get("skipped", {}).pop("stock", None)
         row["stock"] = run_stock(args, model, mwork / "stock")
         keep = out_dir() / f"stock-{model}"  # a model's stock run is made once and kept
         shutil.rmtree(keep, ignore_errors=True)
@@ -417,7 +416,6 @@ def run_model(args, model: str, row: dict, work: Path, warm_store, save, deadlin
             row.setdefault("skipped", {})[phase] = "not enough time left before the deadline"
             break
         ran = True
-        row.get("skipped", {}).pop(phase, None)  # an earlier lease's skip, run now
         row[phase] = run_service(args, model, mwork / phase, source)
         row[phase]["lease"] = args.lease
         keep_run(model, phase, mwork / phase, row[phase])
@@ -425,6 +423,9 @@ def run_model(args, model: str, row: dict, work: Path, warm_store, save, deadlin
     if ("served" not in row or ran) and ("cold" in row or "warm" in row) and fits(deadline, SERVE_S):
         serve_model(args, model, row, mwork)
         save()
+    # a skip stays on record only while its step is still missing (a later lease may have run it)
+    if skipped := {k: why for k, why in row.pop("skipped", {}).items() if k not in row}:
+        row["skipped"] = skipped
     summarise_model(row)
     save()
 

@@ -498,6 +498,8 @@ def cmd_matrix(args) -> int:
 
 JSON = click.option("--json", is_flag=True, help="machine-readable output (for scripts)")
 WORK_DIR = click.option("--work-dir", default="runs/stack", show_default=True, help="the stack's work dir")
+
+
 def job_option_flags() -> list:
     """`submit`'s flags, one per JobOptions field, with its default, range and help: declared once there."""
     import typing
