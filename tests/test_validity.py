@@ -81,3 +81,82 @@ def test_setting_picks_the_postprocs(tasks, target):
     llvm = tvm.target.Target({"kind": "llvm", "num-cores": 2})
     cpu = tune_context(task.mod, llvm, task.name, cold=True, population=64, num_threads=1)
     assert "_PyPostproc" not in names(cpu)
+
+
+def _replay_with(task, trace, tiling, bounds, seed: int):
+    decisions = {t.inst: tiling[i] for i, t in enumerate(bounds.tiles)}
+    sch = Schedule(task.mod, seed=seed, debug_mask=0)
+    Trace(trace.insts, decisions).apply_to_schedule(sch, remove_postproc=True)
+    sch.enter_postproc()
+    return sch
+
+
+def _tvm_accepts(sch, postprocs) -> bool:
+    for p in postprocs:
+        try:
+            if not p.apply(sch):
+                return False
+        except Exception:  # noqa: BLE001 -- as ThreadedTraceApply: an exception rejects
+            return False
+    return True
+
+
+@pytest.mark.parametrize("name", ["conv2d1", "fused_matmul_add"])
+def test_tile_draws_reject_only_what_tvm_rejects(tasks, target, name):
+    """Decision vectors the thread-bounds check refuses (before any replay) are ones TVM's postprocessors
+    refuse too, and the check refuses most of what TVM does on the thread extents."""
+    import random
+
+    from services.tuner.metaschedule.sampling import ThreadBounds, perfect_tile
+
+    task = tasks[name]
+    ctx = tune_context(task.mod, target, task.name, cold=True, population=64, rand_state=1, num_threads=1,
+                       valid_sampling=False)
+    spaces, postprocs = ctx.generate_design_space(), list(ctx.space_generator.postprocs)
+    rng = random.Random(7)
+    refused = accepted_by_tvm = 0
+    for seed in range(1, 121):
+        trace = spaces[seed % len(spaces)].trace
+        bounds = ThreadBounds.of(trace)
+        assert bounds.bounds, "MultiLevelTiling's thread-extent bounds were not found in the trace"
+        tiling = [perfect_tile(rng, t.extent, t.n, t.max_innermost) for t in bounds.tiles]
+        if bounds.fits(tiling):
+            continue
+        refused += 1
+        ok = _tvm_accepts(_replay_with(task, trace, tiling, bounds, seed), postprocs)
+        accepted_by_tvm += ok
+        assert not ok, f"{name} seed {seed}: tile draw refused ({tiling}) though TVM accepts it"
+    assert refused >= 20, refused  # random tilings mostly break the thread bounds: the check must see it
+
+
+def test_valid_replay_proposes_only_schedules_tvm_accepts(tasks, target):
+    """A cold CUDA round with valid sampling: every candidate passes TVM's own chain, none twice, and far fewer
+    replays than replay-trace needs for as many valid schedules."""
+    import tvm_ffi
+
+    from services.tuner.metaschedule.sampling import ValidReplay
+
+    task = tasks["conv2d1"]
+    assert type(tune_context(task.mod, target, task.name, cold=True, population=64).search_strategy).__name__ \
+        == "_PySearchStrategy"  # the setting's default on CUDA: ValidReplay (a Python strategy)
+    strategy = ValidReplay(seed=3, threads=2)
+    ctx = ms.TuneContext(mod=task.mod, target=target, search_strategy=strategy, task_name=task.name, rand_state=3,
+                         num_threads=2, space_generator=ms.space_generator.PostOrderApply(
+                             postprocs=validity.cuda_postprocs(target)))
+    ctx.pre_tuning(1 << 20, 8, ctx.generate_design_space(), ms.database.MemoryDatabase(),
+                   ms.cost_model.RandomModel())
+    cands = ctx.generate_measure_candidates()
+    assert cands and len(cands) >= 6
+    stock = ms.postproc.Postproc.create(validity.rule_kind(target))
+    for p in stock:
+        p._initialize_with_tune_context(ctx)  # noqa: SLF001 -- TVM's chain, as the context would set it up
+    for c in cands:
+        sch = Schedule(task.mod, seed=1, debug_mask=0)
+        c.sch.trace.apply_to_schedule(sch, remove_postproc=True)
+        sch.enter_postproc()
+        assert _tvm_accepts(sch, stock)
+    assert len({tvm_ffi.structural_hash(c.sch.mod) for c in cands}) == len(cands)
+    # replay-trace replays ~23 samples a valid one on this task; what is left here breaks shared memory
+    assert strategy.replayed < 16 * len(cands), (strategy.replayed, len(cands))
+    off = tune_context(task.mod, target, task.name, cold=True, population=64, num_threads=1, valid_sampling=False)
+    assert type(off.search_strategy).__name__ == "ReplayTrace"

@@ -1,27 +1,47 @@
-"""A MetaSchedule TuneContext for one task of a shard: replay-trace while the cost model is cold,
+"""A MetaSchedule TuneContext for one task of a shard: design-space sampling while the cost model is cold,
 evolutionary search once it is trained."""
 from __future__ import annotations
 
 from tvm.s_tir import meta_schedule as ms
 
+from shared.settings import physical_cores
+
+# random valid samples an evolutionary round must find before it mutates (MetaSchedule's default is 50). On CUDA
+# each costs a full replay and ~96 % of replays fail the GPU checks, so 50 of them cost more CPU than the round's
+# 64 candidates; the population's rest comes from the measured best (init_measured_ratio), which a task has once
+# its first round (valid by construction, sampling.ValidReplay) is measured.
+INIT_MIN_UNMEASURED = 16
+
 
 def tune_context(mod, target, task_name: str, cold: bool, population: int, rand_state: int = -1,
                  num_threads: int = 0, valid_sampling: bool = True) -> ms.TuneContext:
-    """`valid_sampling`: on CUDA, samples that break the target's limits are rejected before TVM lowers them
-    (validity.LimitsCheck first, then TVM's own postprocessors)."""
+    """`valid_sampling`: on CUDA, a cold round draws tile decisions within the target's thread limits before it
+    replays them (sampling.ValidReplay), and samples that break the limits are rejected before TVM lowers them
+    (validity.GPUPrecheck first among the postprocessors)."""
     space = "post-order-apply"
-    if valid_sampling and target.kind.name == "cuda":
+    threads = num_threads or "physical"
+    cuda = valid_sampling and target.kind.name == "cuda"
+    if cuda:
         from services.tuner.metaschedule.validity import cuda_postprocs
 
         space = ms.space_generator.PostOrderApply(postprocs=cuda_postprocs(target))
+    if not cold:
+        strategy = ms.search_strategy.EvolutionarySearch(
+            population_size=population, init_min_unmeasured=min(INIT_MIN_UNMEASURED, population) if cuda else 50)
+    elif cuda:
+        from services.tuner.metaschedule.sampling import ValidReplay
+
+        strategy = ValidReplay(seed=rand_state, threads=num_threads or physical_cores())
+    else:
+        strategy = "replay-trace"
     return ms.TuneContext(
         mod=mod,
         target=target,
         space_generator=space,
-        search_strategy="replay-trace" if cold else ms.search_strategy.EvolutionarySearch(population_size=population),
+        search_strategy=strategy,
         task_name=task_name,
         rand_state=rand_state,
         # the search runs on the tuner's host cores, as in stock tune_relax (a share of them when
         # several clients run on one host)
-        num_threads=num_threads or "physical",
+        num_threads=threads,
     )
