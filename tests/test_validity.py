@@ -31,7 +31,23 @@ def tasks(target):
     for model, names in TASKS.items():
         by_name = {t.name: t for t in extract(to_relax(model).mod, target)}
         out.update({name: by_name[name] for name in names})
+    out["grouped_conv"] = _grouped_conv(target)
     return out
+
+
+def _grouped_conv(target):
+    """A RegNet-style grouped 3x3 conv (group width 8): its input's channel index is `ff // 8 * 8 + rc`."""
+    from tvm import relax
+
+    x = relax.Var("x", relax.TensorType((1, 104, 28, 28), "float32"))
+    w = relax.Var("w", relax.TensorType((104, 8, 3, 3), "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x, w]):
+        with bb.dataflow():
+            out = bb.emit_output(relax.op.nn.conv2d(x, w, padding=1, groups=13))
+        bb.emit_func_output(out)
+    (task,) = extract(bb.get(), target)
+    return task
 
 
 def _sample(task, spaces, seed: int):
@@ -101,13 +117,13 @@ def _tvm_accepts(sch, postprocs) -> bool:
     return True
 
 
-@pytest.mark.parametrize("name", ["conv2d1", "fused_matmul_add"])
+@pytest.mark.parametrize("name", ["conv2d1", "grouped_conv", "fused_matmul_add"])
 def test_tile_draws_reject_only_what_tvm_rejects(tasks, target, name):
-    """Decision vectors the thread-bounds check refuses (before any replay) are ones TVM's postprocessors
-    refuse too, and the check refuses most of what TVM does on the thread extents."""
+    """Decision vectors the tile limits refuse (thread extents, shared memory; before any replay) are ones TVM's
+    postprocessors refuse too, and random tilings are mostly refused."""
     import random
 
-    from services.tuner.metaschedule.sampling import ThreadBounds, perfect_tile
+    from services.tuner.metaschedule.sampling import TileLimits, perfect_tile
 
     task = tasks[name]
     ctx = tune_context(task.mod, target, task.name, cold=True, population=64, rand_state=1, num_threads=1,
@@ -117,8 +133,9 @@ def test_tile_draws_reject_only_what_tvm_rejects(tasks, target, name):
     refused = accepted_by_tvm = 0
     for seed in range(1, 121):
         trace = spaces[seed % len(spaces)].trace
-        bounds = ThreadBounds.of(trace)
+        bounds = TileLimits.of(trace, task.mod, int(target.attrs["max_shared_memory_per_block"]))
         assert bounds.bounds, "MultiLevelTiling's thread-extent bounds were not found in the trace"
+        assert name == "fused_matmul_add" or bounds.shared, "the conv's shared-memory footprints were not found"
         tiling = [perfect_tile(rng, t.extent, t.n, t.max_innermost) for t in bounds.tiles]
         if bounds.fits(tiling):
             continue

@@ -5,7 +5,7 @@ postprocessors; on CUDA convolutions 70-95 % of those samples break the thread-e
 MultiLevelTiling annotates on the tiled block ([warp size, max threads per block]), and each costs a full
 replay (10-30 ms of CPU) before validity.GPUPrecheck rejects it. Those bounds depend on the tile decisions
 alone: the block's threadIdx loop is the fuse of one split level of its tiled loops, so its extent is a
-product of sampled factors. `ThreadBounds` reads that dataflow off the design space's trace once; `ValidReplay`
+product of sampled factors. `TileLimits` reads that dataflow off the design space's trace once; `ValidReplay`
 draws perfect tilings, keeps only those whose products are within the bounds (arithmetic, microseconds) and
 replays just those, then runs the context's postprocessors (GPUPrecheck, then TVM's, VerifyGPUCode last) as
 replay-trace does. A decision vector is rejected here only when the bound it breaks is one VerifyGPUCode
@@ -19,6 +19,7 @@ import random
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
+import tvm
 import tvm_ffi
 from tvm.ir.utils import derived_object
 from tvm.s_tir import Schedule, Trace
@@ -41,66 +42,44 @@ class _Tile:
     max_innermost: int
 
 
+# one shared buffer's bytes as a function of the tiling: (bytes an element, [(the dimension's size, the access's
+# own extent, [(coefficient, [(tile index, position), ...], divisor), ...]), ...]): _index_parts says why
+_SharedTerm = tuple[int, list[tuple[int, int, list[tuple[int, list[tuple[int, int]], int]]]]]
+
+
 @dataclass
-class ThreadBounds:
-    """The tile instructions of one design space and, per annotated block, the factors whose product is its
-    threads: [(low, high, [(tile index, position), ...]), ...]."""
+class TileLimits:
+    """What a design space's tile decisions must satisfy, read off its trace once:
+    - `bounds`: per annotated block, [warp, max threads] and the factors whose product is its threads;
+    - `shared`: per tiled block, its shared-memory cache reads' footprints (`_shared_terms`) against
+      `max_shared`: a lower bound of what the lowered kernel allocates, since each is the box its consumer
+      reads under the cache's compute-at loop and the block's threads, clipped to the buffer."""
 
     tiles: list[_Tile] = field(default_factory=list)
     bounds: list[tuple[int, int, list[tuple[int, int]]]] = field(default_factory=list)
+    shared: list[list[_SharedTerm]] = field(default_factory=list)
+    max_shared: int = 0
 
     @classmethod
-    def of(cls, trace) -> "ThreadBounds":
-        out = cls()
-        factor_of: dict = {}  # a sampled factor's Var -> (tile index, position)
-        loop_factors: dict = {}  # a LoopRV -> the factors whose product is its extent (None: unknown)
-        loop_block: dict = {}  # a LoopRV -> the block whose loops it came from
-        threads: dict = {}  # a block -> factors bound to threadIdx (None: unknown)
-        ann: dict = {}  # a block -> {low/high: int}
+    def of(cls, trace, mod=None, max_shared: int = 0) -> "TileLimits":
+        out = cls(max_shared=max_shared)
+        flow = _Dataflow()
         for inst in trace.insts:
-            kind = inst.kind.name
-            if kind == "SamplePerfectTile":
-                if inst not in trace.decisions:
-                    continue
-                decision = trace.decisions[inst]
-                idx = len(out.tiles)
-                out.tiles.append(_Tile(inst, math.prod(int(d) for d in decision), int(inst.attrs[0]),
-                                       int(inst.attrs[1])))
-                for pos, v in enumerate(inst.outputs):
-                    factor_of[v] = (idx, pos)
-            elif kind == "GetLoops":
-                for loop in inst.outputs:
-                    loop_block[loop] = inst.inputs[0]
-            elif kind == "Split":
-                block = loop_block.get(inst.inputs[0])
-                for loop, f in zip(inst.outputs, inst.inputs[1:]):
-                    loop_factors[loop] = [factor_of[f]] if f in factor_of else None
-                    loop_block[loop] = block
-            elif kind == "Fuse":
-                parts = [loop_factors.get(loop) for loop in inst.inputs]
-                fused = inst.outputs[0]
-                loop_factors[fused] = None if any(p is None for p in parts) else [f for p in parts for f in p]
-                loop_block[fused] = loop_block.get(inst.inputs[0])
-            elif kind == "Bind" and str(inst.attrs[0]).startswith("threadIdx"):
-                block = loop_block.get(inst.inputs[0])
-                if block is None:
-                    continue
-                factors = loop_factors.get(inst.inputs[0])
-                have = threads.get(block, [])
-                threads[block] = None if factors is None or have is None else have + factors
-            elif kind == "Annotate" and str(inst.attrs[0]) in (_LOW, _HIGH):
-                value = inst.inputs[1]
-                if hasattr(value, "value"):
-                    ann.setdefault(inst.inputs[0], {})[str(inst.attrs[0])] = int(value.value)
-        for block, b in ann.items():
-            factors = threads.get(block)
+            flow.step(inst, trace, out)
+        for block, b in flow.ann.items():
+            factors = flow.threads.get(block)
             if _LOW in b and _HIGH in b and factors:
                 out.bounds.append((b[_LOW], b[_HIGH], factors))
+        if mod is not None and max_shared > 0 and flow.cache_at:
+            try:
+                out.shared = _shared_terms(mod, trace, flow, out)
+            except Exception:  # noqa: BLE001 -- a trace shape this reading does not know: left to the postprocs
+                out.shared = []
         return out
 
     def draw(self, rng: random.Random) -> tuple[list[list[int]] | None, int]:
-        """(perfect tilings of every tile instruction within the thread bounds, or None after MAX_DRAWS tries;
-        the tries)."""
+        """(perfect tilings of every tile instruction within the limits, or None after MAX_DRAWS tries; the
+        tries)."""
         for tries in range(1, MAX_DRAWS + 1):
             tiling = [perfect_tile(rng, t.extent, t.n, t.max_innermost) for t in self.tiles]
             if self.fits(tiling):
@@ -111,7 +90,205 @@ class ThreadBounds:
         for low, high, factors in self.bounds:
             if not low <= math.prod(tiling[i][p] for i, p in factors) <= high:
                 return False
+        for terms in self.shared:
+            if sum(_bytes(term, tiling) for term in terms) > self.max_shared:
+                return False
         return True
+
+
+def _bytes(term: _SharedTerm, tiling) -> int:
+    size, dims = term
+    for clip, own, parts in dims:
+        size *= min(clip, own + sum(c * ((math.prod(tiling[i][p] for i, p in fs) - 1) // k) for c, fs, k in parts))
+    return size
+
+
+class _Dataflow:
+    """The trace's random variables followed through MultiLevelTiling's instructions: which sampled factors
+    make which loop, which block a loop tiles, which loops are bound to threads, where caches are computed."""
+
+    def __init__(self):
+        self.factor_of: dict = {}  # a sampled factor's Var -> (tile index, position)
+        self.loop_factors: dict = {}  # a LoopRV -> the factors whose product is its extent (None: unknown)
+        self.loop_block: dict = {}  # a LoopRV -> the block whose loops it came from
+        self.split_of: dict = {}  # a LoopRV a split made -> (tile index, position)
+        self.tile_block: dict = {}  # tile index -> the block whose loop it splits
+        self.block_name: dict = {}  # a BlockRV -> its name
+        self.threads: dict = {}  # a block -> factors bound to threadIdx (None: unknown)
+        self.thread_level: set = set()  # split loops fused into a threadIdx or vthread loop
+        self.order: list = []  # the last reorder of split loops
+        self.ann: dict = {}  # a block -> {low/high: int}
+        self.caches: dict = {}  # a cache block -> (the block it reads for, the read buffer's index)
+        self.cache_at: list = []  # (the tiled block, read buffer index, the compute-at LoopRV)
+
+    def step(self, inst, trace, out: TileLimits) -> None:
+        kind, ins = inst.kind.name, list(inst.inputs)
+        if kind == "GetSBlock":
+            self.block_name[inst.outputs[0]] = str(inst.attrs[0])
+        elif kind == "SamplePerfectTile":
+            if inst not in trace.decisions:
+                return
+            idx = len(out.tiles)
+            out.tiles.append(_Tile(inst, math.prod(int(d) for d in trace.decisions[inst]), int(inst.attrs[0]),
+                                   int(inst.attrs[1])))
+            self.tile_block[idx] = self.loop_block.get(ins[0])
+            for pos, v in enumerate(inst.outputs):
+                self.factor_of[v] = (idx, pos)
+        elif kind == "GetLoops":
+            for loop in inst.outputs:
+                self.loop_block[loop] = ins[0]
+        elif kind == "Split":
+            block = self.loop_block.get(ins[0])
+            for loop, f in zip(inst.outputs, ins[1:]):
+                self.loop_factors[loop] = [self.factor_of[f]] if f in self.factor_of else None
+                if f in self.factor_of:
+                    self.split_of[loop] = self.factor_of[f]
+                self.loop_block[loop] = block
+        elif kind == "Reorder":
+            self.order = ins
+        elif kind == "Fuse":
+            parts = [self.loop_factors.get(loop) for loop in ins]
+            fused = inst.outputs[0]
+            self.loop_factors[fused] = None if any(p is None for p in parts) else [f for p in parts for f in p]
+            self.loop_block[fused] = self.loop_block.get(ins[0])
+            self.loop_block.setdefault(("parts", fused), ins)
+        elif kind == "Bind":
+            self._bind(ins[0], str(inst.attrs[0]))
+        elif kind == "Annotate" and str(inst.attrs[0]) in (_LOW, _HIGH):
+            if hasattr(ins[1], "value"):
+                self.ann.setdefault(ins[0], {})[str(inst.attrs[0])] = int(ins[1].value)
+        elif kind == "CacheRead" and str(inst.attrs[1]) in ("shared", "shared.dyn"):
+            self.caches[inst.outputs[0]] = (ins[0], int(inst.attrs[0]))
+        elif kind == "ComputeAt" and ins[0] in self.caches:
+            block, index = self.caches[ins[0]]
+            self.cache_at.append((block, index, ins[1]))
+
+    def _bind(self, loop, axis: str) -> None:
+        if axis.startswith(("threadIdx", "vthread")):
+            self.thread_level.update(self.loop_block.get(("parts", loop), [loop]))
+        if not axis.startswith("threadIdx"):
+            return
+        block = self.loop_block.get(loop)
+        if block is None:
+            return
+        factors = self.loop_factors.get(loop)
+        have = self.threads.get(block, [])
+        self.threads[block] = None if factors is None or have is None else have + factors
+
+
+def _shared_terms(mod, trace, flow: _Dataflow, limits: TileLimits) -> list[list[_SharedTerm]]:
+    """Per tiled block, its shared cache reads as _SharedTerms. The block's iterators, read regions and the
+    loop each tile splits are taken from one replay of the design space, at the tile instruction (before the
+    tiling changes them)."""
+    from tvm.s_tir import SBlockRealize
+    from tvm.sym import detect_linear_equation
+
+    seen: dict[int, tuple] = {}  # tile index -> (its loop's var, the block realize then)
+    sch = Schedule(mod, seed=1, debug_mask=0, error_render_level="none")
+    count = [0]
+
+    def provider(inst, inputs, attrs, decision):
+        if inst.kind.name == "SamplePerfectTile" and count[0] < len(limits.tiles):
+            idx = count[0]
+            count[0] += 1
+            name = flow.block_name.get(flow.tile_block.get(idx))
+            seen[idx] = (sch.get(inputs[0]).loop_var, _realize(sch.mod, name, SBlockRealize) if name else None)
+        return decision
+
+    trace.apply_to_schedule(sch, remove_postproc=True, decision_provider=provider)
+    per_block: dict = {}
+    for block, index, at in flow.cache_at:
+        if at not in flow.order:
+            continue
+        inside = set(flow.order[flow.order.index(at) + 1:]) | flow.thread_level
+        tiles = [i for i, b in flow.tile_block.items() if b is not None and b.same_as(block)]
+        if not tiles or seen.get(tiles[0], (None, None))[1] is None:
+            continue
+        realize = seen[tiles[0]][1]
+        ivars = [iv.var for iv in realize.block.iter_vars]
+        var_factors: dict[int, list] = {}  # iterator index -> its factors inside
+        for i in tiles:
+            loop_var = seen[i][0]
+            for j, value in enumerate(realize.iter_values):
+                if value.same_as(loop_var):
+                    var_factors[j] = [(i, p) for loop, (ti, p) in flow.split_of.items() if ti == i and loop in inside]
+        read = realize.block.reads[index]
+        dtype = tvm.DataType(read.source.dtype)
+        dims = []
+        for rng_, size in zip(read.region, read.source.shape):
+            if not isinstance(rng_.extent, tvm.tirx.IntImm) or not isinstance(size, tvm.tirx.IntImm):
+                break
+            parts = [(abs(c), var_factors[j], k) for j, c, k in _index_parts(rng_.min, ivars, detect_linear_equation)
+                     if j in var_factors]
+            dims.append((int(size), int(rng_.extent), parts))
+        else:
+            per_block.setdefault(block, []).append((dtype.bits * dtype.lanes // 8, dims))
+    return list(per_block.values())
+
+
+def _index_parts(expr, ivars: list, detect) -> list[tuple[int, int, int]]:
+    """(iterator index, coefficient, divisor) per term of an index expression that is `c * v` or `v // k * c`
+    in one iterator v: over iterator ranges of extents E, each such term spans at least |c| * ((E - 1) // k), and
+    terms in distinct iterators add up (the box hull TVM compacts a buffer to). An iterator in any other term,
+    or in two terms, is left out: its span is not known here. E.g. `ff // 8 * 8 + rc + yy * 2 + ry`."""
+    terms, stack = [], [expr]
+    while stack:
+        e = stack.pop()
+        if isinstance(e, tvm.tirx.Add):
+            stack += [e.a, e.b]
+        else:
+            terms.append(e)
+    found: list[tuple[int, int, int]] = []
+    tainted: set[int] = set()
+    for term in terms:
+        part = _floordiv_term(term, ivars)
+        if part is None:
+            coefs = detect(term, ivars)
+            if coefs and all(isinstance(c, tvm.tirx.IntImm) for c in coefs):
+                found += [(j, int(c), 1) for j, c in enumerate(coefs[:-1]) if int(c)]
+                continue
+            used = tvm.tirx.analysis.undefined_vars(term)
+            tainted |= {j for j, v in enumerate(ivars) if any(v.same_as(u) for u in used)}
+        else:
+            found.append(part)
+    seen = [j for j, _, _ in found]
+    return [(j, c, k) for j, c, k in found if j not in tainted and seen.count(j) == 1]
+
+
+def _floordiv_term(term, ivars: list) -> tuple[int, int, int] | None:
+    """(iterator index, c, k) when the term is `v // k * c` or `v // k`, else None."""
+    coef = 1
+    if isinstance(term, tvm.tirx.Mul):
+        a, b = term.a, term.b
+        if isinstance(a, tvm.tirx.IntImm):
+            a, b = b, a
+        if not isinstance(b, tvm.tirx.IntImm):
+            return None
+        term, coef = a, int(b.value)
+    if not (isinstance(term, tvm.tirx.FloorDiv) and isinstance(term.b, tvm.tirx.IntImm) and int(term.b.value) > 0):
+        return None
+    for j, v in enumerate(ivars):
+        if v.same_as(term.a):
+            return j, coef, int(term.b.value)
+    return None
+
+
+def _realize(mod, name: str, realize_type):
+    """The block realize named `name` in the module's functions, or None."""
+    stack = [f.body for f in mod.functions.values() if isinstance(f, tvm.tirx.PrimFunc)]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, realize_type):
+            if node.block.name_hint == name:
+                return node
+            stack.append(node.block.body)
+        elif isinstance(node, tvm.tirx.SeqStmt):
+            stack.extend(node.seq)
+        elif isinstance(node, tvm.tirx.IfThenElse):
+            stack.extend(n for n in (node.then_case, node.else_case) if n is not None)
+        elif hasattr(node, "body"):
+            stack.append(node.body)
+    return None
 
 
 def _prime_factors(n: int) -> list[int]:
@@ -154,7 +331,8 @@ class ValidReplay(PySearchStrategy):
 
     def pre_tuning(self, max_trials, num_trials_per_iter, design_spaces, database=None, cost_model=None) -> None:
         self.max_trials, self.per_iter, self.proposed = max_trials, num_trials_per_iter, 0
-        self.spaces = [(sp.trace, ThreadBounds.of(sp.trace)) for sp in design_spaces]
+        shared = int(self.ctx.target.attrs.get("max_shared_memory_per_block", 0))
+        self.spaces = [(sp.trace, TileLimits.of(sp.trace, self.ctx.mod, shared)) for sp in design_spaces]
         self.rng = random.Random(None if self.seed < 0 else self.seed)
         self.seen: set[int] = set()
         self.postprocs = list(self.ctx.space_generator.postprocs)
