@@ -1,9 +1,11 @@
-"""What the CUDA precheck (services/tuner/metaschedule/validity.py) saves in a cold round: per task, one
-replay-trace round of 64 candidates on one thread, with the precheck and without (TVM's postprocessors
-alone): search CPU seconds per valid candidate, samples drawn, and which postprocessor rejected them.
-Needs no GPU: the CUDA search, GPU checks included, runs on the CPU.
+"""What valid sampling saves in a cold CUDA round: per task, one round of 64 candidates on one thread, three ways:
+replay-trace with TVM's postprocessors alone ("off"), replay-trace with the precheck first
+(services/tuner/metaschedule/validity.py, "precheck"), and tile decisions drawn within the limits before any
+replay (services/tuner/metaschedule/sampling.py, "tile draws", what a cold round runs). Reported: search CPU
+seconds per valid candidate, samples replayed, and which postprocessor rejected them. Needs no GPU: the CUDA
+search, GPU checks included, runs on the CPU. A model is a zoo name or a time-to-quality panel name.
 
-    python bench/valid_sampling.py --tasks resnet18:conv2d1,transformer:fused_matmul_add
+    python bench/valid_sampling.py --tasks resnet18:conv2d1,regnety-stage:conv2d6
     -> a table, and JSON at --out (default bench/results/valid_sampling_cpu.json)
 """
 from __future__ import annotations
@@ -16,8 +18,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-DEFAULT_TASKS = ("resnet18:conv2d1,resnet18:conv2d4,resnet18:conv2d7,resnet18:conv2d9,resnet18:conv2d2,"
-                 "transformer:fused_matmul_add,transformer:fused_matmul4_add1,transformer:matmul1")
+DEFAULT_TASKS = ("resnet18:conv2d1,resnet18:conv2d9,transformer:fused_matmul_add,"
+                 "efficientnet-mbconv:conv2d1,efficientnet-mbconv:fused_conv2d3_add1_tir_sigmoid3_multiply3,"
+                 "efficientnet-mbconv:conv2d,regnety-stage:conv2d1,regnety-stage:conv2d6,"
+                 "regnety-stage:fused_conv2d8_add1_tir_sigmoid_multiply,wav2vec2-conv:conv1d1,"
+                 "wav2vec2-conv:conv1d2,vit-s-encoder:fused_matmul_add,vit-s-encoder:matmul2")
+MODES = ("off", "precheck", "tile draws")
 
 
 def counting(postprocs):
@@ -47,17 +53,20 @@ def counting(postprocs):
     return [Counted(p, type(p).__name__) for p in postprocs]
 
 
-def cold_round(task, target, precheck: bool, candidates: int) -> dict:
+def cold_round(task, target, mode: str, candidates: int) -> dict:
     from tvm.s_tir import meta_schedule as ms
 
     from services.tuner.metaschedule import validity
+    from services.tuner.metaschedule.sampling import ValidReplay
 
+    precheck = mode != "off"
     base = validity.cuda_postprocs(target) if precheck else ms.postproc.Postproc.create(validity.rule_kind(target))
     wrapped = counting(base)
+    strategy = ValidReplay(seed=1, threads=1) if mode == "tile draws" else "replay-trace"
     # the same space generator context.py builds, with every postprocessor counted
     ctx = ms.TuneContext(mod=task.mod, target=target,
                          space_generator=ms.space_generator.PostOrderApply(postprocs=wrapped),
-                         search_strategy="replay-trace", task_name=task.name, rand_state=1, num_threads=1)
+                         search_strategy=strategy, task_name=task.name, rand_state=1, num_threads=1)
     ctx.pre_tuning(candidates, candidates, ctx.generate_design_space(), ms.database.MemoryDatabase(),
                    ms.cost_model.RandomModel())
     t0, c0 = time.perf_counter(), time.process_time()
@@ -65,7 +74,8 @@ def cold_round(task, target, precheck: bool, candidates: int) -> dict:
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     drawn = wrapped[0].calls
     rejected = {w.name: w.rejects for w in wrapped if w.rejects}
-    return {"precheck": precheck, "valid": len(cands), "drawn": drawn, "search_cpu_s": round(cpu, 2),
+    return {"mode": mode, "precheck": precheck, "valid": len(cands), "drawn": drawn,
+            "tile_draws": strategy.drawn if mode == "tile draws" else None, "search_cpu_s": round(cpu, 2),
             "search_wall_s": round(wall, 2), "cpu_s_per_valid": round(cpu / max(1, len(cands)), 3),
             "rejected": rejected,
             "frac_rejected_precheck": round(rejected.get("GPUPrecheck", 0) / max(1, drawn), 3),
@@ -80,27 +90,29 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default="bench/results/valid_sampling_cpu.json")
     args = ap.parse_args(argv)
     from services.measurer.metaschedule.targets import family_target
+    from bench.panel import PANEL, build
     from services.tuner.metaschedule.extract import extract
     from sharetune.intake import to_relax
 
     target = family_target(f"cuda.{args.arch}")
     models: dict = {}
     rows = []
-    print(f"{'task':<34} {'precheck':<8} {'valid':>5} {'drawn':>6} {'CPU s':>6} {'s/valid':>8} "
+    print(f"{'task':<58} {'mode':<10} {'valid':>5} {'drawn':>6} {'CPU s':>6} {'s/valid':>8} "
           f"{'rej pre':>7} {'rej VGC':>7}")
     for spec in args.tasks.split(","):
         model, _, name = spec.partition(":")
         if model not in models:
-            models[model] = {t.name: t for t in extract(to_relax(model).mod, target)}
-        for precheck in (False, True):
-            r = {"model": model, "task": name, **cold_round(models[model][name], target, precheck, args.candidates)}
+            relax_model = to_relax(*build(model)) if model in PANEL else to_relax(model)
+            models[model] = {t.name: t for t in extract(relax_model.mod, target)}
+        for mode in MODES:
+            r = {"model": model, "task": name, **cold_round(models[model][name], target, mode, args.candidates)}
             rows.append(r)
-            print(f"{model + ':' + name:<34} {'on' if precheck else 'off':<8} {r['valid']:>5} {r['drawn']:>6} "
+            print(f"{model + ':' + name:<58} {mode:<10} {r['valid']:>5} {r['drawn']:>6} "
                   f"{r['search_cpu_s']:>6} {r['cpu_s_per_valid']:>8} {r['frac_rejected_precheck']:>7} "
                   f"{r['frac_rejected_verify_gpu']:>7}", flush=True)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps({"target": str(target), "candidates": args.candidates, "threads": 1,
-                                          "strategy": "replay-trace", "rows": rows}, indent=1))
+                                          "modes": list(MODES), "rows": rows}, indent=1))
     print("wrote", args.out)
     return 0
 
