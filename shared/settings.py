@@ -102,8 +102,9 @@ class TunerSettings(CommonSettings):
     # runs; None: its lane kind's (100 ms on a CPU, 50 ms a repeat on a shared GPU). Lower on a quiet device
     # to spend less lane time a candidate, higher on a noisy one
     timing_floor_ms: int | None = Field(None, ge=0, le=10_000)
-    # reject a sampled CUDA schedule whose loop nest breaks the target's limits before TVM lowers it to check
-    # (services/tuner/metaschedule/validity.py): the same schedules pass, each rejection costs far less
+    # a cold CUDA round draws tile decisions within the target's limits before replaying them
+    # (services/tuner/metaschedule/sampling.py), and a sample whose loop nest breaks them is rejected before TVM
+    # lowers it to check (validity.py): the same schedules pass, each rejection costs far less
     valid_sampling: bool = True
     # a task's first round starts with the best records of the nearest stored workloads of its operator kind,
     # their traces re-fitted to it (services/tuner/metaschedule/seeds.py)
