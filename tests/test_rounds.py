@@ -221,3 +221,79 @@ def test_a_space_without_sampled_decisions_is_spent_after_one_round():
     fresh = t.propose(room=8)
     assert fresh == [] and t.done and t.dry == 0
 
+
+class _DrySpace:
+    """A design space with a sampled decision (fake): a dry round of it is no proof that it is spent."""
+
+    class trace:
+        decisions = {"tile": 4}
+
+
+class _DryContext:
+    """A search whose strategies both come back empty, every round."""
+
+    def generate_design_space(self):
+        return [_DrySpace()]
+
+    def pre_tuning(self, *args):
+        pass
+
+    def post_tuning(self):
+        pass
+
+    def generate_measure_candidates(self):
+        return None
+
+
+def test_a_tasks_search_moves_through_its_states():
+    """SAMPLING while the cost model is cold, EVOLVING once it is trained and knows the task; a dry round makes
+    it try the other strategy (and it does not evolve again until a round found something); EMPTY_ROUNDS dry
+    rounds in a row end it EXHAUSTED, as does a fixed space once every schedule of it was sent; AT_LIMIT once
+    it has no room left."""
+    from services.tuner.metaschedule.rounds import EMPTY_ROUNDS, SearchParts, SearchState, Shard, ShardLoop
+    from shared.messages import JobTask, TaskProgress
+
+    loop, t, _ = _loop(_task(_DepthwiseConv()), population=16)
+    trained = []
+    loop.cost_model.trained = lambda: bool(trained)
+    assert t.state == SearchState.NEW and not t.done
+    t.begin([1e-3], None, cold_start=True)  # a resumed task: it had its first round
+    assert t.state == SearchState.SAMPLING and t.started and t.best_s == 1e-3
+    t.prepare(8)
+    assert t.state == SearchState.SAMPLING  # the model is still cold
+    trained.append(True)
+    t.prepare(8)
+    assert t.state == SearchState.EVOLVING and loop.run_stats.warm_switches == 1
+    assert t.propose(room=8) == [] and t.dry == 1  # evolution finds no 16 valid CUDA schedules here
+    assert t.state == SearchState.SAMPLING
+    t.prepare(8)
+    assert t.state == SearchState.SAMPLING  # evolution just came up empty: sample first
+    assert t.propose(room=8) and t.dry == 0
+    t.prepare(8)
+    assert t.state == SearchState.EVOLVING and loop.run_stats.warm_switches == 2
+
+    cpu = tvm.target.Target({"kind": "llvm", "num-cores": 1})
+    _, fixed, _ = _loop(_task(_Add(), cpu), population=64, target=cpu)
+    fixed.restart(cold=True)
+    fresh = fixed.propose(room=8)
+    assert fixed.spent and fixed.state == SearchState.SAMPLING
+    fixed.launched(len(fresh), claimed=len(fresh))
+    assert fixed.state == SearchState.EXHAUSTED and fixed.done
+
+    job_task = JobTask(task_id="t0", name="dry", weight=1, wkey="w0", flops=1.0)
+    dry = ShardLoop(Shard(None, "job", 0, [job_task], trials_per_iter=8, max_trials_per_task=16),
+                    SearchParts(lambda task, cold: _DryContext(), None, None, None, None, _Records())).tasks[0]
+    dry.restart(cold=True)
+    states = []
+    for _ in range(EMPTY_ROUNDS):
+        assert not dry.done and dry.propose(room=8) == []
+        states.append(dry.state)
+    assert states == [SearchState.EVOLVING, SearchState.SAMPLING] * 2 + [SearchState.EXHAUSTED]
+    assert dry.dry == EMPTY_ROUNDS
+
+    limited = ShardLoop(Shard(None, "job", 0, [job_task], trials_per_iter=8, max_trials_per_task=16),
+                        SearchParts(lambda task, cold: _DryContext(), None, None, None, None, _Records())).tasks[0]
+    limited.parts.records.progress["t0"] = TaskProgress(task_id="t0", name="dry", trials=16)
+    assert limited.room() == 0
+    limited.finish()
+    assert limited.state == SearchState.AT_LIMIT and limited.done
