@@ -103,10 +103,10 @@ def _measure(loop, t, target, fresh):
     from shared.messages import Record
 
     results = [RunnerResult([random.uniform(1e-5, 1e-4)], None) for _ in fresh]
-    t.ctx.notify_runner_results(fresh, results)
-    wl = loop.database.commit_workload(t.ctx.mod)
+    t.absorb(fresh, results)
+    wl = t.parts.database.commit_workload(t.ctx.mod)
     for c, r in zip(fresh, results):
-        loop.database.commit_tuning_record(ms.database.TuningRecord(c.sch.trace, wl, r.run_secs, target, c.args_info))
+        t.parts.database.commit_tuning_record(ms.database.TuningRecord(c.sch.trace, wl, r.run_secs, target, c.args_info))
         key = candidate_key(t.job_task.wkey, c)
         loop.records.measured[key] = Record(candidate_key=key, wkey=t.job_task.wkey, trace="", run_secs=r.run_secs,
                                             error=None, target="", args_info=[], share=100)
@@ -116,22 +116,22 @@ def test_an_empty_evolutionary_round_on_cuda_does_not_end_the_task():
     """Evolution cannot sample its minimum of valid unmeasured schedules (most CUDA samples fail the GPU
     checks) and comes back empty; the old rule ended the task there. Sampling still finds new ones."""
     loop, t, target = _loop(_task(_DepthwiseConv()), population=16)
-    loop._start_context(t, cold=False)
-    _, fresh = loop._search(t, room=8)
+    t.restart(cold=False)
+    fresh = t.propose(room=8)
     assert fresh == [] and t.dry == 1  # the round the old rule took for an exhausted space
     assert not t.done and t.cold  # the next round samples instead
-    _, fresh = loop._search(t, room=8)
+    fresh = t.propose(room=8)
     assert len(fresh) > 0 and t.dry == 0 and not t.done
 
 
 def test_a_tiny_space_still_ends_quickly():
     loop, t, target = _loop(_task(_Add()), population=64)
-    loop._start_context(t, cold=True)
+    t.restart(cold=True)
     rounds = 0
     while not t.done:
         rounds += 1
         assert rounds <= 20
-        _, fresh = loop._search(t, room=8)
+        fresh = t.propose(room=8)
         _measure(loop, t, target, fresh)
     assert len(loop.records.measured) < 20  # a handful of schedules, each measured once
     assert t.fixed and rounds == 2  # no sampled decision: the round after its schedules were proposed ends it
@@ -152,15 +152,15 @@ def test_a_tasks_first_round_measures_its_even_share_then_full_rounds():
     from shared.messages import TaskProgress
 
     loop, t, target = _loop(_task(_DepthwiseConv()), population=64, first_round=3)
-    assert loop._room(t) == 3
-    loop._start_context(t, cold=True)
-    _, fresh = loop._search(t, loop._room(t))
+    assert t.room() == 3
+    t.restart(cold=True)
+    fresh = t.propose(t.room())
     assert len(fresh) == 3
+    t.launched(len(fresh), claimed=len(fresh))  # the loop sends the batch
     _measure(loop, t, target, fresh)
-    t.started = True  # what _round marks once the batch is sent
     loop.records.progress[t.job_task.task_id] = TaskProgress(task_id="t0", name=t.job_task.name, trials=3)
-    assert loop._room(t) == 1000 - 3
-    _, fresh = loop._search(t, loop._room(t))
+    assert t.room() == 1000 - 3
+    fresh = t.propose(t.room())
     assert 3 < len(fresh) <= 8  # up to trials_per_iter (a sample the store holds is not measured again)
 
 
@@ -170,32 +170,32 @@ def test_a_round_samples_only_what_it_may_measure():
     from shared.messages import TaskProgress
 
     loop, t, target = _loop(_task(_DepthwiseConv()), population=64, first_round=3)
-    loop._start_context(t, cold=True, proposes=loop._proposes(t))
-    cands, fresh = loop._search(t, loop._room(t))
-    assert len(cands) == 3 and len(fresh) == 3
+    t.restart(cold=True, proposes=t.draw_size())
+    fresh = t.propose(t.room())
+    assert t.drawn == 3 and len(fresh) == 3
+    t.launched(len(fresh), claimed=len(fresh))
     _measure(loop, t, target, fresh)
-    t.started = True
     loop.records.progress[t.job_task.task_id] = TaskProgress(task_id="t0", name=t.job_task.name, trials=3)
-    assert loop._proposes(t) == 8
-    assert loop._proposes(t, room=5) == 5  # the task's last trials, or the job's
-    loop._start_context(t, cold=True, proposes=loop._proposes(t))
-    cands, fresh = loop._search(t, loop._room(t))
-    assert 3 < len(cands) <= 8 and loop.run_stats.warm_switches == 0  # a resize is not a switch to evolution
+    assert t.draw_size() == 8
+    assert t.draw_size(room=5) == 5  # the task's last trials, or the job's
+    t.restart(cold=True, proposes=t.draw_size())
+    fresh = t.propose(t.room())
+    assert 3 < t.drawn <= 8 and loop.run_stats.warm_switches == 0  # a resize is not a switch to evolution
 
 
 def test_a_small_draw_the_store_already_holds_widens_to_full_rounds_without_ending_the_task():
     """A workload an earlier job measured: the first round's small draw finds only known schedules. That is no
     proof of a dry space; the task draws full rounds from then on and still finds new ones."""
     loop, t, target = _loop(_task(_DepthwiseConv()), population=64, first_round=3)
-    loop._start_context(t, cold=True, proposes=loop._proposes(t))
-    _, fresh = loop._search(t, loop._room(t))
+    t.restart(cold=True, proposes=t.draw_size())
+    fresh = t.propose(t.room())
     _measure(loop, t, target, fresh)  # what the earlier job measured
-    loop._start_context(t, cold=True, proposes=3)  # the same draw again (same seed): all of it known
-    cands, fresh = loop._search(t, loop._room(t))
-    assert len(cands) == 3 and fresh == [] and t.dry == 0 and not t.done and t.full_draws
-    assert loop._proposes(t, room=3) == 8  # full rounds now
-    loop._start_context(t, cold=True, proposes=loop._proposes(t, room=3))
-    _, fresh = loop._search(t, room=3)
+    t.restart(cold=True, proposes=3)  # the same draw again (same seed): all of it known
+    fresh = t.propose(t.room())
+    assert t.drawn == 3 and fresh == [] and t.dry == 0 and not t.done and t.full_draws
+    assert t.draw_size(room=3) == 8  # full rounds now
+    t.restart(cold=True, proposes=t.draw_size(room=3))
+    fresh = t.propose(room=3)
     assert 0 < len(fresh) <= 3
 
 
@@ -213,10 +213,87 @@ def test_a_space_without_sampled_decisions_is_spent_after_one_round():
     task is then exhausted at once, not after 5 empty rounds (and says so: fewer trials is no starvation)."""
     cpu = tvm.target.Target({"kind": "llvm", "num-cores": 1})
     loop, t, target = _loop(_task(_Add(), cpu), population=64, target=cpu)
-    loop._start_context(t, cold=True)
+    t.restart(cold=True)
     assert t.fixed
-    _, fresh = loop._search(t, room=8)
+    fresh = t.propose(room=8)
     assert 1 <= len(fresh) <= 8 and t.spent and not t.done
     _measure(loop, t, target, fresh)
-    _, fresh = loop._search(t, room=8)
+    fresh = t.propose(room=8)
     assert fresh == [] and t.done and t.dry == 0
+
+
+class _DrySpace:
+    """A design space with a sampled decision (fake): a dry round of it is no proof that it is spent."""
+
+    class trace:
+        decisions = {"tile": 4}
+
+
+class _DryContext:
+    """A search whose strategies both come back empty, every round."""
+
+    def generate_design_space(self):
+        return [_DrySpace()]
+
+    def pre_tuning(self, *args):
+        pass
+
+    def post_tuning(self):
+        pass
+
+    def generate_measure_candidates(self):
+        return None
+
+
+def test_a_tasks_search_moves_through_its_states():
+    """SAMPLING while the cost model is cold, EVOLVING once it is trained and knows the task; a dry round makes
+    it try the other strategy (and it does not evolve again until a round found something); EMPTY_ROUNDS dry
+    rounds in a row end it EXHAUSTED, as does a fixed space once every schedule of it was sent; AT_LIMIT once
+    it has no room left."""
+    from services.tuner.metaschedule.rounds import EMPTY_ROUNDS, SearchParts, SearchState, Shard, ShardLoop
+    from shared.messages import JobTask, TaskProgress
+
+    loop, t, _ = _loop(_task(_DepthwiseConv()), population=16)
+    trained = []
+    loop.cost_model.trained = lambda: bool(trained)
+    assert t.state == SearchState.NEW and not t.done
+    t.begin([1e-3], None, cold_start=True)  # a resumed task: it had its first round
+    assert t.state == SearchState.SAMPLING and t.started and t.best_s == 1e-3
+    t.prepare(8)
+    assert t.state == SearchState.SAMPLING  # the model is still cold
+    trained.append(True)
+    t.prepare(8)
+    assert t.state == SearchState.EVOLVING and loop.run_stats.warm_switches == 1
+    assert t.propose(room=8) == [] and t.dry == 1  # evolution finds no 16 valid CUDA schedules here
+    assert t.state == SearchState.SAMPLING
+    t.prepare(8)
+    assert t.state == SearchState.SAMPLING  # evolution just came up empty: sample first
+    assert t.propose(room=8) and t.dry == 0
+    t.prepare(8)
+    assert t.state == SearchState.EVOLVING and loop.run_stats.warm_switches == 2
+
+    cpu = tvm.target.Target({"kind": "llvm", "num-cores": 1})
+    _, fixed, _ = _loop(_task(_Add(), cpu), population=64, target=cpu)
+    fixed.restart(cold=True)
+    fresh = fixed.propose(room=8)
+    assert fixed.spent and fixed.state == SearchState.SAMPLING
+    fixed.launched(len(fresh), claimed=len(fresh))
+    assert fixed.state == SearchState.EXHAUSTED and fixed.done
+
+    job_task = JobTask(task_id="t0", name="dry", weight=1, wkey="w0", flops=1.0)
+    dry = ShardLoop(Shard(None, "job", 0, [job_task], trials_per_iter=8, max_trials_per_task=16),
+                    SearchParts(lambda task, cold: _DryContext(), None, None, None, None, _Records())).tasks[0]
+    dry.restart(cold=True)
+    states = []
+    for _ in range(EMPTY_ROUNDS):
+        assert not dry.done and dry.propose(room=8) == []
+        states.append(dry.state)
+    assert states == [SearchState.EVOLVING, SearchState.SAMPLING] * 2 + [SearchState.EXHAUSTED]
+    assert dry.dry == EMPTY_ROUNDS
+
+    limited = ShardLoop(Shard(None, "job", 0, [job_task], trials_per_iter=8, max_trials_per_task=16),
+                        SearchParts(lambda task, cold: _DryContext(), None, None, None, None, _Records())).tasks[0]
+    limited.parts.records.progress["t0"] = TaskProgress(task_id="t0", name="dry", trials=16)
+    assert limited.room() == 0
+    limited.finish()
+    assert limited.state == SearchState.AT_LIMIT and limited.done

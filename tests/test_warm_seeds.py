@@ -148,7 +148,7 @@ def test_a_first_round_evolves_only_on_a_model_that_knows_the_workload(tmp_path)
     samples its first round. It evolves from its first round when the store holds its workload or a near one,
     and after its first round in any case."""
     from services.broker.server import EmbeddedRedis
-    from services.tuner.metaschedule.rounds import SearchParts, Shard, ShardLoop, _Task
+    from services.tuner.metaschedule.rounds import SearchParts, Shard, ShardLoop
     from services.tuner.metaschedule.seeds import SeedSource
     from shared import names
     from shared.messages import JobTask
@@ -167,12 +167,12 @@ def test_a_first_round_evolves_only_on_a_model_that_knows_the_workload(tmp_path)
         seeds = SeedSource(r, "llvm", "t", 100, shapes={name: _shape(name) for name in tasks})
         loop = ShardLoop(Shard(r, "job", 0, list(tasks.values()), trials_per_iter=8, max_trials_per_task=64),
                          SearchParts(None, None, None, None, Trained(), None, seeds=seeds))  # the rule alone
-        new = _Task(tasks["new"], None)
-        assert not seeds.knows(tasks["new"]) and not loop._may_evolve(new)  # only a far workload is stored
+        new = loop.tasks[0]
+        assert not seeds.knows(tasks["new"]) and not new.may_evolve()  # only a far workload is stored
         r.hset(names.similar_key("llvm", "conv2d"), "near", near.model_dump_json())
-        assert seeds.knows(tasks["new"]) and loop._may_evolve(new)
+        assert seeds.knows(tasks["new"]) and new.may_evolve()
         r.hset(names.records_key("again"), "k", b"{}")  # its own workload measured before (another job)
         assert seeds.knows(tasks["again"])
         r.delete(names.similar_key("llvm", "conv2d"))
-        new.started = True
-        assert loop._may_evolve(new)  # its own first round has been measured
+        new.launched(1, claimed=1)  # its own first round has been sent
+        assert new.may_evolve()

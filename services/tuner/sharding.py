@@ -9,7 +9,7 @@ The allocation rule, job-wide across shards and clients (docs/sharding.md, "How 
    store, a task's latency being its default schedule's until a candidate beats it
    (metaschedule/defaults.py);
 3. a task with >= 1 % of the job's FLOPs x weight stays a round ahead of every task under 0.1 % (`behind`);
-4. a task ends early only when its design space is spent (metaschedule/rounds.py, EMPTY_ROUNDS)."""
+4. a task ends early only when its design space is spent (metaschedule/task_search.py, EMPTY_ROUNDS)."""
 from __future__ import annotations
 
 import math

@@ -1,0 +1,100 @@
+"""What a shard's loop (rounds.py) shares with the job's other clients: the trial budget (JobBudget) and the
+order of rounds (RoundPicker), both kept in the store so every client sees the same."""
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+from shared import store
+from shared.messages import ShardPhase
+from services.tuner.metaschedule.loop_parts import Shard, ShardRun
+from services.tuner.metaschedule.task_search import TaskSearch
+from services.tuner.sharding import Steering, behind, first_rounds_reserve, flops_shares, priority
+
+# how long a client's second rounds wait for other clients' first rounds before they stop leaving them budget
+# (a shard nobody runs must not hold the job back for good)
+RESERVE_WAIT_S = 300.0
+
+
+class JobBudget:
+    """The job's trials, claimed atomically before each batch is sent, so N clients together spend exactly what
+    the job was given; a later round leaves what the job's remaining first rounds need."""
+
+    def __init__(self, shard: Shard):
+        self.redis, self.job_id, self.shard = shard.redis, shard.job_id, shard.shard
+        self.first_round = shard.first_round or shard.trials_per_iter
+        self._reserve_since: float | None = None
+
+    def left(self) -> int:
+        return store.budget_left(self.redis, self.job_id)
+
+    def claim(self, n: int) -> int:
+        """Up to n trials for this shard's next batch; 0 once the job's budget is spent."""
+        return store.claim_trials(self.redis, self.job_id, self.shard, n)
+
+    def reserve(self, tasks: list[TaskSearch]) -> int:
+        """Trials to leave for first rounds no client has made yet (`tasks`: this shard's; a task whose first
+        round found nothing new counts as having had it); 0 once this client has waited RESERVE_WAIT_S for them."""
+        if self._reserve_since is None:
+            self._reserve_since = time.time()
+        if time.time() - self._reserve_since > RESERVE_WAIT_S:
+            return 0
+        had = set(store.history(self.redis, self.job_id)) | {t.task_id for t in tasks if t.started or t.done or t.dry}
+        reserve = first_rounds_reserve([t.task_id for t in store.job_tasks(self.redis, self.job_id)], had,
+                                       self.first_round)
+        if reserve == 0:
+            self._reserve_since = time.time()  # the wait clock starts again at the next shortfall
+        return reserve
+
+
+class RoundPicker:
+    """After every task's first round: the task with the largest priority (sharding.priority, job-wide), once
+    other live shards' tasks do not have clearly more (Steering; at most its max_wait_s)."""
+
+    def __init__(self, shard: Shard, steering: Steering, check: Callable[..., None], stats: ShardRun):
+        self.redis, self.job_id, self.shard = shard.redis, shard.job_id, shard.shard
+        self.per_iter = shard.trials_per_iter
+        self.steering, self.check, self.stats = steering, check, stats
+
+    def pick(self, tasks: list[TaskSearch], touch: Callable[[], None]) -> TaskSearch | None:
+        """The next task of `tasks` to search (None when all are done); `touch()` first joins the batches that
+        came back, so the gradients are current."""
+        t0 = time.time()
+        while True:
+            touch()
+            alive = [t for t in tasks if not t.done]
+            if not alive:
+                return None
+            job_tasks, prio = self._priorities()
+            grads = {t.task_id: prio(t.task_id) for t in alive}
+            best = max(alive, key=lambda t: (grads[t.task_id], -tasks.index(t)))
+            others, live = self._others(job_tasks, prio)
+            waited = time.time() - t0
+            if waited > self.steering.max_wait_s or self.steering.may_run(grads[best.task_id], others, live):
+                self.stats.waited_s += time.time() - t0
+                return best
+            self.check(True)
+            time.sleep(0.1)
+
+    def _priorities(self) -> tuple[dict, Callable[[str], float]]:
+        """The job's tasks by id, and each one's priority from the store's history and progress."""
+        hist = store.history(self.redis, self.job_id)
+        job_tasks = {t.task_id: t for t in store.job_tasks(self.redis, self.job_id)}
+        shares = flops_shares(list(job_tasks.values()))
+        trials = {tid: p.trials for tid, p in store.job_progress(self.redis, self.job_id).items()}
+
+        def prio(tid: str) -> float:
+            return priority(hist.get(tid, []), job_tasks[tid].weight, behind(tid, shares, trials, self.per_iter))
+
+        return job_tasks, prio
+
+    def _others(self, tasks: dict, prio: Callable[[str], float]) -> tuple[list[float], int]:
+        """Priorities of the other live shards' unfinished tasks, and how many shards are live."""
+        shards = store.shards(self.redis, self.job_id)
+        out, live = [], 1
+        for sh in shards.values():
+            if sh.shard == self.shard or sh.state != ShardPhase.RUNNING:
+                continue
+            live += 1
+            out += [prio(tid) for tid in sh.task_ids if tid in tasks]
+        return out, live
