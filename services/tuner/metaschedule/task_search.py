@@ -39,7 +39,9 @@ SEARCH_ROOM = 1 << 20
 
 class SearchState(StrEnum):
     NEW = "new"  # no search yet (the loop has not begun it)
-    SAMPLING = "sampling"  # replay-trace over the design space: the cost model would guide nothing yet
+    # samples the design space (replay-trace; on CUDA tile draws within the GPU's limits, sampling.ValidReplay):
+    # the cost model would guide nothing yet
+    SAMPLING = "sampling"
     EVOLVING = "evolving"  # MetaSchedule's evolutionary search against the cost model
     EXHAUSTED = "exhausted"  # done: its design space is spent
     AT_LIMIT = "at_limit"  # done: it has measured its max_trials_per_task
@@ -51,7 +53,7 @@ DONE = (SearchState.EXHAUSTED, SearchState.AT_LIMIT)
 class TaskSearch:
     """Cold: the cost model has no snapshot yet, so it predicts at random, and evolving candidates against
     random scores (70 % of stock's search time on the H200 conv tasks) buys nothing over sampling the design
-    space: a cold task samples (MetaSchedule's replay-trace strategy) and moves to evolutionary search once
+    space: a cold task samples (context.tune_context's cold strategy) and moves to evolutionary search once
     the central model is trained and knows the task (may_evolve)."""
 
     def __init__(self, job_task: JobTask, shard: Shard, parts: SearchParts, stats: ShardRun):
