@@ -23,6 +23,7 @@ TEST_WORKERS ?= 2
 test: install
 	$(VENV)/bin/lint-imports
 	$(VENV)/bin/ruff check services shared sharetune bench tests
+	$(VENV)/bin/mypy shared
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=25 -m "not gpu" tests
 
 # the compose stack built, started, used, scaled and broken (tests/compose/run.sh): Docker is installed and

@@ -333,7 +333,7 @@ class JobHash(BaseModel):
         return cls.model_validate(data)
 
     @classmethod
-    def dump_fields(cls, **fields) -> dict[str, str]:
+    def dump_fields(cls, **fields) -> dict[Any, str]:  # Any: redis-py's mapping keys
         """Validate some of the fields and encode them as the hash stores them (None: not written)."""
         unknown = set(fields) - set(cls.model_fields)
         if unknown:
@@ -363,7 +363,9 @@ def _job_field(name: str):
     from pydantic import TypeAdapter
 
     if name not in _JOB_FIELDS:
-        _JOB_FIELDS[name] = TypeAdapter(JobHash.model_fields[name].annotation)
+        annotation = JobHash.model_fields[name].annotation
+        assert annotation is not None  # every JobHash field is annotated
+        _JOB_FIELDS[name] = TypeAdapter(annotation)
     return _JOB_FIELDS[name]
 
 def lane_utilisation(batches: list["LaneBatch"], start: float | None = None, end: float | None = None) -> dict:

@@ -28,6 +28,8 @@ class GpuLanes(LaneKind):
         return Lane(self.name, int(percent), gpu=hexdigits[:8])
 
     def queue(self, lane: Lane) -> str:
+        if lane.gpu is None:
+            raise ValueError(f"a GPU lane names its GPU: {lane!r}")
         return names.gpu_lane_queue(lane.gpu, lane.share)
 
     def parse(self, queue: str, host: Host | None = None) -> Lane | None:

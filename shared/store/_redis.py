@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from typing import overload
 
 import redis
 from redis.backoff import ExponentialBackoff
@@ -117,11 +118,19 @@ def masked_url(url: str | None) -> str | None:
     return urlunsplit(parts._replace(netloc=f"{user}:****@{host}"))
 
 
-def _s(v) -> str | None:
+@overload
+def _s(v: None) -> None: ...
+
+
+@overload
+def _s(v: bytes | str) -> str: ...
+
+
+def _s(v: bytes | str | None) -> str | None:
     return v.decode() if isinstance(v, bytes) else v
 
 
 def _script(source: str) -> Script:
     """A Lua script run by its SHA: the server loads it once (and again after a restart that lost it);
     it works on any connection or pipeline passed as `client`."""
-    return Script(None, source.encode())
+    return Script(None, source.encode())  # type: ignore[arg-type]  # no client of its own: each call passes one

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from typing import cast
 
 import redis
 
@@ -51,7 +52,7 @@ def prune_jobs(r: redis.Redis, older_than_s: float, now: float | None = None, dr
     pruned (would be, with `dry_run`)."""
     cutoff = (time.time() if now is None else now) - older_than_s
     gone = []
-    for raw in r.zrange(names.JOBS_KEY, 0, -1):
+    for raw in cast(list[bytes], r.zrange(names.JOBS_KEY, 0, -1)):
         job_id = _s(raw)
         state, updated = (_s(v) for v in r.hmget(names.job_key(job_id), "state", "updated_at"))
         ended_at = float(updated) if updated else 0.0
@@ -152,7 +153,7 @@ def job_model(r: redis.Redis, job_id: str) -> bytes:
     blob = r.get(names.job_model_key(job_id))
     if blob is None:
         raise JobError(f"job {job_id!r} has no model in the store")
-    return blob
+    return cast(bytes, blob)
 
 
 # A cancelled job stays cancelled: a planner or tuner still finishing a step must not overwrite it.
@@ -220,7 +221,7 @@ def job_cancelled(r: redis.Redis, job_id: str) -> bool:
 
 def jobs(r: redis.Redis, limit: int = 50) -> list[str]:
     """Newest first."""
-    return [_s(j) for j in r.zrevrange(names.JOBS_KEY, 0, limit - 1)]
+    return [_s(j) for j in cast(list[bytes], r.zrevrange(names.JOBS_KEY, 0, limit - 1))]
 
 
 def job_hash(r: redis.Redis, job_id: str) -> JobHash:
