@@ -52,10 +52,25 @@ def _grouped_conv(target):
 
 def _sample(task, spaces, seed: int):
     """One random sample of the task's design space, replayed as ReplayTrace does, before postprocs."""
+    return _replay(task, spaces[seed % len(spaces)].trace, {}, seed)
+
+
+def _replay(task, trace, decisions: dict, seed: int):
+    """The trace replayed with these decisions (the rest drawn at random), ready for the postprocessors."""
     sch = Schedule(task.mod, seed=seed, debug_mask=0)
-    Trace(spaces[seed % len(spaces)].trace.insts, {}).apply_to_schedule(sch, remove_postproc=True)
+    Trace(trace.insts, decisions).apply_to_schedule(sch, remove_postproc=True)
     sch.enter_postproc()
     return sch
+
+
+def _tvm_accepts(sch, postprocs) -> bool:
+    for p in postprocs:
+        try:
+            if not p.apply(sch):
+                return False
+        except Exception:  # noqa: BLE001 -- as ThreadedTraceApply: an exception rejects
+            return False
+    return True
 
 
 @pytest.mark.parametrize("name", [n for names in TASKS.values() for n in names])
@@ -70,14 +85,7 @@ def test_precheck_rejects_only_what_tvm_rejects(tasks, target, name):
     for seed in range(1, SAMPLES + 1):
         sch = _sample(task, spaces, seed)
         why = validity.violation(sch.mod, *limits)
-        tvm_ok = True
-        for p in postprocs:  # TVM's default chain, VerifyGPUCode last but one
-            try:
-                tvm_ok = bool(p.apply(sch))
-            except Exception:  # noqa: BLE001 -- as ThreadedTraceApply: an exception rejects
-                tvm_ok = False
-            if not tvm_ok:
-                break
+        tvm_ok = _tvm_accepts(sch, postprocs)  # TVM's default chain, VerifyGPUCode last but one
         assert not (why and tvm_ok), f"{name} seed {seed}: precheck rejected ({why}) what TVM accepts"
         rejected += why is not None
         tvm_rejected += not tvm_ok
@@ -99,24 +107,6 @@ def test_setting_picks_the_postprocs(tasks, target):
     assert "_PyPostproc" not in names(cpu)
 
 
-def _replay_with(task, trace, tiling, bounds, seed: int):
-    decisions = {t.inst: tiling[i] for i, t in enumerate(bounds.tiles)}
-    sch = Schedule(task.mod, seed=seed, debug_mask=0)
-    Trace(trace.insts, decisions).apply_to_schedule(sch, remove_postproc=True)
-    sch.enter_postproc()
-    return sch
-
-
-def _tvm_accepts(sch, postprocs) -> bool:
-    for p in postprocs:
-        try:
-            if not p.apply(sch):
-                return False
-        except Exception:  # noqa: BLE001 -- as ThreadedTraceApply: an exception rejects
-            return False
-    return True
-
-
 @pytest.mark.parametrize("name", ["conv2d1", "grouped_conv", "fused_matmul_add"])
 def test_tile_draws_reject_only_what_tvm_rejects(tasks, target, name):
     """Decision vectors the tile limits refuse (thread extents, shared memory; before any replay) are ones TVM's
@@ -130,20 +120,20 @@ def test_tile_draws_reject_only_what_tvm_rejects(tasks, target, name):
                        valid_sampling=False)
     spaces, postprocs = ctx.generate_design_space(), list(ctx.space_generator.postprocs)
     rng = random.Random(7)
-    refused = accepted_by_tvm = 0
+    refused = 0
     for seed in range(1, 121):
         trace = spaces[seed % len(spaces)].trace
-        bounds = TileLimits.of(trace, task.mod, int(target.attrs["max_shared_memory_per_block"]))
-        assert bounds.bounds, "MultiLevelTiling's thread-extent bounds were not found in the trace"
-        assert name == "fused_matmul_add" or bounds.shared, "the conv's shared-memory footprints were not found"
-        tiling = [perfect_tile(rng, t.extent, t.n, t.max_innermost) for t in bounds.tiles]
-        if bounds.fits(tiling):
+        limits = TileLimits.of(trace, task.mod, int(target.attrs["max_shared_memory_per_block"]))
+        assert limits.bounds, "MultiLevelTiling's thread-extent bounds were not found in the trace"
+        assert name == "fused_matmul_add" or limits.shared, "the conv's shared-memory footprints were not found"
+        tiling = [perfect_tile(rng, t.extent, t.n, t.max_innermost) for t in limits.tiles]
+        if limits.fits(tiling):
             continue
         refused += 1
-        ok = _tvm_accepts(_replay_with(task, trace, tiling, bounds, seed), postprocs)
-        accepted_by_tvm += ok
+        ok = _tvm_accepts(_replay(task, trace, {t.inst: tiling[i] for i, t in enumerate(limits.tiles)}, seed),
+                          postprocs)
         assert not ok, f"{name} seed {seed}: tile draw refused ({tiling}) though TVM accepts it"
-    assert refused >= 20, refused  # random tilings mostly break the thread bounds: the check must see it
+    assert refused >= 20, refused  # random tilings mostly break the thread limits: the check must see it
 
 
 def test_valid_replay_proposes_only_schedules_tvm_accepts(tasks, target):
@@ -168,10 +158,7 @@ def test_valid_replay_proposes_only_schedules_tvm_accepts(tasks, target):
     for p in stock:
         p._initialize_with_tune_context(ctx)  # noqa: SLF001 -- TVM's chain, as the context would set it up
     for c in cands:
-        sch = Schedule(task.mod, seed=1, debug_mask=0)
-        c.sch.trace.apply_to_schedule(sch, remove_postproc=True)
-        sch.enter_postproc()
-        assert _tvm_accepts(sch, stock)
+        assert _tvm_accepts(_replay(task, c.sch.trace, dict(c.sch.trace.decisions), 1), stock)
     assert len({tvm_ffi.structural_hash(c.sch.mod) for c in cands}) == len(cands)
     # replay-trace replays ~23 samples a valid one on this task; what is left here breaks shared memory
     assert strategy.replayed < 16 * len(cands), (strategy.replayed, len(cands))

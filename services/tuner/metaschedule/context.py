@@ -15,7 +15,7 @@ INIT_MIN_UNMEASURED = 16
 
 def tune_context(mod, target, task_name: str, cold: bool, population: int, rand_state: int = -1,
                  num_threads: int = 0, valid_sampling: bool = True) -> ms.TuneContext:
-    """`valid_sampling`: on CUDA, a cold round draws tile decisions within the target's thread limits before it
+    """`valid_sampling`: on CUDA, a cold round draws tile decisions within the target's limits before it
     replays them (sampling.ValidReplay), and samples that break the limits are rejected before TVM lowers them
     (validity.GPUPrecheck first among the postprocessors)."""
     space = "post-order-apply"

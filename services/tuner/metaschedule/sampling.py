@@ -1,16 +1,16 @@
-"""Valid CUDA first rounds: tile decisions drawn within the target's thread limits before any replay.
+"""Valid CUDA first rounds: tile decisions drawn within the target's limits before any replay.
 
 MetaSchedule's replay-trace strategy replays a design space's whole trace with random decisions, then runs the
-postprocessors; on CUDA convolutions 70-95 % of those samples break the thread-extent bounds that
-MultiLevelTiling annotates on the tiled block ([warp size, max threads per block]), and each costs a full
-replay (10-30 ms of CPU) before validity.GPUPrecheck rejects it. Those bounds depend on the tile decisions
-alone: the block's threadIdx loop is the fuse of one split level of its tiled loops, so its extent is a
-product of sampled factors. `TileLimits` reads that dataflow off the design space's trace once; `ValidReplay`
-draws perfect tilings, keeps only those whose products are within the bounds (arithmetic, microseconds) and
-replays just those, then runs the context's postprocessors (GPUPrecheck, then TVM's, VerifyGPUCode last) as
-replay-trace does. A decision vector is rejected here only when the bound it breaks is one VerifyGPUCode
-checks on the same block, so what the check accepts is what replay-trace would accept; tests/test_validity.py
-asserts that on sampled tasks.
+postprocessors; on CUDA convolutions 92-99 % of those samples break the thread-extent bounds that
+MultiLevelTiling annotates on the tiled block ([warp size, max threads per block]) or the shared memory per
+block, and each costs a full replay (10-30 ms of CPU) before validity.GPUPrecheck rejects it. Both depend on the
+tile decisions alone: the block's threadIdx loop is the fuse of one split level of its tiled loops, so its
+extent is a product of sampled factors, and a shared cache read's footprint is a box whose sides are sums of
+such products. `TileLimits` reads that dataflow off the design space's trace once; `ValidReplay` draws perfect
+tilings, keeps only those within the limits (arithmetic, microseconds) and replays just those, then runs the
+context's postprocessors (GPUPrecheck, then TVM's, VerifyGPUCode last) as replay-trace does. A decision vector
+is rejected here only when it breaks a bound VerifyGPUCode checks, by a lower-bound estimate, so what passes
+is what replay-trace would accept; tests/test_validity.py asserts that on sampled tasks.
 """
 from __future__ import annotations
 
@@ -22,9 +22,10 @@ from dataclasses import dataclass, field
 import tvm
 import tvm_ffi
 from tvm.ir.utils import derived_object
-from tvm.s_tir import Schedule, Trace
+from tvm.s_tir import SBlockRealize, Schedule, Trace
 from tvm.s_tir import meta_schedule as ms
 from tvm.s_tir.meta_schedule.search_strategy import PySearchStrategy
+from tvm.sym import detect_linear_equation
 
 _LOW, _HIGH = "meta_schedule.thread_extent_low_inclusive", "meta_schedule.thread_extent_high_inclusive"
 # draws of decision vectors per candidate before a slot is given up (replay-trace gives up after 100 replays;
@@ -112,6 +113,7 @@ class _Dataflow:
         self.loop_factors: dict = {}  # a LoopRV -> the factors whose product is its extent (None: unknown)
         self.loop_block: dict = {}  # a LoopRV -> the block whose loops it came from
         self.split_of: dict = {}  # a LoopRV a split made -> (tile index, position)
+        self.fused_from: dict = {}  # a fused LoopRV -> the loops it fuses
         self.tile_block: dict = {}  # tile index -> the block whose loop it splits
         self.block_name: dict = {}  # a BlockRV -> its name
         self.threads: dict = {}  # a block -> factors bound to threadIdx (None: unknown)
@@ -151,7 +153,7 @@ class _Dataflow:
             fused = inst.outputs[0]
             self.loop_factors[fused] = None if any(p is None for p in parts) else [f for p in parts for f in p]
             self.loop_block[fused] = self.loop_block.get(ins[0])
-            self.loop_block.setdefault(("parts", fused), ins)
+            self.fused_from[fused] = ins
         elif kind == "Bind":
             self._bind(ins[0], str(inst.attrs[0]))
         elif kind == "Annotate" and str(inst.attrs[0]) in (_LOW, _HIGH):
@@ -165,7 +167,7 @@ class _Dataflow:
 
     def _bind(self, loop, axis: str) -> None:
         if axis.startswith(("threadIdx", "vthread")):
-            self.thread_level.update(self.loop_block.get(("parts", loop), [loop]))
+            self.thread_level.update(self.fused_from.get(loop, [loop]))
         if not axis.startswith("threadIdx"):
             return
         block = self.loop_block.get(loop)
@@ -180,9 +182,6 @@ def _shared_terms(mod, trace, flow: _Dataflow, limits: TileLimits) -> list[list[
     """Per tiled block, its shared cache reads as _SharedTerms. The block's iterators, read regions and the
     loop each tile splits are taken from one replay of the design space, at the tile instruction (before the
     tiling changes them)."""
-    from tvm.s_tir import SBlockRealize
-    from tvm.sym import detect_linear_equation
-
     seen: dict[int, tuple] = {}  # tile index -> (its loop's var, the block realize then)
     sch = Schedule(mod, seed=1, debug_mask=0, error_render_level="none")
     count = [0]
@@ -192,7 +191,7 @@ def _shared_terms(mod, trace, flow: _Dataflow, limits: TileLimits) -> list[list[
             idx = count[0]
             count[0] += 1
             name = flow.block_name.get(flow.tile_block.get(idx))
-            seen[idx] = (sch.get(inputs[0]).loop_var, _realize(sch.mod, name, SBlockRealize) if name else None)
+            seen[idx] = (sch.get(inputs[0]).loop_var, _realize(sch.mod, name) if name else None)
         return decision
 
     trace.apply_to_schedule(sch, remove_postproc=True, decision_provider=provider)
@@ -218,15 +217,14 @@ def _shared_terms(mod, trace, flow: _Dataflow, limits: TileLimits) -> list[list[
         for rng_, size in zip(read.region, read.source.shape):
             if not isinstance(rng_.extent, tvm.tirx.IntImm) or not isinstance(size, tvm.tirx.IntImm):
                 break
-            parts = [(abs(c), var_factors[j], k) for j, c, k in _index_parts(rng_.min, ivars, detect_linear_equation)
-                     if j in var_factors]
+            parts = [(abs(c), var_factors[j], k) for j, c, k in _index_parts(rng_.min, ivars) if j in var_factors]
             dims.append((int(size), int(rng_.extent), parts))
         else:
             per_block.setdefault(block, []).append((dtype.bits * dtype.lanes // 8, dims))
     return list(per_block.values())
 
 
-def _index_parts(expr, ivars: list, detect) -> list[tuple[int, int, int]]:
+def _index_parts(expr, ivars: list) -> list[tuple[int, int, int]]:
     """(iterator index, coefficient, divisor) per term of an index expression that is `c * v` or `v // k * c`
     in one iterator v: over iterator ranges of extents E, each such term spans at least |c| * ((E - 1) // k), and
     terms in distinct iterators add up (the box hull TVM compacts a buffer to). An iterator in any other term,
@@ -243,7 +241,7 @@ def _index_parts(expr, ivars: list, detect) -> list[tuple[int, int, int]]:
     for term in terms:
         part = _floordiv_term(term, ivars)
         if part is None:
-            coefs = detect(term, ivars)
+            coefs = detect_linear_equation(term, ivars)
             if coefs and all(isinstance(c, tvm.tirx.IntImm) for c in coefs):
                 found += [(j, int(c), 1) for j, c in enumerate(coefs[:-1]) if int(c)]
                 continue
@@ -273,12 +271,12 @@ def _floordiv_term(term, ivars: list) -> tuple[int, int, int] | None:
     return None
 
 
-def _realize(mod, name: str, realize_type):
+def _realize(mod, name: str) -> SBlockRealize | None:
     """The block realize named `name` in the module's functions, or None."""
     stack = [f.body for f in mod.functions.values() if isinstance(f, tvm.tirx.PrimFunc)]
     while stack:
         node = stack.pop()
-        if isinstance(node, realize_type):
+        if isinstance(node, SBlockRealize):
             if node.block.name_hint == name:
                 return node
             stack.append(node.block.body)
@@ -317,14 +315,14 @@ def perfect_tile(rng: random.Random, extent: int, n: int, max_innermost: int) ->
 
 @derived_object
 class ValidReplay(PySearchStrategy):
-    """Replay-trace whose tile decisions are drawn within the thread bounds (see the module's doc); each
-    round proposes up to num_trials_per_iter distinct valid schedules."""
+    """Replay-trace whose tile decisions are drawn within the limits (see the module's doc); each round proposes
+    up to num_trials_per_iter distinct valid schedules."""
 
     def __init__(self, seed: int = -1, threads: int = 1):
         super().__init__()
         self.seed, self.threads = seed, max(1, threads)
         self.ctx = None
-        self.drawn = self.replayed = self.valid = 0  # what it cost: decision draws, replays, candidates
+        self.drawn = self.replayed = 0  # what it cost: decision draws and replays (self.proposed: candidates)
 
     def _initialize_with_tune_context(self, context) -> None:
         self.ctx = context
@@ -357,19 +355,18 @@ class ValidReplay(PySearchStrategy):
             self.seen.add(key)
             out.append(ms.MeasureCandidate(sch, ms.arg_info.ArgInfo.from_entry_func(sch.mod, remove_preproc=True)))
         self.proposed += len(out)
-        self.valid += len(out)
         return out or None
 
     def _one(self, seed: int):
         """One valid schedule (a slot of the round), or None after MAX_REPLAYS replays."""
         rng = random.Random(seed)
         for _ in range(MAX_REPLAYS):
-            trace, bounds = self.spaces[rng.randrange(len(self.spaces))]
-            tiling, tries = bounds.draw(rng)
+            trace, limits = self.spaces[rng.randrange(len(self.spaces))]
+            tiling, tries = limits.draw(rng)
             self.drawn += tries
             if tiling is None:
                 return None
-            decisions = {t.inst: tiling[i] for i, t in enumerate(bounds.tiles)}
+            decisions = {t.inst: tiling[i] for i, t in enumerate(limits.tiles)}
             sch = Schedule(self.ctx.mod, seed=rng.getrandbits(31) + 1, debug_mask=0, error_render_level="none")
             self.replayed += 1
             try:
