@@ -164,3 +164,49 @@ def test_valid_replay_proposes_only_schedules_tvm_accepts(tasks, target):
     assert strategy.replayed < 16 * len(cands), (strategy.replayed, len(cands))
     off = tune_context(task.mod, target, task.name, cold=True, population=64, num_threads=1, valid_sampling=False)
     assert type(off.search_strategy).__name__ == "ReplayTrace"
+
+
+def test_valid_evolution_breeds_within_the_limits_from_the_measured_best(tasks, target):
+    """An evolutionary CUDA round with valid sampling: every candidate passes TVM's own chain, none repeats a measured schedule or an earlier round's, and the round breeds from the measured
+    best (some candidates are one mutation away from a stored schedule)."""
+    from services.tuner.metaschedule.evolution import ValidEvolution, genome_of
+    from services.tuner.metaschedule.records import record_json, tuning_record
+    from services.tuner.metaschedule.sampling import ValidReplay
+
+    task = tasks["conv2d1"]
+    assert type(tune_context(task.mod, target, task.name, cold=False, population=64).search_strategy).__name__ \
+        == "_PySearchStrategy"  # the setting's default on CUDA: ValidEvolution (a Python strategy)
+    off = tune_context(task.mod, target, task.name, cold=False, population=64, num_threads=1, valid_sampling=False)
+    assert type(off.search_strategy).__name__ == "EvolutionarySearch"
+
+    def context(strategy):
+        ctx = ms.TuneContext(mod=task.mod, target=target, search_strategy=strategy, task_name=task.name,
+                             rand_state=3, num_threads=2, space_generator=ms.space_generator.PostOrderApply(
+                                 postprocs=validity.cuda_postprocs(target)))
+        ctx.pre_tuning(1 << 20, 8, ctx.generate_design_space(), db, ms.cost_model.RandomModel())
+        return ctx
+
+    db = ms.database.MemoryDatabase()
+    measured = context(ValidReplay(seed=5, threads=2)).generate_measure_candidates()
+    workload = db.commit_workload(task.mod)
+    for i, c in enumerate(measured):  # as the store holds them: JSON and back
+        rec = ms.database.TuningRecord(c.sch.trace, workload, [1e-5 * (i + 1)], target, c.args_info)
+        db.commit_tuning_record(tuning_record(record_json(rec), workload))
+    strategy = ValidEvolution(seed=3, threads=2, population=16)
+    ctx = context(strategy)
+    stock = ms.postproc.Postproc.create(validity.rule_kind(target))
+    for p in stock:
+        p._initialize_with_tune_context(ctx)  # noqa: SLF001 -- TVM's chain, as the context would set it up
+    stored = {genome_of(c.sch.trace) for c in measured}
+    seen: set = set()
+    near = 0
+    for _ in range(2):
+        cands = ctx.generate_measure_candidates()
+        assert cands and len(cands) >= 6
+        for c in cands:
+            genome = genome_of(c.sch.trace)
+            assert genome not in stored and genome not in seen
+            seen.add(genome)
+            assert _tvm_accepts(_replay(task, c.sch.trace, dict(c.sch.trace.decisions), 1), stock)
+            near += any(sum(a != b for a, b in zip(genome, s)) == 1 for s in stored)
+    assert near >= 1, "no candidate is a mutant of a measured schedule"

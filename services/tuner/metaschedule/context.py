@@ -6,17 +6,12 @@ from tvm.s_tir import meta_schedule as ms
 
 from shared.settings import physical_cores
 
-# random valid samples an evolutionary round must find before it mutates (MetaSchedule's default is 50). On CUDA
-# each costs a full replay and ~96 % of replays fail the GPU checks, so 50 of them cost more CPU than the round's
-# 64 candidates; the population's rest comes from the measured best (init_measured_ratio), which a task has once
-# its first round (valid by construction, sampling.ValidReplay) is measured.
-INIT_MIN_UNMEASURED = 16
-
 
 def tune_context(mod, target, task_name: str, cold: bool, population: int, rand_state: int = -1,
                  num_threads: int = 0, valid_sampling: bool = True) -> ms.TuneContext:
     """`valid_sampling`: on CUDA, a cold round draws tile decisions within the target's limits before it
-    replays them (sampling.ValidReplay), and samples that break the limits are rejected before TVM lowers them
+    replays them (sampling.ValidReplay), an evolutionary round mutates them within those limits
+    (evolution.ValidEvolution), and samples that break the limits are rejected before TVM lowers them
     (validity.GPUPrecheck first among the postprocessors)."""
     space = "post-order-apply"
     threads = num_threads or "physical"
@@ -25,9 +20,15 @@ def tune_context(mod, target, task_name: str, cold: bool, population: int, rand_
         from services.tuner.metaschedule.validity import cuda_postprocs
 
         space = ms.space_generator.PostOrderApply(postprocs=cuda_postprocs(target))
-    if not cold:
-        strategy = ms.search_strategy.EvolutionarySearch(
-            population_size=population, init_min_unmeasured=min(INIT_MIN_UNMEASURED, population) if cuda else 50)
+    if not cold and cuda:
+        from services.tuner.metaschedule.evolution import ValidEvolution
+
+        # every member it scores is within the limits, so half the population scores about as many valid
+        # schedules as EvolutionarySearch's whole one (docs/time_to_quality.md has both measured)
+        strategy = ValidEvolution(seed=rand_state, threads=num_threads or physical_cores(),
+                                  population=max(16, population // 2))
+    elif not cold:
+        strategy = ms.search_strategy.EvolutionarySearch(population_size=population)
     elif cuda:
         from services.tuner.metaschedule.sampling import ValidReplay
 

@@ -289,7 +289,7 @@ def _realize(mod, name: str) -> SBlockRealize | None:
     return None
 
 
-def _prime_factors(n: int) -> list[int]:
+def prime_factors(n: int) -> list[int]:
     out, p = [], 2
     while p * p <= n:
         while n % p == 0:
@@ -308,9 +308,21 @@ def perfect_tile(rng: random.Random, extent: int, n: int, max_innermost: int) ->
     inner = rng.choice([d for d in range(1, min(extent, limit) + 1) if extent % d == 0])
     out = [1] * n
     out[-1] = inner
-    for p in _prime_factors(extent // inner):
+    for p in prime_factors(extent // inner):
         out[rng.randrange(n - 1) if n > 1 else 0] *= p
     return out
+
+
+def replay(mod, trace, decisions: dict, postprocs, seed: int):
+    """The design space's trace replayed on `mod` with the given decisions (the others sampled from `seed`),
+    then the postprocessors; the schedule, or None when TVM cannot schedule it or a postprocessor rejects it."""
+    sch = Schedule(mod, seed=seed, debug_mask=0, error_render_level="none")
+    try:
+        Trace(trace.insts, decisions).apply_to_schedule(sch, remove_postproc=True)
+        sch.enter_postproc()
+        return sch if all(p.apply(sch) for p in postprocs) else None
+    except Exception:  # noqa: BLE001 -- a sample TVM cannot schedule is a rejected sample
+        return None
 
 
 @derived_object
@@ -366,16 +378,11 @@ class ValidReplay(PySearchStrategy):
             self.drawn += tries
             if tiling is None:
                 return None
-            decisions = {t.inst: tiling[i] for i, t in enumerate(limits.tiles)}
-            sch = Schedule(self.ctx.mod, seed=rng.getrandbits(31) + 1, debug_mask=0, error_render_level="none")
             self.replayed += 1
-            try:
-                Trace(trace.insts, decisions).apply_to_schedule(sch, remove_postproc=True)
-                sch.enter_postproc()
-                if all(p.apply(sch) for p in self.postprocs):
-                    return sch
-            except Exception:  # noqa: BLE001 -- a sample TVM cannot schedule is a rejected sample
-                continue
+            sch = replay(self.ctx.mod, trace, {t.inst: tiling[i] for i, t in enumerate(limits.tiles)},
+                         self.postprocs, rng.getrandbits(31) + 1)
+            if sch is not None:
+                return sch
         return None
 
     def notify_runner_results(self, measure_candidates, results) -> None:

@@ -1,0 +1,272 @@
+"""Evolutionary CUDA rounds whose every mutant is within the target's limits before it is replayed.
+
+MetaSchedule's EvolutionarySearch mutates traces and replays each mutant through the postprocessors to learn
+whether it is valid; on CUDA convolutions ~75 % of mutants break the thread-extent or shared-memory bounds
+(the limits sampling.TileLimits reads off the design space), each after a full replay, and its initial
+population draws random replays until 16 pass. Here a schedule is its decisions (a genome: one value per
+sampled instruction of its design space): a mutation moves one prime factor between two levels of one tiling,
+or changes one categorical choice (unrolling, cooperative fetch width), and is checked against the limits
+arithmetically before anything is replayed. Only mutants within the limits are replayed and scored by the
+cost model; the population keeps the best scored (elitist), and the round proposes the best unmeasured ones
+plus a few random valid draws (epsilon-greedy), as EvolutionarySearch does.
+
+A task's replays are kept across its rounds, so the measured parents are not replayed again.
+"""
+from __future__ import annotations
+
+import random
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import tvm_ffi
+from tvm.ir.utils import derived_object
+from tvm.s_tir import meta_schedule as ms
+from tvm.s_tir.meta_schedule.search_strategy import PySearchStrategy
+
+from services.tuner.metaschedule.sampling import TileLimits, prime_factors, replay
+
+# generations a round breeds after its initial population (EvolutionarySearch's genetic_num_iters is 4; with
+# every mutant valid, fewer generations score as many valid schedules)
+GENERATIONS = 3
+# tries for one child before its slot is given up: a mutant that breaks the limits or repeats a schedule
+MUTATION_TRIES = 10
+# replayed schedules a task keeps across its rounds
+CACHE = 4096
+# the share of a round drawn at random instead of by the cost model (EvolutionarySearch's eps_greedy)
+EPS_GREEDY = 0.05
+# of a mutation, the chance it changes a tiling (else a categorical choice), as the CUDA mutators weigh them
+TILE_MUTATION = 0.9
+
+Genome = tuple  # one decision per sampled instruction of a design space: a tuple of ints (tiling) or an int
+
+
+@dataclass
+class _Space:
+    trace: object
+    limits: TileLimits
+    sampled: list  # the trace's instructions with decisions, in order
+    tile_at: dict  # position in `sampled` -> index in limits.tiles
+    signature: tuple  # what a stored trace of this space looks like, decisions aside
+
+
+def _signature(insts) -> tuple:
+    out = []
+    for inst in insts:
+        if inst.kind.name == "EnterPostproc":
+            break
+        out.append((inst.kind.name, str(inst.attrs)))
+    return tuple(out)
+
+
+def genome_of(trace) -> Genome:
+    """A trace's decisions in instruction order (postprocessing aside)."""
+    out = []
+    for inst in trace.insts:
+        if inst.kind.name == "EnterPostproc":
+            break
+        if inst in trace.decisions:
+            d = trace.decisions[inst]
+            out.append(tuple(int(x) for x in d) if inst.kind.name == "SamplePerfectTile" else int(d))
+    return tuple(out)
+
+
+@derived_object
+class ValidEvolution(PySearchStrategy):
+    """Evolutionary search over decisions within the limits (see the module's doc)."""
+
+    def __init__(self, seed: int = -1, threads: int = 1, population: int = 128):
+        super().__init__()
+        self.seed, self.threads, self.population = seed, max(1, threads), max(8, population)
+        self.ctx = None
+        self.replayed = 0  # what it cost: schedules replayed (self.proposed: candidates)
+
+    def _initialize_with_tune_context(self, context) -> None:
+        self.ctx = context
+
+    def pre_tuning(self, max_trials, num_trials_per_iter, design_spaces, database=None, cost_model=None) -> None:
+        self.max_trials, self.per_iter, self.proposed = max_trials, num_trials_per_iter, 0
+        self.database, self.cost_model = database, cost_model
+        shared = int(self.ctx.target.attrs.get("max_shared_memory_per_block", 0))
+        self.spaces = []
+        for sp in design_spaces:
+            limits = TileLimits.of(sp.trace, self.ctx.mod, shared)
+            sampled = [inst for inst in sp.trace.insts if inst in sp.trace.decisions]
+            tiles = {t.inst: i for i, t in enumerate(limits.tiles)}
+            self.spaces.append(_Space(sp.trace, limits, sampled,
+                                      {k: tiles[inst] for k, inst in enumerate(sampled) if inst in tiles},
+                                      _signature(sp.trace.insts)))
+        self.rng = random.Random(None if self.seed < 0 else self.seed)
+        self.sent: set[tuple[int, Genome]] = set()  # what this search proposed
+        self.postprocs = list(self.ctx.space_generator.postprocs)
+        self.replays: dict[tuple[int, Genome], object] = {}  # key -> its candidate (None: TVM refused it)
+
+    def post_tuning(self) -> None:
+        pass
+
+    def notify_runner_results(self, measure_candidates, results) -> None:
+        pass
+
+    def clone(self) -> "ValidEvolution":
+        return ValidEvolution(self.seed, self.threads, self.population)
+
+    # -- a round ---------------------------------------------------------------------------------------------
+    def generate_measure_candidates(self):
+        want = min(self.per_iter, self.max_trials - self.proposed)
+        if want <= 0:
+            return None
+        measured, parents = self._measured()
+        pool: dict[tuple[int, Genome], tuple] = {}  # (space, genome) -> (candidate, score)
+        self._score(pool, parents + self._random(self.population - len(parents)))
+        population = self._fittest(pool, self.population)
+        for _ in range(GENERATIONS):
+            self._score(pool, self._children(population, pool))
+            population = self._fittest(pool, self.population)
+        fresh = [k for k in self._fittest(pool, len(pool)) if k not in measured and k not in self.sent]
+        picked = fresh[:want - int(round(want * EPS_GREEDY))]
+        taken = set(picked) | measured | self.sent
+        picked += [k for k in self._random(want - len(picked)) if k not in taken][:want - len(picked)]
+        self.sent.update(picked)
+        self.proposed += len(picked)
+        return self._distinct([self.replays[k] for k in picked]) or None
+
+    def _measured(self) -> tuple[set, list]:
+        """(every stored schedule's key for this workload; the best ones', up to half the population, to breed
+        from)."""
+        if self.database is None or not self.database.has_workload(self.ctx.mod):
+            return set(), []
+        records = self.database.get_top_k(self.database.commit_workload(self.ctx.mod), 1 << 16)
+        keys, best = set(), []
+        for rec in records:
+            key = self._key_of(rec.trace)
+            if key is None:
+                continue
+            if key not in keys and len(best) < self.population // 2:
+                best.append(key)
+            keys.add(key)
+        return keys, best
+
+    def _key_of(self, trace) -> tuple[int, Genome] | None:
+        """(the design space a stored trace was drawn from, its genome), or None when it fits none."""
+        sig = _signature(trace.insts)
+        for s, space in enumerate(self.spaces):
+            if space.signature == sig:
+                return s, genome_of(trace)
+        return None
+
+    def _random(self, n: int) -> list[tuple[int, Genome]]:
+        """Up to n random schedules' keys: tilings drawn within the limits, replayed (into the replay cache)."""
+        if n <= 0:
+            return []
+        seeds = [self.rng.getrandbits(31) for _ in range(n)]
+        with ThreadPoolExecutor(self.threads) as pool:
+            schs = list(pool.map(self._random_one, seeds))
+        out = []
+        for sch in schs:
+            key = None if sch is None else self._key_of(sch.trace)
+            if key is not None:
+                self._keep(key, _candidate(sch))
+                out.append(key)
+        return out
+
+    def _random_one(self, seed: int):
+        rng = random.Random(seed)
+        space = self.spaces[rng.randrange(len(self.spaces))]
+        tiling, _ = space.limits.draw(rng)
+        if tiling is None:
+            return None
+        self.replayed += 1
+        return replay(self.ctx.mod, space.trace, {t.inst: tiling[i] for i, t in enumerate(space.limits.tiles)},
+                      self.postprocs, rng.getrandbits(31) + 1)
+
+    def _keep(self, key, candidate) -> None:
+        if len(self.replays) >= CACHE:
+            self.replays.clear()
+        self.replays[key] = candidate
+
+    def _score(self, pool: dict, keys: list) -> None:
+        """Score the keys not in the pool yet with the cost model (replaying those not replayed yet), into the
+        pool; a key TVM cannot schedule is left out."""
+        keys = [k for k in dict.fromkeys(keys) if k not in pool]
+        new = [k for k in keys if k not in self.replays]
+        with ThreadPoolExecutor(self.threads) as ex:
+            for k, sch in zip(new, ex.map(self._replay_key, new)):
+                self._keep(k, None if sch is None else _candidate(sch))
+        valid = [k for k in keys if self.replays.get(k) is not None]
+        if not valid:
+            return
+        cands = [self.replays[k] for k in valid]
+        scores = self.cost_model.predict(self.ctx, cands) if self.cost_model is not None else \
+            [self.rng.random() for _ in valid]
+        for k, score in zip(valid, scores):
+            pool[k] = (self.replays[k], float(score))
+
+    def _replay_key(self, key: tuple[int, Genome]):
+        s, genome = key
+        space = self.spaces[s]
+        self.replayed += 1
+        decisions = {inst: (list(d) if isinstance(d, tuple) else d) for inst, d in zip(space.sampled, genome)}
+        return replay(self.ctx.mod, space.trace, decisions, self.postprocs, hash(key) & 0x7FFFFFFF)
+
+    @staticmethod
+    def _fittest(pool: dict, n: int) -> list[tuple[int, Genome]]:
+        return sorted(pool, key=lambda k: -pool[k][1])[:n]
+
+    def _children(self, population: list, pool: dict) -> list[tuple[int, Genome]]:
+        """One child a member: a parent drawn by its score, mutated once within the limits."""
+        if not population:
+            return []
+        low = min(pool[k][1] for k in population)
+        weights = [pool[k][1] - low + 1e-6 for k in population]
+        out: list[tuple[int, Genome]] = []
+        taken = set(pool)
+        for _ in range(len(population)):
+            for _ in range(MUTATION_TRIES):
+                s, genome = self.rng.choices(population, weights)[0]
+                child = self._mutate(self.spaces[s], genome)
+                if child is not None and (s, child) not in taken:
+                    taken.add((s, child))
+                    out.append((s, child))
+                    break
+        return out
+
+    def _mutate(self, space: _Space, genome: Genome) -> Genome | None:
+        """The genome with one prime factor moved between two levels of one tiling (kept within the limits), or
+        one categorical choice changed; None when the mutation finds nothing to change or breaks a limit."""
+        tiles = [k for k in space.tile_at if len(genome[k]) > 1 and any(f > 1 for f in genome[k])]
+        choices = [k for k, inst in enumerate(space.sampled)
+                   if inst.kind.name == "SampleCategorical" and len(inst.attrs[0]) > 1]
+        out = list(genome)
+        if tiles and (not choices or self.rng.random() < TILE_MUTATION):
+            k = self.rng.choice(tiles)
+            factors = list(genome[k])
+            src = self.rng.choice([i for i, f in enumerate(factors) if f > 1])
+            prime = self.rng.choice(prime_factors(factors[src]))
+            dst = self.rng.choice([i for i in range(len(factors)) if i != src])
+            factors[src] //= prime
+            factors[dst] *= prime
+            tile = space.limits.tiles[space.tile_at[k]]
+            if tile.max_innermost > 0 and factors[-1] > tile.max_innermost:
+                return None
+            out[k] = tuple(factors)
+            tiling = [list(out[j]) for j in sorted(space.tile_at, key=space.tile_at.get)]
+            return tuple(out) if space.limits.fits(tiling) else None
+        if choices:
+            k = self.rng.choice(choices)
+            n = len(space.sampled[k].attrs[0])
+            out[k] = (genome[k] + self.rng.randrange(1, n)) % n
+            return tuple(out)
+        return None
+
+    @staticmethod
+    def _distinct(cands: list) -> list:
+        seen, out = set(), []
+        for c in cands:
+            key = tvm_ffi.structural_hash(c.sch.mod)
+            if key not in seen:
+                seen.add(key)
+                out.append(c)
+        return out
+
+
+def _candidate(sch) -> ms.MeasureCandidate:
+    return ms.MeasureCandidate(sch, ms.arg_info.ArgInfo.from_entry_func(sch.mod, remove_preproc=True))
