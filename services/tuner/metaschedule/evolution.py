@@ -14,6 +14,7 @@ A task's replays are kept across its rounds, so the measured parents are not rep
 """
 from __future__ import annotations
 
+import logging
 import random
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -25,12 +26,14 @@ from tvm.s_tir.meta_schedule.search_strategy import PySearchStrategy
 
 from services.tuner.metaschedule.sampling import TileLimits, prime_factors, replay
 
+log = logging.getLogger("sharetune.tuner.evolution")
+
 # generations a round breeds after its initial population (EvolutionarySearch's genetic_num_iters is 4; with
 # every mutant valid, fewer generations score as many valid schedules)
 GENERATIONS = 3
 # tries for one child before its slot is given up: a mutant that breaks the limits or repeats a schedule
 MUTATION_TRIES = 10
-# replayed schedules a task keeps across its rounds
+# replayed schedules a task keeps across its rounds (beyond this, a round starts with none)
 CACHE = 4096
 # the share of a round drawn at random instead of by the cost model (EvolutionarySearch's eps_greedy)
 EPS_GREEDY = 0.05
@@ -114,6 +117,18 @@ class ValidEvolution(PySearchStrategy):
         want = min(self.per_iter, self.max_trials - self.proposed)
         if want <= 0:
             return None
+        try:
+            return self._round(want)
+        except Exception:  # noqa: BLE001 -- a trace shape this search does not know: the round samples instead
+            log.exception("task %s: evolution within the limits failed; this round samples", self.ctx.task_name)
+            keys = self._random(want)
+            self.sent.update(keys)
+            self.proposed += len(keys)
+            return self._distinct([self.replays[k] for k in keys]) or None
+
+    def _round(self, want: int) -> list | None:
+        if len(self.replays) > CACHE:
+            self.replays.clear()
         measured, parents = self._measured()
         pool: dict[tuple[int, Genome], tuple] = {}  # (space, genome) -> (candidate, score)
         self._score(pool, parents + self._random(self.population - len(parents)))
@@ -164,7 +179,7 @@ class ValidEvolution(PySearchStrategy):
         for sch in schs:
             key = None if sch is None else self._key_of(sch.trace)
             if key is not None:
-                self._keep(key, _candidate(sch))
+                self.replays[key] = _candidate(sch)
                 out.append(key)
         return out
 
@@ -178,11 +193,6 @@ class ValidEvolution(PySearchStrategy):
         return replay(self.ctx.mod, space.trace, {t.inst: tiling[i] for i, t in enumerate(space.limits.tiles)},
                       self.postprocs, rng.getrandbits(31) + 1)
 
-    def _keep(self, key, candidate) -> None:
-        if len(self.replays) >= CACHE:
-            self.replays.clear()
-        self.replays[key] = candidate
-
     def _score(self, pool: dict, keys: list) -> None:
         """Score the keys not in the pool yet with the cost model (replaying those not replayed yet), into the
         pool; a key TVM cannot schedule is left out."""
@@ -190,7 +200,7 @@ class ValidEvolution(PySearchStrategy):
         new = [k for k in keys if k not in self.replays]
         with ThreadPoolExecutor(self.threads) as ex:
             for k, sch in zip(new, ex.map(self._replay_key, new)):
-                self._keep(k, None if sch is None else _candidate(sch))
+                self.replays[k] = None if sch is None else _candidate(sch)
         valid = [k for k in keys if self.replays.get(k) is not None]
         if not valid:
             return
