@@ -314,13 +314,13 @@ def test_a_hung_candidate_is_reported_answered_and_the_lane_exits(redis_url, mon
         exits.append(code)
         raise SystemExit(code)
 
-    monkeypatch.setattr(lane_worker.os, "_exit", exit_)
+    monkeypatch.setattr("os._exit", exit_)
     for crashes, batch in ((1, "b1"), (2, "b2")):
         r.hset(names.CRASHES_KEY, "spin", crashes)  # raised before it ran, as the lane does
         armed = {"batch_id": batch, "candidate_id": "c", "chash": "spin", "crashes": crashes, "job_id": "j",
                  "timeout_s": 60.0, "allowance_s": 120.0, "started_at": 0.0}
         with pytest.raises(SystemExit):
-            lane.on_hung_candidate(armed)
+            lane.in_process.on_hung_candidate(armed)
         if crashes == 1:
             assert store.crash_count(r, "spin") == 1 and store.quarantined(r, "spin") is None  # count kept
     assert exits == [names.EXIT_GPU_FAULT] * 2
@@ -389,6 +389,7 @@ def test_a_gpu_lane_clears_the_suspects_that_answer_alone_and_quarantines_the_on
     a restarted lane."""
     import uuid
 
+    from services.measurer import in_process
     from services.measurer import worker as lane_worker
     from shared import lanes
     from shared.messages import Candidate, MeasureBatch, MeasureResult, TimingConfig
@@ -402,16 +403,16 @@ def test_a_gpu_lane_clears_the_suspects_that_answer_alone_and_quarantines_the_on
     bad = "c2"
     for h in hashes:
         r.hset(names.CRASHES_KEY, h, 1)  # in flight when the GPU faulted beside its neighbours
-    monkeypatch.setattr(lane_worker, "_cuda_alive", lambda: True)
+    monkeypatch.setattr(in_process, "cuda_alive", lambda: True)
 
     def run_on(lane, batch):
-        lane._gpu_shared = lambda: True
+        lane.in_process.gpu_shared = lambda: True
         fake_gpu = (MeasureResult(candidate_id=c.candidate_id, run_secs=None if c.candidate_id == bad else [1e-3],
                                   error="run failed: CUDA: an illegal memory access was encountered"
                                   if c.candidate_id == bad else None,
                                   error_kind="run" if c.candidate_id == bad else None) for c in batch.candidates)
         guard = dict(max_crashes=2, lane=LANE_A, job_id="j", batch_id=batch.batch_id)
-        return {res.candidate_id: res for res in lane._in_process(batch, fake_gpu, {}, guard)}
+        return {res.candidate_id: res for res in lane.in_process.measure(batch, fake_gpu, {}, guard)}
 
     batch = MeasureBatch(batch_id="b1", job_id="j", target="", timing=TimingConfig(timeout_s=30), candidates=cands)
     first = lane_worker.LaneWorker(LaneSettings(max_crashes=2), lanes.parse(LANE_A), r)
@@ -433,6 +434,7 @@ def test_a_suspect_whose_lane_lost_its_context_while_it_waited_is_not_run_nor_bl
     The lane looks at its context once it has the gate: dead, the suspect is left unrun with its count."""
     import uuid
 
+    from services.measurer import in_process
     from services.measurer import worker as lane_worker
     from shared import lanes
     from shared.messages import Candidate, MeasureBatch, TimingConfig
@@ -443,7 +445,7 @@ def test_a_suspect_whose_lane_lost_its_context_while_it_waited_is_not_run_nor_bl
     cand = Candidate(candidate_id="c0", mod=f"{uuid.uuid4().hex}-innocent", args_info=[])
     chash = store.candidate_hash(cand.mod)
     r.hset(names.CRASHES_KEY, chash, 1)  # a suspect of the first fault
-    monkeypatch.setattr(lane_worker, "_cuda_alive", lambda: False)  # the culprit's fault reached this lane
+    monkeypatch.setattr(in_process, "cuda_alive", lambda: False)  # the culprit's fault reached this lane
     ran = []
 
     def fake_gpu():
@@ -451,9 +453,9 @@ def test_a_suspect_whose_lane_lost_its_context_while_it_waited_is_not_run_nor_bl
         yield from ()
 
     lane = lane_worker.LaneWorker(LaneSettings(max_crashes=2), lanes.parse(LANE_A), r)
-    lane._gpu_shared = lambda: True
+    lane.in_process.gpu_shared = lambda: True
     batch = MeasureBatch(batch_id="b1", job_id="j", target="", timing=TimingConfig(timeout_s=30), candidates=[cand])
-    answered = list(lane._in_process(batch, fake_gpu(), {}, dict(max_crashes=2, lane=LANE_A, job_id="j",
+    answered = list(lane.in_process.measure(batch, fake_gpu(), {}, dict(max_crashes=2, lane=LANE_A, job_id="j",
                                                                   batch_id="b1")))
     assert answered == [] and not ran and lane.gpu_fault  # unanswered (re-sent), never run, the lane ends
     assert store.crash_count(r, chash) == 1 and store.quarantined(r, chash) is None
