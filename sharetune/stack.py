@@ -18,7 +18,7 @@ from shared import lanes as lane_kinds
 from shared import names, store
 from shared.settings import physical_cores
 from services.measurer.agent import (MAX_RESTARTS, RESTART_WINDOW_S, BuilderSpec, NodeAgent, default_cpu_lanes,
-                                     restore_sigterm, start_guarded)
+                                     start_guarded)
 
 
 def default_tuners(lanes: list[str], cores: int) -> int:
@@ -63,7 +63,6 @@ class Stack:
         self.local_redis = local_redis or LocalRedis()
         self.redis_server = None
         self.redis_given_up: str | None = None  # why a dead embedded Redis is not started again
-        self._old_term = None
 
     # ---- the agent's, as the stack's users read them ---------------------------------------------------
 
@@ -201,9 +200,8 @@ class Stack:
             self.redis_server = None
 
     def __enter__(self):
-        self._old_term = start_guarded(self)
+        self._leave = start_guarded(self)
         return self
 
     def __exit__(self, *exc):
-        self.stop()
-        restore_sigterm(self._old_term)
+        self._leave()

@@ -21,8 +21,7 @@ from shared import lanes as lane_kinds
 from shared import store
 from services.measurer.agent.builders import BuilderPool, BuilderSpec
 from services.measurer.agent.gpu_recovery import GpuRecovery
-from services.measurer.agent.processes import (NodeConfig, ProcessSupervisor, REPO, restore_sigterm,
-                                               start_guarded)
+from services.measurer.agent.processes import REPO, NodeConfig, ProcessSupervisor, start_guarded
 
 
 def _kind_of(queue: str) -> lane_kinds.LaneKind:
@@ -108,7 +107,6 @@ class NodeAgent:
         self._stopping = threading.Event()
         self._started_at = time.time()
         self._beat_stop: threading.Event | None = None
-        self._old_term = None
 
     # ---- what callers read ----------------------------------------------------------------------------
 
@@ -284,12 +282,11 @@ class NodeAgent:
         self.gpus.stop()
 
     def __enter__(self):
-        self._old_term = start_guarded(self)
+        self._leave = start_guarded(self)
         return self
 
     def __exit__(self, *exc):
-        self.stop()
-        restore_sigterm(self._old_term)
+        self._leave()
 
     # ---- supervision: what dies comes back; a GPU fault restarts MPS and that GPU's lanes ------------------
 

@@ -62,28 +62,29 @@ class NodeConfig:
         return self.work_dir / "logs" / f"{name}.log"
 
 
-def start_guarded(component):
+def start_guarded(component) -> Callable[[], None]:
     """Start `component` (start() and stop()) for a `with` block: a SIGTERM to this process (a timeout, a
     supervisor) raises SystemExit, so the block's exit still stops what it started; a start that fails stops
-    what it had started. Returns the SIGTERM handler to give back to restore_sigterm (None off the main
-    thread)."""
+    what it had started. Returns what the block's exit calls: stop the component, give SIGTERM its old
+    handler back."""
     old = None
     if threading.current_thread() is threading.main_thread():
         def _term(signum, frame):
             raise SystemExit(128 + signum)
 
         old = signal.signal(signal.SIGTERM, _term)
+
+    def leave() -> None:
+        component.stop()
+        if old is not None:
+            signal.signal(signal.SIGTERM, old)
+
     try:
         component.start()
     except BaseException:
-        component.stop()
+        leave()
         raise
-    return old
-
-
-def restore_sigterm(old) -> None:
-    if old is not None:
-        signal.signal(signal.SIGTERM, old)
+    return leave
 
 
 class ProcessSupervisor:
