@@ -8,7 +8,7 @@ bounded. Writes `$OUT/chaos.json` (default bench/results/chaos.json) with the ki
     python bench/chaos.py --duration-s 120 --out /tmp/c.json  # a short one (tests/test_chaos.py runs this)
 
 Kills stay within the supervisor's restart budget (MAX_RESTARTS within RESTART_WINDOW_S per process,
-services.measurer.agent.node): a process killed more often is given up by design, which
+services.measurer.agent.processes): a process killed more often is given up by design, which
 tests/test_supervisor.py checks on its own; the soak asks whether the stack loses anything while it
 recovers, not whether it gives up on a process that keeps dying.
 """
@@ -28,7 +28,7 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:  # run as a script from anywhere
     sys.path.insert(0, str(REPO))
 
-from services.measurer.agent.node import MAX_RESTARTS, RESTART_WINDOW_S  # noqa: E402
+from services.measurer.agent import MAX_RESTARTS, RESTART_WINDOW_S  # noqa: E402
 from shared import names, store  # noqa: E402
 
 FINAL = ("done", "failed", "cancelled")
