@@ -8,7 +8,7 @@ bounded. Writes `$OUT/chaos.json` (default bench/results/chaos.json) with the ki
     python bench/chaos.py --duration-s 120 --out /tmp/c.json  # a short one (tests/test_chaos.py runs this)
 
 Kills stay within the supervisor's restart budget (MAX_RESTARTS within RESTART_WINDOW_S per process,
-services.measurer.agent.node): a process killed more often is given up by design, which
+services.measurer.agent.processes): a process killed more often is given up by design, which
 tests/test_supervisor.py checks on its own; the soak asks whether the stack loses anything while it
 recovers, not whether it gives up on a process that keeps dying.
 """
@@ -28,7 +28,7 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:  # run as a script from anywhere
     sys.path.insert(0, str(REPO))
 
-from services.measurer.agent.node import MAX_RESTARTS, RESTART_WINDOW_S  # noqa: E402
+from services.measurer.agent import MAX_RESTARTS, RESTART_WINDOW_S  # noqa: E402
 from shared import names, store  # noqa: E402
 
 FINAL = ("done", "failed", "cancelled")
@@ -74,8 +74,8 @@ class Chaos:
     def junk_loop(self) -> None:
         while not self.stop.wait(self.junk_every_s):
             queues = [names.PLAN_QUEUE, names.TUNE_QUEUE, names.COSTMODEL_QUEUE] + [q for q, _ in
-                                                                                   self.stack.lane_procs.values()]
-            queues += [names.build_queue(f) for f in set(self.stack.builder_procs.values())]
+                                                                                   self.stack.agent.lane_procs.values()]
+            queues += [names.build_queue(f) for f in set(self.stack.agent.builder_procs.values())]
             try:
                 self.r.lpush(self.rng.choice(queues), self.rng.choice(JUNK))
                 self.junk += 1
@@ -114,11 +114,12 @@ def soak(work: Path, duration_s: float, seed: int = 0, kill_every_s=(5.0, 30.0),
          trials: int = 16, max_active: int = 2, drain_s: float = 900.0, tuners: int = 2, builders: int = 1,
          log=print) -> dict:
     from sharetune.client import Client
-    from sharetune.stack import Stack
+    from services.measurer.agent import BuilderSpec
+    from sharetune.stack import LocalRedis, Stack
 
     rng = random.Random(seed)
-    stack = Stack(work, lanes=["measure.cpu.c0", "measure.cpu.c1"], tuners=tuners, builders=builders,
-                  restart_redis=True, log_level="INFO")
+    stack = Stack(work, lanes=["measure.cpu.c0", "measure.cpu.c1"], tuners=tuners, builders=BuilderSpec(builders),
+                  local_redis=LocalRedis(restart=True), log_level="INFO")
     stack.start(wait_lanes_s=300)
     try:
         client = Client(stack.redis_url)

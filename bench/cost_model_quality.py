@@ -56,7 +56,8 @@ def collect(args, work_dir: Path) -> dict:
     from shared import store
     from sharetune.client import Client
     from sharetune.intake import to_relax
-    from sharetune.stack import Stack, default_cpu_lanes
+    from services.measurer.agent import default_cpu_lanes
+    from sharetune.stack import Stack
     from shared.lanes import parse as parse_lane
 
     lanes = default_cpu_lanes()

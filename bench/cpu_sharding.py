@@ -41,7 +41,8 @@ def main() -> None:
 
     from sharetune import evaluate
     from sharetune.client import Client
-    from sharetune.stack import Stack, default_cpu_lanes
+    from services.measurer.agent import default_cpu_lanes
+    from sharetune.stack import Stack
     from sharetune.zoo import get
 
     stock_path = REPO / "bench" / "results" / "cpu_tuning.json"

@@ -342,7 +342,8 @@ def run_stock(args, work_dir: Path) -> dict:
 def run_ours(args, work_dir: Path, relax_mod) -> dict:
     from shared.lanes import parse as parse_lane
     from sharetune.client import Client
-    from sharetune.stack import Stack, default_cpu_lanes
+    from services.measurer.agent import default_cpu_lanes
+    from sharetune.stack import Stack
 
     lanes = default_cpu_lanes()
     share = parse_lane(lanes[0]).share

@@ -34,7 +34,8 @@ def stock_row() -> dict | None:
 
 def run_config(cfg: str, args, names, inputs, obs, gpus) -> dict:
     from sharetune.client import Client
-    from sharetune.stack import Stack, gpu_lanes
+    from services.measurer.agent import gpu_lanes
+    from sharetune.stack import Stack
 
     n_gpus, spec, clients, *rest = cfg.split(":")
     n_gpus, clients = int(n_gpus), int(clients)

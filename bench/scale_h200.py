@@ -273,6 +273,7 @@ def serve(modules: dict[str, str], model: str, share: int, gpu_uuid: str | None,
 def run_config(args, name: str, spec: tuple, gpus: list, work: Path, model: str) -> dict:
     from shared import store
     from sharetune.client import Client
+    from services.measurer.agent import BuilderSpec
     from sharetune.stack import Stack
 
     lanes_spec, n_gpus, builders, builder_cores, tuner_cores, timing = spec
@@ -289,7 +290,7 @@ def run_config(args, name: str, spec: tuple, gpus: list, work: Path, model: str)
            "builder_cores": builder_cores, "tuners": args.tuners, "per_iter": args.per_iter, "timing": timing}
     t_up = time.time()
     key = f"{name}-{model}"
-    with Stack(work / key, lanes=lanes, tuners=args.tuners, builders=builders, builder_cores=builder_cores,
+    with Stack(work / key, lanes=lanes, tuners=args.tuners, builders=BuilderSpec(builders, builder_cores),
                log_level="INFO") as stack:
         row["stack_startup_s"] = round(time.time() - t_up, 1)
         client = Client(stack.redis_url)

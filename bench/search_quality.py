@@ -253,7 +253,8 @@ def run_ours(model: str, relax_mod, trials: int, per_iter: int, seed: int, work:
     from shared import store
     from services.tuner.metaschedule.codec import load_ir
     from sharetune.client import Client
-    from sharetune.stack import Stack, default_cpu_lanes
+    from services.measurer.agent import default_cpu_lanes
+    from sharetune.stack import Stack
 
     lanes = lanes or default_cpu_lanes()
     share = share or parse_lane(lanes[0]).share

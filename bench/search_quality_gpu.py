@@ -82,13 +82,14 @@ def stock_side(args, uuid: str | None, work: Path, stock: dict) -> None:
 
 
 def ours_side(args, uuid: str | None, work: Path, ours: dict, save) -> None:
+    from services.measurer.agent import BuilderSpec
     from sharetune.intake import to_relax
 
     if args.rehearse:
         lanes, target, share, stack_kw = None, "llvm", None, {}
     else:
         lanes, target, share = [f"measure.{uuid.lower().removeprefix('gpu-')[:8]}.p100"], "cuda", 100
-        stack_kw = {"tuners": args.tuners, "builders": 16, "builder_cores": OURS_CORES, "log_level": "INFO"}
+        stack_kw = {"tuners": args.tuners, "builders": BuilderSpec(16, OURS_CORES), "log_level": "INFO"}
         os.environ["SHARETUNE_SEARCH_THREADS"] = str(max(1, 16 // args.tuners))
     for model in args.models:
         mod = to_relax(model).mod

@@ -71,6 +71,7 @@ def run_models(args, models: list[str], deadline: float) -> list:
     from services.measurer.observers import make_observer
     from shared import store
     from sharetune.client import Client
+    from services.measurer.agent import BuilderSpec
     from sharetune.matrix import MatrixStack, Placement, model_tasks, run_matrix, write_outputs
 
     if args.device == "cpu":  # a rehearsal of this flow on a CPU host (lanes of whole cores)
@@ -100,8 +101,8 @@ def run_models(args, models: list[str], deadline: float) -> list:
     # GPU: one set of builders serves every share's lanes (4 cores left to the tuner clients), instead of a
     # build pool beside each lane of each share, idle while other shares tune
     builders = max(1, cores - 4) if args.device == "gpu" else 0
-    with MatrixStack(work / "stack", lanes=placement.lanes(shares), log_level="INFO", builders=builders,
-                     builder_cores=os.environ.get("SHARETUNE_MATRIX_CORE_RANGE")) as stack:
+    with MatrixStack(work / "stack", lanes=placement.lanes(shares), log_level="INFO",
+                     builders=BuilderSpec(builders, os.environ.get("SHARETUNE_MATRIX_CORE_RANGE"))) as stack:
         log(f"stack up in {time.time() - t0:.0f} s: lanes {sorted(set(stack.lanes))}")
         placement.mps_env = stack.mps.environment() if stack.mps is not None else {}
         client = Client(stack.redis_url)

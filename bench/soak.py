@@ -32,7 +32,8 @@ def main() -> int:
 
     from shared import store
     from sharetune.client import Client
-    from sharetune.stack import Stack, default_cpu_lanes
+    from services.measurer.agent import default_cpu_lanes
+    from sharetune.stack import Stack
 
     rows = []
     t0 = time.time()

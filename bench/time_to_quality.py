@@ -217,6 +217,7 @@ def run_service(args, model: str, work: Path, store_from: Path | None = None) ->
     """One job of the model on a stack in `work` (its store copied from `store_from` first: warm)."""
     from shared import store
     from sharetune.client import Client
+    from services.measurer.agent import BuilderSpec
     from sharetune.stack import Stack
 
     shutil.rmtree(work, ignore_errors=True)
@@ -226,7 +227,7 @@ def run_service(args, model: str, work: Path, store_from: Path | None = None) ->
     lanes, share, target = lanes_for(args)
     module, inputs = build(model)
     builders = 1 if args.rehearse else len(os.sched_getaffinity(0))
-    with Stack(work, lanes=lanes, tuners=args.tuners, builders=builders, log_level="INFO") as stack:
+    with Stack(work, lanes=lanes, tuners=args.tuners, builders=BuilderSpec(builders), log_level="INFO") as stack:
         client = Client(stack.redis_url)
         t0 = time.time()
         job = client.submit(module, example_inputs=inputs, name=model, target=target, share=share,
@@ -285,6 +286,7 @@ def run_service(args, model: str, work: Path, store_from: Path | None = None) ->
 def prepare_warm_store(args, work: Path) -> dict:
     """A store that has tuned the zoo models (each --warm-trials), made once per work dir."""
     from sharetune.client import Client
+    from services.measurer.agent import BuilderSpec
     from sharetune.stack import Stack
 
     done = work / "DONE.json"
@@ -296,7 +298,7 @@ def prepare_warm_store(args, work: Path) -> dict:
     builders = 1 if args.rehearse else len(os.sched_getaffinity(0))
     out = {"models": {}}
     t_all = time.time()
-    with Stack(work, lanes=lanes, tuners=args.tuners, builders=builders, log_level="INFO") as stack:
+    with Stack(work, lanes=lanes, tuners=args.tuners, builders=BuilderSpec(builders), log_level="INFO") as stack:
         client = Client(stack.redis_url)
         for m in args.warm_from.split(","):
             t0 = time.time()

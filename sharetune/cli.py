@@ -49,12 +49,12 @@ def cmd_up(args) -> int:
     return once the stack is ready. One stack per work dir."""
     from shared.store import masked_url
     from sharetune import supervise
-    from sharetune.stack import gpu_lanes
+    from services.measurer.agent import gpu_lanes
 
     live = supervise.running(args.work_dir)
     if live:
         sup = live.get("supervisor_pid")
-        if not supervise._alive(sup):  # its processes outlived it: nothing restarts them, nor would a new `up`
+        if not supervise.process_alive(sup):  # its processes outlived it: nothing restarts them, nor would a new `up`
             print(f"sharetune up: the supervisor (pid {sup}) of the stack in {args.work_dir} is dead, but its "
                   f"processes still run: `sharetune down --work-dir {args.work_dir}` ends them, then `up` again",
                   file=sys.stderr)
@@ -133,8 +133,8 @@ def cmd_services(args) -> int:
         print(f"no stack running in {args.work_dir}")
         return 1
     sup = state.get("supervisor_pid")
-    sup_alive = supervise._alive(sup)
-    rows = [{**r, "alive": bool(r["alive"] and supervise._alive(r["pid"]))} for r in state.get("services", [])]
+    sup_alive = supervise.process_alive(sup)
+    rows = [{**r, "alive": bool(r["alive"] and supervise.process_alive(r["pid"]))} for r in state.get("services", [])]
     # non-zero for scripts and health checks: nothing restarts, or something was given up
     healthy = 0 if sup_alive and not any(r["given_up"] for r in rows) else 1
     if args.json:

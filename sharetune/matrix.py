@@ -441,9 +441,12 @@ class MatrixStack(Stack):
     """A stack whose lanes of different shares work one share at a time: a GPU lane's warm build pool
     gets the host's cores split among the lanes of its own share, not among every lane."""
 
-    def start_lane(self, queue: str, instance: int = 0, build_workers: int | None = None):
-        pooled = lane_kinds.of(lane_kinds.parse(queue)).build_pool
-        if build_workers or not pooled or "SHARETUNE_BUILD_WORKERS" in os.environ:
-            return super().start_lane(queue, instance, build_workers)
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.agent.lane_build_workers = self._build_workers_of_share
+
+    def _build_workers_of_share(self, queue: str) -> int | None:
+        if "SHARETUNE_BUILD_WORKERS" in os.environ:
+            return None
         cores = int(os.environ.get("SHARETUNE_MATRIX_CORES", os.cpu_count() or 1))
-        return super().start_lane(queue, instance, build_workers=max(1, cores // self.lanes.count(queue)))
+        return max(1, cores // self.lanes.count(queue))

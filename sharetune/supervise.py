@@ -31,8 +31,9 @@ DEFAULT_PORT = 6379
 JOIN_ENV = "SHARETUNE_JOIN_URL"  # `up --join`'s URL, for the supervisor (its argv would show the password in ps)
 
 
-def _alive(pid) -> bool:
-    from sharetune.stack import _alive as alive
+def process_alive(pid) -> bool:
+    """Whether a pid a state records (None or 0: none) is a live process."""
+    from services.measurer.agent import alive
 
     return bool(pid) and alive(int(pid))
 
@@ -118,7 +119,7 @@ def state_pids(state: dict) -> dict[str, int]:
 def running(work_dir: Path) -> dict | None:
     """The state of the stack running in `work_dir` (its supervisor or any of its processes alive), or None."""
     state = read_state(work_dir)
-    if state and any(_alive(p) for p in state_pids(state).values()):
+    if state and any(process_alive(p) for p in state_pids(state).values()):
         return state
     return None
 
@@ -196,16 +197,16 @@ def main(argv=None) -> int:
                   state.get("supervisor_pid"), masked_url(state.get("redis_url")))
         return 3
 
-    from sharetune.stack import Stack
+    from services.measurer.agent import BuilderSpec
+    from sharetune.stack import LocalRedis, Stack
 
     lanes = None if args.lanes is None else [q for q in args.lanes.split(",") if q]
     families = args.builder_family.split(",") if args.builder_family else None
     port = None if args.join else choose_port(work)
     try:
         stack = Stack(work, redis_url=args.join, lanes=lanes, tuners=args.tuners, lanes_only=bool(args.join),
-                      log_level=args.log_level, builders=args.builders, builder_cores=args.builder_cores,
-                      builder_families=families, redis_port=port, restart_redis=True,
-                      redis_password=None if args.join else recorded_password(work))
+                      log_level=args.log_level, builders=BuilderSpec(args.builders, args.builder_cores, families),
+                      local_redis=LocalRedis(port, None if args.join else recorded_password(work), restart=True))
     except Exception as err:  # noqa: BLE001 - a bad option: `up` says which, in a line
         log.exception("stack refused")
         _start_failed(work, err)
@@ -251,7 +252,7 @@ def main(argv=None) -> int:
 def spawn(work_dir: Path, options: list[str], join_url: str | None = None) -> subprocess.Popen:
     """Start a supervisor in its own session (it outlives the terminal), its output in W/logs/supervisor.log;
     `join_url` (up --join) goes in its environment."""
-    from sharetune.stack import REPO
+    from services.measurer.agent import REPO
 
     work = Path(work_dir).resolve()
     (work / "logs").mkdir(parents=True, exist_ok=True)
@@ -290,37 +291,37 @@ def stop(work_dir: Path, timeout_s: float = 120.0) -> list[str] | None:
     """Stop the stack running in `work_dir`: SIGTERM to its supervisor, which stops what it started; what
     is still alive after `timeout_s` (or when the supervisor is gone) is ended by PID. Returns the names
     of the processes stopped, or None when nothing was running."""
-    from sharetune.stack import _signal_group
+    from services.measurer.agent import signal_group
 
     work = Path(work_dir)
     state = read_state(work)
     if state is None:
         return None
     pids = state_pids(state)
-    alive = {n: p for n, p in pids.items() if _alive(p)}
+    alive = {n: p for n, p in pids.items() if process_alive(p)}
     if not alive:
         (work / STATE_FILE).unlink(missing_ok=True)  # stale: left by a stack that died with its host
         return None
     sup = state.get("supervisor_pid")
-    if sup and _alive(sup):
+    if sup and process_alive(sup):
         try:
             os.kill(sup, signal.SIGTERM)
         except ProcessLookupError:
             pass
         deadline = time.time() + timeout_s
-        while time.time() < deadline and _alive(sup):
+        while time.time() < deadline and process_alive(sup):
             time.sleep(0.2)
         # the workers it runs now (restarted ones have new pids): its last state has them
         pids.update(state_pids(read_state(work) or {}))
     for name, pid in pids.items():  # whatever outlived the supervisor, each its own session
-        if _alive(pid):
-            _signal_group(pid, signal.SIGTERM)
+        if process_alive(pid):
+            signal_group(pid, signal.SIGTERM)
     deadline = time.time() + 20
-    while time.time() < deadline and any(_alive(p) for p in pids.values()):
+    while time.time() < deadline and any(process_alive(p) for p in pids.values()):
         time.sleep(0.1)
     for pid in pids.values():
-        if _alive(pid):
-            _signal_group(pid, signal.SIGKILL)
+        if process_alive(pid):
+            signal_group(pid, signal.SIGKILL)
     stopped_itself = bool(sup) and not (work / STATE_FILE).exists()  # the supervisor removes it once all stopped
     if state.get("mps") and not stopped_itself:
         from services.measurer.gpu import MpsDaemon

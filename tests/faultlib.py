@@ -173,3 +173,14 @@ class FakeMps:
 
     def start(self):
         self.calls.append("start")
+
+    def environment(self):
+        return {}
+
+
+class FakeHost:
+    """The host's process table and signal sender (services.measurer.agent.HostProcesses), as given: nothing
+    on the host is read or signalled."""
+
+    def __init__(self, table=dict, end=lambda pids, grace_s=3.0: {"terminated": sorted(pids)}):
+        self.table, self.end = table, end

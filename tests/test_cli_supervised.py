@@ -107,7 +107,7 @@ def test_up_is_supervised_refuses_a_second_stack_and_down_stops_everything(tmp_p
     finally:
         down = _cli("down", "--work-dir", str(tmp_path), env=env, timeout=200)
     assert down.returncode == 0 and down.stdout.startswith("stopped: "), down.stdout + down.stderr[-2000:]
-    from sharetune.stack import _alive
+    from services.measurer.agent import alive as _alive
 
     assert not [p for p in seen if _alive(p)]
     assert not (tmp_path / "stack.json").exists()

@@ -35,7 +35,7 @@ def test_up_then_down(tmp_path):
     finally:
         down = _cli("down", "--work-dir", str(tmp_path), env=env, timeout=120)
     assert down.returncode == 0, down.stderr[-2000:]
-    from sharetune.stack import _alive
+    from services.measurer.agent import alive as _alive
 
     assert not any(_alive(p) for p in pids)
     assert not (tmp_path / "stack.json").exists()

@@ -19,7 +19,8 @@ def _has_gpu() -> bool:
 def gpu_stack(tmp_path_factory):
     if not _has_gpu():
         pytest.skip("no NVIDIA GPU visible through NVML")
-    from sharetune.stack import Stack, gpu_lanes
+    from services.measurer.agent import gpu_lanes
+    from sharetune.stack import Stack
 
     st = Stack(tmp_path_factory.mktemp("gpu"), lanes=gpu_lanes("2x50"))
     try:

@@ -23,7 +23,7 @@ from services.measurer.gpu.recovery import (
 )
 from shared import names, store
 from shared.messages import GpuFault, JobSpec, LaneInfo
-from faultlib import FakeMps, FakeProc
+from faultlib import FakeHost, FakeMps, FakeProc
 
 GPU_A, GPU_B = "3f2a1c9b", "b7c40e52"
 UUID_A = "GPU-3f2a1c9b-5d7e-4a10-9c21-6b8e0f4d2a17"
@@ -171,23 +171,23 @@ def redis_url(tmp_path_factory):
 
 
 def _stack(tmp_path, redis_url, monkeypatch, layout="up"):
-    """`up`: the local stack (central services and the host's agent in one supervisor); `agent`: the node agent
-    alone, as compose and Kubernetes GPU nodes run it. One recovery code path serves both."""
+    """`up`: the agent a local stack holds beside its central services; `agent`: the node agent alone, as
+    compose and Kubernetes GPU nodes run it. One recovery code path serves both. Its lane processes are fakes
+    (spawned by name, never started), the host's process table and signals too."""
     from services.measurer.agent import NodeAgent
     from sharetune.stack import Stack
 
     lanes = [LANE_A] * 2 + [LANE_B] * 2
-    make = Stack if layout == "up" else NodeAgent
-    st = make(tmp_path, redis_url=redis_url, lanes=lanes, supervise=False)
-    st.gpu_uuids = {GPU_A: UUID_A, GPU_B: UUID_B}
+    st = (Stack(tmp_path, redis_url=redis_url, lanes=lanes).agent if layout == "up"
+          else NodeAgent(tmp_path, redis_url=redis_url, lanes=lanes, supervise=False))
+    st.gpus.uuids = {GPU_A: UUID_A, GPU_B: UUID_B}
     pids = iter(range(10_000, 20_000, 10))
     started, ended = [], []
 
-    def start_lane(queue, instance=0):
-        name = f"lane-{queue}-{instance}" if instance else f"lane-{queue}"
-        st.lane_procs[name] = (queue, instance)
+    def spawn(name, args, env=None):
         st.procs[name] = FakeProc(pid=next(pids))
         started.append(name)
+        return st.procs[name]
 
     def table():  # every lane with a two-worker build pool; pool pids are the lane's + 1, + 2
         rows = [(ME, 1, ME, ME), (777, 1, 777, 777)]
@@ -195,13 +195,12 @@ def _stack(tmp_path, redis_url, monkeypatch, layout="up"):
             rows += [(p.pid, ME, p.pid, p.pid), (p.pid + 1, p.pid, p.pid, p.pid), (p.pid + 2, p.pid, p.pid, p.pid)]
         return _table(*rows)
 
-    monkeypatch.setattr(st, "start_lane", start_lane)
-    monkeypatch.setattr(st, "_process_table", table)
-    monkeypatch.setattr(st, "_end_pids", lambda pids, grace_s=3.0: ended.append(sorted(pids)) or {"terminated": sorted(pids)})
-    monkeypatch.setattr("sharetune.stack.os.getpid", lambda: ME)
-    st.mps = FakeMps(lambda: {SERVER: sorted(p for q in st.procs.values() for p in (q.pid, q.pid + 1)) + [777]})
+    monkeypatch.setattr(st.processes, "spawn", spawn)
+    st.gpus.host = FakeHost(table, lambda pids, grace_s=3.0: ended.append(sorted(pids)) or {"terminated": sorted(pids)})
+    monkeypatch.setattr("os.getpid", lambda: ME)
+    st.gpus.mps = FakeMps(lambda: {SERVER: sorted(p for q in st.procs.values() for p in (q.pid, q.pid + 1)) + [777]})
     for i, q in enumerate(lanes):
-        start_lane(q, lanes[:i].count(q))
+        st.start_lane(q, lanes[:i].count(q))
     started.clear()
     return st, started, ended
 
@@ -242,7 +241,7 @@ def test_a_fault_ends_that_gpus_clients_only_and_restarts_its_lanes(tmp_path, re
     # the lanes come back and measure: the recovery is judged good, nothing else happens
     _announce(r, st, a)
     st.recover_once(since)
-    assert GPU_A not in st._gpu_attempts and st._gpu_failures[GPU_A] == 0 and len(st.recoveries) == 1
+    assert GPU_A not in st.gpus.attempts and st.gpus.failures[GPU_A] == 0 and len(st.recoveries) == 1
 
 
 def test_a_gpu_that_faults_again_at_once_twice_is_given_up_and_others_go_on(tmp_path, redis_url, monkeypatch):
@@ -262,7 +261,7 @@ def test_a_gpu_that_faults_again_at_once_twice_is_given_up_and_others_go_on(tmp_
     event = st.recoveries[-1]
     assert event["gpus_given_up"] == [GPU_A] and event["gpus"] == []
     assert len([e for e in st.recoveries if e["gpus"] == [GPU_A]]) == 2  # restarted twice, then no more
-    assert GPU_A in st.gpus_given_up and not [n for n in st.lane_procs if GPU_A in n]
+    assert GPU_A in st.gpus.given_up and not [n for n in st.lane_procs if GPU_A in n]
     assert sorted(n for n in st.lane_procs if GPU_B in n) == sorted(b_names)
     assert all(st.procs[n].poll() is None for n in b_names) and not [n for n in started if GPU_B in n]
     down = store.gpus_down(r)[GPU_A]
@@ -315,13 +314,13 @@ def test_a_hung_candidate_is_reported_answered_and_the_lane_exits(redis_url, mon
         exits.append(code)
         raise SystemExit(code)
 
-    monkeypatch.setattr(lane_worker.os, "_exit", exit_)
+    monkeypatch.setattr("os._exit", exit_)
     for crashes, batch in ((1, "b1"), (2, "b2")):
         r.hset(names.CRASHES_KEY, "spin", crashes)  # raised before it ran, as the lane does
         armed = {"batch_id": batch, "candidate_id": "c", "chash": "spin", "crashes": crashes, "job_id": "j",
                  "timeout_s": 60.0, "allowance_s": 120.0, "started_at": 0.0}
         with pytest.raises(SystemExit):
-            lane.on_hung_candidate(armed)
+            lane.in_process.on_hung_candidate(armed)
         if crashes == 1:
             assert store.crash_count(r, "spin") == 1 and store.quarantined(r, "spin") is None  # count kept
     assert exits == [names.EXIT_GPU_FAULT] * 2
@@ -390,6 +389,7 @@ def test_a_gpu_lane_clears_the_suspects_that_answer_alone_and_quarantines_the_on
     a restarted lane."""
     import uuid
 
+    from services.measurer import in_process
     from services.measurer import worker as lane_worker
     from shared import lanes
     from shared.messages import Candidate, MeasureBatch, MeasureResult, TimingConfig
@@ -403,16 +403,16 @@ def test_a_gpu_lane_clears_the_suspects_that_answer_alone_and_quarantines_the_on
     bad = "c2"
     for h in hashes:
         r.hset(names.CRASHES_KEY, h, 1)  # in flight when the GPU faulted beside its neighbours
-    monkeypatch.setattr(lane_worker, "_cuda_alive", lambda: True)
+    monkeypatch.setattr(in_process, "cuda_alive", lambda: True)
 
     def run_on(lane, batch):
-        lane._gpu_shared = lambda: True
+        lane.in_process.gpu_shared = lambda: True
         fake_gpu = (MeasureResult(candidate_id=c.candidate_id, run_secs=None if c.candidate_id == bad else [1e-3],
                                   error="run failed: CUDA: an illegal memory access was encountered"
                                   if c.candidate_id == bad else None,
                                   error_kind="run" if c.candidate_id == bad else None) for c in batch.candidates)
         guard = dict(max_crashes=2, lane=LANE_A, job_id="j", batch_id=batch.batch_id)
-        return {res.candidate_id: res for res in lane._in_process(batch, fake_gpu, {}, guard)}
+        return {res.candidate_id: res for res in lane.in_process.measure(batch, fake_gpu, {}, guard)}
 
     batch = MeasureBatch(batch_id="b1", job_id="j", target="", timing=TimingConfig(timeout_s=30), candidates=cands)
     first = lane_worker.LaneWorker(LaneSettings(max_crashes=2), lanes.parse(LANE_A), r)
@@ -434,6 +434,7 @@ def test_a_suspect_whose_lane_lost_its_context_while_it_waited_is_not_run_nor_bl
     The lane looks at its context once it has the gate: dead, the suspect is left unrun with its count."""
     import uuid
 
+    from services.measurer import in_process
     from services.measurer import worker as lane_worker
     from shared import lanes
     from shared.messages import Candidate, MeasureBatch, TimingConfig
@@ -444,7 +445,7 @@ def test_a_suspect_whose_lane_lost_its_context_while_it_waited_is_not_run_nor_bl
     cand = Candidate(candidate_id="c0", mod=f"{uuid.uuid4().hex}-innocent", args_info=[])
     chash = store.candidate_hash(cand.mod)
     r.hset(names.CRASHES_KEY, chash, 1)  # a suspect of the first fault
-    monkeypatch.setattr(lane_worker, "_cuda_alive", lambda: False)  # the culprit's fault reached this lane
+    monkeypatch.setattr(in_process, "cuda_alive", lambda: False)  # the culprit's fault reached this lane
     ran = []
 
     def fake_gpu():
@@ -452,9 +453,9 @@ def test_a_suspect_whose_lane_lost_its_context_while_it_waited_is_not_run_nor_bl
         yield from ()
 
     lane = lane_worker.LaneWorker(LaneSettings(max_crashes=2), lanes.parse(LANE_A), r)
-    lane._gpu_shared = lambda: True
+    lane.in_process.gpu_shared = lambda: True
     batch = MeasureBatch(batch_id="b1", job_id="j", target="", timing=TimingConfig(timeout_s=30), candidates=[cand])
-    answered = list(lane._in_process(batch, fake_gpu(), {}, dict(max_crashes=2, lane=LANE_A, job_id="j",
+    answered = list(lane.in_process.measure(batch, fake_gpu(), {}, dict(max_crashes=2, lane=LANE_A, job_id="j",
                                                                   batch_id="b1")))
     assert answered == [] and not ran and lane.gpu_fault  # unanswered (re-sent), never run, the lane ends
     assert store.crash_count(r, chash) == 1 and store.quarantined(r, chash) is None

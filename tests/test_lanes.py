@@ -62,7 +62,7 @@ def test_each_kind_owns_its_target_isolation_and_fault_domain():
 
 
 def test_a_lane_joining_from_a_host_with_other_cores_gets_its_own_queue():
-    from sharetune.stack import default_cpu_lanes
+    from services.measurer.agent import default_cpu_lanes
 
     here, there = default_cpu_lanes(2), default_cpu_lanes(4)
     assert here[0] != there[0]  # core 0 is 50 % here and 25 % there: two queues

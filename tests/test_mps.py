@@ -283,7 +283,7 @@ def test_parse_share_spec():
 
 
 def test_gpu_build_pools_stay_within_the_mps_client_limit():
-    from sharetune.stack import MPS_MAX_CLIENTS, gpu_build_workers
+    from services.measurer.agent import MPS_MAX_CLIENTS, gpu_build_workers
 
     four = ["measure.aaaaaaaa.p25"] * 4
     assert gpu_build_workers(four, four[0], cores=32) == 8  # cores split between the GPU's lanes

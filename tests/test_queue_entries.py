@@ -103,7 +103,7 @@ def test_the_embedded_store_refuses_a_100_mib_value_and_keeps_every_message_that
 @pytest.mark.e2e
 def test_an_entry_over_the_message_cap_costs_a_lane_no_lasting_memory(stack, client, redis_conn):
     lane = client.lanes()[0]
-    name = next(n for n, (queue, _) in stack.lane_procs.items() if queue == lane.queue)
+    name = next(n for n, (queue, _) in stack.agent.lane_procs.items() if queue == lane.queue)
     proc = psutil.Process(stack.procs[name].pid)
     worker = max([proc] + proc.children(recursive=True), key=lambda p: p.memory_info().rss)
     rss_before = worker.memory_info().rss

@@ -1,65 +1,70 @@
 """The stack's supervisor wiring, without processes or a GPU: fake process handles, a recorded GPU fault
 report, a fake MPS daemon. (Real lanes killed with SIGKILL: tests/test_faults.py.)"""
-from faultlib import FakeMps, FakeProc
+import time
+
+from faultlib import FakeHost, FakeMps, FakeProc
 
 from sharetune.stack import Stack
+from shared import lanes as lane_kinds
 from shared import names
 from shared.messages import GpuFault
 
 UUID = "GPU-3f2a1c9b-5d7e-4a10-9c21-6b8e0f4d2a17"
 GPU_LANE = "measure.3f2a1c9b.p25"
+# CPU lanes' processes, named for this host (node and share) as the agent names them
+C0, C1 = (f"lane-{lane_kinds.parse(q).queue}" for q in ("measure.cpu.c0", "measure.cpu.c1"))
 
 
-def _stack(tmp_path, lanes, monkeypatch):
-    st = Stack(tmp_path, redis_url="redis://127.0.0.1:1/0", lanes=lanes, supervise=False)
+def _stack(tmp_path, lanes, monkeypatch, local_redis=None):
+    """A stack whose processes are fakes, spawned by name and never started: its agent's supervisor is
+    driven round by round."""
+    st = Stack(tmp_path, redis_url="redis://127.0.0.1:1/0", lanes=lanes, local_redis=local_redis)
     started = []
 
-    def start_lane(queue, instance=0):
-        name = f"lane-{queue}-{instance}" if instance else f"lane-{queue}"
-        st.lane_procs[name] = (queue, instance)
+    def spawn(name, args, env=None):
         st.procs[name] = FakeProc()
         started.append(name)
+        return st.procs[name]
 
-    monkeypatch.setattr(st, "start_lane", start_lane)
-    monkeypatch.setattr(st, "stop_process", lambda name, **kw: st.procs.pop(name, None))
+    monkeypatch.setattr(st.agent.processes, "spawn", spawn)
+    if GPU_LANE in lanes:
+        st.agent.gpus.uuids = {"3f2a1c9b": UUID}
     # never the host's real processes: an empty process table, nothing signalled, no live lane
-    monkeypatch.setattr(st, "_process_table", lambda: {})
-    monkeypatch.setattr(st, "_end_pids", lambda pids, grace_s=3.0: {"terminated": sorted(pids)})
-    monkeypatch.setattr("sharetune.stack.store.live_lanes", lambda r: [])
-    monkeypatch.setattr("sharetune.stack.store.clear_gpu_isolation", lambda r, gpu8: None)
-    for i, q in enumerate(lanes):
-        start_lane(q, lanes[:i].count(q))
+    st.agent.gpus.host = FakeHost()
+    monkeypatch.setattr("shared.store.live_lanes", lambda r: [])
+    monkeypatch.setattr("shared.store.clear_gpu_isolation", lambda r, gpu8: None)
+    for i, q in enumerate(st.lanes):
+        st.start_lane(q, st.lanes[:i].count(q))
     started.clear()
     return st, started
 
 
 def test_a_dead_cpu_lane_is_started_again(tmp_path, monkeypatch):
     st, started = _stack(tmp_path, ["measure.cpu.c0", "measure.cpu.c1"], monkeypatch)
-    st.procs["lane-measure.cpu.c1"].returncode = -9
-    st.recover_once(0.0)
-    assert started == ["lane-measure.cpu.c1"]
-    assert st.recoveries[-1]["exits"] == {"lane-measure.cpu.c1": -9}
-    st.recover_once(0.0)  # nothing new: nothing done
-    assert started == ["lane-measure.cpu.c1"] and len(st.recoveries) == 1
+    st.procs[C1].returncode = -9
+    st.agent.recover_once(0.0)
+    assert started == [C1]
+    assert st.recoveries[-1]["exits"] == {C1: -9}
+    st.agent.recover_once(0.0)  # nothing new: nothing done
+    assert started == [C1] and len(st.recoveries) == 1
 
 
 def test_a_gpu_fault_restarts_mps_and_every_lane_of_that_gpu(tmp_path, monkeypatch):
     st, started = _stack(tmp_path, [GPU_LANE] * 4, monkeypatch)
-    st.gpu_uuids = {"3f2a1c9b": UUID}
-    st.mps = FakeMps(servers=lambda: {4000: []})
-    monkeypatch.setattr(st, "_end_pids", lambda pids, grace_s=3.0: st.mps.calls.append(("end", sorted(pids))) or {})
+    st.agent.gpus.mps = FakeMps(servers=lambda: {4000: []})
+    st.agent.gpus.host = FakeHost(end=lambda pids, grace_s=3.0: st.mps.calls.append(("end", sorted(pids))) or {})
     fault = GpuFault(gpu8="3f2a1c9b", lane=GPU_LANE, worker="h.1", candidate_hash="abc", role="culprit",
                      error="run failed: CUDA: an illegal memory access was encountered", at=50.0)
-    monkeypatch.setattr("sharetune.stack.store.gpu_faults", lambda r, g, since=0.0: [f for f in [fault] if f.at >= since])
+    monkeypatch.setattr("shared.store.gpu_faults", lambda r, g, since=0.0: [f for f in [fault] if f.at >= since])
     st.procs[f"lane-{GPU_LANE}"].returncode = names.EXIT_GPU_FAULT  # the culprit's lane left; the others still run
-    since = st.recover_once(0.0)
+    since = st.agent.recover_once(0.0)
     # the daemon serves this GPU alone: its server ended by PID first (a faulted server holds a 'quit' for its
     # timeout), then the daemon quit and started again
     assert st.mps.calls[-3:] == [("end", [4000]), "stop", "start"]
     assert sorted(started) == sorted([f"lane-{GPU_LANE}"] + [f"lane-{GPU_LANE}-{i}" for i in (1, 2, 3)])
     assert st.recoveries[-1]["gpus"] == ["3f2a1c9b"]
     assert since > fault.at
-    st.recover_once(since)  # the same report is not acted on twice
+    st.agent.recover_once(since)  # the same report is not acted on twice
     assert st.mps.calls[-2:] == ["stop", "start"] and len(st.recoveries) == 1 and st.mps.calls.count("stop") == 1
 
 
@@ -76,7 +81,7 @@ def test_default_tuners_follow_the_gpu_lanes_and_the_cores():
 
 
 def test_a_dead_tuner_comes_back_with_back_off_and_one_that_keeps_dying_is_given_up(tmp_path, monkeypatch):
-    from sharetune.stack import MAX_RESTARTS, restart_backoff_s
+    from services.measurer.agent import MAX_RESTARTS, restart_backoff_s
 
     st, _ = _stack(tmp_path, ["measure.cpu.c0"], monkeypatch)
     starts = []
@@ -86,48 +91,49 @@ def test_a_dead_tuner_comes_back_with_back_off_and_one_that_keeps_dying_is_given
         st.procs["tuner0"] = FakeProc()
         return st.procs["tuner0"]
 
-    st.service_procs["tuner0"] = start_tuner
+    st.agent.processes.restartable["tuner0"] = start_tuner
     st.procs["tuner0"] = FakeProc()
     time_now = [1000.0]
-    assert st._restart_services(time_now[0]) == []  # alive: nothing done
+    assert st.agent.restart_services(time_now[0]) == []  # alive: nothing done
     deaths = 0
-    while "tuner0" not in st.given_up:
+    while "tuner0" not in st.agent.given_up:
         st.procs["tuner0"].returncode = -9  # it dies again at once
         deaths += 1
         waited = 0.0
-        while not st._restart_services(time_now[0]) and "tuner0" not in st.given_up:
+        while not st.agent.restart_services(time_now[0]) and "tuner0" not in st.agent.given_up:
             time_now[0] += 0.5
             waited += 0.5
             assert waited < 60
-        if "tuner0" not in st.given_up:
+        if "tuner0" not in st.agent.given_up:
             assert waited >= restart_backoff_s(len(starts) - 1) if starts else waited == 0.0
     assert len(starts) == MAX_RESTARTS and deaths == MAX_RESTARTS + 1
     assert restart_backoff_s(0) == 0.0 and restart_backoff_s(1) == 1.0 and restart_backoff_s(4) == 8.0
     row = next(r for r in st.services() if r["name"] == "tuner0")
     assert row["given_up"] and row["alive"] is False and row["restarts"] == MAX_RESTARTS and row["kind"] == "tuner"
-    assert "tuner0" not in st.procs and "tuner0" not in st.service_procs
+    assert "tuner0" not in st.procs and "tuner0" not in st.agent.processes.restartable
 
 
 def test_a_cpu_lane_dying_again_waits_its_back_off(tmp_path, monkeypatch):
     st, started = _stack(tmp_path, ["measure.cpu.c0"], monkeypatch)
-    st.procs["lane-measure.cpu.c0"].returncode = -9
-    st.recover_once(0.0)
-    assert started == ["lane-measure.cpu.c0"]  # the first time at once
-    st.procs["lane-measure.cpu.c0"].returncode = -9
-    st.recover_once(0.0)
-    assert started == ["lane-measure.cpu.c0"]  # died again within a second: it waits
-    st._dead_seen["lane-measure.cpu.c0"] -= 1.5
-    st.recover_once(0.0)
-    assert started == ["lane-measure.cpu.c0"] * 2
-    assert {r["name"]: r["restarts"] for r in st.services()}["lane-measure.cpu.c0"] == 2
+    now = time.time()
+    st.procs[C0].returncode = -9
+    st.agent.recover_once(0.0, now)
+    assert started == [C0]  # the first time at once
+    st.procs[C0].returncode = -9
+    st.agent.recover_once(0.0, now)
+    assert started == [C0]  # died again within a second: it waits
+    st.agent.recover_once(0.0, now + 1.5)
+    assert started == [C0] * 2
+    assert {r["name"]: r["restarts"] for r in st.services()}[C0] == 2
 
 
 def test_a_redis_restart_is_in_the_supervisors_log(tmp_path, monkeypatch, caplog):
     """Every restart in one log: the embedded Redis's too (an `up` stack's supervisor starts it again)."""
     import logging
 
-    st, _ = _stack(tmp_path, ["measure.cpu.c0"], monkeypatch)
-    st.restart_redis = True
+    from sharetune.stack import LocalRedis
+
+    st, _ = _stack(tmp_path, ["measure.cpu.c0"], monkeypatch, LocalRedis(restart=True))
 
     class FakeRedisServer:
         def __init__(self):
@@ -140,6 +146,6 @@ def test_a_redis_restart_is_in_the_supervisors_log(tmp_path, monkeypatch, caplog
     st.redis_server = FakeRedisServer()
     with caplog.at_level(logging.WARNING, logger="sharetune.stack"):
         for now in (100.0, 200.0):  # seen dead, then started after its back-off
-            st._restart_services(now)
+            st.agent.restart_services(now)
     assert st.redis_server.proc.pid == 4343
     assert "redis (pid 4242) exited with -9: started again as pid 4343" in caplog.text

@@ -7,8 +7,9 @@ builds (when no builder serves its family) and times every batch the lane ever r
 started by `python -m services.measurer --builder FAMILY` (SHARETUNE_BUILDER_FAMILY set): it needs no GPU,
 opens no CUDA context, and any number of them, on any host, serve one build.<family> queue.
 
-Here only: the worker's signals build and tear down its core (services.measurer.worker), and each task
-parses its message, calls the core, and answers a malformed message."""
+Here only: the worker's life (MeasurerWorker, on Celery's worker signals) builds, warms and tears down its
+core (services.measurer.worker), and each task parses its message, calls the core, and answers a malformed
+message."""
 from __future__ import annotations
 
 import atexit
@@ -29,36 +30,44 @@ log = logging.getLogger("sharetune.lane")
 settings = LaneSettings()
 # Celery connects when the worker starts, not here
 app = make_celery("measurer", settings.redis_url, settings.redis_outage_s)
-# Built when the worker starts (_init_worker), never at import: this process's lane, or its builder.
-WORKER: LaneWorker | None = None
-BUILDER: Builder | None = None
 
 
 def _forward(batch: MeasureBatch, lane: str) -> None:
     app.send_task(names.MEASURE_TASK, args=[batch.model_dump(mode="json")], queue=lane)
 
 
-@signals.worker_init.connect
-@exits_if_it_fails
-def _init_worker(**_):
-    """Before the worker consumes: a builder's core when it is a builder, else its lane's (not warm yet)."""
-    global WORKER, BUILDER
-    r = store.connect(settings.redis_url, settings.redis_outage_s)
-    if settings.builder_family:
-        BUILDER = Builder(r, _forward, settings.builder_family)
-    else:
-        WORKER = LaneWorker(settings, lanes.parse(settings.lane), r, sandboxed=settings.sandbox)
+class MeasurerWorker:
+    """This worker process's core from start to shutdown: its lane (LaneWorker), or its Builder when the
+    process was started as one. Built when the worker starts, never at import."""
+
+    def __init__(self, settings: LaneSettings):
+        self.settings = settings
+        self.lane: LaneWorker | None = None
+        self.builder: Builder | None = None
+
+    def build(self, **_) -> None:
+        """Before the worker consumes: a builder's core when it is a builder, else its lane's (not warm yet)."""
+        r = store.connect(self.settings.redis_url, self.settings.redis_outage_s)
+        if self.settings.builder_family:
+            self.builder = Builder(r, _forward, self.settings.builder_family)
+        else:
+            self.lane = LaneWorker(self.settings, lanes.parse(self.settings.lane), r, sandboxed=self.settings.sandbox)
+
+    def start(self, **_) -> None:
+        (self.builder or self.lane).start()
+
+    def stop(self, **_) -> None:
+        (self.builder or self.lane).close()
+
+    def builder_for_message(self) -> Builder:
+        """This process's builder, or a lane's own for a build message that reached it."""
+        return self.builder or Builder(self.lane.redis, _forward)
 
 
-@signals.worker_ready.connect
-@exits_if_it_fails
-def _on_ready(**_):
-    (BUILDER or WORKER).start()
-
-
-@signals.worker_shutdown.connect
-def _on_shutdown(**_):
-    (BUILDER or WORKER).close()
+WORKER = MeasurerWorker(settings)
+signals.worker_init.connect(exits_if_it_fails(WORKER.build), weak=False)
+signals.worker_ready.connect(exits_if_it_fails(WORKER.start), weak=False)
+signals.worker_shutdown.connect(WORKER.stop, weak=False)
 
 
 # Acknowledged on receipt: a builder killed mid-batch loses the message, and the tuner's batch watch,
@@ -66,12 +75,13 @@ def _on_shutdown(**_):
 @app.task(name=names.BUILD_TASK, acks_late=False)
 def build_batch(payload):
     """Build every candidate of a batch; forward the built ones to their lane, answer failed builds."""
-    builder = BUILDER or Builder(WORKER.redis, _forward)  # a build message that reached a lane
+    builder = WORKER.builder_for_message()
     try:
         req = BuildRequest.parse(payload)
     except MessageError as err:
-        _answer_malformed(builder.redis, names.build_queue(BUILDER.family) if BUILDER else "build", settings.lane,
-                          payload.get("batch") if isinstance(payload, dict) else payload, str(err))
+        queue = names.build_queue(builder.family) if builder.family else "build"
+        _answer_malformed(builder.redis, queue, settings.lane, payload.get("batch") if isinstance(payload, dict) else payload,
+                          str(err))
         return {"error": str(err)}
     return builder.build(req)
 
@@ -81,20 +91,21 @@ def measure_batch(payload):
     """Build and time a batch of candidates; one MeasureResult per candidate goes to Redis."""
     from celery.worker import state as worker_state
 
+    lane = WORKER.lane
     try:
         batch = MeasureBatch.parse(payload)
     except MessageError as err:
-        _answer_malformed(WORKER.redis, WORKER.lane.queue, WORKER.lane.queue, payload, str(err))
+        _answer_malformed(lane.redis, lane.lane.queue, lane.lane.queue, payload, str(err))
         return {"error": str(err)}
-    results = WORKER.measure(batch)
+    results = lane.measure(batch)
     summary = {"batch_id": batch.batch_id, "measured": len(results), "ok": sum(r.error is None for r in results)}
     if any(r.error_kind == ErrorKind.CANCELLED for r in results):
         summary["cancelled"] = True
-    if WORKER.gpu_fault is not None:
+    if lane.gpu_fault is not None:
         # the lane has left the lane list; end the worker once this message is acknowledged, with the exit
         # code the stack's supervisor reads as "restart MPS and this GPU's lanes"
         worker_state.should_stop = names.EXIT_GPU_FAULT
-        summary["gpu_fault"] = WORKER.gpu_fault
+        summary["gpu_fault"] = lane.gpu_fault
         atexit.register(_end_without_freeing)
     return summary
 

@@ -15,26 +15,23 @@ import socket
 import threading
 import time
 from collections.abc import Callable
-from contextlib import nullcontext
 
 from shared import exits, hostcores, lanes, names, store, timeouts
 from shared.exits import exit_now
 from shared.heartbeat import keep_beating
 from shared.ids import worker_id
-from shared.messages import (BuilderInfo, BuildRequest, ErrorKind, GpuFault, JobState, LaneBatch, LaneInfo, MeasureBatch,
-                             MeasureResult, Quarantined)
+from shared.messages import (BuilderInfo, BuildRequest, ErrorKind, JobState, LaneBatch, LaneInfo, MeasureBatch,
+                             MeasureResult)
 from shared.settings import LaneSettings
 from services.measurer import poison
+from services.measurer.in_process import InProcessMeasuring
 
 log = logging.getLogger("sharetune.lane")
 
-# past its build wait and its run timeout (plus this), a candidate's kernel is taken as hung
-WATCHDOG_MARGIN_S = float(os.environ.get("SHARETUNE_WATCHDOG_MARGIN_S", timeouts.WATCHDOG_MARGIN_S))
-
-
 class LaneWorker:
-    """One lane's warm state (Redis connection, target, sandbox or build pool, NVML observer, watchdog,
-    counters) and its one job: measure a batch and write one result per candidate."""
+    """One lane's warm state (Redis connection, target, sandbox or build pool, NVML observer, counters) and
+    its one job: measure a batch and write one result per candidate. Candidates it measures in its own
+    process go through `in_process` (crash counts, GPU gate, watchdog, fault reports)."""
 
     def __init__(self, settings: LaneSettings, lane: lanes.Lane, redis, sandboxed: bool | None = None):
         self.settings, self.lane, self.redis = settings, lane, redis
@@ -49,13 +46,16 @@ class LaneWorker:
         self.sandbox = None  # sandbox.Sandbox: the child that builds and times, when the lane isolates candidates
         self.core_claim: hostcores.CoreClaim | None = None  # this host's cores the lane times on, held while it lives
         self.observer = None  # NVML observer of a GPU lane's device, when NVML sees it
-        self.gpu_fault: str | None = None  # set when this lane's CUDA context died: it measures no more
-        self._watchdog = None
-        self._held: tuple[str, list[MeasureResult]] | None = None  # (batch, answers) held for the NVML window
+        self.in_process = InProcessMeasuring(self)
 
     @property
     def worker(self) -> str:
         return self.info.worker if self.info else worker_id()
+
+    @property
+    def gpu_fault(self) -> str | None:
+        """Set when this lane's CUDA context died: it measures no more."""
+        return self.in_process.gpu_fault
 
     # ------------------------------------------------------------------------- life cycle
     def start(self) -> None:
@@ -163,7 +163,6 @@ class LaneWorker:
         """Build and time a batch's candidates; write each answered candidate's MeasureResult to the store
         and return them. After a GPU fault (`gpu_fault` set) the rest of the batch stays unanswered (the
         tuner re-sends it) and the lane has left the lane list: the caller ends the process."""
-        from services.measurer.metaschedule import evaluate
         from services.measurer.metaschedule.targets import target_from_json
 
         r, lane, s = self.redis, self.lane, self.settings
@@ -185,23 +184,9 @@ class LaneWorker:
         window = self.observer is not None
         if window:
             self.observer.start_window(s.gpu_uuid)
-        guard = dict(max_crashes=s.max_crashes, lane=lane.queue, job_id=batch.job_id, batch_id=batch.batch_id)
-        if self.sandbox is not None:
-            sandboxed = lambda c: self.sandbox.measure(c, batch.timing, batch.target or None)  # noqa: E731
-            results = (poison.measure_guarded(r, cand, sandboxed, **guard) for cand in batch.candidates)
-        else:
-            quarantined = {c.candidate_id: q for c in batch.candidates
-                           if (q := poison.already_poison(r, store.candidate_hash(c.mod), **guard)) is not None}
-            todo = [c for c in batch.candidates if c.candidate_id not in quarantined]
-            if self.pool is not None:
-                if any(c.artifact is None for c in todo):
-                    self.pool.finish_warm_up()  # before any watchdog is armed: start-up is not a build's time
-                measuring = self.pool.measure_batch(todo, target, batch.timing)
-            else:
-                measuring = (evaluate.measure(c, target, batch.timing) for c in todo)
-            results = self._in_process(batch, measuring, quarantined, guard)
+        results = self._results(batch, target)
         answered = []
-        self._held = (batch.batch_id, answered)  # written by the watchdog if the lane dies holding them
+        self.in_process.held = (batch.batch_id, answered)  # written by the watchdog if the lane dies holding them
         for res in results:
             res.lane, res.share = lane.queue, self.info.share if self.info else None
             res.device = {"host": socket.gethostname(), "cores": list(lane.cores), "gpu_uuid": s.gpu_uuid}
@@ -215,7 +200,7 @@ class LaneWorker:
             for res in answered:
                 res.device.update(facts)
                 store.put_result(r, batch.batch_id, res)
-        self._held = None
+        self.in_process.held = None
         ok = sum(res.error is None for res in answered)
         store.log_lane_batch(r, batch.job_id, LaneBatch(
             batch_id=batch.batch_id, lane=lane.queue, worker=worker, started_at=started, finished_at=time.time(),
@@ -230,124 +215,26 @@ class LaneWorker:
         self.announce()
         return answered
 
-    def _in_process(self, batch: MeasureBatch, results, quarantined: dict, guard):
-        """Candidates measured in the lane process itself (GPU lanes: the CUDA context and the MPS share are
-        the lane's). Each candidate's crash count is raised before it runs, so a lane that dies with it
-        leaves the count; a suspect (in flight at an earlier fault) runs alone, and what a fault means is
-        services.measurer.isolation.judge's call. A CUDA fault ends the batch: the lane's context is gone."""
-        from services.measurer.isolation import GpuGate, judge, runs_alone
-        from services.measurer.gpu.faults import classify_cuda_error
+    def _results(self, batch: MeasureBatch, target):
+        """The batch's results as they come: from the sandbox child, or measured in this process (built by the
+        lane's pool or here), quarantined candidates answered without running."""
+        from services.measurer.metaschedule import evaluate
 
-        r, gpu_lane = self.redis, self.fault_domain is not None
-        gate = None
-        if gpu_lane:
-            gate = GpuGate(r, self.fault_domain, self.worker,
-                           hold_s=timeouts.gate_hold_s(batch.timing.timeout_s, self.pool is not None, WATCHDOG_MARGIN_S))
-        for cand in batch.candidates:
-            if cand.candidate_id in quarantined:  # answered without building or running it
-                yield poison.quarantined_result(quarantined[cand.candidate_id], cand.candidate_id)
-                continue
-            chash = store.candidate_hash(cand.mod)
-            alone = gate is not None and runs_alone(store.crash_count(r, chash) + 1)
-            with gate.alone() if alone else gate.ordinary() if gate is not None else nullcontext():
-                if alone and not _cuda_alive():
-                    # a neighbour faulted while this suspect waited for the gate, and its context went with the
-                    # neighbour's: run now, it would fault alone and be blamed (on the H200, an innocent was)
-                    self._report_gpu_fault(chash, "the lane's CUDA context was lost before this suspect ran "
-                                           "alone (a neighbour's fault): not run, its count kept", "victim")
-                    return
-                # raised once it has the GPU, not while it waits: a lane ended in the wait blames no one
-                crashes = store.crash_pending(r, chash)
-                if alone:
-                    store.count_suspect_run(r, self.fault_domain, chash)
-                if gpu_lane:
-                    self.watchdog().arm(timeouts.watchdog_allowance_s(batch.timing.timeout_s, self.pool is not None),
-                                        batch_id=batch.batch_id, candidate_id=cand.candidate_id, chash=chash,
-                                        crashes=crashes, job_id=batch.job_id, timeout_s=batch.timing.timeout_s)
-                try:
-                    res = next(results)
-                finally:
-                    if gpu_lane:
-                        self.watchdog().disarm()
-            role = classify_cuda_error(res.error, res.error_kind) if gpu_lane and res.error else None
-            if role is None and gpu_lane and res.error_kind == ErrorKind.RUN and not _cuda_alive():
-                role = "unknown"
-            verdict = judge(role, alone, self._gpu_shared() if role is not None else False, crashes,
-                            guard["max_crashes"])
-            if verdict.clear:
-                store.crash_clear(r, chash)
-            if verdict.role is not None:
-                self._report_gpu_fault(chash, res.error, verdict.role)
-            if verdict.quarantine:
-                store.quarantine(r, Quarantined(candidate_hash=chash, error=res.error, crashes=crashes,
-                                                lane=self.lane.queue, job_id=guard["job_id"],
-                                                batch_id=guard["batch_id"]))
-                res.error, res.error_kind = f"quarantined after {crashes} crashes: {res.error}", ErrorKind.CRASH
-            if verdict.role is not None:
-                res.fault = "crash"
-            if verdict.answer:
-                yield res
-            if verdict.lane_ends:
-                # a suspect keeps its count: re-sent to a restarted lane it runs alone, where a culprit faults
-                # again and is named and an innocent clears its count; the rest of the batch is re-sent too
-                return
-
-    # ------------------------------------------------------------------------- GPU faults
-    def _gpu_shared(self) -> bool:
-        """May another lane worker use this lane's GPU (so a fault here may be a neighbour's)? Always below
-        100 %: neighbours that saw the same fault first may already have left the lane list."""
-        if self.lane.share < 100:
-            return True
-        me = self.worker
-        try:
-            return any(l.worker != me and lanes.fault_domain(l.queue) == self.fault_domain
-                       for l in store.live_lanes(self.redis))
-        except Exception:  # noqa: BLE001 - Redis unreachable: assume neighbours, so no innocent is blamed
-            return True
-
-    def _report_gpu_fault(self, chash: str, error: str, role: str) -> None:
-        self.gpu_fault = f"{role}: {error[:300]}"
-        log.error("lane %s lost its CUDA context (%s) on candidate %s: %s", self.lane.queue, role, chash, error[:300])
-        store.report_gpu_fault(self.redis, GpuFault(gpu8=self.lane.gpu or "", lane=self.lane.queue,
-                                                    worker=self.info.worker if self.info else "",
-                                                    candidate_hash=chash, error=error[:2000], role=role))
-
-    def watchdog(self):
-        if self._watchdog is None:
-            from services.measurer.gpu.faults import Watchdog
-
-            self._watchdog = Watchdog(self.on_hung_candidate, margin_s=WATCHDOG_MARGIN_S)
-        return self._watchdog
-
-    def on_hung_candidate(self, armed: dict) -> None:
-        """From the watchdog thread: the lane's own thread is stuck in a kernel that does not return, and a
-        context with a spinning kernel cannot be saved. Report the candidate as the GPU's culprit (its raised
-        crash count stays; at the cap it is quarantined), answer it, leave the lane list, and exit with the
-        GPU-fault code so the supervisor recovers the GPU as after any fault."""
-        code = names.EXIT_GPU_FAULT
-        try:
-            allowance = armed["allowance_s"] + WATCHDOG_MARGIN_S
-            error = (f"run hung: the candidate's kernel did not return within {allowance:.0f} s (timeout "
-                     f"{armed['timeout_s']:.0f} s, build wait and margin included); the lane exits")
-            held = self._held
-            if held is not None:  # answered before the hang, held for the window's facts: not measured again
-                for done in list(held[1]):
-                    store.put_result(self.redis, held[0], done)
-            self._report_gpu_fault(armed["chash"], error, "culprit")
-            res = MeasureResult(candidate_id=armed["candidate_id"], error=error, error_kind=ErrorKind.CRASH,
-                                fault="crash", lane=self.lane.queue)
-            if armed["crashes"] >= self.settings.max_crashes:
-                store.quarantine(self.redis, Quarantined(candidate_hash=armed["chash"], error=error,
-                                                         crashes=armed["crashes"], lane=self.lane.queue,
-                                                         job_id=armed["job_id"], batch_id=armed["batch_id"]))
-                res.error = f"quarantined after {armed['crashes']} crashes: {error}"
-            store.put_result(self.redis, armed["batch_id"], res)
-            self.leave()
-        except BaseException:  # noqa: BLE001 - exit regardless: a lane stuck in a kernel serves nobody
-            log.exception("reporting a hung candidate failed")
-        finally:
-            logging.shutdown()
-            os._exit(code)
+        r, s = self.redis, self.settings
+        guard = dict(max_crashes=s.max_crashes, lane=self.lane.queue, job_id=batch.job_id, batch_id=batch.batch_id)
+        if self.sandbox is not None:
+            sandboxed = lambda c: self.sandbox.measure(c, batch.timing, batch.target or None)  # noqa: E731
+            return (poison.measure_guarded(r, cand, sandboxed, **guard) for cand in batch.candidates)
+        quarantined = {c.candidate_id: q for c in batch.candidates
+                       if (q := poison.already_poison(r, store.candidate_hash(c.mod), **guard)) is not None}
+        todo = [c for c in batch.candidates if c.candidate_id not in quarantined]
+        if self.pool is not None:
+            if any(c.artifact is None for c in todo):
+                self.pool.finish_warm_up()  # before any watchdog is armed: start-up is not a build's time
+            measuring = self.pool.measure_batch(todo, target, batch.timing)
+        else:
+            measuring = (evaluate.measure(c, target, batch.timing) for c in todo)
+        return self.in_process.measure(batch, measuring, quarantined, guard)
 
 
 def redelivered(r, batch: MeasureBatch) -> str | None:
@@ -371,12 +258,6 @@ def lane_target(kind: lanes.LaneKind, lane: lanes.Lane):
 
     from_device = {"llvm": lambda: cpu_target(len(lane.cores)), "cuda": gpu_target}
     return from_device[kind.target_kind]()
-
-
-def _cuda_alive() -> bool:
-    from services.measurer.metaschedule.timing import cuda_context_alive
-
-    return cuda_context_alive()
 
 
 class Builder:

@@ -2,8 +2,8 @@
 `tune`) and the central cost-model updater (queue `costmodel`). Each runs in its own worker process
 (`-Q` picks the role); the logic lives in planner.py, shards.py (with search.py), updater.py and
 reaper.py. Failures end the job with a message naming the problem; they are never raised back across
-the queue. Here only: the worker's signals build and stop its shard runner, and each task parses its
-message, calls the core, and sends what follows."""
+the queue. Here only: the worker's life (TunerWorker, on Celery's worker signals) builds, warms and stops its shard
+runner, and each task parses its message, calls the core, and sends what follows."""
 from __future__ import annotations
 
 import json
@@ -25,9 +25,7 @@ log = logging.getLogger("sharetune.tuner")
 settings = TunerSettings()
 LANE_POLICY = lanes.LiveLanePolicy.configured()
 app = make_celery("tuner", settings.redis_url, settings.redis_outage_s)
-RUNNER: ShardRunner | None = None  # built when the worker starts (_init_worker), never at import
 SERVICE_ROLES = {names.PLAN_QUEUE: "planner", names.COSTMODEL_QUEUE: "updater"}  # roles that keep a liveness key
-LIVENESS: list = []  # (role, the event that stops its beat), while the worker serves
 
 
 def send(task_name: str, payload: dict, queue: str) -> None:
@@ -51,57 +49,69 @@ def send_finish(job_id: str) -> None:
     app.send_task(names.FINISH_TASK, args=[JobRef(job_id=job_id).model_dump(mode="json")], queue=names.TUNE_QUEUE)
 
 
-@signals.worker_init.connect
-@exits_if_it_fails
-def _init_worker(**_):
-    """Before the worker consumes: connect to Redis and build the client's shard runner (a solo-pool
-    worker: this process is the one that works, so its id names the client)."""
-    global RUNNER
-    RUNNER = ShardRunner(store.connect(settings.redis_url, settings.redis_outage_s), worker_id(), settings, send,
-                         send_shard, send_finish)
+class TunerWorker:
+    """This worker process's life: its shard runner, made before the worker consumes (a solo-pool worker:
+    this process is the one that works, so its id names the client); its warm-up and liveness keys once it
+    is ready; their end at the first shutdown signal, while a shard may still run."""
+
+    def __init__(self, settings: TunerSettings):
+        self.settings = settings
+        self.runner: ShardRunner | None = None
+        self.liveness: list = []  # (role, the event that stops its beat), while the worker serves
+
+    @property
+    def redis(self):
+        return self.runner.redis
+
+    def build(self, **_) -> None:
+        self.runner = ShardRunner(store.connect(self.settings.redis_url, self.settings.redis_outage_s), worker_id(),
+                                  self.settings, send, send_shard, send_finish)
+
+    def start(self, sender=None, **_) -> None:
+        """A tuner client loads TVM and its targets' tensor intrinsics once, before it takes work, then
+        keeps a liveness key and runs the reaper (services.tuner.shards)."""
+        consumer = (getattr(sender, "task_consumer", None)
+                    or getattr(getattr(sender, "consumer", None), "task_consumer", None))
+        queues = {q.name for q in consumer.queues} if consumer is not None else set()
+        if names.PLAN_QUEUE in queues:
+            from services.tuner.metaschedule import extract  # noqa: F401 - the planner's first job should not pay TVM's import
+        self.keep_liveness(queues)
+        if names.TUNE_QUEUE not in queues:
+            return
+        from services.tuner.metaschedule.intrinsics import load_tensor_intrinsics
+
+        for kind in self.settings.warm_kinds.split(","):
+            if kind.strip():
+                load_tensor_intrinsics(kind.strip())
+        self.runner.start()
+
+    def keep_liveness(self, queues: set[str]) -> None:
+        """A planner and an updater keep a liveness key each, beaten from a thread (so during a long plan
+        too): a container's health probe finds it (services.healthcheck); a tuner client keeps its own
+        (ShardRunner)."""
+        me = worker_id()
+        for queue, role in SERVICE_ROLES.items():
+            if queue in queues:
+                beat = lambda role=role: store.announce_service(self.redis, role, me)  # noqa: E731
+                beat()
+                self.liveness.append((role, keep_beating(beat, timeouts.HEARTBEAT_S, f"{role} liveness")))
+
+    def stop(self, **_) -> None:
+        self.runner.stop()  # the running shard is handed back at its next round
+        while self.liveness:
+            role, stop = self.liveness.pop()
+            stop.set()
+            try:
+                store.retire_service(self.redis, role, worker_id())
+            except Exception:  # noqa: BLE001 - Redis away: the key lapses on its own
+                pass
 
 
-@signals.worker_ready.connect
-@exits_if_it_fails
-def _warm_up(sender=None, **_):
-    """A tuner client loads TVM and its targets' tensor intrinsics once, before it takes work, then
-    keeps a liveness key and runs the reaper (services.tuner.shards)."""
-    consumer = getattr(sender, "task_consumer", None) or getattr(getattr(sender, "consumer", None), "task_consumer", None)
-    queues = {q.name for q in consumer.queues} if consumer is not None else set()
-    if names.PLAN_QUEUE in queues:
-        from services.tuner.metaschedule import extract  # noqa: F401 - the planner's first job should not pay TVM's import
-    keep_liveness(queues)
-    if names.TUNE_QUEUE not in queues:
-        return
-    from services.tuner.metaschedule.intrinsics import load_tensor_intrinsics
-
-    for kind in settings.warm_kinds.split(","):
-        if kind.strip():
-            load_tensor_intrinsics(kind.strip())
-    RUNNER.start()
-
-
-def keep_liveness(queues: set[str]) -> None:
-    """A planner and an updater keep a liveness key each, beaten from a thread (so during a long plan too):
-    a container's health probe finds it (services.healthcheck); a tuner client keeps its own (ShardRunner)."""
-    me = worker_id()
-    for queue, role in SERVICE_ROLES.items():
-        if queue in queues:
-            beat = lambda role=role: store.announce_service(RUNNER.redis, role, me)  # noqa: E731
-            beat()
-            LIVENESS.append((role, keep_beating(beat, timeouts.HEARTBEAT_S, f"{role} liveness")))
-
-
-@signals.worker_shutting_down.connect
-def _on_shutdown(**_):
-    RUNNER.stop()  # the running shard is handed back at its next round
-    while LIVENESS:
-        role, stop = LIVENESS.pop()
-        stop.set()
-        try:
-            store.retire_service(RUNNER.redis, role, worker_id())
-        except Exception:  # noqa: BLE001 - Redis away: the key lapses on its own
-            pass
+WORKER = TunerWorker(settings)
+signals.worker_init.connect(exits_if_it_fails(WORKER.build), weak=False)
+signals.worker_ready.connect(exits_if_it_fails(WORKER.start), weak=False)
+# at the signal, not once the worker has stopped: a running shard hands back at its next round
+signals.worker_shutting_down.connect(WORKER.stop, weak=False)
 
 
 def _parse(payload, source: str, contract=JobRef):
@@ -109,7 +119,7 @@ def _parse(payload, source: str, contract=JobRef):
     try:
         return contract.parse(payload)
     except MessageError as err:
-        store.dead_letter(RUNNER.redis, source, str(err),
+        store.dead_letter(WORKER.redis, source, str(err),
                           payload if isinstance(payload, str) else json.dumps(payload, default=str))
         log.error("rejected message on %s: %s", source, err)
         return None
@@ -122,7 +132,7 @@ def plan_job(payload):
     ref = _parse(payload, names.PLAN_QUEUE)
     if ref is None:
         return None
-    r, me = RUNNER.redis, worker_id()
+    r, me = WORKER.redis, worker_id()
     # a plan message redelivered an hour after its planner died, or one a reaper has replaced since
     if not store.plan_current(r, ref.job_id, ref.plan):
         return {"job_id": ref.job_id, "dropped": "an older plan message than the job's current one"}
@@ -162,13 +172,13 @@ def plan_job(payload):
 @app.task(name=names.TUNE_TASK)
 def tune_shard(payload):
     ref = _parse(payload, names.TUNE_QUEUE, ShardRef)
-    return None if ref is None else RUNNER.run(ref)
+    return None if ref is None else WORKER.runner.run(ref)
 
 
 @app.task(name=names.FINISH_TASK)
 def finish_job(payload):
     ref = _parse(payload, names.TUNE_QUEUE)
-    return None if ref is None else RUNNER.finish(ref.job_id)
+    return None if ref is None else WORKER.runner.finish(ref.job_id)
 
 
 @app.task(name=names.INGEST_TASK)
@@ -178,10 +188,10 @@ def ingest_results(payload):
     try:
         batch = TrainingBatch.parse(payload)
     except MessageError as err:
-        store.dead_letter(RUNNER.redis, names.COSTMODEL_QUEUE, str(err), json.dumps(payload, default=str)[:4096])
+        store.dead_letter(WORKER.redis, names.COSTMODEL_QUEUE, str(err), json.dumps(payload, default=str)[:4096])
         return None
     up = UpdaterSettings()
-    snap = updater.ingest(RUNNER.redis, batch, up.warmup_rows, up.boost_rounds, window=up.train_window,
+    snap = updater.ingest(WORKER.redis, batch, up.warmup_rows, up.boost_rounds, window=up.train_window,
                           best_per_group=up.train_best_per_group, threads=up.train_threads or None,
                           best_rows=up.train_best_rows, keep_rows=up.train_keep_rows)
     return {"rows": len(batch.rows), "version": snap.version if snap else None}

@@ -36,14 +36,14 @@ def main(argv=None) -> int:
     if not args.redis_url:
         sys.exit("agent: no Redis URL (--redis-url or REDIS_URL)")
     from shared.errors import SharetuneError
-    from services.measurer.agent.node import NodeAgent, lanes_from_spec
+    from services.measurer.agent import BuilderSpec, NodeAgent, lanes_from_spec
 
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     try:
         agent = NodeAgent(Path(args.work_dir), args.redis_url, lanes_from_spec(args.lanes), args.loglevel,
-                          builders=args.builders, builder_cores=args.builder_cores)
+                          builders=BuilderSpec(args.builders, args.builder_cores))
     except (SharetuneError, ValueError) as err:
         sys.exit(f"agent: {err}")
     try:
