@@ -1,6 +1,6 @@
 """The stack's supervisor wiring, without processes or a GPU: fake process handles, a recorded GPU fault
 report, a fake MPS daemon. (Real lanes killed with SIGKILL: tests/test_faults.py.)"""
-from faultlib import FakeMps, FakeProc
+from fakes import FakeMps, FakeProc
 
 from sharetune.stack import Stack
 from shared import names
