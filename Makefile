@@ -40,7 +40,7 @@ compose-down:
 	bash deploy/compose/up.sh down
 
 bench: install
-	$(PY) bench/cpu_tuning.py
+	$(PY) -m bench.cpu_tuning
 
 clean:
 	rm -rf runs .pytest_cache

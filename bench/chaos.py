@@ -4,8 +4,8 @@ embedded Redis) runs a stream of jobs while a driver kills a random service proc
 each done job's claimed trials equal its records, no trial lost, no record counted twice, and memory
 bounded. Writes `$OUT/chaos.json` (default bench/results/chaos.json) with the kill log and a `summary`.
 
-    python bench/chaos.py --duration-s 2100                   # the soak (~40 min on a 2-core host)
-    python bench/chaos.py --duration-s 120 --out /tmp/c.json  # a short one (tests/test_chaos.py runs this)
+    python -m bench.chaos --duration-s 2100                   # the soak (~40 min on a 2-core host)
+    python -m bench.chaos --duration-s 120 --out /tmp/c.json  # a short one (tests/test_chaos.py runs this)
 
 Kills stay within the supervisor's restart budget (MAX_RESTARTS within RESTART_WINDOW_S per process,
 services.measurer.agent.processes): a process killed more often is given up by design, which
@@ -24,12 +24,10 @@ import threading
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-if str(REPO) not in sys.path:  # run as a script from anywhere
-    sys.path.insert(0, str(REPO))
-
-from services.measurer.agent import MAX_RESTARTS, RESTART_WINDOW_S  # noqa: E402
-from shared import names, store  # noqa: E402
+from bench.harness.common import RESULTS, command_line
+from bench.harness.jobs import job_records
+from services.measurer.agent import MAX_RESTARTS, RESTART_WINDOW_S
+from shared import names, store
 
 FINAL = ("done", "failed", "cancelled")
 JUNK = [b"\x00\xffnot an envelope", b"[1, 2, 3]", b'{"hello": "world"}', b'{"properties": {}}',
@@ -100,7 +98,7 @@ def job_audit(r, job_id: str) -> dict:
     """One job's end, from the store: its state and reason, and where its trials went."""
     st = store.job_state(r, job_id)
     acc = store.trial_accounting(r, job_id) or {}
-    recs = [rec for t in store.job_tasks(r, job_id) for rec in store.records(r, t.wkey) if rec.job_id == job_id]
+    recs = [rec for rec, _ in job_records(r, job_id)]
     keys = [(rec.wkey, rec.candidate_key) for rec in recs]
     # a record twice (the store keys them by candidate, so only a second key could) or more records than
     # trials claimed (a trial counted twice)
@@ -200,7 +198,7 @@ def main(argv=None) -> int:
     ap.add_argument("--work-dir", default="/tmp/sharetune-chaos")
     ap.add_argument("--out", default=None, help="the JSON (default $OUT/chaos.json, else bench/results/chaos.json)")
     args = ap.parse_args(argv)
-    out = Path(args.out) if args.out else Path(os.environ.get("OUT") or REPO / "bench" / "results") / "chaos.json"
+    out = Path(args.out) if args.out else Path(os.environ.get("OUT") or RESULTS) / "chaos.json"
     import shutil
 
     work = Path(args.work_dir)
@@ -208,7 +206,7 @@ def main(argv=None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop the stack it started, as for Ctrl-C
     result = soak(work, args.duration_s, seed=args.seed, tuners=args.tuners, builders=args.builders,
                   log=lambda m: print(m, flush=True))
-    result["command"] = "python bench/chaos.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    result["command"] = command_line("bench.chaos", argv)
     result["date"] = time.strftime("%Y-%m-%d %H:%M")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1))

@@ -1,7 +1,7 @@
 """This service's cost model (updater features + XGBoost) against MetaSchedule's own `XGBModel`, on the
 same measured rows; and the updater's training time per update as the store grows.
 
-    python bench/cost_model_quality.py [--model small_cnn] [--trials 384] [--per-iter 32]
+    python -m bench.cost_model_quality [--model small_cnn] [--trials 384] [--per-iter 32]
                                        [--records runs/cmq/records.json] [--out bench/results/cost_model_quality.json]
 
 1. Rows: a fresh local Stack (CPU lanes) tunes `--model` for `--trials` trials (seed 0); every valid record
@@ -33,16 +33,13 @@ import datetime as _dt
 import json
 import os
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
-
-from bench.cpu_tuning import _r, git_state, lane_target, write_report  # noqa: E402
+from bench.harness.common import RESULTS, command_line, git_state, rounded, write_report
+from bench.harness.jobs import job_records, run_job
+from bench.harness.stock import lane_target
 
 SIZES = (1000, 5000, 20000, 50000)
 KS = (1, 5, 10)
@@ -62,27 +59,20 @@ def collect(args, work_dir: Path) -> dict:
 
     lanes = default_cpu_lanes()
     share = parse_lane(lanes[0]).share
-    stack = Stack(work_dir / "stack", lanes=lanes)
     t0 = time.time()
-    try:
-        stack.start()
+    with Stack(work_dir / "stack", lanes=lanes) as stack:
         client = Client(stack.redis_url)
-        job = client.submit(to_relax(args.model).mod, target="llvm", share=share, trials=args.trials, name=args.model,
-                            trials_per_iter=args.per_iter, seed=0)
-        job.wait(timeout_s=3600)
+        job, _, _ = run_job(client, 3600, model=to_relax(args.model).mod, target="llvm", share=share,
+                            trials=args.trials, name=args.model, trials_per_iter=args.per_iter, seed=0)
         r = client.redis
-        tasks = []
-        for t in store.job_tasks(r, job.job_id):
-            recs = sorted((x for x in store.records(r, t.wkey) if x.job_id == job.job_id and store.valid_record(x)),
-                          key=lambda x: x.measured_at)
-            tasks.append({"name": t.name, "wkey": t.wkey, "weight": t.weight, "flops": t.flops,
-                          "mod": store.workload(r, t.wkey).mod,
-                          "records": [{"trace": x.trace, "run_secs": x.run_secs, "measured_at": x.measured_at}
-                                      for x in recs]})
-    finally:
-        stack.stop()
+        recs = job_records(r, job.job_id, valid_only=True)
+        tasks = [{"name": t.name, "wkey": t.wkey, "weight": t.weight, "flops": t.flops,
+                  "mod": store.workload(r, t.wkey).mod,
+                  "records": [{"trace": x.trace, "run_secs": x.run_secs, "measured_at": x.measured_at}
+                              for x, xt in recs if xt.wkey == t.wkey]}
+                 for t in store.job_tasks(r, job.job_id)]
     return {"model": args.model, "trials": args.trials, "per_iter": args.per_iter, "lanes": lanes, "share": share,
-            "tune_wall_s": _r(time.time() - t0), "tasks": tasks}
+            "tune_wall_s": rounded(time.time() - t0), "tasks": tasks}
 
 
 # ---- 2. ranking ---------------------------------------------------------------------------------------
@@ -142,7 +132,7 @@ def mean_metrics(per_task: list[dict]) -> dict:
     out = {}
     for k in keys:
         vals = [m[k] for m in per_task if m[k] is not None]
-        out[k] = _r(statistics.mean(vals), 4) if vals else None
+        out[k] = rounded(statistics.mean(vals), 4) if vals else None
     out["tasks"] = len(per_task)
     out["held_out_candidates"] = sum(m["n"] for m in per_task)
     return out
@@ -211,15 +201,15 @@ def compare(data: dict, train_frac: float) -> dict:
         per["ours"].append(mo)
         per["metaschedule"].append(mm)
         tasks_out.append({"name": s["name"], "n_train": s["n_train"], "n_test": s["n_test"],
-                          "best_test_us": _r(1e6 * min(s["costs"])), "ours": mo, "metaschedule": mm})
+                          "best_test_us": rounded(1e6 * min(s["costs"])), "ours": mo, "metaschedule": mm})
     return {
         "train_frac": train_frac,
         "train_rows": len(train_rows),
         "threads": threads,
-        "ours": {**mean_metrics(per["ours"]), "train_s": _r(ours_train_s), "feature_s": _r(feat_s["ours"]),
+        "ours": {**mean_metrics(per["ours"]), "train_s": rounded(ours_train_s), "feature_s": rounded(feat_s["ours"]),
                  "boost_rounds": rounds, "feature_dim": int(len(train_rows[0].features))},
-        "metaschedule": {**mean_metrics(per["metaschedule"]), "train_s": _r(ms_train_s),
-                         "feature_s": _r(feat_s["metaschedule"]),
+        "metaschedule": {**mean_metrics(per["metaschedule"]), "train_s": rounded(ms_train_s),
+                         "feature_s": rounded(feat_s["metaschedule"]),
                          "boost_rounds": int(ms_model.booster.num_boosted_rounds())},
         "per_task": tasks_out,
     }
@@ -306,15 +296,15 @@ def updater_cost(data: dict, work_dir: Path, repeats: int) -> dict:
                     times.append(time.time() - t0)
                 rows_out.append({"stored_rows": int(snap.n_rows), "train_rows": int(snap.train_rows),
                                  "groups": len(r.hkeys(names.training_rows_key(tkey) + ":best")),
-                                 "update_s": [_r(t) for t in times], "update_s_median": _r(statistics.median(times)),
-                                 "xgb_train_s_median": _r(statistics.median(train_times))})
+                                 "update_s": [rounded(t) for t in times], "update_s_median": rounded(statistics.median(times)),
+                                 "xgb_train_s_median": rounded(statistics.median(train_times))})
                 r.delete(names.training_rows_key(tkey), names.training_rows_key(tkey) + ":best")
                 print(f"  updater {shape:18s} stored {snap.n_rows:6d} train rows {snap.train_rows:6d} "
                       f"update {statistics.median(times):6.2f} s (XGBoost {statistics.median(train_times):6.2f} s)",
                       flush=True)
             base = rows_out[0]["update_s_median"]
             out["shapes"][shape] = {"rows": rows_out,
-                                    "max_over_1k": _r(max(x["update_s_median"] for x in rows_out) / base, 2)}
+                                    "max_over_1k": rounded(max(x["update_s_median"] for x in rows_out) / base, 2)}
     updater.train = real_train
     out["flat_within_2x"] = out["shapes"]["same_workloads"]["max_over_1k"] <= 2.0
     return out
@@ -373,7 +363,7 @@ def main(argv=None) -> None:
     ap.add_argument("--records", default=None, help="JSON of collected records (written, or read with --reuse)")
     ap.add_argument("--reuse", action="store_true", help="read --records instead of tuning")
     ap.add_argument("--repeats", type=int, default=2, help="updater cost: measured updates per size")
-    ap.add_argument("--out", default=str(REPO / "bench" / "results" / "cost_model_quality.json"))
+    ap.add_argument("--out", default=str(RESULTS / "cost_model_quality.json"))
     args = ap.parse_args(argv)
     os.environ["TVM_NUM_THREADS"] = "1"
     os.environ.pop("REDIS_URL", None)
@@ -410,8 +400,8 @@ def main(argv=None) -> None:
             "updater cost rows are real rows replicated with jitter, pre-filled straight into Redis; only the "
             "timed 64-row ingest trains",
         ],
-        "bench_total_s": _r(time.time() - t_all),
-        "command": " ".join(["python", "bench/cost_model_quality.py"] + (argv if argv is not None else sys.argv[1:])),
+        "bench_total_s": rounded(time.time() - t_all),
+        "command": command_line("bench.cost_model_quality", argv),
         "code": git_state(),
     }
     rep["verdict"] = verdict(ranking)

@@ -1,7 +1,7 @@
 """Sharding benchmark on the CPU: the CPU benchmark's model and budget (small_cnn, 32 trials) tuned by this
 service with N = 1, 2, 4 tuner clients over the host's one-core lanes, one fresh stack per N.
 
-    python bench/cpu_sharding.py [--clients 1,2,4] [--trials 32] [--per-iter 8]
+    python -m bench.cpu_sharding [--clients 1,2,4] [--trials 32] [--per-iter 8]
 
 Prints a table and writes bench/results/sharding_cpu.json (clients, lanes, wall_s, trials, trials_per_min,
 tuned_latency_us on one core, speedup_vs_stock against stock tune_relax's wall time in
@@ -10,7 +10,7 @@ bench/results/cpu_tuning.json: same model, budget and kind of machine).
 The shared cost model against one model per client, at equal trials (several seeds, since one run decides little;
 a budget past the first round of every task, or no model is trained in time and both runs only sample):
 
-    SHARETUNE_SEARCH_POPULATION=128 python bench/cpu_sharding.py --clients 2 --trials 96 \
+    SHARETUNE_SEARCH_POPULATION=128 python -m bench.cpu_sharding --clients 2 --trials 96 \
         --cost-models shared,per_client --seeds 0,1,2 \
         --out bench/results/cost_model_cpu.json"""
 from __future__ import annotations
@@ -18,12 +18,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
-import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+from bench.harness.common import RESULTS, command_line
+from bench.harness.jobs import run_job
+
 os.environ.setdefault("TVM_NUM_THREADS", "1")  # the tuned model is timed on one core, as its target says
 
 
@@ -36,7 +35,7 @@ def main() -> None:
     ap.add_argument("--cost-models", default="shared", help="shared, per_client or both, comma-separated")
     ap.add_argument("--seeds", default="0")
     ap.add_argument("--work-dir", default="/tmp/cpu_sharding")
-    ap.add_argument("--out", default=str(REPO / "bench" / "results" / "sharding_cpu.json"))
+    ap.add_argument("--out", default=str(RESULTS / "sharding_cpu.json"))
     args = ap.parse_args()
 
     from sharetune import evaluate
@@ -45,7 +44,7 @@ def main() -> None:
     from sharetune.stack import Stack
     from sharetune.zoo import get
 
-    stock_path = REPO / "bench" / "results" / "cpu_tuning.json"
+    stock_path = RESULTS / "cpu_tuning.json"
     stock = json.loads(stock_path.read_text()) if stock_path.exists() else None
     _, example = get(args.model).build()
     inputs = [t.detach().numpy() for t in example]
@@ -57,12 +56,9 @@ def main() -> None:
         # a fresh stack per run: no records or cost model carried over from the run before
         with Stack(Path(args.work_dir) / f"clients{n}-{cost_model}-{seed}", lanes=lanes, tuners=n) as stack:
             client = Client(stack.redis_url)
-            t0 = time.time()
-            job = client.submit(args.model, target="llvm", share=client.lanes()[0].share, trials=args.trials,
-                                trials_per_iter=args.per_iter, seed=seed, clients=n, untuned_baseline=False,
-                                cost_model=cost_model)
-            final = job.wait(timeout_s=1800)
-            wall = time.time() - t0
+            job, final, wall = run_job(client, 1800, model=args.model, target="llvm", share=client.lanes()[0].share,
+                                       trials=args.trials, trials_per_iter=args.per_iter, seed=seed, clients=n,
+                                       untuned_baseline=False, cost_model=cost_model)
             if final["state"] != "done":
                 rows.append({"clients": n, "cost_model": cost_model, "seed": seed, "state": final["state"],
                              "error": final.get("error")})
@@ -84,7 +80,7 @@ def main() -> None:
                                "tuned_latency_us": stock["stock_latency_us"], "per_iter": stock["per_iter"]},
            # 0: the setting's default, twice the trials a round, 64 to 512
            "search_population": int(os.environ.get("SHARETUNE_SEARCH_POPULATION", 0)),
-           "rows": rows, "command": "python " + " ".join(sys.argv)}
+           "rows": rows, "command": command_line("bench.cpu_sharding")}
     models = sorted({r["cost_model"] for r in rows if "wall_s" in r})
     if len(models) > 1:  # which cost model tunes better at equal trials: median over seeds
         import statistics

@@ -7,7 +7,7 @@ kernels' machine code in both cubins (equal or not), each path's seconds to a cu
 difference is ptxas), and the source's size. NVRTC needs no GPU, and the cubin does not depend on the host
 that compiled it, so the equality holds wherever the candidates are built.
 
-    CUDA_PATH=/usr/local/cuda-13.0 python bench/cuda_compile.py --models resnet18,transformer --per-task 3 \\
+    CUDA_PATH=/usr/local/cuda-13.0 python -m bench.cuda_compile --models resnet18,transformer --per-task 3 \\
         --out-json bench/results/cuda_compile.json
 """
 from __future__ import annotations
@@ -20,8 +20,31 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+H200 = {"kind": "cuda", "arch": "sm_90", "max_threads_per_block": 1024, "max_shared_memory_per_block": 49152,
+        "thread_warp_size": 32}
+
+
+def sample_candidates(model: str, per_task: int, tasks: int, seed: int = 0):
+    """(the H200's target, [(task name, candidate module)]): replay-trace samples of the heaviest tasks."""
+    import tvm
+    from tvm.s_tir import meta_schedule as ms
+
+    from services.tuner.metaschedule.extract import extract
+    from sharetune import intake
+
+    target = tvm.target.Target(H200)
+    found = sorted(extract(intake.to_relax(model).mod, target), key=lambda t: -t.flops * t.weight)
+    out = []
+    for task in found[:tasks]:
+        ctx = ms.TuneContext(mod=task.mod, target=target, space_generator="post-order-apply",
+                             search_strategy=ms.search_strategy.ReplayTrace(), task_name=task.name,
+                             rand_state=seed, num_threads=1)
+        spaces = ctx.generate_design_space()
+        ctx.pre_tuning(per_task, per_task, spaces, None, None)
+        cands = ctx.generate_measure_candidates() or []
+        out += [(task.name, c.sch.mod) for c in cands[:per_task]]
+        ctx.post_tuning()
+    return target, out
 
 
 def timed(fn):
@@ -37,8 +60,6 @@ def main(argv=None) -> int:
     ap.add_argument("--tasks", type=int, default=1000, help="at most this many tasks a model, heaviest first")
     ap.add_argument("--out-json", default=os.path.join(os.environ.get("OUT", "/tmp"), "cuda_compile.json"))
     args = ap.parse_args(argv)
-    from build_profile import sample_candidates
-
     from services.measurer.metaschedule import cuda_compile as cc
     from services.measurer.metaschedule.build import build
 

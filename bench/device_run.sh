@@ -49,14 +49,14 @@ PY
     tar czf "$OUT/smoke_logs.tgz" -C /tmp/smoke logs mps 2>/dev/null
     ;;
   gputest) python3 -m pytest -q -m gpu tests/test_gpu.py -p no:cacheprovider 2>&1 | tail -30 ;;
-  stock) timeout 570 python3 bench/gpu_tuning.py --part stock "${@:2}" 2>&1 | tail -40 ;;
-  ours) timeout 570 python3 bench/gpu_tuning.py --part ours "${@:2}" 2>&1 | tail -40
+  stock) timeout 570 python3 -m bench.gpu_tuning --part stock "${@:2}" 2>&1 | tail -40 ;;
+  ours) timeout 570 python3 -m bench.gpu_tuning --part ours "${@:2}" 2>&1 | tail -40
         tar czf "$OUT/ours_logs.tgz" -C /tmp/gpu_bench . --exclude='*.so' --exclude=redis --exclude=database 2>/dev/null ;;
-  sharding) timeout 570 python3 bench/gpu_sharding.py "${@:2}" 2>&1 | tail -40
+  sharding) timeout 570 python3 -m bench.gpu_sharding "${@:2}" 2>&1 | tail -40
         tar czf "$OUT/sharding_logs.tgz" -C /tmp/gpu_sharding . --exclude='*.so' --exclude=redis --exclude=database 2>/dev/null ;;
   # tuned-at x served-at matrix, resnet18 + transformer, every task; one model per GPU when there are two (~9.5 min)
   matrix) nvidia-smi --query-gpu=index,uuid,name --format=csv,noheader
-          timeout 585 python3 bench/share_matrix.py "${@:2}" 2>&1 | tail -60
+          timeout 585 python3 -m bench.share_matrix "${@:2}" 2>&1 | tail -60
           tar czf "$OUT/matrix_logs.tgz" -C /tmp/share_matrix . --exclude='*.so' --exclude=redis --exclude=database \
               --exclude='*.npz' --exclude=ms 2>/dev/null ;;
   # issue 23, one GPU, the full matrix (> one call): in the background from a copy outside the working tree;
@@ -65,7 +65,7 @@ PY
   matrix-bg) mkdir -p /tmp/matrix && rm -rf /tmp/matrix/repo /tmp/matrix/DONE && cp -r . /tmp/matrix/repo
           nvidia-smi --query-gpu=index,uuid,name --format=csv,noheader
           (cd /tmp/matrix/repo && PYTHONPATH=/tmp/site:/tmp/matrix/repo OUT=/tmp/matrix setsid nohup bash -c \
-              "python3 bench/share_matrix.py --work-dir /tmp/matrix/work $(printf '%q ' "${@:2}"); touch /tmp/matrix/DONE" \
+              "python3 -m bench.share_matrix --work-dir /tmp/matrix/work $(printf '%q ' "${@:2}"); touch /tmp/matrix/DONE" \
               > /tmp/matrix/driver.log 2>&1 < /dev/null &)
           bash "$0" matrix-wait ;;
   matrix-wait)
@@ -80,18 +80,13 @@ PY
     keep_logs /tmp/matrix/work matrix_logs ;;
   # issue 22, one GPU: 4x25 % lanes (job A; illegal-address, hung-kernel and launch-failure culprits) and a
   # CPU lane (the bystander job): rows in $OUT/gpu_fault_h200.json (<= 340 s; the script stops waiting at 300 s)
-  # issue 12: stock's window beside the 16-core configurations (A), the 32-core and two-GPU ones (B); the
-  # stage-by-stage CUDA build profile runs beside A on core 15 (ours: a handicap to the service, not stock)
-  scale) part=${2:-A}
-         [ "$part" = A ] && { taskset -c 15 python3 bench/build_profile.py --tasks 4 --candidates 3 \
-             --out-json "$OUT/build_profile_h200.json" > "$OUT/build_profile.log" 2>&1 & }
-         timeout 580 python3 bench/scale_h200.py --part "$part" "${@:3}" 2>&1 | tail -40
-         wait
-         keep_logs /tmp/scale_bench "scale_logs_$part" ;;
+  # issue 12: stock's window beside the 16-core configurations (A), the 32-core and two-GPU ones (B)
+  scale) timeout 580 python3 -m bench.scale_h200 --part "${2:-A}" "${@:3}" 2>&1 | tail -40
+         keep_logs /tmp/scale_bench "scale_logs_${2:-A}" ;;
   # issue 17: search quality per trial on the H200 (bench/search_quality_gpu.py), in the background (setsid) so
   # that it outlives a call's 10 minutes; `searchq-wait` waits for it in the next call (back to back)
   searchq) mkdir -p /tmp/sqg
-           setsid nohup python3 bench/search_quality_gpu.py --out /tmp/sqg/search_quality_h200.json "${@:2}" \
+           setsid nohup python3 -m bench.search_quality_gpu --out /tmp/sqg/search_quality_h200.json "${@:2}" \
                > /tmp/sqg/driver.log 2>&1 < /dev/null &
            bash "$0" searchq-wait ;;
   searchq-wait)
@@ -99,12 +94,12 @@ PY
     keep_logs /tmp/sqg searchq_logs ;;
   # the default-schedule guard on that run's records (carry .sqg: its databases and JSON)
   searchq-guard) mkdir -p /tmp/sqg && tar xzf .sqg/sqg_dbs.tgz -C /tmp/sqg
-           timeout 560 python3 bench/search_quality_guard.py --work-dir /tmp/sqg --first-run .sqg/search_quality_h200.json "${@:2}" 2>&1 | tail -40 ;;
+           timeout 560 python3 -m bench.search_quality_guard --work-dir /tmp/sqg --first-run .sqg/search_quality_h200.json "${@:2}" 2>&1 | tail -40 ;;
   # issue 21, one GPU: stock's windows, then the service's configurations, in the background (setsid) from a
   # copy outside the working tree; `scale1-wait` (the next calls, back to back) waits and collects the JSON
   scale1) rm -rf /tmp/scale1 && mkdir -p /tmp/scale1 && cp -r . /tmp/scale1/repo
           (cd /tmp/scale1/repo && PYTHONPATH=/tmp/site:/tmp/scale1/repo OUT=/tmp/scale1 setsid nohup python3 \
-              bench/scale_h200.py --part A --work-dir /tmp/scale1/work "${@:2}" > /tmp/scale1/driver.log 2>&1 < /dev/null &)
+              -m bench.scale_h200 --part A --work-dir /tmp/scale1/work "${@:2}" > /tmp/scale1/driver.log 2>&1 < /dev/null &)
           bash "$0" scale1-wait ;;
   scale1-wait)
     wait_for_background /tmp/scale1/scale_partA.json /tmp/scale1/driver.log '^Traceback' ${SCALE_WAIT_S:-560}
@@ -135,6 +130,6 @@ PY
     tail -c 20000 /tmp/ttq/driver.log
     keep_logs /tmp/ttq/work ttq_logs ;;
   gpufault) nvidia-smi --query-gpu=index,uuid,name --format=csv,noheader
-    timeout 340 python3 bench/gpu_fault.py "${@:2}" 2>&1 | tail -60
+    timeout 340 python3 -m bench.gpu_fault "${@:2}" 2>&1 | tail -60
     keep_logs /tmp/gpu_fault gpu_fault_logs ;;
 esac

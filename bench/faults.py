@@ -3,9 +3,9 @@ SIGKILLs, real crashing and hanging TVM programs) and the bad-input tests, then 
 bench/results/faults.json: one row per scenario (scenario, jobs_completed, candidates_lost,
 trials_respent, recovery_s), the tests' outcomes and the git state.
 
-    .venv/bin/python bench/faults.py          # ~10-15 min on a 2-core host
+    .venv/bin/python -m bench.faults          # ~10-15 min on a 2-core host
 
-The tests compute the figures themselves (tests/faultlib.record_row); this script only gathers them.
+The tests compute the figures themselves (sharetune.testing.faults.record_row); this script only gathers them.
 """
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+from bench.harness.common import REPO, RESULTS, child_env, git_state
 TESTS = ["tests/test_faults.py", "tests/test_poison.py", "tests/test_bad_input.py", "tests/test_security.py",
          "tests/test_sharding.py"]
 
@@ -38,19 +38,10 @@ BAD_INPUTS = {
 }
 
 
-def git_state() -> dict:
-    def run(*args):
-        return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True).stdout.strip()
-
-    return {"commit": run("rev-parse", "HEAD"), "branch": run("rev-parse", "--abbrev-ref", "HEAD"),
-            "dirty": bool(run("status", "--porcelain", "--untracked-files=no"))}
-
-
 def main() -> int:
     tmp = Path(tempfile.mkdtemp(prefix="sharetune-faults-"))
     rows_path, junit = tmp / "rows.jsonl", tmp / "junit.xml"
-    env = dict(os.environ, SHARETUNE_FAULTS_OUT=str(rows_path))
-    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    env = child_env(SHARETUNE_FAULTS_OUT=str(rows_path))
     t0 = time.time()
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--basetemp={tmp / 'pt'}",
                            f"--junitxml={junit}", *TESTS], cwd=REPO, env=env)
@@ -62,12 +53,14 @@ def main() -> int:
     for test, scenario in BAD_INPUTS.items():
         rows.append({"scenario": scenario, "jobs_completed": None, "candidates_lost": 0, "trials_respent": 0,
                      "recovery_s": None, "answered_with_clear_error": outcomes.get(test) == "passed", "test": test})
+    code = git_state()
     result = {"rows": rows, "tests": outcomes, "pytest_exit": proc.returncode, "wall_s": round(time.time() - t0, 1),
-              "host_cores": os.cpu_count(), "load_avg_1m_at_end": os.getloadavg()[0], "git": git_state(),
+              "host_cores": os.cpu_count(), "load_avg_1m_at_end": os.getloadavg()[0],
+              "git": {"commit": code["head"], "branch": code["branch"], "dirty": bool(code["modified"])},
               "note": "CPU only; recovery_s: kill -9 -> lane live again; Redis down -> up; poison -> the lane's "
                       "answer for the poison candidate (both attempts and respawns). The GPU row comes from "
                       "bench/gpu_fault.py on the GPU machine."}
-    out = REPO / "bench" / "results" / "faults.json"
+    out = RESULTS / "faults.json"
     out.write_text(json.dumps(result, indent=1) + "\n")
     print(f"{'scenario':62} {'done':>4} {'lost':>4} {'respent':>7} {'recovery_s':>10}")
     for r in rows:

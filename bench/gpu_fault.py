@@ -19,11 +19,11 @@ fault -> the GPU's lanes measuring again, from the supervisor's phase times) and
 Writes $OUT/gpu_fault_h200.json.
 
 `--rehearse`: the same driver on CPU lanes (no GPU): the culprits are the sandbox's crash, hang and build
-crash (tests/faultlib.py; SHARETUNE_TEST_FAULT_HOOKS), which a CPU lane quarantines without a recovery.
+crash (sharetune.testing.faults; SHARETUNE_TEST_FAULT_HOOKS), which a CPU lane quarantines without a recovery.
 Writes $OUT/gpu_fault_rehearsal.json.
 
-    bash bench/device_run.sh gpufault            # or: python3 bench/gpu_fault.py [--budget-s 300]
-    python bench/gpu_fault.py --rehearse         # on CPU
+    bash bench/device_run.sh gpufault            # or: python3 -m bench.gpu_fault [--budget-s 300]
+    python -m bench.gpu_fault --rehearse         # on CPU
 """
 from __future__ import annotations
 
@@ -35,8 +35,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(REPO), str(REPO / "tests")]
+from bench.harness.common import out_dir
+from bench.harness.jobs import gpus as find_gpus
+from sharetune.testing import faults as fault_kit
 
 INJECT_TIMEOUT_S = 2.0  # the injected batch's run timeout: the watchdog's allowance is 2x this plus its margin
 WATCHDOG_MARGIN_S = 5.0
@@ -47,7 +48,7 @@ MAX_SENDS = 4
 class Scenario:
     name: str
     gpu_maker: str  # function of this module
-    cpu_maker: str  # function of tests/faultlib.py (the rehearsal)
+    cpu_maker: str  # function of sharetune.testing.faults (the rehearsal)
     poison_on_gpu: bool  # whether its candidate must end quarantined on the GPU
     weight: float  # its part of the time budget: two GPU recoveries, a watchdog's wait on top, none
 
@@ -118,14 +119,7 @@ def bystander_figures(batches, start: float, end: float) -> dict:
 
 # ---- the culprits ----------------------------------------------------------------------------------------
 
-def _candidate(f, cid: str):
-    import tvm
-
-    from services.measurer.metaschedule.codec import dump_ir
-    from shared.messages import Candidate
-
-    return Candidate(candidate_id=cid, mod=dump_ir(tvm.IRModule({"main": f})),
-                     args_info=[["TENSOR", "float32", [1024]]] * 2)
+GPU_ARGS = [["TENSOR", "float32", [1024]]] * 2
 
 
 def faulting_candidate(cid: str):
@@ -133,12 +127,11 @@ def faulting_candidate(cid: str):
 
     @T.prim_func
     def f(A: T.Buffer((1024,), "float32"), B: T.Buffer((1024,), "float32")):
-        T.func_attr({"global_symbol": "main"})
         for bx in T.thread_binding(8, thread="blockIdx.x"):
             for tx in T.thread_binding(128, thread="threadIdx.x"):
                 B[T.Cast("int64", bx * 128 + tx) + T.int64(1099511627776)] = A[bx * 128 + tx]
 
-    return _candidate(f, cid)
+    return fault_kit.candidate(f, cid, args_info=GPU_ARGS)
 
 
 def hanging_candidate(cid: str):
@@ -148,13 +141,12 @@ def hanging_candidate(cid: str):
 
     @T.prim_func
     def f(A: T.Buffer((1024,), "float32"), B: T.Buffer((1024,), "float32")):
-        T.func_attr({"global_symbol": "main"})
         for bx in T.thread_binding(8, thread="blockIdx.x"):
             for tx in T.thread_binding(128, thread="threadIdx.x"):
                 for i in T.serial(T.int64(1099511627776)):
                     B[bx * 128 + tx] = B[bx * 128 + tx] * A[bx * 128 + tx] + T.float32(1)
 
-    return _candidate(f, cid)
+    return fault_kit.candidate(f, cid, args_info=GPU_ARGS)
 
 
 def oversized_launch_candidate(cid: str):
@@ -164,14 +156,13 @@ def oversized_launch_candidate(cid: str):
 
     @T.prim_func
     def f(A: T.Buffer((1024,), "float32"), B: T.Buffer((1024,), "float32")):
-        T.func_attr({"global_symbol": "main"})
         for bx in T.thread_binding(8, thread="blockIdx.x"):
             for tx in T.thread_binding(128, thread="threadIdx.x"):
                 S = T.alloc_buffer((65536,), "float32", scope="shared.dyn")
                 S[tx * 512] = A[bx * 128 + tx]
                 B[bx * 128 + tx] = S[tx * 512]
 
-    return _candidate(f, cid)
+    return fault_kit.candidate(f, cid, args_info=GPU_ARGS)
 
 
 def wait_for(pred, deadline: float, poll_s: float = 0.1):
@@ -188,7 +179,6 @@ def wait_for(pred, deadline: float, poll_s: float = 0.1):
 def run_row(sc: Scenario, make, stack, client, plan: dict, deadline: float, rehearse: bool) -> dict:
     """Send one culprit as a tuner would re-send it, until it is answered "quarantined" without running
     (a poison scenario) or answered at all (an ordinary error); returns the row's raw observations."""
-    import faultlib
     from shared import store
 
     r = client.redis
@@ -212,7 +202,7 @@ def run_row(sc: Scenario, make, stack, client, plan: dict, deadline: float, rehe
         seen, recovered = len(faults()), len(stack.recoveries)
         t0 = time.time()
         batch_id = f"gpufault-{sc.name[:4]}-{n}-{int(t0 * 1000)}"
-        faultlib.send_batch(client, lane, [bad.model_copy(update={"candidate_id": f"bad{n}"})], batch_id,
+        fault_kit.send_batch(client, lane, [bad.model_copy(update={"candidate_id": f"bad{n}"})], batch_id,
                             timeout_s=INJECT_TIMEOUT_S)
         answer = lambda: store.batch_results(r, batch_id)[1].get(f"bad{n}")  # noqa: E731
         # a lane that aborts with its context reports nothing: the supervisor's recovery shows the fault
@@ -264,8 +254,7 @@ def main() -> int:
     trials = args.trials or (8 if rehearse else 32)
     bystander_trials = args.bystander_trials or (24 if rehearse else 64)
     work = Path(args.work or ("/tmp/gpu_fault_rehearsal" if rehearse else "/tmp/gpu_fault"))
-    out = Path(os.environ.get("OUT", "/tmp/out"))
-    out.mkdir(parents=True, exist_ok=True)
+    out = out_dir()
     os.environ["SHARETUNE_WATCHDOG_MARGIN_S"] = str(WATCHDOG_MARGIN_S)  # lanes inherit these
     os.environ.setdefault("SHARETUNE_MAX_CRASHES", "2")
     if rehearse:
@@ -273,7 +262,6 @@ def main() -> int:
         os.environ.setdefault("TVM_NUM_THREADS", "1")
         os.environ.setdefault("SHARETUNE_SEARCH_POPULATION", "128")
 
-    import faultlib
     from shared import store
     from shared.messages import FINAL_STATES
     from sharetune.client import Client
@@ -281,17 +269,13 @@ def main() -> int:
 
     t_begin = time.time()
     deadline = t_begin + budget_s
-    gpus = []
-    if not rehearse:
-        from services.measurer.observers import make_observer
-
-        gpus = make_observer().inventory()
+    gpus = [] if rehearse else find_gpus()
     if not rehearse and not gpus:
         print("no GPU: run with --rehearse on CPU", file=sys.stderr)
         return 2
     plan = plan_lanes([g.uuid for g in gpus], os.cpu_count() or 1)
     wanted = [s for s in SCENARIOS if s.name in {k.strip() for k in args.rows.split(",")}]
-    makers = {s.name: getattr(faultlib, s.cpu_maker) if rehearse else globals()[s.gpu_maker] for s in wanted}
+    makers = {s.name: getattr(fault_kit, s.cpu_maker) if rehearse else globals()[s.gpu_maker] for s in wanted}
     result: dict = {"rehearsal": rehearse, "gpus": [g.name for g in gpus], "lanes": plan["lanes"], "rows": []}
     with Stack(work, lanes=plan["lanes"], log_level="INFO") as stack:
         result["stack_up_s"] = round(time.time() - t_begin, 1)
@@ -323,7 +307,7 @@ def main() -> int:
             row.update(bystander_figures(by_batches, row["started_at"], row["ended_at"]))
         result["jobs"] = {j: {"state": s.get("state"), "error": s.get("error"), "gpu_error": s.get("gpu_error"),
                               **accounting[j]} for j, s in states.items()}
-        result["job_a"] = faultlib.job_figures(r, job_a, trials)
+        result["job_a"] = fault_kit.job_figures(r, job_a, trials)
         result["supervisor"] = [{k: v for k, v in e.items() if k != "faults"} for e in stack.recoveries]
         result["total_s"] = round(time.time() - t_begin, 1)
         name = "gpu_fault_rehearsal.json" if rehearse else "gpu_fault_h200.json"

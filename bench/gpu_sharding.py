@@ -1,10 +1,10 @@
 """Sharding and multi-GPU benchmark (run on an H200 machine, one or more GPUs): the GPU benchmark's
-workload (the k heaviest ResNet-18-like tasks, same trials as bench/gpu_tuning.py) tuned by this service
+workload (the k heaviest ResNet-18-like tasks, same trials as bench.gpu_tuning) tuned by this service
 with N tuner clients over lanes on one GPU or spread over several.
 
-    python bench/gpu_sharding.py --configs 1:4x25:1,1:4x25:2,1:4x25:4,2:4x25:4
+    python -m bench.gpu_sharding --configs 1:4x25:1,1:4x25:2,1:4x25:4,2:4x25:4
         config = GPUS:LANES_PER_GPU:CLIENTS[:COST_MODEL]  (COST_MODEL shared | per_client)
-    python bench/gpu_sharding.py --report OUT.json   # print the tables of a finished run
+    python -m bench.gpu_sharding --report OUT.json   # print the tables of a finished run
 
 Writes, under $OUT: gpu_sharding_rows.json (every row as it finishes), sharding_h200.json (rows on one GPU:
 clients, lanes, wall_s, trials, tuned_latency_us, speedup_vs_stock) and gpu_scaling.json (one GPU against
@@ -15,24 +15,23 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-
-from bench.gpu_tuning import e2e_latency_us, gpu_target, heaviest, model_inputs  # noqa: E402
-
+from bench.harness.common import RESULTS
+from bench.harness.jobs import gpus as find_gpus, run_job
+from bench.harness.samplers import BusySampler
+from bench.harness.serving import e2e_latency_us, model_inputs
+from bench.harness.stock import heaviest, make_target
 
 def stock_row() -> dict | None:
-    path = REPO / "bench" / "results" / "gpu_tuning_h200.json"
+    path = RESULTS / "gpu_tuning_h200.json"
     if not path.exists():
         return None
     return next((r for r in json.loads(path.read_text())["rows"] if r["config"] == "stock"), None)
 
 
-def run_config(cfg: str, args, names, inputs, obs, gpus) -> dict:
+def run_config(cfg: str, args, names, inputs, gpus) -> dict:
     from sharetune.client import Client
     from services.measurer.agent import gpu_lanes
     from sharetune.stack import Stack
@@ -49,18 +48,12 @@ def run_config(cfg: str, args, names, inputs, obs, gpus) -> dict:
     with Stack(Path(args.work_dir) / cfg.replace(":", "_"), lanes=lanes, tuners=clients, log_level="INFO") as stack:
         startup = time.time() - t_up
         client = Client(stack.redis_url)
-        for g in gpus[:1]:
-            obs.start_window(g.uuid)
-        t0 = time.time()
-        job = client.submit(args.model, target="cuda", share=share, trials=args.trials, trials_per_iter=args.per_iter,
-                            seed=0, only_tasks=names, clients=clients, cost_model=cost_model,
-                            untuned_baseline=False)  # stock's figure has no compile either
-        try:
-            final = job.wait(timeout_s=args.timeout)
-        except TimeoutError as err:
-            final = {"state": "timeout", "error": str(err)}
-        wall = time.time() - t0
-        window = obs.stop_window()
+        busy = BusySampler(gpus[0].uuid, interval_ms=None)
+        job, final, wall = run_job(client, args.timeout, model=args.model, target="cuda", share=share,
+                                   trials=args.trials, trials_per_iter=args.per_iter, seed=0, only_tasks=names,
+                                   clients=clients, cost_model=cost_model,
+                                   untuned_baseline=False)  # stock's figure has no compile either
+        busy_frac = busy.stop()
         if final["state"] != "done":
             return {"config": cfg, "state": final["state"], "error": final.get("error"), "wall_s_partial": round(wall, 1),
                     "status": job.status()}
@@ -71,7 +64,7 @@ def run_config(cfg: str, args, names, inputs, obs, gpus) -> dict:
                 "share": share, "cost_model": cost_model, "wall_s": round(wall, 2), "tune_s": round(tune_s, 2),
                 "trials": res.trials, "trials_per_min": round(60 * res.trials / wall, 2),
                 "tune_trials_per_min": round(60 * res.trials / tune_s, 2),
-                "gpu0_busy_frac": round(window.busy_fraction, 4), "tuned_latency_us": round(lat, 2),
+                "gpu0_busy_frac": busy_frac, "tuned_latency_us": round(lat, 2),
                 "split_s": res.time_split_s, "stack_startup_s": round(startup, 2)}
 
 
@@ -134,15 +127,12 @@ def main() -> None:
     if args.report:
         rows = json.loads(Path(args.report).read_text())["rows"]
     else:
-        from services.measurer.observers import make_observer
-
-        obs = make_observer()
-        gpus = obs.inventory()
-        _, names, _ = heaviest(args.model, args.tasks, gpu_target())
+        gpus = find_gpus()
+        _, names, _ = heaviest(args.model, args.tasks, make_target(False))
         inputs = model_inputs(args.model)
         rows = []
         for cfg in args.configs.split(","):
-            rows.append(run_config(cfg, args, names, inputs, obs, gpus))
+            rows.append(run_config(cfg, args, names, inputs, gpus))
             print(json.dumps(rows[-1]), flush=True)
             (out / "gpu_sharding_rows.json").write_text(json.dumps({"rows": rows, "tasks": names,
                                                                      "per_iter": args.per_iter}, indent=1))

@@ -1,9 +1,9 @@
 """GPU tuning benchmark (run on the H200 machine): stock MetaSchedule against this service with
 1 x 100 %, 2 x 50 % and 4 x 25 % MPS lanes, same model tasks, same trial budget.
 
-    python bench/gpu_tuning.py --part stock   # stock tune_tasks: LocalBuilder on all cores + LocalRunner
-    python bench/gpu_tuning.py --part ours    # this service, one configuration after another
-    python bench/gpu_tuning.py --merge A.json B.json --out bench/results/gpu_tuning_h200.json
+    python -m bench.gpu_tuning --part stock   # stock tune_tasks: LocalBuilder on all cores + LocalRunner
+    python -m bench.gpu_tuning --part ours    # this service, one configuration after another
+    python -m bench.gpu_tuning --merge A.json B.json --out bench/results/gpu_tuning_h200.json
 
 The workload is the k heaviest tasks (by FLOPs x weight) of the ResNet-18-like zoo model. Both sides
 compile the whole model with their records (stock compile_relax; untuned operators get DLight's
@@ -13,110 +13,36 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-
-
-def gpu_target():
-    from services.measurer.metaschedule.targets import gpu_target as lane_gpu_target
-
-    return lane_gpu_target()  # the same target the lanes tune for
-
-
-def heaviest(model: str, k: int, target):
-    from services.tuner.metaschedule.extract import extract, fuse
-    from sharetune.intake import to_relax
-    from tvm.s_tir import meta_schedule as ms
-
-    mod = to_relax(model).mod
-    tasks = extract(mod, target)
-    tasks = sorted(tasks, key=lambda t: -t.flops * t.weight)[:k]
-    names = [t.name for t in tasks]
-    extracted = [t for t in ms.relax_integration.extract_tasks(fuse(mod), target) if t.task_name in names]
-    return mod, names, extracted
-
-
-def e2e_latency_us(ex_or_path, inputs) -> float:
-    import numpy as np
-    import tvm
-    from tvm import relax
-
-    lib = tvm.runtime.load_module(ex_or_path) if isinstance(ex_or_path, str) else ex_or_path
-    dev = tvm.cuda(0)
-    vm = relax.VirtualMachine(lib, dev)
-    args = [tvm.runtime.tensor(x, dev) for x in inputs]
-    vm["main"](*args)
-    timer = vm.time_evaluator("main", dev, number=10, repeat=20, min_repeat_ms=50)
-    return float(np.median(timer(*args).results)) * 1e6
-
-
-def torch_eager_us(model: str) -> float:
-    import torch
-
-    from sharetune.zoo import get
-
-    m, example = get(model).build()
-    m = m.cuda()
-    x = [t.cuda() for t in example]
-    with torch.no_grad():
-        for _ in range(10):
-            m(*x)
-        torch.cuda.synchronize()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        times = []
-        for _ in range(50):
-            start.record()
-            m(*x)
-            end.record()
-            torch.cuda.synchronize()
-            times.append(start.elapsed_time(end) * 1e3)
-    times.sort()
-    return times[len(times) // 2]
-
-
-def model_inputs(model: str):
-    from sharetune.zoo import get
-
-    _, example = get(model).build()
-    return [t.detach().numpy() for t in example]
+from bench.harness.jobs import gpu_lane, gpus as find_gpus, run_job
+from bench.harness.samplers import BusySampler
+from bench.harness.serving import e2e_latency_us, model_inputs, torch_eager_us
+from bench.harness.stock import heaviest, make_target, tune_tasks
 
 
 def run_stock(args) -> dict:
     from tvm.s_tir import meta_schedule as ms
 
-    from services.measurer.observers import make_observer
-
-    target = gpu_target()
+    target = make_target(False)
     mod, names, extracted = heaviest(args.model, args.tasks, target)
     work = Path(args.work_dir) / "stock"
     work.mkdir(parents=True, exist_ok=True)
-    obs = make_observer()
-    uuid = obs.inventory()[0].uuid if obs.inventory() else None
-    if uuid:
-        obs.start_window(uuid)
+    found = find_gpus()
+    busy = BusySampler(found[0].uuid if found else None, interval_ms=None)
     t0 = time.time()
     with ms.Profiler() as prof:
         contexts, weights = ms.relax_integration.extracted_tasks_to_tune_contexts(extracted, str(work), seed=0)
-        db = ms.tune_tasks(
-            tasks=contexts, task_weights=weights, work_dir=str(work), max_trials_global=args.trials,
-            num_trials_per_iter=args.per_iter,
-            builder=ms.builder.LocalBuilder(max_workers=os.cpu_count(), timeout_sec=120),
-            runner=ms.runner.LocalRunner(timeout_sec=60), database=ms.database.JSONDatabase(work_dir=str(work)),
-        )
+        db = tune_tasks(contexts, weights, str(work), args.trials, args.per_iter, os.cpu_count() or 1)
     wall = time.time() - t0
-    window = obs.stop_window() if uuid else None
     profile = {k: round(float(v), 2) for k, v in prof.get().items()}
     trials = sum(1 for _ in open(work / "database_tuning_record.json"))
     ex = ms.relax_integration.compile_relax(db, mod, target, params=None)
     lat = e2e_latency_us(ex, model_inputs(args.model))
     return {"config": "stock", "lanes": 0, "wall_s": round(wall, 2), "trials": trials,
             "trials_per_min": round(60 * trials / wall, 2),
-            "gpu_busy_frac": round(window.busy_fraction, 4) if window else None,
-            "tuned_latency_us": round(lat, 2), "tasks": names, "profile_s": profile,
+            "gpu_busy_frac": busy.stop(), "tuned_latency_us": round(lat, 2), "tasks": names, "profile_s": profile,
             "split_s": _stock_split(profile)}
 
 
@@ -131,18 +57,11 @@ def _stock_split(profile: dict) -> dict:
 
 
 def run_ours(args) -> list[dict]:
-    from services.measurer.observers import make_observer
     from sharetune.client import Client
     from sharetune.stack import Stack
 
-    obs = make_observer()
-    gpus = obs.inventory()
-    uuid = gpus[0].uuid
-    from shared.ids import gpu8
-
-    u8 = gpu8(uuid)
-    target = gpu_target()
-    _, names, _ = heaviest(args.model, args.tasks, target)
+    uuid = find_gpus()[0].uuid
+    _, names, _ = heaviest(args.model, args.tasks, make_target(False))
     inputs = model_inputs(args.model)
     configs = [c for c in args.configs.split(",") if c != "stock"]
     out = []
@@ -151,22 +70,16 @@ def run_ours(args) -> list[dict]:
         # one fresh stack per configuration: each lane gets an equal part of the host's cores for its
         # warm build pool, as a deployment of that configuration would
         n, pct = (int(x) for x in c.split("x"))
-        lanes = [f"measure.{u8}.p{pct}"] * n
+        lanes = [gpu_lane(uuid, pct)] * n
         t_up = time.time()
         with Stack(Path(args.work_dir) / f"ours-{c}", lanes=lanes, tuners=1, log_level="INFO") as stack:
             startup = time.time() - t_up
             client = Client(stack.redis_url)
-            obs.start_window(uuid)
-            t0 = time.time()
-            job = client.submit(args.model, target="cuda", share=pct, trials=args.trials,
-                                trials_per_iter=args.per_iter, seed=0, only_tasks=names,
-                                retime_top_k=args.retime)
-            try:
-                final = job.wait(timeout_s=args.timeout)
-            except TimeoutError as err:
-                final = {"state": "timeout", "error": str(err), "trials": job.status()["trials"]}
-            wall = time.time() - t0
-            window = obs.stop_window()
+            busy = BusySampler(uuid, interval_ms=None)
+            job, final, wall = run_job(client, args.timeout, model=args.model, target="cuda", share=pct,
+                                       trials=args.trials, trials_per_iter=args.per_iter, seed=0, only_tasks=names,
+                                       retime_top_k=args.retime)
+            busy_frac = busy.stop()
             if final["state"] != "done":
                 out.append({"config": c, "error": final.get("error"), "state": final["state"],
                             "wall_s_partial": round(wall, 1), "status": job.status()})
@@ -176,7 +89,7 @@ def run_ours(args) -> list[dict]:
                 out.append({"config": c, "lanes": n, "share": pct, "wall_s": round(wall, 2),
                             "tune_s": res.time_split_s.get("tune_total"), "trials": res.trials,
                             "trials_per_min": round(60 * res.trials / wall, 2),
-                            "gpu_busy_frac": round(window.busy_fraction, 4), "tuned_latency_us": round(lat, 2),
+                            "gpu_busy_frac": busy_frac, "tuned_latency_us": round(lat, 2),
                             "split_s": res.time_split_s, "stack_startup_s": round(startup, 2),
                             "build_workers_per_lane": max(1, (os.cpu_count() or 1) // n),
                             "retime": res.retime})
@@ -245,7 +158,7 @@ def main() -> None:
     if args.part in ("ours", "all"):
         rows += run_ours(args)
         extra["torch_eager_us"] = round(torch_eager_us(args.model), 2)
-    extra["tasks"] = heaviest(args.model, args.tasks, gpu_target())[1]
+    extra["tasks"] = heaviest(args.model, args.tasks, make_target(False))[1]
     out = args.out or os.path.join(os.environ.get("OUT", "."), f"gpu_tuning_{args.part}.json")
     Path(out).write_text(json.dumps({**extra, "rows": rows}, indent=1))
     print_table({**extra, "rows": rows})

@@ -1,10 +1,11 @@
 """The results manifest, bench/results/MANIFEST.json: for each results file (or kept folder) under
 bench/results, the script that wrote it, the host it ran on, the commit and date it was last committed at, the
-command that reproduces it where the docs give one, and the docs that cite it. A file no doc cites is listed
-with `"cited_by": []`: an orphan, kept on purpose or to be pruned.
+command that reproduces it (the one the results file records, else the one the docs give; set by hand where
+neither does, and then kept), and the docs that cite it. A file no doc cites is listed with `"cited_by": []`:
+raw data kept beside the figures made from it.
 
-    python bench/manifest.py            # refresh commits, dates and citations; add new files (commands kept)
-    python bench/manifest.py --check    # exit 1 when a results file is missing from the manifest, or the reverse
+    python -m bench.manifest            # refresh commits, dates and citations; add new files (commands kept)
+    python -m bench.manifest --check    # exit 1 when a results file is missing from the manifest, or the reverse
 
 tests/test_bench_manifest.py runs the check."""
 from __future__ import annotations
@@ -16,9 +17,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-RESULTS = REPO / "bench" / "results"
+from bench.harness.common import REPO, RESULTS
+
 MANIFEST = RESULTS / "MANIFEST.json"
+FIELDS = ("script", "host", "command", "commit", "date")
+# run as scripts until they are ported to the harness (python bench/<name>.py)
+SCRIPTS_RUN_BY_PATH = ("time_to_quality", "valid_sampling")
 
 
 def results_entries() -> list[str]:
@@ -52,11 +56,29 @@ def _script_for(name: str) -> str | None:
 def _command_in(docs: dict[str, str], script: str | None) -> str | None:
     if not script:
         return None
+    module = "bench." + Path(script).stem
     for text in docs.values():
-        m = re.search(rf"python3? {re.escape(script)}[^`\n]*", text)
+        m = re.search(rf"python3? (?:-m {re.escape(module)}\b|{re.escape(script)})[^`\n]*", text)
         if m:
             return m.group(0).strip()
     return None
+
+
+def _recorded_command(name: str) -> str | None:
+    """The command a results file records itself, as it is run now."""
+    try:
+        body = json.loads((RESULTS / name).read_text()) if name.endswith(".json") else {}
+    except (OSError, ValueError):
+        return None
+    command = body.get("command") if isinstance(body, dict) else None
+    return as_run_now(command) if isinstance(command, str) else None
+
+
+def as_run_now(command: str) -> str:
+    """`python bench/x.py ...` as `python -m bench.x ...` for a script run as a module."""
+    return re.sub(r"python(3?) bench/(\w+)\.py",
+                  lambda m: m.group(0) if m.group(2) in SCRIPTS_RUN_BY_PATH else f"python{m.group(1)} -m bench.{m.group(2)}",
+                  command)
 
 
 def refresh(old: dict) -> dict:
@@ -66,8 +88,8 @@ def refresh(old: dict) -> dict:
         entry.setdefault("script", _script_for(name))
         entry.setdefault("host", "one NVIDIA H200 + 16 cores" if "h200" in name or name.startswith("time_to_quality")
                          else "this project's 2-core CPU host")
-        if "command" not in entry:  # null: the citing doc says how (a command set by hand is kept)
-            entry["command"] = _command_in(docs, entry["script"])
+        entry["command"] = as_run_now(_recorded_command(name) or entry.get("command")
+                                      or _command_in(docs, entry["script"]) or "")
         log = _git("log", "-1", "--format=%h %cs", "--", f"bench/results/{name}").split()
         if log:
             entry["commit"], entry["date"] = log
@@ -77,9 +99,11 @@ def refresh(old: dict) -> dict:
 
 
 def check(manifest: dict) -> list[str]:
+    """What is wrong with the manifest: results files it misses, entries whose file is gone, fields left empty."""
     have = set(results_entries())
     return ([f"not in the manifest: {n}" for n in sorted(have - set(manifest))]
-            + [f"in the manifest but gone: {n}" for n in sorted(set(manifest) - have)])
+            + [f"in the manifest but gone: {n}" for n in sorted(set(manifest) - have)]
+            + [f"{n}: no {f}" for n, e in sorted(manifest.items()) for f in FIELDS if not e.get(f)])
 
 
 def main(argv=None) -> int:

@@ -5,7 +5,7 @@ its embedded Redis) tunes the tiny model; once a batch is in flight the embedded
 asked every few seconds (503 and the reason, each within a second). Writes `$OUT/redis_outage.json`
 (default bench/results/redis_outage.json): the job's end state, claimed = recorded, the API's answers.
 
-    python bench/redis_outage.py --outage-s 300     # ~7 min on a 2-core host
+    python -m bench.redis_outage --outage-s 300     # ~7 min on a 2-core host
 """
 from __future__ import annotations
 
@@ -19,11 +19,8 @@ import time
 import urllib.request
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-if str(REPO) not in sys.path:  # run as a script from anywhere
-    sys.path.insert(0, str(REPO))
-
-from shared import names, store  # noqa: E402
+from bench.harness.common import REPO, RESULTS, child_env, module_command
+from shared import names, store
 
 
 def batch_in_flight(r, before: set, job_id: str, timeout_s: float = 300) -> None:
@@ -61,7 +58,7 @@ def main(argv=None) -> int:
     ap.add_argument("--trials", type=int, default=16)
     ap.add_argument("--api-port", type=int, default=18765)
     ap.add_argument("--out", default=str(Path(os.environ["OUT"]) / "redis_outage.json") if os.environ.get("OUT")
-                    else str(REPO / "bench" / "results" / "redis_outage.json"))
+                    else str(RESULTS / "redis_outage.json"))
     args = ap.parse_args(argv)
     os.environ.pop("REDIS_URL", None)
     os.environ.pop("SHARETUNE_REDIS_OUTAGE_S", None)  # the default window, as deployed
@@ -69,9 +66,9 @@ def main(argv=None) -> int:
     os.environ["SHARETUNE_CORE_LOCK_DIR"] = str(work / "cores")
     out: dict = {"outage_s": args.outage_s, "trials": args.trials, "window_s": "default (SHARETUNE_REDIS_OUTAGE_S)"}
     with Stack(work / "stack", lanes=["measure.cpu.c0"], tuners=1, log_level="INFO") as st:
-        env = dict(os.environ, REDIS_URL=st.redis_url)
-        api = subprocess.Popen([sys.executable, "-m", "sharetune", "api", "--port", str(args.api_port), "--no-token"], cwd=REPO,
-                               env=env, stdout=open(work / "api.log", "wb"), stderr=subprocess.STDOUT)
+        api = subprocess.Popen(module_command("sharetune", "api", "--port", args.api_port, "--no-token"), cwd=REPO,
+                               env=child_env(REDIS_URL=st.redis_url), stdout=open(work / "api.log", "wb"),
+                               stderr=subprocess.STDOUT)
         try:
             r, client = store.connect(st.redis_url), Client(st.redis_url)
             before = set(r.scan_iter(match=f"{names.PREFIX}:batch:*"))

@@ -19,27 +19,29 @@ to the model through a JSON database exactly as stock's are (compile_relax), and
 fresh process at the configuration's share, interleaved. The JSON is written after every step, and a run
 started again with the same --work-dir and output resumes after the last finished step.
 
-    python bench/scale_h200.py --part A --models resnet18,transformer     # one GPU, ~20 min: background it
-    python bench/scale_h200.py --part B
-    python bench/scale_h200.py --rehearse     # the same code on CPU lanes (llvm), small, on this host
-    python bench/scale_h200.py --merge A.json B.json --out bench/results/scale_h200.json
+    python -m bench.scale_h200 --part A --models resnet18,transformer     # one GPU, ~20 min: background it
+    python -m bench.scale_h200 --part B
+    python -m bench.scale_h200 --rehearse     # the same code on CPU lanes (llvm), small, on this host
+    python -m bench.scale_h200 --merge A.json B.json --out bench/results/scale_h200.json
 """
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
-import re
-import signal
 import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+from bench.harness.common import child_env, cores_of, last_json_line, out_dir
+from bench.harness.jobs import gpu_lane, gpus as find_gpus, job_records, run_job
+from bench.harness.samplers import BusySampler, CpuSampler
+from bench.harness.serving import export_job_records, serve, serving_mps, spawn_compile
+from bench.harness.stock import (
+    kill_group, spawn_tune_tasks, stock_records, stock_steady_from_log, stock_trials_from_log,
+)
 
 CONFIGS = {  # name -> (lanes per GPU "NxPCT", GPUs, builders, builder cores, tuner-side cores, timing)
     "1gpu-1x100": ("1x100", 1, 16, "0-15", "0-15", "screen"),
@@ -51,220 +53,6 @@ CONFIGS = {  # name -> (lanes per GPU "NxPCT", GPUs, builders, builder cores, tu
 REHEARSAL = {"cpu-1lane": ("measure.cpu.c0", 1, 1, "1", "0-1", "screen"),
              "cpu-1lane-uniform": ("measure.cpu.c0", 1, 1, "1", "0-1", "uniform")}
 FIRST_MODEL_ONLY = {"1gpu-1x100-uniform", "cpu-1lane-uniform"}  # the comparison runs on one model
-
-
-def out_dir() -> Path:
-    d = Path(os.environ.get("OUT", "/tmp/out"))
-    d.mkdir(parents=True, exist_ok=True)
-    return d
-
-
-class BusySampler:
-    """GPU busy fraction over a window (NVML utilisation, through the project's observer)."""
-
-    def __init__(self, uuid: str | None):
-        self.uuid, self.obs = uuid, None
-        if uuid:
-            from services.measurer.observers import make_observer
-
-            self.obs = make_observer()
-            self.obs.start_window(uuid, interval_ms=250)
-
-    def stop(self) -> float | None:
-        if self.obs is None:
-            return None
-        stats = self.obs.stop_window()
-        self.obs.close()
-        return None if stats.busy_fraction is None else round(stats.busy_fraction, 4)
-
-
-class CpuSampler:
-    """Where the host's CPU went over a window: its busy fraction and the CPU seconds of each role of the
-    stack (tuner, builder, lane, updater, planner...), each process with its children (build pools, a
-    lane's timing child). A process that a supervisor restarted part-way counts from its start."""
-
-    def __init__(self, procs: dict):
-        import psutil
-
-        self.procs = procs
-        self.t0, self.host0, self.roles0 = time.time(), psutil.cpu_times(), self._roles()
-
-    def _roles(self) -> dict[str, float]:
-        import psutil
-
-        out: dict[str, float] = {}
-        for name, popen in self.procs.items():
-            role = re.match(r"[a-z]*", name).group(0) or name  # tuner0, builder-cuda.sm_90-3 -> tuner, builder
-            try:
-                root = psutil.Process(popen.pid)
-                tree = [root] + root.children(recursive=True)
-            except psutil.Error:
-                continue
-            for p in tree:
-                try:
-                    t = p.cpu_times()
-                except psutil.Error:
-                    continue
-                out[role] = out.get(role, 0.0) + t.user + t.system + t.children_user + t.children_system
-        return out
-
-    def stop(self) -> dict:
-        import psutil
-
-        host1, roles1 = psutil.cpu_times(), self._roles()
-        idle = lambda t: t.idle + getattr(t, "iowait", 0.0)  # noqa: E731
-        total = sum(host1) - sum(self.host0)
-        cpu_s = {k: round(v - self.roles0.get(k, 0.0), 1) for k, v in sorted(roles1.items())}
-        return {"host_cpu_busy_frac": round(1 - (idle(host1) - idle(self.host0)) / total, 4) if total > 0 else None,
-                "cpu_s_by_role": cpu_s, "cpu_window_s": round(time.time() - self.t0, 1)}
-
-
-def cores_of(spec: str) -> set[int]:
-    from services.measurer.lanes import parse_cores
-
-    have = os.sched_getaffinity(0) | set(range(os.cpu_count() or 1))
-    return {c for c in parse_cores(spec) if c in have} or have
-
-
-# ---- stock ---------------------------------------------------------------------------------------------
-
-
-def stock_tune(args) -> int:
-    """In its own process (the parent ends it when the window closes): stock tune_tasks on every task."""
-    from tvm.s_tir import meta_schedule as ms
-
-    from services.tuner.metaschedule.extract import fuse
-    from sharetune.intake import to_relax
-
-    target = make_target(args.rehearse)
-    mod = to_relax(args.model).mod
-    extracted = ms.relax_integration.extract_tasks(fuse(mod), target)
-    work = str(args.stock_work)
-    contexts, weights = ms.relax_integration.extracted_tasks_to_tune_contexts(extracted, work, seed=0)
-    workers = len(os.sched_getaffinity(0))
-    ms.tune_tasks(tasks=contexts, task_weights=weights, work_dir=work, max_trials_global=args.stock_max_trials,
-                  num_trials_per_iter=args.per_iter,
-                  builder=ms.builder.LocalBuilder(max_workers=workers, timeout_sec=120),
-                  runner=ms.runner.LocalRunner(timeout_sec=60), database=ms.database.JSONDatabase(work_dir=work))
-    return 0
-
-
-def make_target(rehearse: bool):
-    if rehearse:
-        from services.measurer.metaschedule.targets import cpu_target
-
-        return cpu_target(1)
-    from services.measurer.metaschedule.targets import gpu_target
-
-    return gpu_target()
-
-
-def stock_records(work: Path) -> list[str]:
-    path = work / "database_tuning_record.json"
-    return path.read_text().splitlines() if path.exists() else []
-
-
-def stock_trials_from_log(log_text: str) -> int:
-    """Candidates stock sent to its runner (timed right away by LocalRunner). Its task scheduler commits a
-    task's records to the database only when it comes back to that task, so over a short window on a model
-    with many tasks the database holds none of them: its own log is what counts."""
-    import re
-
-    return sum(int(m) for m in re.findall(r"Sending (\d+) valid sample\(s\) to runner", log_text))
-
-
-# ---- compiling a model from N records, serving at a share ---------------------------------------------
-
-
-def compile_from_records(args) -> int:
-    """In its own process: compile the model with a JSON database cut to its first N records."""
-    from tvm.s_tir import meta_schedule as ms
-
-    from sharetune.intake import to_relax
-
-    db_dir = Path(args.db)
-    cut = Path(args.cut_dir)
-    cut.mkdir(parents=True, exist_ok=True)
-    (cut / "database_workload.json").write_text((db_dir / "database_workload.json").read_text())
-    lines = (db_dir / "database_tuning_record.json").read_text().splitlines()
-    valid = db_dir / "trial_valid.json"  # ours: N trials hold this many valid records; stock's file holds all
-    lines = lines[: sum(json.loads(valid.read_text())[: args.first]) if valid.exists() else args.first]
-    (cut / "database_tuning_record.json").write_text("\n".join(lines) + ("\n" if lines else ""))
-    db = ms.database.JSONDatabase(work_dir=str(cut), module_equality="structural")
-    target = make_target(args.rehearse)
-    ex = ms.relax_integration.compile_relax(db, to_relax(args.model).mod, target, params=None)
-    ex.export_library(args.out_module)
-    print(json.dumps({"module": args.out_module, "records": len(lines)}), flush=True)
-    return 0
-
-
-def export_job_records(redis_url: str, job_id: str, out: Path) -> int:
-    """The job's records in the order they were measured, as a stock JSON database of the valid ones,
-    with trial_valid.json saying which trials were valid (so a cut at N trials counts failures too, as
-    stock's trial count does); returns the trials."""
-    from tvm.s_tir import meta_schedule as ms
-
-    from shared import store
-    from services.tuner.metaschedule.codec import load_ir
-    from services.tuner.metaschedule.records import tvm_record
-
-    r = store.connect(redis_url)
-    out.mkdir(parents=True, exist_ok=True)
-    for name in ("database_workload.json", "database_tuning_record.json"):
-        (out / name).unlink(missing_ok=True)
-    db = ms.database.JSONDatabase(work_dir=str(out), module_equality="structural")
-    recs = []
-    for task in store.job_tasks(r, job_id):
-        wl = db.commit_workload(load_ir(store.workload(r, task.wkey).mod))
-        recs += [(rec, wl) for rec in store.records(r, task.wkey) if rec.job_id == job_id]
-    recs.sort(key=lambda x: x[0].measured_at)
-    # a screened-out candidate's brief figure is a trial but, as in the service's own export, not a record
-    # the model is compiled from
-    valid = [bool(rec.run_secs) and not rec.error and rec.timing == "full" for rec, _ in recs]
-    for (rec, wl), ok in zip(recs, valid):
-        if ok:
-            db.commit_tuning_record(tvm_record(rec, wl))
-    (out / "trial_valid.json").write_text(json.dumps(valid))
-    return len(recs)
-
-
-def spawn_compile(args, db: Path, first: int, module: Path, cores: str, gpu_uuid: str | None,
-                  model: str) -> subprocess.Popen:
-    env = dict(os.environ, PYTHONPATH=f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", TVM_NUM_THREADS="1")
-    if gpu_uuid:
-        env["CUDA_VISIBLE_DEVICES"] = gpu_uuid
-    cmd = ["taskset", "-c", cores, sys.executable, __file__, "--compile-from", str(db), "--first", str(first),
-           "--cut-dir", str(module) + ".db", "--out-module", str(module), "--model", model]
-    if args.rehearse:
-        cmd.append("--rehearse")
-    log = open(str(module) + ".log", "w")
-    return subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
-
-
-def serve(modules: dict[str, str], model: str, share: int, gpu_uuid: str | None, mps_env: dict, rounds: int,
-          work: Path) -> dict:
-    """Time the modules in one fresh process at `share` % of the GPU (or one core when rehearsing)."""
-    import numpy as np
-
-    from sharetune.zoo import get
-
-    _, example = get(model).build()
-    inputs = work / f"inputs-{model}.npz"
-    np.savez(inputs, **{f"arg{i}": t.detach().numpy() for i, t in enumerate(example)})
-    env = dict(os.environ, PYTHONPATH=f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", TVM_NUM_THREADS="1")
-    cmd = [sys.executable, "-m", "sharetune.evaluate", "--inputs", str(inputs), "--rounds", str(rounds)]
-    if gpu_uuid:
-        env.update(mps_env, CUDA_VISIBLE_DEVICES=gpu_uuid, CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=str(share))
-        cmd += ["--device", "gpu"]
-    else:
-        cmd += ["--device", "cpu", "--cores", "0"]
-    for label, path in modules.items():
-        cmd += ["--module", f"{label}={path}"]
-    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
-    try:
-        return json.loads(out.stdout.strip().splitlines()[-1])
-    except (IndexError, json.JSONDecodeError):
-        return {"latency_us": {}, "errors": {"serve": (out.stderr or out.stdout)[-800:]}}
 
 
 # ---- this service ---------------------------------------------------------------------------------------
@@ -283,7 +71,7 @@ def run_config(args, name: str, spec: tuple, gpus: list, work: Path, model: str)
     else:
         count, pct = (int(x) for x in lanes_spec.split("x"))
         uuids = [g.uuid for g in gpus[:n_gpus]]
-        lanes = [f"measure.{u.lower().removeprefix('gpu-')[:8]}.p{pct}" for u in uuids for _ in range(count)]
+        lanes = [gpu_lane(u, pct) for u in uuids for _ in range(count)]
         share = pct
     os.environ["SHARETUNE_SEARCH_THREADS"] = str(max(1, len(cores_of(tuner_cores)) // args.tuners))
     row = {"config": name, "model": model, "gpus": n_gpus, "lanes": len(lanes), "share": share, "builders": builders,
@@ -296,17 +84,12 @@ def run_config(args, name: str, spec: tuple, gpus: list, work: Path, model: str)
         client = Client(stack.redis_url)
         samplers = [BusySampler(u) for u in uuids] or [BusySampler(None)]
         cpu = CpuSampler(stack.procs)
-        t0 = time.time()
         # no untuned model compiled at the end: stock's rate counts no compile either
-        job = client.submit(model, target="cuda" if not args.rehearse else "llvm", share=share,
-                            trials=args.trials, trials_per_iter=args.per_iter, seed=args.seed, timing=timing,
-                            untuned_baseline=False)
-        try:
-            final = job.wait(timeout_s=args.config_timeout, on_progress=None)
-        except TimeoutError:
-            job.cancel()
-            final = {"state": "timeout"}
-        wall = time.time() - t0
+        job, final, wall = run_job(client, args.config_timeout, cancel_on_timeout=True, model=model,
+                                   target="cuda" if not args.rehearse else "llvm", share=share, trials=args.trials,
+                                   trials_per_iter=args.per_iter, seed=args.seed, timing=timing,
+                                   untuned_baseline=False)
+        t0 = time.time() - wall
         busy = [s.stop() for s in samplers]
         row.update(cpu.stop())
         row["cpu_s_per_trial"] = round(sum(row["cpu_s_by_role"].values()) / max(1, status_trials(job)), 2)
@@ -349,7 +132,7 @@ def record_stats(r, job_id: str) -> dict:
     slowest builds), which timing each got."""
     from shared import store
 
-    recs = [x for t in store.job_tasks(r, job_id) for x in store.records(r, t.wkey) if x.job_id == job_id]
+    recs = [x for x, _ in job_records(r, job_id)]
     cpu = sorted(x.build_cpu_s for x in recs if x.build_cpu_s is not None)
     out = {"records": len(recs), "brief": sum(x.timing == "brief" for x in recs),
            "full": sum(x.timing == "full" and store.valid_record(x) for x in recs),
@@ -396,7 +179,6 @@ def main(argv=None) -> int:
     ap.add_argument("--configs", default=None, help="comma-separated names (default: the part's)")
     ap.add_argument("--models", default=None, help="comma-separated zoo names (default resnet18,transformer; "
                                                     "rehearsal: tiny)")
-    ap.add_argument("--model", default=None, help=argparse.SUPPRESS)  # the internal subprocesses' one model
     ap.add_argument("--trials", type=int, default=1024)
     ap.add_argument("--per-iter", type=int, default=64)
     ap.add_argument("--tuners", type=int, default=4)
@@ -416,19 +198,7 @@ def main(argv=None) -> int:
     ap.add_argument("--merge", nargs="*")
     ap.add_argument("--out", default=None)
     ap.add_argument("--stock-log", default=None, help="with --merge: stock's log, whose trials count")
-    # internal: the subprocesses
-    ap.add_argument("--stock-tune", action="store_true")
-    ap.add_argument("--stock-work", default=None)
-    ap.add_argument("--compile-from", default=None)
-    ap.add_argument("--first", type=int, default=0)
-    ap.add_argument("--cut-dir", default=None)
-    ap.add_argument("--out-module", default=None)
     args = ap.parse_args(argv)
-    if args.stock_tune:
-        return stock_tune(args)
-    if args.compile_from:
-        args.db = args.compile_from
-        return compile_from_records(args)
     if args.merge:
         return merge(args.merge, args.out or "bench/results/scale_h200.json", args.stock_log)
     if args.rehearse and args.trials == 1024:
@@ -440,11 +210,7 @@ def run_part(args) -> int:
     work = Path(args.work_dir) / f"part{args.part}"
     work.mkdir(parents=True, exist_ok=True)
     models = (args.models or ("tiny" if args.rehearse else "resnet18,transformer")).split(",")
-    gpus = []
-    if not args.rehearse:
-        from services.measurer.observers import make_observer
-
-        gpus = make_observer().inventory()
+    gpus = [] if args.rehearse else find_gpus()
     probe = None
     if not args.rehearse:
         probe = probe_hidden_gpu_build()
@@ -530,29 +296,20 @@ def probe_hidden_gpu_build() -> dict:
     """Can a process that sees no GPU (as builders run) compile CUDA to a cubin here?"""
     from services.measurer.lanes import builder_environment
 
-    env = dict(os.environ, **builder_environment("cuda.sm_90"),
-               PYTHONPATH=f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
-    out = subprocess.run([sys.executable, "-c", PROBE], env=env, capture_output=True, text=True, timeout=120)
-    try:
-        return json.loads(out.stdout.strip().splitlines()[-1])
-    except (IndexError, json.JSONDecodeError):
-        return {"cubin": False, "error": (out.stderr or out.stdout)[-600:]}
+    out = subprocess.run([sys.executable, "-c", PROBE], env=child_env(**builder_environment("cuda.sm_90")),
+                         capture_output=True, text=True, timeout=120)
+    answer = last_json_line(out, "error")
+    return answer if "error" not in answer else {"cubin": False, **answer}
 
 
 def start_stock(args, gpus, work: Path, model: str, cores: str) -> dict:
     stock_work = work / "stock"
     stock_work.mkdir(parents=True, exist_ok=True)
-    env = dict(os.environ, PYTHONPATH=f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
     uuid = None
     if not args.rehearse:
         uuid = gpus[1].uuid if len(gpus) > 1 and args.part == "B" else gpus[0].uuid
-        env["CUDA_VISIBLE_DEVICES"] = uuid
-    cmd = ["taskset", "-c", cores, sys.executable, __file__, "--stock-tune", "--stock-work", str(stock_work),
-           "--model", model, "--per-iter", str(args.per_iter), "--stock-max-trials", str(args.stock_max_trials)]
-    if args.rehearse:
-        cmd.append("--rehearse")
-    log = open(work / "stock.log", "w")
-    proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    proc = spawn_tune_tasks(model, stock_work, args.per_iter, args.stock_max_trials, cores, uuid, args.rehearse,
+                            work / "stock.log")
     return {"proc": proc, "t0": time.time(), "work": stock_work, "sampler": BusySampler(uuid), "uuid": uuid,
             "cores": cores, "model": model, "cpu": CpuSampler({"stock": proc})}
 
@@ -560,11 +317,7 @@ def start_stock(args, gpus, work: Path, model: str, cores: str) -> dict:
 def stop_stock(stock: dict, args) -> dict:
     wall = time.time() - stock["t0"]
     cpu = stock["cpu"].stop()
-    try:
-        os.killpg(stock["proc"].pid, signal.SIGKILL)  # its builder pool too: one process group
-    except ProcessLookupError:
-        pass
-    stock["proc"].wait(30)
+    kill_group(stock["proc"])
     busy = stock["sampler"].stop()
     committed = len(stock_records(stock["work"]))
     log = stock["work"].parent / "stock.log"
@@ -590,16 +343,16 @@ def equal_trials_latency(args, result: dict, model: str, gpus, work: Path) -> No
     n_cores = os.cpu_count() or 1
     compiles = {}
     if stock.get("committed_records"):  # else no equal-trials latency (a longer window, or --stock-max-trials)
-        compiles["stock"] = spawn_compile(args, Path(stock["work"]), stock["committed_records"], work / "stock.so",
-                                          "0" if args.rehearse else "0-3", uuid0, model)
+        compiles["stock"] = spawn_compile(Path(stock["work"]), stock["committed_records"], work / "stock.so",
+                                          "0" if args.rehearse else "0-3", uuid0, model, args.rehearse)
     for i, row in enumerate(rows):
         if row.get("exported_trials") and stock.get("committed_records"):
             row["compared_at_trials"] = min(stock["committed_records"], row["exported_trials"])
             first = 4 + 4 * i
             cores = "0" if args.rehearse else f"{first % n_cores}-{min(first % n_cores + 3, n_cores - 1)}"
-            compiles[row["config"]] = spawn_compile(args, work / f"{row['config']}-{model}" / "records_db",
+            compiles[row["config"]] = spawn_compile(work / f"{row['config']}-{model}" / "records_db",
                                                     row["compared_at_trials"], work / f"{row['config']}.so", cores,
-                                                    uuid0, model)
+                                                    uuid0, model, args.rehearse)
     for proc in compiles.values():
         proc.wait(timeout=420)
     ok = {label: str(work / f"{label}.so") for label in compiles if (work / f"{label}.so").exists()}
@@ -609,7 +362,7 @@ def equal_trials_latency(args, result: dict, model: str, gpus, work: Path) -> No
             label = row["config"]
             mods = {k: v for k, v in {"stock": ok.get("stock"), "ours_at_stock_trials": ok.get(label),
                                       "ours_full": row.get("tuned_module")}.items() if v}
-            served = serve(mods, model, row["share"], uuid0, mps_env, args.serve_rounds, work)
+            served = serve(mods, model, work, args.serve_rounds, uuid0, row["share"], mps_env)
             lat = served.get("latency_us", {})
             row["tuned_latency_us"] = round(lat["ours_full"], 2) if "ours_full" in lat else None
             row["tuned_latency_us_at_stock_trials"] = (round(lat["ours_at_stock_trials"], 2)
@@ -620,22 +373,6 @@ def equal_trials_latency(args, result: dict, model: str, gpus, work: Path) -> No
                 row["latency_vs_stock"] = round(lat["ours_at_stock_trials"] / lat["stock"], 3)
             if row["share"] == 100 and "stock" in lat and stock:
                 stock["tuned_latency_us"] = round(lat["stock"], 2)
-
-
-@contextlib.contextmanager
-def serving_mps(directory: Path, needed: bool):
-    """An MPS daemon to serve at a share below 100 % (each stack stopped its own); yields its environment."""
-    if not needed:
-        yield {}
-        return
-    from services.measurer.gpu import MpsDaemon
-
-    mps = MpsDaemon(directory / "pipe", directory / "log")
-    mps.start()
-    try:
-        yield mps.environment()
-    finally:
-        mps.stop()
 
 
 def screened_against_uniform(args, result: dict, gpus, work: Path) -> None:
@@ -654,7 +391,7 @@ def screened_against_uniform(args, result: dict, gpus, work: Path) -> None:
         return
     uuid0 = gpus[0].uuid if gpus else None
     with serving_mps(work / "serve-mps-uniform", bool(uuid0) and uni["share"] < 100) as mps_env:
-        served = serve(mods, uni["model"], uni["share"], uuid0, mps_env, 2 * args.serve_rounds, work / uni["model"])
+        served = serve(mods, uni["model"], work / uni["model"], 2 * args.serve_rounds, uuid0, uni["share"], mps_env)
     lat = served.get("latency_us", {})
     out = {"model": uni["model"], "share": uni["share"], "latency_us": lat, "rounds_us": served.get("rounds_us"),
            "errors": served.get("errors") or None,
@@ -664,25 +401,6 @@ def screened_against_uniform(args, result: dict, gpus, work: Path) -> None:
         out["latency_ratio"] = round(lat["screened"] / lat["uniform"], 3)
     result["screened_vs_uniform"] = out
     print(json.dumps({"screened_vs_uniform": out}), flush=True)
-
-
-def stock_steady_from_log(log_text: str) -> dict:
-    """Stock's rate once started: from its first batch sent to the builder to its next task pick after the
-    last batch it sent to the runner (that batch then timed)."""
-    import datetime
-    import re
-
-    def at(line):
-        return datetime.datetime.strptime(line[:19], "%Y-%m-%d %H:%M:%S").timestamp()
-
-    lines = [l for l in log_text.splitlines() if re.match(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d", l)]
-    first = next((at(l) for l in lines if re.search(r"sample\(s\) to builder", l)), None)
-    runner = [i for i, l in enumerate(lines) if re.search(r"valid sample\(s\) to runner", l)]
-    if first is None or not runner:
-        return {}
-    after = next((at(l) for l in lines[runner[-1] + 1:] if "TaskScheduler picks" in l), at(lines[runner[-1]]))
-    trials = stock_trials_from_log(log_text)
-    return {"active_s": round(after - first, 1), "steady_trials_per_min": round(60 * trials / max(after - first, 1e-9), 1)}
 
 
 def summarise(result: dict) -> dict:

@@ -1,9 +1,9 @@
 """Search quality per trial: stock MetaSchedule `tune_relax` (gradient task scheduler) against this service
 on CPU lanes, same model, same budgets, same seed; tuned end-to-end latency and where the trials went.
 
-    python bench/search_quality.py [--models resnet18,mobilenetv2] [--budgets 64,128,256,512] [--per-iter 64]
+    python -m bench.search_quality [--models resnet18,mobilenetv2] [--budgets 64,128,256,512] [--per-iter 64]
                                    [--seeds 0] [--out bench/results/search_quality.json]
-    python bench/search_quality.py --rehearse      # tiny model, 32 trials: checks the script in minutes
+    python -m bench.search_quality --rehearse      # tiny model, 32 trials: checks the script in minutes
 
 Per model and seed, stock tunes ONCE for the largest budget and its smaller budgets are read off that run's
 tuning curve: its choices do not depend on the total budget (`tune_relax` with max_trials_per_task =
@@ -12,7 +12,7 @@ the round size no round is cut short at a smaller budget). Ours tunes once PER B
 store: when the budget cannot give every task a full round, the first rounds share it evenly
 (services/tuner/sharding.first_round_size), so its choices depend on the budget.
 
-- stock: `bench/cpu_tuning.py`'s fresh subprocess (`tune_relax`, LocalBuilder(max_workers=2,
+- stock: bench.harness.stock's fresh subprocess (`tune_relax`, LocalBuilder(max_workers=2,
   timeout_sec=120), LocalRunner(), seed S). Its order of measurement: the task scheduler's log ("TaskScheduler
   picks Task #i", "Sending N sample(s) to builder", with their times); its JSON database appends a task's
   records in that task's batch order (records are committed when the task is revisited, so the file is not
@@ -23,7 +23,7 @@ store: when the budget cannot give every task a full round, the first rounds sha
 - at each budget B, per side: the first B trials; per task its trials and best; the estimate
   sum(weight x best task latency); a JSON database of those records only, compiled with `compile_relax`
   (both sides the same way, lane target), and all libraries timed at the end in this process, pinned to one
-  core, interleaved round by round (`bench/cpu_tuning.interleaved_latency`).
+  core, interleaved round by round (`bench.harness.serving.pinned_latency`).
 - summary: latency_vs_stock_max = the worst over budgets of ours/stock latency (median over seeds);
   starved_tasks = tasks with >= 1 % of the FLOPs (x weight) that got fewer trials than some task under
   0.1 %, at any budget of any run (ours; stock's are given beside).
@@ -35,22 +35,18 @@ import datetime as _dt
 import json
 import os
 import platform
-import re
 import shutil
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 from types import SimpleNamespace
 
-REPO = Path(__file__).resolve().parent.parent
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
-
-from bench.cpu_tuning import (  # noqa: E402
-    ForeignLoad, _r, git_state, interleaved_latency, lane_target, run_stock, target_dict,
-)
+from bench.harness.common import RESULTS, command_line, git_state, rounded
+from bench.harness.jobs import job_records
+from bench.harness.samplers import ForeignLoad
+from bench.harness.serving import compile_at, pinned_latency
+from bench.harness.stock import lane_target, stock_batches, target_dict, tune_relax
 
 HEAVY, LIGHT = 0.01, 0.001  # shares of the FLOPs (x weight), as the issue states them
 
@@ -93,7 +89,7 @@ def curve_points(trials: list[dict], tasks: dict[str, dict], base: dict[str, flo
     for n, tr in enumerate(trials, 1):
         if tr["us"] is not None:
             best[tr["task"]] = min(best.get(tr["task"], float("inf")), tr["us"])
-        out.append({"trial": n, "t": _r(tr["t"], 2), "est_us": _r(_estimate(best, tasks, base), 2),
+        out.append({"trial": n, "t": rounded(tr["t"], 2), "est_us": rounded(_estimate(best, tasks, base), 2),
                     "tasks_tuned": len(best)})
     return out
 
@@ -105,11 +101,11 @@ def at_budget(trials: list[dict], tasks: dict[str, dict], budget: int, base: dic
         p = per[tr["task"]]
         p["trials"] += 1
         if tr["us"] is not None and (p["best_us"] is None or tr["us"] < p["best_us"]):
-            p["best_us"] = _r(tr["us"], 3)
+            p["best_us"] = rounded(tr["us"], 3)
     est = _estimate({k: p["best_us"] for k, p in per.items() if p["best_us"] is not None}, tasks, base)
-    return {"trials": min(budget, len(trials)), "est_us": _r(est, 2),
+    return {"trials": min(budget, len(trials)), "est_us": rounded(est, 2),
             "tasks_tuned": sum(1 for p in per.values() if p["best_us"] is not None),
-            "t_s": _r(trials[min(budget, len(trials)) - 1]["t"], 1) if trials else None, "tasks": per}
+            "t_s": rounded(trials[min(budget, len(trials)) - 1]["t"], 1) if trials else None, "tasks": per}
 
 
 def starved(per_task_trials: dict[str, int], shares: dict[str, float], exhausted: set[str] = frozenset()) -> list[str]:
@@ -152,37 +148,7 @@ def rescore(out_path: Path, work: Path) -> None:
     print(table(rep))
 
 
-# ---- stock --------------------------------------------------------------------------------------------
-
-_TS = re.compile(r"(\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d(?:[.,]\d+)?)")
-
-
-def _log_time(line: str) -> float | None:
-    m = _TS.search(line)
-    if not m:
-        return None
-    s = m.group(1).replace(",", ".").replace("T", " ")
-    fmt = "%Y-%m-%d %H:%M:%S.%f" if "." in s else "%Y-%m-%d %H:%M:%S"
-    return _dt.datetime.strptime(s, fmt).timestamp()
-
-
-def stock_batches(log_text: str) -> list[dict]:
-    """[{task (index), n, t}] in dispatch order, from the task scheduler's log: n from "Sending N sample(s)
-    to builder" (every candidate, as trials are counted), t from the "Sending M valid sample(s) to runner"
-    line that follows (its build done), else from the builder line."""
-    out, task = [], None
-    for line in log_text.splitlines():
-        m = re.search(r"TaskScheduler picks Task #(\d+)", line)
-        if m:
-            task = int(m.group(1))
-            continue
-        m = re.search(r"Sending (\d+) sample\(s\) to builder", line)
-        if m and task is not None:
-            out.append({"task": task, "n": int(m.group(1)), "t": _log_time(line)})
-            continue
-        if re.search(r"Sending \d+ (?:valid )?sample\(s\) to runner", line) and out:
-            out[-1]["t"] = _log_time(line) or out[-1]["t"]
-    return out
+# ---- stock ---------------------------------------------------------------------------------------------
 
 
 def stock_trials(work: Path, fused, target) -> tuple[list[dict], dict, dict]:
@@ -290,10 +256,7 @@ def run_ours(model: str, relax_mod, trials: int, per_iter: int, seed: int, work:
         t_start = float(state.get("tuning_at") or t1)
         jtasks = store.job_tasks(r, job.job_id)
         tasks = {t.name: {"weight": t.weight, "flops": t.flops} for t in jtasks}
-        recs = []
-        for t in jtasks:
-            recs += [(x, t) for x in store.records(r, t.wkey) if x.job_id == job.job_id]
-        recs.sort(key=lambda p: p[0].measured_at)
+        recs = job_records(r, job.job_id)
         from shared.ranking import rank_secs
 
         trials_out = [{"task": t.name, "t": x.measured_at - t_start,
@@ -328,25 +291,10 @@ def run_ours(model: str, relax_mod, trials: int, per_iter: int, seed: int, work:
     finally:
         stack.stop()
     print(f"[ours] start-up {startup_s} s, submit->result {wall_s} s, {res.trials} trials", flush=True)
-    return {"wall_s": _r(wall_s), "startup_s": _r(startup_s), "tuner_wall_s": _r(res.wall_s), "trials_run": res.trials,
+    return {"wall_s": rounded(wall_s), "startup_s": rounded(startup_s), "tuner_wall_s": rounded(res.wall_s), "trials_run": res.trials,
             "errors": sum(1 for tr in trials_out if tr["us"] is None), "lanes": lanes, "share": share,
             "job_id": res.job_id, "trials": trials_out, "tasks": tasks, "dbs": dbs, "resumed": resumed,
             "left_on_default": left_on_default, "exhausted": exhausted}
-
-
-# ---- compile + time -----------------------------------------------------------------------------------
-
-
-def compile_at(db_dir: Path, mod, target, out_path: Path) -> float:
-    from tvm.s_tir import meta_schedule as ms
-
-    t0 = time.time()
-    db = ms.database.JSONDatabase(path_workload=str(db_dir / "database_workload.json"),
-                                  path_tuning_record=str(db_dir / "database_tuning_record.json"),
-                                  module_equality="structural")
-    ex = ms.relax_integration.compile_relax(db, mod, target, params=None)
-    ex.export_library(str(out_path))
-    return time.time() - t0
 
 
 def one_run(args, model: str, seed: int, work: Path, foreign: ForeignLoad) -> dict:
@@ -362,7 +310,7 @@ def one_run(args, model: str, seed: int, work: Path, foreign: ForeignLoad) -> di
     if args.reuse_stock and (work / "stock_result.json").exists():  # resume: the stock run of an earlier try
         stock = json.loads((work / "stock_result.json").read_text())
     else:
-        stock = run_stock(sargs, work)
+        stock = tune_relax(sargs, work)
     s_trials, s_tasks, s_db = stock_trials(work, fuse(rm.mod), target)
     base = task_baselines(fuse(rm.mod), target)
     foreign.set_phase(f"{model}/s{seed}/ours")
@@ -379,7 +327,7 @@ def one_run(args, model: str, seed: int, work: Path, foreign: ForeignLoad) -> di
         sdb = stock_database(work, s_db["lines"], s_trials, b, work / "stock" / f"db_{b}")
         for side, d in (("stock", sdb), ("ours", ours_by[b]["dbs"][b])):
             lib = work / f"{side}_{b}.so"
-            compile_s[f"{side}_{b}"] = _r(compile_at(d, rm.mod, target, lib))
+            compile_s[f"{side}_{b}"] = rounded(compile_at(d, rm.mod, target, lib))
             libs[f"{side}_{b}"] = str(lib)
         sb, ob = at_budget(s_trials, s_tasks, b, base), at_budget(ours_by[b]["trials"], ours_by[b]["tasks"], b, base)
         budgets[str(b)] = {
@@ -403,18 +351,18 @@ def one_run(args, model: str, seed: int, work: Path, foreign: ForeignLoad) -> di
     tvm.compile(rm.mod, target=target).export_library(str(untuned))  # its default pipeline legalizes
     libs["untuned"] = str(untuned)
     foreign.set_phase(f"{model}/s{seed}/latency")
-    lat = latency(model, libs, args.number, args.repeat)
+    lat = pinned_latency(model, libs, args.number, args.repeat)
     for b in args.budgets:
         e = budgets[str(b)]
         e["stock"]["latency_us"] = lat[f"stock_{b}"]["median_us"]
         e["ours"]["latency_us"] = lat[f"ours_{b}"]["median_us"]
         e["stock"]["max_abs_err"] = lat[f"stock_{b}"]["max_abs_err"]
         e["ours"]["max_abs_err"] = lat[f"ours_{b}"]["max_abs_err"]
-        e["latency_ratio"] = _r(e["ours"]["latency_us"] / e["stock"]["latency_us"], 4)
+        e["latency_ratio"] = rounded(e["ours"]["latency_us"] / e["stock"]["latency_us"], 4)
     return {
         "model": model, "seed": seed,
-        "tasks": {k: {"weight": v["weight"], "flops_share": _r(shares.get(k), 5)} for k, v in ours["tasks"].items()},
-        "untuned_task_us": {k: _r(v, 3) for k, v in base.items()},
+        "tasks": {k: {"weight": v["weight"], "flops_share": rounded(shares.get(k), 5)} for k, v in ours["tasks"].items()},
+        "untuned_task_us": {k: rounded(v, 3) for k, v in base.items()},
         "stock_task_names_missing_in_ours": sorted(set(s_tasks) - set(ours["tasks"])),
         "budgets": budgets,
         "untuned_latency_us": lat["untuned"]["median_us"],
@@ -438,26 +386,6 @@ def _shares(tasks: dict[str, dict]) -> dict[str, float]:
     return {k: max(v["flops"], 1.0) * v["weight"] / total for k, v in tasks.items()}
 
 
-def latency(model: str, libs: dict[str, str], number: int, repeat: int) -> dict:
-    from sharetune import zoo
-    from sharetune.intake import reference_output
-
-    core = min(os.sched_getaffinity(0))
-    before = os.sched_getaffinity(0)
-    os.sched_setaffinity(0, {core})
-    try:
-        module, inputs = zoo.get(model).build()
-        if not isinstance(inputs, (tuple, list)):
-            inputs = (inputs,)
-        ref = reference_output(module, inputs)
-        inputs_np = [x.detach().cpu().numpy() for x in inputs]
-        out = interleaved_latency(libs, inputs_np, ref, number, repeat)
-    finally:
-        os.sched_setaffinity(0, before)
-    out["pinned_core"] = core
-    return out
-
-
 # ---- summary ------------------------------------------------------------------------------------------
 
 
@@ -465,7 +393,7 @@ def summarise(runs: list[dict], budgets: list[int]) -> dict:
     per_model = {}
     for model in sorted({r["model"] for r in runs}):
         mine = [r for r in runs if r["model"] == model]
-        ratios = {str(b): _r(statistics.median(r["budgets"][str(b)]["latency_ratio"] for r in mine), 4) for b in budgets}
+        ratios = {str(b): rounded(statistics.median(r["budgets"][str(b)]["latency_ratio"] for r in mine), 4) for b in budgets}
         per_model[model] = {"latency_ratio_by_budget": ratios, "latency_vs_stock_max": max(ratios.values()),
                             "seeds": [r["seed"] for r in mine]}
     starved_ours = sorted({f"{r['model']}/s{r['seed']}@{b}:{t}" for r in runs for b in budgets
@@ -523,7 +451,7 @@ def main(argv=None) -> None:
     args.models = [m for m in args.models.split(",") if m]
     args.budgets = sorted(int(b) for b in args.budgets.split(","))
     args.seeds = [int(s) for s in args.seeds.split(",")]
-    out = Path(args.out or REPO / "bench" / "results" / ("search_quality_rehearsal.json" if args.rehearse
+    out = Path(args.out or RESULTS / ("search_quality_rehearsal.json" if args.rehearse
                                                          else "search_quality.json"))
     os.environ["TVM_NUM_THREADS"] = "1"  # the lanes' target says num-cores 1; before tvm starts its pool
     os.environ.pop("REDIS_URL", None)  # a fresh embedded Redis: no records reused from elsewhere
@@ -564,7 +492,7 @@ def report(args, runs, foreign, load_start, t_all, argv, final: bool) -> dict:
                        "run (the first B trials in measurement order: its choices do not depend on the total budget); "
                        "ours tuned once per budget in a fresh store (its first rounds share a small budget evenly, "
                        "so its choices depend on the budget)",
-            "stock": "bench/cpu_tuning.py's fresh subprocess: tune_relax (gradient task scheduler), "
+            "stock": "a fresh subprocess (bench.harness.stock): tune_relax (gradient task scheduler), "
                      "LocalBuilder(max_workers=2, timeout_sec=120), LocalRunner(), seed as listed; measurement "
                      "order from the task scheduler's log (batches of task i = task i's records in its database "
                      "file order); a batch's time = its 'Sending M valid sample(s) to runner' log line (1 s resolution)",
@@ -583,11 +511,11 @@ def report(args, runs, foreign, load_start, t_all, argv, final: bool) -> dict:
         "runs": runs,
         "host": {"cpus": os.cpu_count(), "machine": platform.machine(), "python": platform.python_version(),
                  "loadavg_start": load_start, "loadavg_now": os.getloadavg(),
-                 "foreign_load": {p: {"foreign_cpu_s": _r(foreign.cpu_s.get(p, 0.0), 1)} for p in foreign.cpu_s},
+                 "foreign_load": {p: {"foreign_cpu_s": rounded(foreign.cpu_s.get(p, 0.0), 1)} for p in foreign.cpu_s},
                  "note": "a shared 2-core host: other people's tests run on it at the same time; foreign_load "
                          "is CPU time of processes outside this benchmark per phase (a lower bound)"},
-        "bench_total_s": _r(time.time() - t_all),
-        "command": " ".join(["python", "bench/search_quality.py"] + (argv if argv is not None else sys.argv[1:])),
+        "bench_total_s": rounded(time.time() - t_all),
+        "command": command_line("bench.search_quality", argv),
         "code": git_state(),
     }
 

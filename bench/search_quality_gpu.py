@@ -2,12 +2,12 @@
 this service on whole models, every task, 64 candidates a round, equal trials, side by side on the 2-GPU host
 as DESIGN.md section 4 says.
 
-    python bench/search_quality_gpu.py --models mobilenetv2,resnet18 --budgets 64,128,256 [--model-budgets resnet18=64,128]
-    python bench/search_quality_gpu.py --rehearse      # the same code on CPU (llvm), small_cnn, 16 a round
+    python -m bench.search_quality_gpu --models mobilenetv2,resnet18 --budgets 64,128,256 [--model-budgets resnet18=64,128]
+    python -m bench.search_quality_gpu --rehearse      # the same code on CPU (llvm), small_cnn, 16 a round
 
 - stock: `tune_tasks` over every task of the model (its gradient task scheduler, LocalBuilder on its cores,
   LocalRunner), seed 0, up to the largest budget, in its own process on the last GPU and cores 16-31
-  (bench/scale_h200.py --stock-tune); smaller budgets are read off that run in measurement order (its task
+  (python -m bench.harness.stock tasks); smaller budgets are read off that run in measurement order (its task
   scheduler's log, as bench/search_quality.py does on the CPU).
 - ours, at the same time on GPU 0 and cores 0-15: one job per budget, each in a fresh stack (one 100 % lane,
   16 builders, 4 tuner clients), seed 0: its first rounds share a small budget evenly, so its choices depend
@@ -23,20 +23,20 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
 import sys
 import threading
 import time
 import traceback
 from pathlib import Path
-from types import SimpleNamespace
 
-REPO = Path(__file__).resolve().parent.parent
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
-
-from bench import scale_h200 as sh  # noqa: E402
-from bench import search_quality as sq  # noqa: E402
-from bench.cpu_tuning import _r, git_state  # noqa: E402
+from bench import search_quality as sq
+from bench.harness.common import command_line, cores_of, git_state, rounded
+from bench.harness.jobs import gpu_lane, gpus as find_gpus
+from bench.harness.samplers import BusySampler
+from bench.harness.serving import serve, spawn_compile
+from bench.harness.stock import kill_group, make_target, spawn_tune_tasks
+from bench.scale_h200 import probe_hidden_gpu_build
 
 OURS_CORES, STOCK_CORES = "0-15", "16-31"
 
@@ -47,29 +47,18 @@ def budgets_of(args, model: str) -> list[int]:
 
 def run_stock(model: str, top: int, args, work: Path, uuid: str | None) -> dict:
     """Stock tune_tasks on every task of the model up to `top` trials, in its own process group."""
-    import signal
-    import subprocess
-
     ms_dir = work / "stock" / "ms"
     ms_dir.mkdir(parents=True, exist_ok=True)
-    env = dict(os.environ, PYTHONPATH=f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
     cores = "1" if args.rehearse else STOCK_CORES
-    if uuid:
-        env["CUDA_VISIBLE_DEVICES"] = uuid
-    cmd = ["taskset", "-c", cores, sys.executable, str(REPO / "bench" / "scale_h200.py"), "--stock-tune",
-           "--stock-work", str(ms_dir), "--model", model, "--per-iter", str(args.per_iter),
-           "--stock-max-trials", str(top)] + (["--rehearse"] if args.rehearse else [])
     t0 = time.time()
-    sampler = sh.BusySampler(uuid)
-    with open(work / "stock.log", "w") as log:
-        proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        try:
-            rc = proc.wait(timeout=args.stock_timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)  # its builder pool too
-            proc.wait(30)
-            rc = "timeout"
-    return {"wall_s": _r(time.time() - t0), "rc": rc, "gpu_busy_frac": sampler.stop(), "cores": cores}
+    sampler = BusySampler(uuid)
+    proc = spawn_tune_tasks(model, ms_dir, args.per_iter, top, cores, uuid, args.rehearse, work / "stock.log")
+    try:
+        rc = proc.wait(timeout=args.stock_timeout)
+    except subprocess.TimeoutExpired:
+        kill_group(proc)
+        rc = "timeout"
+    return {"wall_s": rounded(time.time() - t0), "rc": rc, "gpu_busy_frac": sampler.stop(), "cores": cores}
 
 
 def stock_side(args, uuid: str | None, work: Path, stock: dict) -> None:
@@ -88,7 +77,7 @@ def ours_side(args, uuid: str | None, work: Path, ours: dict, save) -> None:
     if args.rehearse:
         lanes, target, share, stack_kw = None, "llvm", None, {}
     else:
-        lanes, target, share = [f"measure.{uuid.lower().removeprefix('gpu-')[:8]}.p100"], "cuda", 100
+        lanes, target, share = [gpu_lane(uuid, 100)], "cuda", 100
         stack_kw = {"tuners": args.tuners, "builders": BuilderSpec(16, OURS_CORES), "log_level": "INFO"}
         os.environ["SHARETUNE_SEARCH_THREADS"] = str(max(1, 16 // args.tuners))
     for model in args.models:
@@ -112,7 +101,7 @@ def compile_all(args, work: Path, stock_rows: dict, ours: dict, uuid: str | None
     from sharetune.intake import to_relax
     from services.tuner.metaschedule.extract import fuse
 
-    target = sh.make_target(args.rehearse)
+    target = make_target(args.rehearse)
     procs, meta = {}, {}
     for model in args.models:
         w = work / model
@@ -141,15 +130,14 @@ def compile_all(args, work: Path, stock_rows: dict, ours: dict, uuid: str | None
         meta[model].setdefault("compile_errors", {})[label] = err
     print(f"[compile] {sum(len(v) for v in libs.values())} of {len(procs)} libraries in "
           f"{time.time() - t0:.0f} s", flush=True)
-    return {"libs": libs, "meta": meta, "compile_s": _r(time.time() - t0)}
+    return {"libs": libs, "meta": meta, "compile_s": rounded(time.time() - t0)}
 
 
 def compile_parallel(args, procs: dict, uuid: str | None) -> tuple[dict, dict]:
     """{(model, label): (database dir, library path)} -> each compiled in its own process, all at once on
     the host's cores: ({model: {label: path}}, {(model, label): the log's tail} for those that failed)."""
     cores = "0-1" if args.rehearse else "0-31"
-    running = {k: sh.spawn_compile(SimpleNamespace(model=k[0], rehearse=args.rehearse), db, 10**9, lib, cores, uuid)
-               for k, (db, lib) in procs.items()}
+    running = {k: spawn_compile(db, 10**9, lib, cores, uuid, k[0], args.rehearse) for k, (db, lib) in procs.items()}
     libs, errors = {}, {}
     for k, p in running.items():
         try:
@@ -167,33 +155,7 @@ def compile_parallel(args, procs: dict, uuid: str | None) -> tuple[dict, dict]:
 
 def serve_model(args, model: str, libs: dict, uuid: str | None, work: Path) -> dict:
     """Time one model's libraries in one fresh process at 100 % (GPU 0), interleaved, checked against PyTorch."""
-    import subprocess
-
-    import numpy as np
-
-    from sharetune import zoo
-    from sharetune.intake import reference_output
-
-    module, example = zoo.get(model).build()
-    inputs = work / model / "inputs.npz"
-    np.savez(inputs, **{f"arg{i}": t.detach().numpy() for i, t in enumerate(example)})
-    ref = work / model / "reference.npy"
-    np.save(ref, reference_output(module, example))
-    env = dict(os.environ, PYTHONPATH=f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", TVM_NUM_THREADS="1")
-    cmd = [sys.executable, "-m", "sharetune.evaluate", "--inputs", str(inputs), "--reference", str(ref),
-           "--rounds", str(args.rounds)]
-    if uuid:
-        env["CUDA_VISIBLE_DEVICES"] = uuid
-        cmd += ["--device", "gpu"]
-    else:
-        cmd += ["--device", "cpu", "--cores", "0"]
-    for label, path in libs.items():
-        cmd += ["--module", f"{label}={path}"]
-    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.serve_timeout)
-    try:
-        return json.loads(out.stdout.strip().splitlines()[-1])
-    except (IndexError, json.JSONDecodeError):
-        return {"latency_us": {}, "errors": {"serve": (out.stderr or out.stdout)[-800:]}}
+    return serve(libs, model, work / model, args.rounds, uuid, check=True, timeout_s=args.serve_timeout)
 
 
 def assemble(args, model: str, stock_row: dict, ours_m: dict, meta: dict, served: dict) -> dict:
@@ -221,11 +183,11 @@ def assemble(args, model: str, stock_row: dict, ours_m: dict, meta: dict, served
              "starved": {"ours": sq.starved({k: v["trials"] for k, v in ob["tasks"].items()}, shares),
                          "stock": sq.starved({k: v["trials"] for k, v in sb["tasks"].items()}, shares)}}
         if e["stock"]["latency_us"] and e["ours"]["latency_us"]:
-            e["latency_ratio"] = _r(e["ours"]["latency_us"] / e["stock"]["latency_us"], 4)
+            e["latency_ratio"] = rounded(e["ours"]["latency_us"] / e["stock"]["latency_us"], 4)
         budgets[str(b)] = e
     return {
         "model": model, "seed": 0,
-        "tasks": {k: {"weight": v["weight"], "flops_share": _r(shares.get(k), 5)} for k, v in tasks.items()},
+        "tasks": {k: {"weight": v["weight"], "flops_share": rounded(shares.get(k), 5)} for k, v in tasks.items()},
         "budgets": budgets,
         "untuned_latency_us": lat.get("untuned"),
         "latency_detail": served,
@@ -266,11 +228,9 @@ def main(argv=None) -> int:
     os.environ.pop("REDIS_URL", None)
     gpus, rep_probe = [], None
     if not args.rehearse:
-        from services.measurer.observers import make_observer
-
-        gpus = make_observer().inventory()
+        gpus = find_gpus()
         try:
-            probe = sh.probe_hidden_gpu_build()
+            probe = probe_hidden_gpu_build()
         except Exception as err:  # noqa: BLE001 - e.g. its timeout: builders keep the GPU in view
             probe = {"cubin": False, "error": f"{type(err).__name__}: {err}"}
         rep_probe = probe
@@ -281,15 +241,15 @@ def main(argv=None) -> int:
     t_all = time.time()
     stock, ours = {}, {}
     rep = {"models": args.models, "budgets": args.budgets, "per_iter": args.per_iter, "complete": False,
-           "gpus": [g.uuid for g in gpus], "host_cores": os.cpu_count(), "command": " ".join(
-               ["python", "bench/search_quality_gpu.py"] + (argv if argv is not None else sys.argv[1:])),
+           "gpus": [g.uuid for g in gpus], "host_cores": os.cpu_count(),
+           "command": command_line("bench.search_quality_gpu", argv),
            "code": git_state(), "builder_probe": rep_probe, "method": __doc__.split("\n\n", 2)[2]}
 
     def save(**extra):
         rep.update(extra, stock_side={m: {k: v for k, v in s.items() if k != "trace"} for m, s in stock.items()},
                    ours_side={m: {str(b): {k: v for k, v in o.items() if k in ("wall_s", "trials_run", "error", "job_id")}
                                   for b, o in om.items()} for m, om in ours.items()},
-                   elapsed_s=_r(time.time() - t_all))
+                   elapsed_s=rounded(time.time() - t_all))
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(rep, indent=1, default=str) + "\n")
 
@@ -297,14 +257,14 @@ def main(argv=None) -> int:
     stock_thread = threading.Thread(target=stock_side, args=(args, uuid_stock, work, stock), daemon=True)
     stock_thread.start()
     before = os.sched_getaffinity(0)
-    os.sched_setaffinity(0, sh.cores_of("0" if args.rehearse else OURS_CORES))  # the stacks inherit it
+    os.sched_setaffinity(0, cores_of("0" if args.rehearse else OURS_CORES))  # the stacks inherit it
     try:
         ours_side(args, uuid_ours, work, ours, save)
     finally:
         os.sched_setaffinity(0, before)
     stock_thread.join()
     tune_s = time.time() - t_all
-    save(phase="compiling", tune_s=_r(tune_s))
+    save(phase="compiling", tune_s=rounded(tune_s))
     comp = compile_all(args, work, stock, ours, uuid_ours)
     save(phase="timing", compile_s=comp["compile_s"])
     runs = []
@@ -320,7 +280,7 @@ def main(argv=None) -> int:
         save()
     complete = [r for r in runs if r["budgets"] and all("latency_ratio" in e for e in r["budgets"].values())]
     save(phase="done", complete=len(complete) == len(args.models), summary=summary_of(complete),
-         total_s=_r(time.time() - t_all))
+         total_s=rounded(time.time() - t_all))
     print(table(rep), flush=True)
     print(f"wrote {out}", flush=True)
     return 0

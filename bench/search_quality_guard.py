@@ -3,8 +3,8 @@ bench/search_quality_gpu.py run: each task's default schedule timed the way a la
 database cut to the tasks whose best record beats their default, compiled, and timed beside the untuned
 model and stock's unguarded model in one fresh process (GPU 0 at 100 %).
 
-    python bench/search_quality_guard.py --work-dir /tmp/sqg --first-run bench/results/search_quality_h200_unguarded.json
-    python bench/search_quality_guard.py --rehearse --work-dir /tmp/sqg_r --first-run /tmp/sqg_r/out.json
+    python -m bench.search_quality_guard --work-dir /tmp/sqg --first-run bench/results/search_quality_h200_unguarded.json
+    python -m bench.search_quality_guard --rehearse --work-dir /tmp/sqg_r --first-run /tmp/sqg_r/out.json
 
 The work dir is the first run's: {model}/stock/db_{B} and {model}/ours_{B}/ours/db_{B} (JSON databases of
 the first B trials of each side). The guard uses the records' own figures (lane timings for ours, stock's
@@ -20,13 +20,10 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
-
-from bench import scale_h200 as sh  # noqa: E402
-from bench import search_quality_gpu as sqg  # noqa: E402
-from bench.cpu_tuning import _r, git_state  # noqa: E402
+from bench import search_quality_gpu as sqg
+from bench.harness.common import git_state, rounded
+from bench.harness.jobs import gpus as find_gpus
+from bench.harness.stock import make_target
 
 
 def _default_build(args_tuple):
@@ -67,7 +64,7 @@ def default_timings(model: str, target, rehearse: bool, work: Path) -> dict[str,
     timing = timing_for(target.kind.name)
     out = {}
     for t, (path, err, build_s) in zip(tasks, built):
-        entry = {"workload": t.dispatched[0], "weight": int(t.weight), "build_s": _r(build_s)}
+        entry = {"workload": t.dispatched[0], "weight": int(t.weight), "build_s": rounded(build_s)}
         if path is None:
             entry.update(default_s=None, error=err)
         else:
@@ -106,7 +103,7 @@ def guarded_database(src: Path, dst: Path, defaults: dict[str, dict]) -> dict:
                 out.commit_tuning_record(ms.database.TuningRecord(r.trace, owl, r.run_secs, r.target, r.args_info))
             kept.append(name)
         elif best is not None:
-            dropped.append({"task": name, "best_us": _r(1e6 * best, 3), "default_us": _r(1e6 * d["default_s"], 3)})
+            dropped.append({"task": name, "best_us": rounded(1e6 * best, 3), "default_us": rounded(1e6 * d["default_s"], 3)})
     return {"kept": sorted(kept), "dropped": dropped}
 
 
@@ -124,14 +121,11 @@ def main(argv=None) -> int:
     first = json.loads(Path(args.first_run).read_text())
     out = Path(args.out or Path(os.environ.get("OUT") or work) / ("search_quality_guard_rehearsal.json" if args.rehearse
                                                                      else "search_quality_h200_guarded.json"))
-    gpus = []
-    if not args.rehearse:
-        from services.measurer.observers import make_observer
-
-        gpus = make_observer().inventory()
+    gpus = [] if args.rehearse else find_gpus()
+    if gpus:
         os.environ["CUDA_VISIBLE_DEVICES"] = gpus[0].uuid  # this process times the defaults on GPU 0
     uuid = gpus[0].uuid if gpus else None
-    target = sh.make_target(args.rehearse)
+    target = make_target(args.rehearse)
     t0 = time.time()
     rep = {"first_run": first.get("code"), "code": git_state(), "target": json.loads(str(target)), "models": {}}
     compiles = {}
@@ -139,7 +133,7 @@ def main(argv=None) -> int:
         model = run["model"]
         budgets = sorted(int(b) for b in run["budgets"])
         defaults = default_timings(model, target, args.rehearse, work)
-        m = rep["models"][model] = {"defaults_us": {k: _r(1e6 * v["default_s"], 3) if v["default_s"] else None
+        m = rep["models"][model] = {"defaults_us": {k: rounded(1e6 * v["default_s"], 3) if v["default_s"] else None
                                                     for k, v in defaults.items()},
                                     "default_errors": {k: v["error"][:300] for k, v in defaults.items() if v.get("error")},
                                     "guard": {}}
@@ -152,26 +146,26 @@ def main(argv=None) -> int:
             compiles[(model, f"stock_{b}")] = (w / "stock" / f"db_{b}", w / f"stock_{b}.so")
         compiles[(model, "untuned")] = (w / "untuned_db", w / "untuned.so")
         out.write_text(json.dumps(rep, indent=1, default=str) + "\n")
-    rep["defaults_s"] = _r(time.time() - t0)
+    rep["defaults_s"] = rounded(time.time() - t0)
     libs, errors = sqg.compile_parallel(args, compiles, uuid)
     rep["compile_errors"] = {f"{m}/{label}": err for (m, label), err in errors.items()}
-    rep["compile_s"] = _r(time.time() - t0 - rep["defaults_s"])
+    rep["compile_s"] = rounded(time.time() - t0 - rep["defaults_s"])
     for run in first["runs"]:
         model = run["model"]
         m = rep["models"][model]
         served = sqg.serve_model(args, model, libs.get(model, {}), uuid, work)
         lat = served.get("latency_us", {})
-        m["latency_us"] = {k: _r(v, 2) for k, v in lat.items()}
+        m["latency_us"] = {k: rounded(v, 2) for k, v in lat.items()}
         m["max_abs_err"] = served.get("max_abs_err")
         m["serve_errors"] = served.get("errors")
         m["by_budget"] = {}
         for b in sorted(int(x) for x in run["budgets"]):
             s, og, sg = lat.get(f"stock_{b}"), lat.get(f"ours_guarded_{b}"), lat.get(f"stock_guarded_{b}")
             m["by_budget"][str(b)] = {
-                "stock_us": _r(s, 2), "ours_guarded_us": _r(og, 2), "stock_guarded_us": _r(sg, 2),
+                "stock_us": rounded(s, 2), "ours_guarded_us": rounded(og, 2), "stock_guarded_us": rounded(sg, 2),
                 "ours_unguarded_us_first_run": run["budgets"][str(b)]["ours"].get("latency_us"),
                 "stock_us_first_run": run["budgets"][str(b)]["stock"].get("latency_us"),
-                "latency_ratio": _r(og / s, 4) if og and s else None,
+                "latency_ratio": rounded(og / s, 4) if og and s else None,
                 "tasks_applied": {"ours": len(m["guard"][f"ours_{b}"]["kept"]),
                                   "stock": len(m["guard"][f"stock_{b}"]["kept"])},
                 "tasks_left_on_default": {"ours": len(m["guard"][f"ours_{b}"]["dropped"]),
@@ -179,7 +173,7 @@ def main(argv=None) -> int:
         out.write_text(json.dumps(rep, indent=1, default=str) + "\n")
     ratios = [e["latency_ratio"] for m in rep["models"].values() for e in m.get("by_budget", {}).values()
               if e["latency_ratio"] is not None]
-    rep["summary"] = {"latency_vs_stock_max": max(ratios) if ratios else None, "total_s": _r(time.time() - t0)}
+    rep["summary"] = {"latency_vs_stock_max": max(ratios) if ratios else None, "total_s": rounded(time.time() - t0)}
     out.write_text(json.dumps(rep, indent=1, default=str) + "\n")
     for model, m in rep["models"].items():
         print(f"{model}: untuned {m['latency_us'].get('untuned')} us")

@@ -1,8 +1,8 @@
 """Tuned-at x served-at latency matrix on the GPU machine (run there: `bash bench/device_run.sh matrix`).
 
-    python bench/share_matrix.py                      # both models; one per GPU when the host has two
-    python bench/share_matrix.py --models resnet18 --gpu-index 0 --out-json /tmp/x.json   # one child
-    python bench/share_matrix.py --device cpu --cores 1,2 --models tiny --trials 6 --per-iter 6   # CPU rehearsal
+    python -m bench.share_matrix                      # both models; one per GPU when the host has two
+    python -m bench.share_matrix --models resnet18 --gpu-index 0 --out-json /tmp/x.json   # one child
+    python -m bench.share_matrix --device cpu --cores 1,2 --models tiny --trials 6 --per-iter 6   # CPU rehearsal
 
 Each model: EVERY task tuned (`--tasks K` for the K heaviest), 64 candidates a round (MetaSchedule's
 default), at each share on min(4, 100 // share) MPS lanes of that share, one share after another, in one
@@ -25,12 +25,11 @@ import argparse
 import json
 import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+from bench.harness.common import child_env, module_command
+from bench.harness.jobs import gpus
 
 OUT = Path(os.environ.get("OUT", "/tmp/out"))
 
@@ -68,7 +67,6 @@ def plan(args, n_tasks: int, n_models_here: int, seconds: float) -> tuple[list[i
 
 def run_models(args, models: list[str], deadline: float) -> list:
     """All `models` on one GPU, one stack, one after another; the time left is split evenly."""
-    from services.measurer.observers import make_observer
     from shared import store
     from sharetune.client import Client
     from services.measurer.agent import BuilderSpec
@@ -78,7 +76,7 @@ def run_models(args, models: list[str], deadline: float) -> list:
         placement = Placement("cpu")
         gpu = None
     else:
-        gpu = next(g for g in make_observer().inventory() if g.index == args.gpu_index)
+        gpu = next(g for g in gpus() if g.index == args.gpu_index)
         placement = Placement("gpu", gpu_uuid=gpu.uuid)
     all_tasks = {m: model_tasks(m, args.device) for m in models}
     chosen = {m: (all_tasks[m][:args.tasks] if args.tasks else None) for m in models}
@@ -151,12 +149,6 @@ def earlier_reports(path: Path) -> dict:
     return {m.model: m for m in (ShareMatrix.model_validate(x) for x in body.get("matrices", [body]))}
 
 
-def gpus() -> list:
-    from services.measurer.observers import make_observer
-
-    return make_observer().inventory()
-
-
 def launch(args) -> None:
     """One child per model on its own GPU when there are enough GPUs, else all models here on GPU 0."""
     from sharetune.matrix import write_outputs
@@ -178,9 +170,9 @@ def launch(args) -> None:
             part = OUT / f"share_matrix_{model}.json"
             # the child's stack starts its own MPS daemon; with only this GPU visible it controls only it.
             # Each child's builders get their own half of the cores.
-            env = {**os.environ, "CUDA_VISIBLE_DEVICES": gpu.uuid, "SHARETUNE_MATRIX_CORES": str(cores),
-                   "SHARETUNE_MATRIX_CORE_RANGE": f"{i * cores}-{(i + 1) * cores - 1}"}
-            argv = [sys.executable, __file__, "--models", model, "--gpu-index", str(gpu.index), "--shares", args.shares,
+            env = child_env(CUDA_VISIBLE_DEVICES=gpu.uuid, SHARETUNE_MATRIX_CORES=str(cores),
+                            SHARETUNE_MATRIX_CORE_RANGE=f"{i * cores}-{(i + 1) * cores - 1}")
+            argv = module_command("bench.share_matrix") + ["--models", model, "--gpu-index", str(gpu.index), "--shares", args.shares,
                     "--per-iter", str(args.per_iter), "--rounds", str(args.rounds),
                     "--deadline-s", str(args.deadline_s - 5), "--work-dir", args.work_dir, "--out-json", str(part)]
             argv += ["--trials", str(args.trials)] if args.trials else []

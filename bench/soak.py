@@ -3,8 +3,8 @@ Celery workers, real TVM), Redis's used memory, keys and AOF size after each; wi
 pruned as an operator's cron would (`sharetune prune --older-than 0s`). Prints a table and writes
 bench/results/soak_cpu.json.
 
-    .venv/bin/python bench/soak.py --jobs 50 --prune      # ~15 min on a 2-core host
-    .venv/bin/python bench/soak.py --jobs 50              # the same without pruning: what grows
+    .venv/bin/python -m bench.soak --jobs 50 --prune      # ~15 min on a 2-core host
+    .venv/bin/python -m bench.soak --jobs 50              # the same without pruning: what grows
 """
 from __future__ import annotations
 
@@ -15,8 +15,7 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+from bench.harness.common import RESULTS
 
 
 def main() -> int:
@@ -26,7 +25,7 @@ def main() -> int:
     ap.add_argument("--trials", type=int, default=8)
     ap.add_argument("--prune", action="store_true", help="prune each job once it ended")
     ap.add_argument("--work-dir", default="/tmp/sharetune-soak")
-    ap.add_argument("--out", default=str(REPO / "bench" / "results" / "soak_cpu.json"))
+    ap.add_argument("--out", default=str(RESULTS / "soak_cpu.json"))
     args = ap.parse_args()
     os.environ.setdefault("TVM_NUM_THREADS", "1")
 

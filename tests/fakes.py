@@ -1,5 +1,6 @@
 """Fakes for unit tests of pure logic: an in-memory stand-in for the few Redis calls the store makes on
-records and workloads, and a store holding one small workload's records."""
+records and workloads, a store holding one small workload's records, and the stack supervisor's process and
+MPS handles."""
 from __future__ import annotations
 
 
@@ -54,3 +55,46 @@ def store_with_records(records):
         store.replace_record(r, Record(candidate_key=key, wkey="w", trace=record_json(trec), run_secs=secs,
                                        target=str(target), args_info=[], share=100, timing=timing))
     return r, mod
+
+
+class FakeProc:
+    """A started process as the stack's supervisor sees it (poll, wait, pid), without one."""
+
+    def __init__(self, code=None, pid=4242):
+        self.returncode, self.pid = code, pid
+
+    def poll(self):
+        return self.returncode
+
+    def wait(self, timeout=None):
+        return self.returncode
+
+
+class FakeMps:
+    """The stack's MPS daemon (ours, started) recording what the supervisor asks of it; `servers` gives its
+    server -> client pids list, read when asked."""
+
+    started = True
+
+    def __init__(self, servers=dict):
+        self._servers, self.calls = servers, []
+
+    def servers(self):
+        return self._servers()
+
+    def stop(self):
+        self.calls.append("stop")
+
+    def start(self):
+        self.calls.append("start")
+
+    def environment(self):
+        return {}
+
+
+class FakeHost:
+    """The host's process table and signal sender (services.measurer.agent.HostProcesses), as given: nothing
+    on the host is read or signalled."""
+
+    def __init__(self, table=dict, end=lambda pids, grace_s=3.0: {"terminated": sorted(pids)}):
+        self.table, self.end = table, end

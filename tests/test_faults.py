@@ -1,13 +1,13 @@
 """Faults with real processes: a lane worker killed with SIGKILL in the middle of a batch, Redis stopped
 and started again in the middle of a job, and twenty jobs at once on one stack. Each scenario also writes
-its figures row for bench/faults.py (tests/faultlib.record_row)."""
+its figures row for bench/faults.py (sharetune.testing.faults.record_row)."""
 import os
 import signal
 import time
 
 import pytest
 
-import faultlib
+from sharetune.testing import faults as faultlib
 from conftest import LANES
 from shared import names, store
 

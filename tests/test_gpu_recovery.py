@@ -23,7 +23,7 @@ from services.measurer.gpu.recovery import (
 )
 from shared import names, store
 from shared.messages import GpuFault, JobSpec, LaneInfo
-from faultlib import FakeHost, FakeMps, FakeProc
+from fakes import FakeHost, FakeMps, FakeProc
 
 GPU_A, GPU_B = "3f2a1c9b", "b7c40e52"
 UUID_A = "GPU-3f2a1c9b-5d7e-4a10-9c21-6b8e0f4d2a17"

@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-import faultlib
+from sharetune.testing import faults as faultlib
 from shared import names, store
 
 pytestmark = pytest.mark.e2e

@@ -283,7 +283,7 @@ def test_two_clients_share_one_budget_and_a_killed_client_is_replaced(stack, cli
         assert _job_records(redis_conn, job.job_id) == trials  # one record per trial spent, none lost
         assert store.budget_left(redis_conn, job.job_id) == 0
         assert job.result().time_split_s["resumed_shards"] == 1
-        import faultlib
+        from sharetune.testing import faults as faultlib
 
         faultlib.record_row({"scenario": "kill -9 the tuner client mid-job and start another",
                              "jobs_completed": 1, "candidates_lost": trials - _job_records(redis_conn, job.job_id),

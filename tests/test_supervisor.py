@@ -2,7 +2,7 @@
 report, a fake MPS daemon. (Real lanes killed with SIGKILL: tests/test_faults.py.)"""
 import time
 
-from faultlib import FakeHost, FakeMps, FakeProc
+from fakes import FakeHost, FakeMps, FakeProc
 
 from sharetune.stack import Stack
 from shared import lanes as lane_kinds

@@ -1,4 +1,5 @@
-"""Real programs that crash or hang, and helpers for the fault tests (imported by tests and bench/faults.py).
+"""Real programs that crash or hang, and helpers that send them to lanes and read back what happened: shared
+by the fault tests (tests/test_faults.py, test_poison.py, ...) and the fault benchmarks (bench/gpu_fault.py).
 
 Each program is a genuine TVM PrimFunc: the run-time segfault writes 4 GiB past its buffer, the hang runs
 2^40 iterations. Only the build segfault needs the lane's test hook (LaneSettings.test_fault_hooks): no
@@ -16,13 +17,14 @@ from shared.messages import Candidate, MeasureBatch, TimingConfig
 ARGS = [["TENSOR", "float32", [16]], ["TENSOR", "float32", [16]]]
 
 
-def _candidate(func, cid: str, name: str = "main") -> Candidate:
+def candidate(func, cid: str, name: str = "main", args_info=None) -> Candidate:
+    """A PrimFunc as a lane's candidate (its arguments: two 16-float tensors unless `args_info` says)."""
     import tvm
 
     from services.measurer.metaschedule.codec import dump_ir
 
     return Candidate(candidate_id=cid, mod=dump_ir(tvm.IRModule({name: func.with_attr("global_symbol", name)})),
-                     args_info=ARGS)
+                     args_info=args_info or ARGS)
 
 
 def good(cid: str, salt: int = 0) -> Candidate:
@@ -33,7 +35,7 @@ def good(cid: str, salt: int = 0) -> Candidate:
         for i in range(16):
             B[i] = A[i] + T.float32(salt)
 
-    return _candidate(f, cid)
+    return candidate(f, cid)
 
 
 def segv_at_run(cid: str, salt: int = 0) -> Candidate:
@@ -44,7 +46,7 @@ def segv_at_run(cid: str, salt: int = 0) -> Candidate:
         for i in range(16):
             B[i + 1073741824] = A[i] + T.float32(salt)  # 4 GiB past the end: unmapped, SIGSEGV
 
-    return _candidate(f, cid)
+    return candidate(f, cid)
 
 
 def hang_at_run(cid: str, salt: int = 0) -> Candidate:
@@ -55,7 +57,7 @@ def hang_at_run(cid: str, salt: int = 0) -> Candidate:
         for i in T.serial(T.int64(1099511627776)):  # 2^40 dependent iterations: hours
             B[i % T.int64(16)] = B[i % T.int64(16)] * A[(i + T.int64(1)) % T.int64(16)] + T.float32(salt)
 
-    return _candidate(f, cid)
+    return candidate(f, cid)
 
 
 def segv_at_build(cid: str, salt: int = 0) -> Candidate:
@@ -68,7 +70,7 @@ def segv_at_build(cid: str, salt: int = 0) -> Candidate:
         for i in range(16):
             B[i] = A[i] * T.float32(salt)
 
-    return _candidate(f, cid, name=f"{TEST_SEGV_BUILD}_{salt}")
+    return candidate(f, cid, name=f"{TEST_SEGV_BUILD}_{salt}")
 
 
 def send_batch(client, lane, candidates, batch_id: str, timeout_s: float = 30.0, job_id: str = "faults") -> None:
@@ -141,46 +143,3 @@ def record_row(row: dict) -> None:
     if path:
         with open(path, "a") as f:
             f.write(json.dumps(row) + "\n")
-
-
-class FakeProc:
-    """A started process as the stack's supervisor sees it (poll, wait, pid), without one."""
-
-    def __init__(self, code=None, pid=4242):
-        self.returncode, self.pid = code, pid
-
-    def poll(self):
-        return self.returncode
-
-    def wait(self, timeout=None):
-        return self.returncode
-
-
-class FakeMps:
-    """The stack's MPS daemon (ours, started) recording what the supervisor asks of it; `servers` gives its
-    server -> client pids list, read when asked."""
-
-    started = True
-
-    def __init__(self, servers=dict):
-        self._servers, self.calls = servers, []
-
-    def servers(self):
-        return self._servers()
-
-    def stop(self):
-        self.calls.append("stop")
-
-    def start(self):
-        self.calls.append("start")
-
-    def environment(self):
-        return {}
-
-
-class FakeHost:
-    """The host's process table and signal sender (services.measurer.agent.HostProcesses), as given: nothing
-    on the host is read or signalled."""
-
-    def __init__(self, table=dict, end=lambda pids, grace_s=3.0: {"terminated": sorted(pids)}):
-        self.table, self.end = table, end

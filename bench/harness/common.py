@@ -1,0 +1,76 @@
+"""Where results go, which code ran, rounding, a report's end, and the command lines of child processes."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+RESULTS = REPO / "bench" / "results"
+
+
+def out_dir(default: str = "/tmp/out") -> Path:
+    """$OUT (the device machine's folder that comes back), made if missing."""
+    d = Path(os.environ.get("OUT", default))
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+def rounded(x, nd: int = 3):
+    return None if x is None else round(float(x), nd)
+
+
+def git_state() -> dict:
+    """The code that ran: HEAD, its branch, and the tracked files that differed from it (the tree may be shared)."""
+    def git(*a):
+        try:
+            return subprocess.run(["git", *a], cwd=REPO, capture_output=True, text=True, timeout=30).stdout
+        except (OSError, subprocess.SubprocessError):
+            return ""
+    return {"head": git("rev-parse", "HEAD").strip(), "branch": git("rev-parse", "--abbrev-ref", "HEAD").strip(),
+            "modified": [line[3:] for line in git("status", "--porcelain", "--untracked-files=no").splitlines()]}
+
+
+def command_line(module: str, argv=None) -> str:
+    """How this run was started, as its results record it."""
+    return " ".join(["python", "-m", module] + list(argv if argv is not None else sys.argv[1:]))
+
+
+def write_report(rep: dict, out, table) -> Path:
+    """A benchmark's end: its JSON written, its table printed."""
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(rep, indent=2) + "\n")
+    print()
+    print(table(rep))
+    print(f"\nwrote {out}")
+    return out
+
+
+def module_command(module: str, *args) -> list[str]:
+    """A child process running one of the project's modules (children get child_env, so any cwd works)."""
+    return [sys.executable, "-m", module, *(str(a) for a in args)]
+
+
+def child_env(**extra: str) -> dict:
+    """This environment for a child, with the repository importable wherever the child starts."""
+    path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
+    return dict(os.environ, PYTHONPATH=path, **extra)
+
+
+def last_json_line(out: subprocess.CompletedProcess, fallback_key: str) -> dict:
+    """A child's answer: its last line of output as JSON, else its error output under `fallback_key`."""
+    try:
+        return json.loads(out.stdout.strip().splitlines()[-1])
+    except (IndexError, json.JSONDecodeError):
+        return {fallback_key: (out.stderr or out.stdout)[-800:]}
+
+
+def cores_of(spec: str) -> set[int]:
+    """The cores of a spec such as "0-15" that this host has (all of them when none is)."""
+    from services.measurer.lanes import parse_cores
+
+    have = os.sched_getaffinity(0) | set(range(os.cpu_count() or 1))
+    return {c for c in parse_cores(spec) if c in have} or have
