@@ -7,6 +7,12 @@ search, GPU checks included, runs on the CPU. A model is a zoo name or a time-to
 
     python bench/valid_sampling.py --tasks resnet18:conv2d1,regnety-stage:conv2d6
     -> a table, and JSON at --out (default bench/results/valid_sampling_cpu.json)
+
+With --evolution, an evolutionary round instead, after a cold round whose candidates get made-up timings (the cost
+model, XGBoost, trained on them): TVM's EvolutionarySearch against ValidEvolution (evolution.py), each at the
+population the service gives it for 64 a round.
+
+    python bench/valid_sampling.py --evolution --tasks efficientnet-mbconv:conv2d1 --out /tmp/evolution.json
 """
 from __future__ import annotations
 
@@ -82,12 +88,55 @@ def cold_round(task, target, mode: str, candidates: int) -> dict:
             "frac_rejected_verify_gpu": round(rejected.get("VerifyGPUCode", 0) / max(1, drawn), 3)}
 
 
+EVOLUTION_MODES = ("EvolutionarySearch", "ValidEvolution")
+
+
+def evolution_round(task, target, mode: str, candidates: int, population: int = 128) -> dict:
+    import random
+
+    from tvm.s_tir import meta_schedule as ms
+    from tvm.s_tir.meta_schedule.runner import RunnerResult
+
+    from services.tuner.metaschedule import validity
+    from services.tuner.metaschedule.evolution import ValidEvolution
+    from services.tuner.metaschedule.sampling import ValidReplay
+
+    db, model = ms.database.MemoryDatabase(), ms.cost_model.XGBModel(num_warmup_samples=0)
+    rng = random.Random(0)
+
+    def context(strategy, postprocs):
+        ctx = ms.TuneContext(mod=task.mod, target=target, search_strategy=strategy, task_name=task.name,
+                             rand_state=1, num_threads=1,
+                             space_generator=ms.space_generator.PostOrderApply(postprocs=postprocs))
+        ctx.pre_tuning(1 << 20, candidates, ctx.generate_design_space(), db, model)
+        return ctx
+
+    ctx = context(ValidReplay(seed=1, threads=1), validity.cuda_postprocs(target))
+    first = ctx.generate_measure_candidates() or []
+    results = [RunnerResult([rng.uniform(1e-5, 1e-4)], None) for _ in first]
+    workload = db.commit_workload(task.mod)
+    for c, r in zip(first, results):
+        db.commit_tuning_record(ms.database.TuningRecord(c.sch.trace, workload, r.run_secs, target, c.args_info))
+    model.update(ctx, first, results)
+    wrapped = counting(validity.cuda_postprocs(target))
+    strategy = (ms.search_strategy.EvolutionarySearch(population_size=population, init_min_unmeasured=16)
+                if mode == "EvolutionarySearch" else ValidEvolution(seed=1, threads=1, population=population // 2))
+    ctx = context(strategy, wrapped)
+    c0 = time.process_time()
+    cands = ctx.generate_measure_candidates() or []
+    cpu = time.process_time() - c0
+    return {"mode": mode, "valid": len(cands), "drawn": wrapped[0].calls, "search_cpu_s": round(cpu, 2),
+            "cpu_s_per_valid": round(cpu / max(1, len(cands)), 3),
+            "rejected": {w.name: w.rejects for w in wrapped if w.rejects}}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--tasks", default=DEFAULT_TASKS, help="comma-separated model:task")
     ap.add_argument("--candidates", type=int, default=64)
     ap.add_argument("--arch", default="sm_90")
     ap.add_argument("--out", default="bench/results/valid_sampling_cpu.json")
+    ap.add_argument("--evolution", action="store_true", help="an evolutionary round, two ways, instead")
     args = ap.parse_args(argv)
     from services.measurer.metaschedule.targets import family_target
     from bench.panel import PANEL, build
@@ -104,6 +153,14 @@ def main(argv=None) -> int:
         if model not in models:
             relax_model = to_relax(*build(model)) if model in PANEL else to_relax(model)
             models[model] = {t.name: t for t in extract(relax_model.mod, target)}
+        if args.evolution:
+            for mode in EVOLUTION_MODES:
+                r = {"model": model, "task": name, **evolution_round(models[model][name], target, mode,
+                                                                     args.candidates)}
+                rows.append(r)
+                print(f"{model + ':' + name:<58} {mode:<18} {r['valid']:>5} {r['drawn']:>6} {r['search_cpu_s']:>6} "
+                      f"{r['cpu_s_per_valid']:>8} {r['rejected']}", flush=True)
+            continue
         for mode in MODES:
             r = {"model": model, "task": name, **cold_round(models[model][name], target, mode, args.candidates)}
             rows.append(r)
@@ -112,7 +169,7 @@ def main(argv=None) -> int:
                   f"{r['frac_rejected_verify_gpu']:>7}", flush=True)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps({"target": str(target), "candidates": args.candidates, "threads": 1,
-                                          "modes": list(MODES), "rows": rows}, indent=1))
+                                          "modes": list(EVOLUTION_MODES if args.evolution else MODES), "rows": rows}, indent=1))
     print("wrote", args.out)
     return 0
 
