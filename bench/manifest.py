@@ -22,7 +22,7 @@ from bench.harness.common import REPO, RESULTS
 MANIFEST = RESULTS / "MANIFEST.json"
 FIELDS = ("script", "host", "command", "commit", "date")
 # run as scripts until they are ported to the harness (python bench/<name>.py)
-SCRIPTS_RUN_BY_PATH = ("time_to_quality", "valid_sampling")
+SCRIPTS_RUN_BY_PATH = ("time_to_quality",)
 
 
 def results_entries() -> list[str]:

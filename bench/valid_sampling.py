@@ -5,14 +5,14 @@ replay (services/tuner/metaschedule/sampling.py, "tile draws", what a cold round
 seconds per valid candidate, samples replayed, and which postprocessor rejected them. Needs no GPU: the CUDA
 search, GPU checks included, runs on the CPU. A model is a zoo name or a time-to-quality panel name.
 
-    python bench/valid_sampling.py --tasks resnet18:conv2d1,regnety-stage:conv2d6
+    python -m bench.valid_sampling --tasks resnet18:conv2d1,regnety-stage:conv2d6
     -> a table, and JSON at --out (default bench/results/valid_sampling_cpu.json)
 
 With --evolution, an evolutionary round instead, after a cold round whose candidates get made-up timings (the cost
 model, XGBoost, trained on them): TVM's EvolutionarySearch against ValidEvolution (evolution.py), each at the
 population the service gives it for 64 a round.
 
-    python bench/valid_sampling.py --evolution --tasks efficientnet-mbconv:conv2d1 --out /tmp/evolution.json
+    python -m bench.valid_sampling --evolution --tasks efficientnet-mbconv:conv2d1 --out /tmp/evolution.json
 """
 from __future__ import annotations
 
@@ -21,8 +21,6 @@ import json
 import sys
 import time
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 DEFAULT_TASKS = ("resnet18:conv2d1,resnet18:conv2d9,transformer:fused_matmul_add,"
                  "efficientnet-mbconv:conv2d1,efficientnet-mbconv:fused_conv2d3_add1_tir_sigmoid3_multiply3,"
