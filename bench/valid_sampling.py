@@ -141,6 +141,9 @@ def main(argv=None) -> int:
     from services.tuner.metaschedule.extract import extract
     from sharetune.intake import to_relax
 
+    from services.tuner.metaschedule.intrinsics import load_tensor_intrinsics
+
+    load_tensor_intrinsics("cuda")  # as a CUDA tuner does before its first TuneContext
     target = family_target(f"cuda.{args.arch}")
     models: dict = {}
     rows = []

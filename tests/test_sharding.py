@@ -96,6 +96,16 @@ def test_steering_lets_the_best_tasks_go_first():
     assert s.may_run(math.inf, [math.inf] * 10, live_shards=2)  # a first round always runs
 
 
+def test_steering_holds_a_light_task_back_while_a_heavy_one_pays_far_more():
+    s = Steering(per_shard=2, min_share=0.25)
+    # ranks alone would let it run (one task ahead, eight ranks), but the heavy task pays ten times more
+    assert not s.may_run(4.0, [40.0, -1e9], live_shards=4)
+    assert s.may_run(12.0, [40.0, 3.0], live_shards=4)  # within a quarter of the best: both run at once
+    assert s.may_run(40.0, [12.0], live_shards=2)  # the best task's owner never waits
+    # tasks without a round (+inf) or without a valid result (-1e9) are no measure of what a round pays
+    assert s.may_run(4.0, [math.inf, -1e9], live_shards=4)
+
+
 # ---- budget, leases and the reaper on the real Redis ------------------------------------------------------
 
 def _job(r, job_id, shards, budget):

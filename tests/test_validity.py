@@ -22,6 +22,9 @@ SAMPLES = 150
 
 @pytest.fixture(scope="module")
 def target():
+    from services.tuner.metaschedule.intrinsics import load_tensor_intrinsics
+
+    load_tensor_intrinsics("cuda")  # as a CUDA tuner does before its first TuneContext
     return family_target("cuda.sm_90")
 
 

@@ -105,15 +105,23 @@ def priority(history: list[float], weight: float, is_behind: bool) -> float:
 @dataclass
 class Steering:
     """A client's rule for sharing one job-wide budget: run its best task's next round when that task is
-    among the `per_shard` x (live shards) best tasks of the whole job; otherwise wait for others to
-    lower their gradients. The owner of the job's best task always proceeds, so clients never wait on
-    each other in a circle; `max_wait_s` bounds a wait on stale figures."""
+    among the `per_shard` x (live shards) best tasks of the whole job and its gradient is at least `min_share`
+    of the largest finite gradient among the other live shards' tasks; otherwise wait for those to lower their
+    gradients. Ranking alone lets a tiny task in: a model with a few heavy tasks and many light ones has fewer
+    unfinished tasks than the ranks allow, so every client would spend the budget on its light tasks while
+    the heavy ones are being measured. The owner of the job's best task always proceeds, so clients never wait on
+    each other in a circle; `max_wait_s` bounds a wait on figures that stopped changing (it must outlast a
+    heavy task's round: search, builds and timing)."""
 
     per_shard: int = 2
-    max_wait_s: float = 10.0
+    min_share: float = 0.25
+    max_wait_s: float = 60.0
 
     def may_run(self, mine: float, others: list[float], live_shards: int) -> bool:
         if math.isinf(mine) and mine > 0:
             return True
         ahead = sum(1 for g in others if g > mine)
-        return ahead < self.per_shard * max(1, live_shards)
+        if ahead >= self.per_shard * max(1, live_shards):
+            return False
+        top = max((g for g in others if 0 < g < math.inf), default=0.0)
+        return mine >= self.min_share * top

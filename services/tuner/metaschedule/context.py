@@ -5,6 +5,7 @@ from __future__ import annotations
 from tvm.s_tir import meta_schedule as ms
 
 from shared.settings import physical_cores
+from services.tuner.metaschedule.intrinsics import load_tensor_intrinsics
 
 
 def tune_context(mod, target, task_name: str, cold: bool, population: int, rand_state: int = -1,
@@ -13,6 +14,7 @@ def tune_context(mod, target, task_name: str, cold: bool, population: int, rand_
     replays them (sampling.ValidReplay), an evolutionary round mutates them within those limits
     (evolution.ValidEvolution), and samples that break the limits are rejected before TVM lowers them
     (validity.GPUPrecheck first among the postprocessors)."""
+    load_tensor_intrinsics(target.kind.name)  # else TuneContext imports every backend's (idempotent)
     space = "post-order-apply"
     threads = num_threads or "physical"
     cuda = valid_sampling and target.kind.name == "cuda"
