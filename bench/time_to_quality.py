@@ -551,6 +551,11 @@ def summarise(result: dict) -> dict:
                  and "cold" in r.get("curves", {}) and r["summary"].get("cold_time_to_stock_latency_s") is None]
     if unreached:
         out["never_reached_stock_latency"] = unreached
+    # a warm run that never reached the cold run's final latency has no trials ratio: it is over 1, not unknown
+    warm_short = [m for m, r in result["models"].items() if "warm" in r.get("curves", {}) and "cold" in r.get("curves", {})
+                  and r["summary"].get("warm_time_to_cold_latency_s") is None]
+    if warm_short:
+        out["warm_never_reached_cold_latency"] = warm_short
     return out
 
 

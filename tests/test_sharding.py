@@ -84,8 +84,17 @@ def test_a_heavy_task_never_ends_with_fewer_trials_than_a_tiny_one():
     trials, _ = _allocate(tasks, 400, 8, latency, floor=True)
     heavy = [t for t, s in shares.items() if s >= 0.01]
     light = [t for t, s in shares.items() if s < 0.001]
-    assert min(trials[t] for t in heavy) > max(trials[t] for t in light)
+    assert min(trials[t] for t in heavy) >= max(trials[t] for t in light)
     assert sum(trials.values()) == 400
+
+
+def test_heavy_tasks_ahead_of_the_light_ones_are_ordered_by_the_gradient():
+    # two heavy tasks that both lead the light one: the rule no longer applies, the gradient decides
+    tasks = _tasks([(1, 2e9), (1, 1e9), (1, 1e5)])
+    shares = flops_shares(tasks)
+    trials = {"t0": 30, "t1": 30, "t2": 25}
+    assert not behind("t0", shares, trials, 64) and not behind("t1", shares, trials, 64)
+    assert behind("t1", shares, {**trials, "t1": 20}, 64)
 
 
 def test_steering_lets_the_best_tasks_go_first():

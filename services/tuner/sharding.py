@@ -8,7 +8,7 @@ The allocation rule, job-wide across shards and clients (docs/sharding.md, "How 
 2. then rounds go by MetaSchedule's task gradient (`gradient`), computed from every shard's history in the
    store, a task's latency being its default schedule's until a candidate beats it
    (metaschedule/defaults.py);
-3. a task with >= 1 % of the job's FLOPs x weight stays a round ahead of every task under 0.1 % (`behind`);
+3. a task with >= 1 % of the job's FLOPs x weight never has fewer trials than a task under 0.1 % (`behind`);
 4. a task ends early only when its design space is spent (metaschedule/task_search.py, EMPTY_ROUNDS)."""
 from __future__ import annotations
 
@@ -88,13 +88,14 @@ def flops_shares(tasks: list[JobTask]) -> dict[str, float]:
 def behind(task_id: str, shares: dict[str, float], trials: dict[str, int], per_iter: int) -> bool:
     """Whether a task with >= 1 % of the job's FLOPs must go before the gradient's choice: the gradient
     alone (best latency / rounds) lets a tiny task absorb the budget (its latency keeps falling in
-    relative terms, and a heavy task with a failed first batch scores -1e9). Such a task stays a batch
-    ahead of every task under 0.1 %, so one more round of a tiny task never leaves it behind; it still
-    ends when its space is spent."""
+    relative terms, and a heavy task with a failed first batch scores -1e9). Such a task goes first while it
+    has fewer trials than a task under 0.1 %; it still ends when its space is spent. Keeping it a whole batch
+    (`per_iter`) ahead instead puts every heavy task first until it has measured a first round plus a batch,
+    which on a model of a few heavy tasks is the whole budget, spent in whatever order rounds come up."""
     if shares.get(task_id, 0.0) < HEAVY:
         return False
     most_light = max((trials.get(t, 0) for t, s in shares.items() if s < LIGHT), default=None)
-    return most_light is not None and trials.get(task_id, 0) <= most_light + per_iter
+    return most_light is not None and trials.get(task_id, 0) < most_light
 
 
 def priority(history: list[float], weight: float, is_behind: bool) -> float:
