@@ -19,12 +19,10 @@ import random
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-import tvm_ffi
 from tvm.ir.utils import derived_object
-from tvm.s_tir import meta_schedule as ms
 from tvm.s_tir.meta_schedule.search_strategy import PySearchStrategy
 
-from services.tuner.metaschedule.sampling import TileLimits, prime_factors, replay
+from services.tuner.metaschedule.sampling import TileLimits, candidate, distinct, prime_factors, replay
 
 log = logging.getLogger("sharetune.tuner.evolution")
 
@@ -124,7 +122,7 @@ class ValidEvolution(PySearchStrategy):
             keys = self._random(want)
             self.sent.update(keys)
             self.proposed += len(keys)
-            return self._distinct([self.replays[k] for k in keys]) or None
+            return distinct([self.replays[k] for k in keys]) or None
 
     def _round(self, want: int) -> list | None:
         if len(self.replays) > CACHE:
@@ -142,7 +140,7 @@ class ValidEvolution(PySearchStrategy):
         picked += [k for k in self._random(want - len(picked)) if k not in taken][:want - len(picked)]
         self.sent.update(picked)
         self.proposed += len(picked)
-        return self._distinct([self.replays[k] for k in picked]) or None
+        return distinct([self.replays[k] for k in picked]) or None
 
     def _measured(self) -> tuple[set, list]:
         """(every stored schedule's key for this workload; the best ones', up to half the population, to breed
@@ -179,7 +177,7 @@ class ValidEvolution(PySearchStrategy):
         for sch in schs:
             key = None if sch is None else self._key_of(sch.trace)
             if key is not None:
-                self.replays[key] = _candidate(sch)
+                self.replays[key] = candidate(sch)
                 out.append(key)
         return out
 
@@ -200,7 +198,7 @@ class ValidEvolution(PySearchStrategy):
         new = [k for k in keys if k not in self.replays]
         with ThreadPoolExecutor(self.threads) as ex:
             for k, sch in zip(new, ex.map(self._replay_key, new)):
-                self.replays[k] = None if sch is None else _candidate(sch)
+                self.replays[k] = None if sch is None else candidate(sch)
         valid = [k for k in keys if self.replays.get(k) is not None]
         if not valid:
             return
@@ -267,16 +265,3 @@ class ValidEvolution(PySearchStrategy):
             return tuple(out)
         return None
 
-    @staticmethod
-    def _distinct(cands: list) -> list:
-        seen, out = set(), []
-        for c in cands:
-            key = tvm_ffi.structural_hash(c.sch.mod)
-            if key not in seen:
-                seen.add(key)
-                out.append(c)
-        return out
-
-
-def _candidate(sch) -> ms.MeasureCandidate:
-    return ms.MeasureCandidate(sch, ms.arg_info.ArgInfo.from_entry_func(sch.mod, remove_preproc=True))

@@ -325,6 +325,23 @@ def replay(mod, trace, decisions: dict, postprocs, seed: int):
         return None
 
 
+def candidate(sch) -> ms.MeasureCandidate:
+    """A schedule as MetaSchedule measures it."""
+    return ms.MeasureCandidate(sch, ms.arg_info.ArgInfo.from_entry_func(sch.mod, remove_preproc=True))
+
+
+def distinct(cands: list, seen: set[int] | None = None) -> list:
+    """The candidates whose scheduled module `seen` (structural hashes, updated) does not hold, each once, in order."""
+    seen = set() if seen is None else seen
+    out = []
+    for c in cands:
+        key = tvm_ffi.structural_hash(c.sch.mod)
+        if key not in seen:
+            seen.add(key)
+            out.append(c)
+    return out
+
+
 @derived_object
 class ValidReplay(PySearchStrategy):
     """Replay-trace whose tile decisions are drawn within the limits (see the module's doc); each round proposes
@@ -357,15 +374,7 @@ class ValidReplay(PySearchStrategy):
         seeds = [self.rng.getrandbits(31) for _ in range(want)]
         with ThreadPoolExecutor(self.threads) as pool:
             schs = list(pool.map(self._one, seeds))
-        out = []
-        for sch in schs:
-            if sch is None:
-                continue
-            key = tvm_ffi.structural_hash(sch.mod)
-            if key in self.seen:
-                continue
-            self.seen.add(key)
-            out.append(ms.MeasureCandidate(sch, ms.arg_info.ArgInfo.from_entry_func(sch.mod, remove_preproc=True)))
+        out = distinct([candidate(sch) for sch in schs if sch is not None], self.seen)
         self.proposed += len(out)
         return out or None
 
