@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from services.measurer.gpu.daemon import CommandResult, MpsDaemon, run_command
+from services.measurer.gpu.daemon import CommandResult, DaemonWait, MpsDaemon, run_command
 from services.measurer.gpu.plan import find_gpu, gpu_for_lane, parse_share_spec, plan_gpu_lanes
 from services.measurer.observers.inventory import GpuInfo
 from shared.errors import LaneError, ShareError
@@ -69,9 +69,9 @@ class FakeControl:
         return [(argv, stdin) for argv, _, stdin in self.calls]
 
 
-def daemon(tmp_path, fake, found=True, **kw):
+def daemon(tmp_path, fake, found=True, **wait):
     return MpsDaemon(tmp_path / "pipe", tmp_path / "log", runner=fake,
-                     which=lambda b: f"/usr/bin/{b}" if found else None, poll_s=0.001, **kw)
+                     which=lambda b: f"/usr/bin/{b}" if found else None, wait=DaemonWait(**{"poll_s": 0.001, **wait}))
 
 
 def test_commands_and_environment(tmp_path):
@@ -136,7 +136,7 @@ def test_start_failure_and_start_timeout_are_refused(tmp_path):
     silent = lambda argv, env, input, timeout: CommandResult(0 if input is None else 1)  # noqa: E731
     clock = iter(range(1000))
     d = MpsDaemon(tmp_path / "pipe2", tmp_path / "log2", runner=silent, which=lambda b: b,
-                  timeout_s=3, sleep=lambda s: None, clock=lambda: next(clock))
+                  wait=DaemonWait(timeout_s=3, sleep=lambda s: None, clock=lambda: next(clock)))
     with pytest.raises(LaneError, match="does not answer"):
         d.start()
     assert not d.started
