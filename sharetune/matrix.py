@@ -28,6 +28,7 @@ from pydantic import BaseModel, ConfigDict
 from shared import lanes as lane_kinds
 from shared.errors import ShareError
 from shared.messages import JobState
+from shared.settings import StackSettings
 from sharetune.share_matrix import ShareMatrix, default_trials, parse_shares
 from sharetune.stack import Stack
 
@@ -47,13 +48,14 @@ class Placement:
     host_cores: int = field(default_factory=lambda: os.cpu_count() or 1)
     gpu_uuid: str | None = None
     mps_env: dict[str, str] = field(default_factory=dict)  # the MPS daemon's pipe and log dirs
+    node: str = "local"  # the host's node name (HostSettings.node): CPU lanes are named for it
 
     @property
     def kind(self) -> lane_kinds.LaneKind:
         return lane_kinds.kind(self.device)
 
     def lane(self, share: int, index: int = 0) -> lane_kinds.Lane:
-        host = lane_kinds.Host(self.host_cores, lane_kinds.Host.this().node)
+        host = lane_kinds.Host(self.host_cores, self.node)
         return self.kind.lane_at(share, host, index, self.gpu_uuid)
 
     def lanes(self, shares: list[int], max_lanes_per_share: int = 4) -> list[str]:
@@ -433,14 +435,17 @@ def matrix(model: Any, shares, *, device: str = "cpu", trials: int | None = None
            redis_url: str | None = None, gpu_index: int = 0, max_lanes_per_share: int = 4, example_inputs=None,
            name: str | None = None, seed: int | None = 0, job_timeout_s: float = 1800.0, deadline: float | None = None,
            serve_reserve_s: float = 0.0, rounds: int = SERVE_ROUNDS, out_json: str | Path | None = None,
-           out_png: str | Path | None = None, log: Callable[[str], None] = print) -> ShareMatrix:
+           out_png: str | Path | None = None, log: Callable[[str], None] = print,
+           settings: StackSettings | None = None) -> ShareMatrix:
     """Start a local stack with lanes of every share (or use the running one at `redis_url`, whose lanes
     must serve them), build the matrix, write JSON + heatmap when asked. Every task is tuned unless
     `tasks` (the k heaviest) or `only_tasks` says otherwise; `trials` per share defaults to 32 a task, at
-    least 256. Bad shares raise ShareError before anything starts."""
+    least 256. Bad shares raise ShareError before anything starts. `settings`: the process's, for its stack
+    (None: their defaults)."""
     from sharetune.client import Client
 
-    placement = Placement(device)
+    settings = settings if settings is not None else StackSettings.model_construct()
+    placement = Placement(device, node=settings.node)
     shares = parse_shares(shares, device, placement.host_cores)
     work_dir = Path(work_dir)
     if placement.kind.device_uuid:
@@ -448,7 +453,8 @@ def matrix(model: Any, shares, *, device: str = "cpu", trials: int | None = None
     all_tasks = model_tasks(model, device, example_inputs)
     if only_tasks is None and tasks:
         only_tasks = all_tasks[:tasks]
-    stack = MatrixStack(work_dir / "stack", lanes=placement.lanes(shares, max_lanes_per_share)) if redis_url is None else None
+    stack = (MatrixStack(work_dir / "stack", lanes=placement.lanes(shares, max_lanes_per_share), settings=settings)
+             if redis_url is None else None)
     if stack is None and placement.kind.mps:
         placement.mps_env = running_mps_environment(shares)
     name = name or (model if isinstance(model, str) else type(model).__name__)
@@ -517,7 +523,7 @@ class MatrixStack(Stack):
         self.agent.lane_build_workers = self._build_workers_of_share
 
     def _build_workers_of_share(self, queue: str) -> int | None:
-        if "SHARETUNE_BUILD_WORKERS" in os.environ:
+        if self.settings.given("build_workers") is not None:
             return None
-        cores = int(os.environ.get("SHARETUNE_MATRIX_CORES", os.cpu_count() or 1))
+        cores = self.settings.matrix_cores if self.settings.matrix_cores is not None else os.cpu_count() or 1
         return max(1, cores // self.lanes.count(queue))

@@ -165,7 +165,10 @@ def _start_failed(work: Path, err: BaseException) -> None:
 
 
 def main(argv=None) -> int:
-    args = parse_args(argv)
+    from shared.settings import StackSettings
+
+    settings = StackSettings()
+    args = parse_args(argv, settings.join_url)
     import logging
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -180,7 +183,7 @@ def main(argv=None) -> int:
                   state.get("supervisor_pid"), masked_url(state.get("redis_url")))
         return 3
     try:
-        stack = make_stack(args, work)
+        stack = make_stack(args, work, settings)
     except Exception as err:  # noqa: BLE001 - a bad option: `up` says which, in a line
         log.exception("stack refused")
         _start_failed(work, err)
@@ -188,12 +191,12 @@ def main(argv=None) -> int:
     return supervise(stack, work, args.join, args.interval, log)
 
 
-def parse_args(argv=None) -> argparse.Namespace:
+def parse_args(argv=None, join_url: str | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="python -m sharetune.supervise")
     ap.add_argument("--work-dir", required=True)
     ap.add_argument("--lanes", default=None, help="comma-separated lane queues; empty: none (default: one CPU lane per core)")
     ap.add_argument("--tuners", type=int, default=None)
-    ap.add_argument("--join", default=os.environ.get(JOIN_ENV) or None,
+    ap.add_argument("--join", default=join_url or None,
                     help=f"the URL of the stack to join (better: in {JOIN_ENV}, which ps does not show)")
     ap.add_argument("--builders", type=int, default=0)
     ap.add_argument("--builder-cores", default=None)
@@ -206,7 +209,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 def prepare_work_dir(work_dir: Path, join_url: str | None) -> Path:
     """The work dir, made and resolved, its last start error gone; the stack's children get REDIS_URL, never
     the URL it joins, nor this work dir's own URL exported from an earlier `up` (its Redis is started again)."""
-    os.environ.pop(JOIN_ENV, None)
+    os.environ.pop(JOIN_ENV, None)  # read into the settings already
     work = work_dir.resolve()
     work.mkdir(parents=True, exist_ok=True)
     if not join_url and os.environ.get("REDIS_URL") and os.environ["REDIS_URL"] == recorded_url(work):
@@ -215,17 +218,19 @@ def prepare_work_dir(work_dir: Path, join_url: str | None) -> Path:
     return work
 
 
-def make_stack(args: argparse.Namespace, work: Path):
+def make_stack(args: argparse.Namespace, work: Path, settings):
     """The stack `up`'s options describe: its own Redis on this work dir's port and password, or lanes joining one."""
     from services.measurer.agent import BuilderSpec
     from sharetune.stack import LocalRedis, Stack
 
     lanes = None if args.lanes is None else [q for q in args.lanes.split(",") if q]
     families = args.builder_family.split(",") if args.builder_family else None
-    port = None if args.join else choose_port(work)
-    return Stack(work, redis_url=args.join, lanes=lanes, tuners=args.tuners, lanes_only=bool(args.join),
-                 log_level=args.log_level, builders=BuilderSpec(args.builders, args.builder_cores, families),
-                 local_redis=LocalRedis(port, None if args.join else recorded_password(work), restart=True))
+    options = dict(lanes=lanes, log_level=args.log_level, settings=settings,
+                   builders=BuilderSpec(args.builders, args.builder_cores, families))
+    if args.join:
+        return Stack.joining(work, args.join, **options)
+    return Stack(work, tuners=args.tuners, local_redis=LocalRedis(choose_port(work), recorded_password(work), restart=True),
+                 **options)
 
 
 def supervise(stack, work: Path, join_url: str | None, interval_s: float, log) -> int:

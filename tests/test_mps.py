@@ -287,9 +287,9 @@ def test_gpu_build_pools_stay_within_the_mps_client_limit():
 
     four = ["measure.aaaaaaaa.p25"] * 4
     assert gpu_build_workers(four, four[0], cores=32) == 8  # cores split between the GPU's lanes
-    assert gpu_build_workers(four, four[0], cores=32, asked="3") == 3
+    assert gpu_build_workers(four, four[0], cores=32, asked=3) == 3
     seven = ["measure.aaaaaaaa.p25"] * 4 + ["measure.aaaaaaaa.p50"] * 2 + ["measure.aaaaaaaa.p100"]
-    per_lane = gpu_build_workers(seven, seven[0], cores=32, asked="16")
+    per_lane = gpu_build_workers(seven, seven[0], cores=32, asked=16)
     assert len(seven) * (1 + per_lane) <= MPS_MAX_CLIENTS - 1  # lanes + pools + one serving process
     two_gpus = ["measure.aaaaaaaa.p25"] * 4 + ["measure.bbbbbbbb.p25"] * 4
     assert gpu_build_workers(two_gpus, two_gpus[0], cores=32) == 4

@@ -119,7 +119,8 @@ def lane_runner(send, redis, spec: JobSpec, target, settings: TunerSettings, sta
 
     return LaneRunner(send, redis, JobLanes(spec.job_id, lane_kind(spec.target), spec.share, str(target)),
                       stash or CandidateStash(), split or TimeSplit(),
-                      BatchRules(timing_for(target_kind(spec.target), settings.timing_floor_ms), settings.batch_grace_s))
+                      BatchRules(timing_for(target_kind(spec.target), settings.timing_floor_ms), settings.batch_grace_s,
+                                 settings.live_lane_policy()))
 
 
 def shard_times(split, run, tune_s: float, population: int, seeds) -> dict:

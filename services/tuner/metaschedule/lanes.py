@@ -219,12 +219,12 @@ class JobLanes:
 @dataclass(frozen=True)
 class BatchRules:
     """How a runner's batches are timed and waited for: the candidates' timing, the grace a started batch gets
-    before its candidates count as lost, and how long it waits for a lane of the job's share (None: the
-    configured live-lane policy)."""
+    before its candidates count as lost, and how long it waits for a lane of the job's share (the tuner's
+    live-lane policy, TunerSettings.live_lane_policy)."""
 
     timing: TimingConfig
     grace_s: float = timeouts.BATCH_GRACE_S
-    policy: lane_kinds.LiveLanePolicy | None = None
+    policy: lane_kinds.LiveLanePolicy = lane_kinds.LiveLanePolicy()
 
 
 @derived_object
@@ -236,7 +236,7 @@ class LaneRunner(PyRunner):
     def __init__(self, send, redis, job: JobLanes, stash: CandidateStash, split: TimeSplit, rules: BatchRules):
         """`send(task_name, payload, queue)` publishes one message (the tuner's Celery boundary gives it)."""
         super().__init__()
-        self.policy = rules.policy or lane_kinds.LiveLanePolicy.configured()
+        self.policy = rules.policy
         self._send, self.redis, self.job_id = send, redis, job.job_id
         self.kind, self.share, self.target_json = job.kind, job.share, job.target_json
         self.stash, self.split, self.timing, self.grace_s = stash, split, rules.timing, rules.grace_s
