@@ -274,12 +274,12 @@ def tune_every_share(tuning: ShareTuning, cells: MatrixCells, resume_jobs: dict[
         if earlier.get("state") == JobState.DONE and Path(earlier.get("tuned_module_path") or "").is_file():
             tuned[p] = earlier["tuned_module_path"]
             cells.jobs[str(p)] = dict(earlier, resumed=True)
-            tuning.log(f"share {p} %: tuned by an earlier run (job {earlier.get('job_id')}), kept")
+            tuning.say(f"share {p} %: tuned by an earlier run (job {earlier.get('job_id')}), kept")
             continue
         left = None if until is None else until - serve_reserve_s - time.time()
         if left is not None and left < 30:
             cells.errors[f"{p}@*"] = f"not tuned: {left + serve_reserve_s:.0f} s left before the deadline"
-            tuning.log(f"share {p} %: skipped, out of time")
+            tuning.say(f"share {p} %: skipped, out of time")
             continue
         path = tune_share(tuning, p, cells, None if left is None else max(30.0, min(tuning.timeout_s, left)))
         if path is not None:
