@@ -46,6 +46,14 @@ def stack(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def figures_out():
+    """Where bench/faults.py asks the fault tests to write their figures rows (None: not asked)."""
+    from shared.settings import FaultFiguresSettings
+
+    return FaultFiguresSettings().faults_out
+
+
+@pytest.fixture(scope="session")
 def redis_conn(stack):
     from shared import store
 

@@ -14,14 +14,6 @@ from shared import names, store
 pytestmark = pytest.mark.e2e
 
 
-@pytest.fixture(scope="module")
-def figures_out():
-    """Where bench/faults.py asks for the figures rows (None: not asked)."""
-    from shared.settings import FaultFiguresSettings
-
-    return FaultFiguresSettings().faults_out
-
-
 def test_lane_killed_mid_batch_loses_no_candidate(stack, client, redis_conn, lane_share, tuned_tiny, figures_out):
     before = set(redis_conn.scan_iter(match=f"{names.PREFIX}:batch:*"))
     restarts = len(stack.recoveries)
@@ -58,7 +50,7 @@ def test_lane_killed_mid_batch_loses_no_candidate(stack, client, redis_conn, lan
     assert figures["candidates_lost"] == 0 and figures["trials_respent"] <= 8  # at most the killed batch
     lane_back = max(l.started_at for l in store.live_lanes(redis_conn) if l.queue == info["lane"])
     faultlib.record_row(figures_out, {"scenario": "kill -9 a measurer lane mid-batch", **figures,
-                         "recovery_s": round(lane_back - killed_at, 1)})
+                                      "recovery_s": round(lane_back - killed_at, 1)})
 
 
 def test_redis_stopped_and_started_mid_job_loses_nothing(stack, client, redis_conn, lane_share, tuned_tiny,
@@ -83,7 +75,7 @@ def test_redis_stopped_and_started_mid_job_loses_nothing(stack, client, redis_co
     figures = faultlib.job_figures(redis_conn, job, 8)
     assert figures["candidates_lost"] == 0 and figures["trials_respent"] <= 8
     faultlib.record_row(figures_out, {"scenario": "stop Redis mid-job and start it again", **figures,
-                         "recovery_s": round(back_at - stopped_at, 1)})
+                                      "recovery_s": round(back_at - stopped_at, 1)})
 
 
 def test_redis_away_longer_than_the_services_wait_loses_nothing(tmp_path, monkeypatch):
@@ -136,8 +128,8 @@ def test_twenty_small_jobs_at_once(client, redis_conn, lane_share, figures_out):
     assert sum(f["candidates_lost"] for f in figures) == 0
     assert all(f["trials"] >= 1 for f in figures)  # an add has one or two distinct schedules
     faultlib.record_row(figures_out, {"scenario": "20 small jobs at once on one stack",
-                         "jobs_completed": sum(f["jobs_completed"] for f in figures),
-                         "candidates_lost": sum(f["candidates_lost"] for f in figures),
-                         "trials_respent": sum(f["trials_respent"] for f in figures),
-                         "trials": sum(f["trials"] for f in figures),
-                         "recovery_s": None, "wall_s": round(time.time() - t0, 1)})
+                                      "jobs_completed": sum(f["jobs_completed"] for f in figures),
+                                      "candidates_lost": sum(f["candidates_lost"] for f in figures),
+                                      "trials_respent": sum(f["trials_respent"] for f in figures),
+                                      "trials": sum(f["trials"] for f in figures),
+                                      "recovery_s": None, "wall_s": round(time.time() - t0, 1)})
