@@ -114,10 +114,11 @@ def soak(work: Path, duration_s: float, seed: int = 0, kill_every_s=(5.0, 30.0),
     from sharetune.client import Client
     from services.measurer.agent import BuilderSpec
     from sharetune.stack import LocalRedis, Stack
+    from shared.settings import StackSettings
 
     rng = random.Random(seed)
     stack = Stack(work, lanes=["measure.cpu.c0", "measure.cpu.c1"], tuners=tuners, builders=BuilderSpec(builders),
-                  local_redis=LocalRedis(restart=True), log_level="INFO")
+                  local_redis=LocalRedis(restart=True), log_level="INFO", settings=StackSettings())
     stack.start(wait_lanes_s=300)
     try:
         client = Client(stack.redis_url)

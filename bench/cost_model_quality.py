@@ -55,12 +55,13 @@ def collect(args, work_dir: Path) -> dict:
     from sharetune.intake import to_relax
     from services.measurer.agent import default_cpu_lanes
     from sharetune.stack import Stack
+    from shared.settings import StackSettings
     from shared.lanes import parse as parse_lane
 
     lanes = default_cpu_lanes()
     share = parse_lane(lanes[0]).share
     t0 = time.time()
-    with Stack(work_dir / "stack", lanes=lanes) as stack:
+    with Stack(work_dir / "stack", lanes=lanes, settings=StackSettings()) as stack:
         client = Client(stack.redis_url)
         job, _, _ = run_job(client, 3600, model=to_relax(args.model).mod, target="llvm", share=share,
                             trials=args.trials, name=args.model, trials_per_iter=args.per_iter, seed=0)

@@ -42,6 +42,7 @@ def main() -> None:
     from sharetune.client import Client
     from services.measurer.agent import default_cpu_lanes
     from sharetune.stack import Stack
+    from shared.settings import StackSettings
     from sharetune.zoo import get
 
     stock_path = RESULTS / "cpu_tuning.json"
@@ -54,7 +55,8 @@ def main() -> None:
                for cm in args.cost_models.split(",")]
     for n, cost_model, seed in configs:
         # a fresh stack per run: no records or cost model carried over from the run before
-        with Stack(Path(args.work_dir) / f"clients{n}-{cost_model}-{seed}", lanes=lanes, tuners=n) as stack:
+        with Stack(Path(args.work_dir) / f"clients{n}-{cost_model}-{seed}", lanes=lanes, tuners=n,
+                   settings=StackSettings()) as stack:
             client = Client(stack.redis_url)
             job, final, wall = run_job(client, 1800, model=args.model, target="llvm", share=client.lanes()[0].share,
                                        trials=args.trials, trials_per_iter=args.per_iter, seed=seed, clients=n,

@@ -95,10 +95,11 @@ def run_ours(args, work_dir: Path, relax_mod) -> dict:
     from sharetune.client import Client
     from services.measurer.agent import default_cpu_lanes
     from sharetune.stack import Stack
+    from shared.settings import StackSettings
 
     lanes = default_cpu_lanes()
     share = parse_lane(lanes[0]).share
-    stack = Stack(work_dir / "ours", lanes=lanes)
+    stack = Stack(work_dir / "ours", lanes=lanes, settings=StackSettings())
     print(f"[ours] starting stack, lanes {lanes} ({share} % each), logs {work_dir / 'ours' / 'logs'}", flush=True)
     t0 = time.time()
     try:

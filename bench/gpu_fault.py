@@ -66,8 +66,12 @@ def plan_lanes(uuids: list[str], cores: int) -> dict:
     from shared import lanes as lane_kinds
     from shared.ids import gpu8
 
+    from shared.settings import HostSettings
+
+    host = HostSettings().host()
+
     def queue(q: str) -> str:  # the lane's full queue name on this host (a CPU lane's carries its share)
-        return lane_kinds.parse(q).queue
+        return lane_kinds.parse(q, host).queue
 
     if not uuids:
         cpus = [queue("measure.cpu.c0"), queue("measure.cpu.c1")] if cores >= 2 else [queue("measure.cpu.c0")]
@@ -266,6 +270,7 @@ def main() -> int:
     from shared.messages import FINAL_STATES
     from sharetune.client import Client
     from sharetune.stack import Stack
+    from shared.settings import StackSettings
 
     t_begin = time.time()
     deadline = t_begin + budget_s
@@ -277,7 +282,7 @@ def main() -> int:
     wanted = [s for s in SCENARIOS if s.name in {k.strip() for k in args.rows.split(",")}]
     makers = {s.name: getattr(fault_kit, s.cpu_maker) if rehearse else globals()[s.gpu_maker] for s in wanted}
     result: dict = {"rehearsal": rehearse, "gpus": [g.name for g in gpus], "lanes": plan["lanes"], "rows": []}
-    with Stack(work, lanes=plan["lanes"], log_level="INFO") as stack:
+    with Stack(work, lanes=plan["lanes"], log_level="INFO", settings=StackSettings()) as stack:
         result["stack_up_s"] = round(time.time() - t_begin, 1)
         client = Client(stack.redis_url)
         r = client.redis

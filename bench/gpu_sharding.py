@@ -35,6 +35,7 @@ def run_config(cfg: str, args, names, inputs, gpus) -> dict:
     from sharetune.client import Client
     from services.measurer.agent import gpu_lanes
     from sharetune.stack import Stack
+    from shared.settings import StackSettings
 
     n_gpus, spec, clients, *rest = cfg.split(":")
     n_gpus, clients = int(n_gpus), int(clients)
@@ -45,7 +46,8 @@ def run_config(cfg: str, args, names, inputs, gpus) -> dict:
     lanes = gpu_lanes(plan)
     share = int(spec.split("x")[1])
     t_up = time.time()
-    with Stack(Path(args.work_dir) / cfg.replace(":", "_"), lanes=lanes, tuners=clients, log_level="INFO") as stack:
+    with Stack(Path(args.work_dir) / cfg.replace(":", "_"), lanes=lanes, tuners=clients, log_level="INFO",
+               settings=StackSettings()) as stack:
         startup = time.time() - t_up
         client = Client(stack.redis_url)
         busy = BusySampler(gpus[0].uuid, interval_ms=None)

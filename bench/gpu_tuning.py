@@ -59,6 +59,7 @@ def _stock_split(profile: dict) -> dict:
 def run_ours(args) -> list[dict]:
     from sharetune.client import Client
     from sharetune.stack import Stack
+    from shared.settings import StackSettings
 
     uuid = find_gpus()[0].uuid
     _, names, _ = heaviest(args.model, args.tasks, make_target(False))
@@ -72,7 +73,8 @@ def run_ours(args) -> list[dict]:
         n, pct = (int(x) for x in c.split("x"))
         lanes = [gpu_lane(uuid, pct)] * n
         t_up = time.time()
-        with Stack(Path(args.work_dir) / f"ours-{c}", lanes=lanes, tuners=1, log_level="INFO") as stack:
+        with Stack(Path(args.work_dir) / f"ours-{c}", lanes=lanes, tuners=1, log_level="INFO",
+                   settings=StackSettings()) as stack:
             startup = time.time() - t_up
             client = Client(stack.redis_url)
             busy = BusySampler(uuid, interval_ms=None)

@@ -52,6 +52,7 @@ def main(argv=None) -> int:
 
     from sharetune.client import Client
     from sharetune.stack import Stack
+    from shared.settings import StackSettings
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--outage-s", type=float, default=300)
@@ -65,7 +66,7 @@ def main(argv=None) -> int:
     work = Path(tempfile.mkdtemp(prefix="redis_outage_"))
     os.environ["SHARETUNE_CORE_LOCK_DIR"] = str(work / "cores")
     out: dict = {"outage_s": args.outage_s, "trials": args.trials, "window_s": "default (SHARETUNE_REDIS_OUTAGE_S)"}
-    with Stack(work / "stack", lanes=["measure.cpu.c0"], tuners=1, log_level="INFO") as st:
+    with Stack(work / "stack", lanes=["measure.cpu.c0"], tuners=1, log_level="INFO", settings=StackSettings()) as st:
         api = subprocess.Popen(module_command("sharetune", "api", "--port", args.api_port, "--no-token"), cwd=REPO,
                                env=child_env(REDIS_URL=st.redis_url), stdout=open(work / "api.log", "wb"),
                                stderr=subprocess.STDOUT)

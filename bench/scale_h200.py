@@ -63,6 +63,7 @@ def run_config(args, name: str, spec: tuple, gpus: list, work: Path, model: str)
     from sharetune.client import Client
     from services.measurer.agent import BuilderSpec
     from sharetune.stack import Stack
+    from shared.settings import StackSettings
 
     lanes_spec, n_gpus, builders, builder_cores, tuner_cores, timing = spec
     os.sched_setaffinity(0, cores_of(tuner_cores))  # the stack's processes inherit it (builders: their own)
@@ -79,7 +80,7 @@ def run_config(args, name: str, spec: tuple, gpus: list, work: Path, model: str)
     t_up = time.time()
     key = f"{name}-{model}"
     with Stack(work / key, lanes=lanes, tuners=args.tuners, builders=BuilderSpec(builders, builder_cores),
-               log_level="INFO") as stack:
+               log_level="INFO", settings=StackSettings()) as stack:
         row["stack_startup_s"] = round(time.time() - t_up, 1)
         client = Client(stack.redis_url)
         samplers = [BusySampler(u) for u in uuids] or [BusySampler(None)]

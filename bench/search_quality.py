@@ -221,6 +221,7 @@ def run_ours(model: str, relax_mod, trials: int, per_iter: int, seed: int, work:
     from sharetune.client import Client
     from services.measurer.agent import default_cpu_lanes
     from sharetune.stack import Stack
+    from shared.settings import StackSettings
 
     lanes = lanes or default_cpu_lanes()
     share = share or parse_lane(lanes[0]).share
@@ -237,7 +238,7 @@ def run_ours(model: str, relax_mod, trials: int, per_iter: int, seed: int, work:
         t1 = float(store.job_state(r, job.job_id).get("tuning_at") or 0.0)
         print(f"[ours] {model}: job {job.job_id} read from the earlier try's store", flush=True)
     else:
-        stack = Stack(work / "ours", lanes=lanes, **(stack_kw or {}))
+        stack = Stack(work / "ours", lanes=lanes, **(stack_kw or {}), settings=StackSettings())
         print(f"[ours] {model} seed {seed}: stack with lanes {lanes}", flush=True)
     try:
         if not resumed:

@@ -71,6 +71,7 @@ def run_models(args, models: list[str], deadline: float) -> list:
     from sharetune.client import Client
     from services.measurer.agent import BuilderSpec
     from sharetune.matrix import MatrixStack, Placement, model_tasks, run_matrix, write_outputs
+    from shared.settings import StackSettings
 
     if args.device == "cpu":  # a rehearsal of this flow on a CPU host (lanes of whole cores)
         placement = Placement("cpu")
@@ -100,7 +101,8 @@ def run_models(args, models: list[str], deadline: float) -> list:
     # build pool beside each lane of each share, idle while other shares tune
     builders = max(1, cores - 4) if args.device == "gpu" else 0
     with MatrixStack(work / "stack", lanes=placement.lanes(shares), log_level="INFO",
-                     builders=BuilderSpec(builders, os.environ.get("SHARETUNE_MATRIX_CORE_RANGE"))) as stack:
+                     builders=BuilderSpec(builders, os.environ.get("SHARETUNE_MATRIX_CORE_RANGE")),
+                     settings=StackSettings()) as stack:
         log(f"stack up in {time.time() - t0:.0f} s: lanes {sorted(set(stack.lanes))}")
         placement.mps_env = stack.mps.environment() if stack.mps is not None else {}
         client = Client(stack.redis_url)

@@ -33,10 +33,11 @@ def main() -> int:
     from sharetune.client import Client
     from services.measurer.agent import default_cpu_lanes
     from sharetune.stack import Stack
+    from shared.settings import StackSettings
 
     rows = []
     t0 = time.time()
-    with Stack(Path(args.work_dir), lanes=default_cpu_lanes()) as stack:
+    with Stack(Path(args.work_dir), lanes=default_cpu_lanes(), settings=StackSettings()) as stack:
         client = Client(stack.redis_url)
         r = client.redis
         aof = lambda: sum(p.stat().st_size for p in (Path(args.work_dir) / "redis").rglob("*.aof*"))  # noqa: E731

@@ -216,13 +216,12 @@ def exits_if_it_fails(step):
     return run
 
 
-def make_celery(role: str, redis_url: str, outage_s: float = 60.0) -> Celery:
-    """A Celery app on the Redis broker. `outage_s`: how long sending a message waits for a Redis that is
-    away before it gives up (the services: their SHARETUNE_REDIS_OUTAGE_S; a client: a minute)."""
+def make_celery(role: str, redis_url: str | None = None, outage_s: float = 60.0) -> Celery:
+    """A Celery app on the Redis broker at `redis_url` (None: given later through use_broker, as a worker does
+    once it has read its settings). `outage_s`: how long sending a message waits for a Redis that is away before
+    it gives up (the services: their SHARETUNE_REDIS_OUTAGE_S; a client: a minute)."""
     register_capped_json()
-    app = Celery(f"sharetune-{role}", broker=redis_url)  # a password in REDIS_URL is used as given
-    if redis_url.startswith("redis://"):  # other schemes (TLS, sentinel, unix) keep kombu's own transport
-        app.conf.broker_transport = f"{__name__}:GuardedRedisTransport"
+    app = Celery(f"sharetune-{role}")
     app.conf.update(
         task_serializer="json",
         accept_content=["json"],
@@ -243,10 +242,21 @@ def make_celery(role: str, redis_url: str, outage_s: float = 60.0) -> Celery:
         broker_connection_retry_on_startup=True,
         broker_connection_retry=True,
         broker_connection_max_retries=None,  # a restarting Redis is waited for, not given up on
-        task_publish_retry_policy={"max_retries": max(1, int(outage_s)), "interval_start": 0, "interval_step": 0.5,
-                                   "interval_max": 1},
         worker_hijack_root_logger=False,
         worker_send_task_events=True,  # Flower and `celery inspect` see the workers
         task_send_sent_event=True,
     )
+    if redis_url is not None:
+        use_broker(app, redis_url, outage_s)
     return app
+
+
+def use_broker(app: Celery, redis_url: str, outage_s: float = 60.0) -> None:
+    """Point `app` at its Redis (a password in the URL is used as given), before it connects: the guarded
+    transport on redis:// (other schemes, TLS, sentinel, unix, keep kombu's own), and a sent message waits
+    `outage_s` for a Redis that is away."""
+    app.conf.broker_url = redis_url
+    if redis_url.startswith("redis://"):
+        app.conf.broker_transport = f"{__name__}:GuardedRedisTransport"
+    app.conf.task_publish_retry_policy = {"max_retries": max(1, int(outage_s)), "interval_start": 0,
+                                          "interval_step": 0.5, "interval_max": 1}

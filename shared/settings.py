@@ -1,15 +1,18 @@
-"""Configuration through environment variables (pydantic-settings), one class per role.
-Every variable is listed in docs/operations.md's configuration table (tests/test_compose.py checks)."""
+"""Configuration through environment variables (pydantic-settings), one class per role. Every SHARETUNE_*
+variable is a field here, and nowhere else is one read (tests/test_settings_boundary.py checks): each process
+builds its settings once, in its entry point, and passes them down. Every variable is listed in
+docs/operations.md's configuration table (tests/test_compose.py checks)."""
 from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import AliasChoices, Field
+from pydantic import AliasChoices, Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from shared import hostcores, timeouts
+from shared.lanes import Host, LiveLanePolicy
 
 
 class CommonSettings(BaseSettings):
@@ -24,6 +27,11 @@ class CommonSettings(BaseSettings):
     # gives up; work that gives up is not failed but left to its lease, and sent again once Redis is back
     redis_outage_s: float = Field(default=600.0, ge=1.0)
 
+    def given(self, name: str) -> Any:
+        """The field's value where the environment (or the caller) gave it, else None: for a setting whose
+        default is decided where it is used."""
+        return getattr(self, name) if name in self.model_fields_set else None
+
 
 class ApiSettings(CommonSettings):
     # bearer token every API request must carry (Authorization: Bearer <token>); required to serve on an
@@ -31,17 +39,30 @@ class ApiSettings(CommonSettings):
     api_token: str = ""
 
 
-class LaneSettings(CommonSettings):
+class HostSettings(CommonSettings):
+    """What a process that names or places lanes on this host reads: the host's node name and its core claims."""
+
+    # CPU lane names and claims are per node: hosts that give the same node name pool lanes of equal share
+    node: str = "local"
+    # a lane's cores are claimed on its host (shared.hostcores): taken by another live process, the lane is
+    # refused ("refuse") or runs and says so ("warn"); the claims live in this directory, shared by every stack
+    core_overlap: Literal["refuse", "warn"] = "refuse"
+    core_lock_dir: str = hostcores.DEFAULT_LOCK_DIR
+
+    def host(self) -> Host:
+        """This host, under its node name (what a lane named by its cores alone is named for)."""
+        return Host.this(self.node)
+
+
+class LaneSettings(HostSettings):
     """One measurer lane: its queue name says what it is (measure.cpu.<node>.p50.c0-1, measure.<gpu8>.p25;
-    shared.lanes)."""
+    shared.lanes). `python -m services.measurer` reads these too, to claim a lane or start a builder."""
 
     lane: str = "measure.cpu.c0"  # set by `python -m services.measurer` (given, or claimed from a pool); cores
     # alone (measure.cpu.c0) name a lane of this host
     gpu_uuid: str | None = None  # full UUID of the lane's GPU (GPU lanes only)
     lane_share: int | None = None  # GPU replicas claim one of 100 // share lanes at this MPS percentage
     lane_cores: int | None = None  # CPU replicas claim one group of this many of the host's cores
-    # CPU lane names and claims are per node: hosts that give the same node name pool lanes of equal share
-    node: str = "local"
     lane_claim: str | None = None  # the claim key this lane holds (set by python -m services.measurer)
     warmup: bool = True  # build a trivial kernel at start, so the first candidate pays nothing
     build_workers: int = 0  # 0: build in the lane process; N: a warm pool of N build processes beside it
@@ -51,14 +72,25 @@ class LaneSettings(CommonSettings):
     sandbox: bool | None = None
     max_crashes: int = 2  # a candidate that killed (or hung) its process this often is quarantined
     sandbox_recycle: int = 2000  # candidates before the sandbox child is replaced (leaked JIT modules)
+    # GPU lanes: past a candidate's build wait and run timeout plus this, its kernel is taken as hung
+    watchdog_margin_s: float = timeouts.WATCHDOG_MARGIN_S
     # TEST ONLY, off by default: a candidate whose function name starts with "sharetune_test_segv_build"
     # kills its build with SIGSEGV, so tests can inject a build crash that no real TVM input gives on cue
     test_fault_hooks: bool = False
     builder_family: str | None = None  # set: this process is a builder of that family, not a lane
-    # a lane's cores are claimed on its host (shared.hostcores): taken by another live process, the lane is
-    # refused ("refuse") or runs and says so ("warn"); the claims live in this directory, shared by every stack
-    core_overlap: Literal["refuse", "warn"] = "refuse"
-    core_lock_dir: str = hostcores.DEFAULT_LOCK_DIR
+    # the family `python -m services.measurer` builds for when it is given no lane and no --builder
+    builder: str | None = None
+    # builders (and a lane's build pool) run with no GPU visible and a private MPS pipe directory, so they never
+    # open a CUDA context
+    builder_hide_gpus: bool = True
+    # "kernel": CUDA builds through the kernel-only NVRTC compile (services/measurer/metaschedule/cuda_compile.py);
+    # "tvm": TVM's own path
+    cuda_compile: Literal["kernel", "tvm"] = "kernel"
+
+    @field_validator("cuda_compile", mode="before")
+    @classmethod
+    def _compile_mode(cls, value: Any) -> Any:
+        return (value.strip().lower() or "kernel") if isinstance(value, str) else value
 
 
 def physical_cores() -> int:
@@ -68,12 +100,45 @@ def physical_cores() -> int:
     return psutil.cpu_count(logical=False) or os.cpu_count() or 1
 
 
-class AgentSettings(CommonSettings):
+class AgentSettings(HostSettings):
     """A node agent (python -m services.measurer.agent): what it runs on its host."""
 
     agent_lanes: str = "cpu"  # cpu (a lane per core), lane queue names, or a GPU share spec (4x25, 2x50)
     builders: int = Field(0, ge=0)  # build workers per family the lanes build for (0: lanes build for themselves)
     builder_cores: str | None = None  # cores the builders are pinned to, e.g. 16-31
+    # a GPU lane's build pool; not given: an equal part of the host's cores (services.measurer.agent.gpu_build_workers)
+    build_workers: int = Field(0, ge=0)
+
+
+class BrokerSettings(CommonSettings):
+    """The embedded Redis (python -m services.broker.server, a local stack's)."""
+
+    # its maxmemory, in Redis's syntax (4gb, 512mb, bytes); None: a quarter of the host's memory
+    redis_maxmemory: str | None = None
+
+
+class StackSettings(AgentSettings, BrokerSettings):
+    """A local stack (`sharetune up`'s supervisor, the demo, the share matrix): its node agent's and its embedded
+    Redis's, and what it gives the clients it starts."""
+
+    # threads of each tuner client's search (TunerSettings.search_threads); not given: the stack splits the
+    # host's physical cores between its clients
+    search_threads: int = 0
+    join_url: str | None = None  # `up --join`'s URL, handed to its supervisor here (argv would show it in ps)
+    # the share matrix's stack: cores the GPU lanes of one share split for their build pools (None: the host's)
+    matrix_cores: int | None = None
+
+
+class CliSettings(StackSettings, ApiSettings):
+    """The `sharetune` command line: its local stacks', its API's, and the work dir of the stack it talks to."""
+
+    work_dir: Path = Path("runs/stack")  # where `sharetune up` recorded the stack's REDIS_URL
+
+
+class FaultFiguresSettings(CommonSettings):
+    """The fault tests' figures for bench/faults.py (sharetune.testing.faults.record_row)."""
+
+    faults_out: str | None = None  # the JSON-lines file they are appended to (None: not written)
 
 
 class LaneWaitSettings(CommonSettings):
@@ -83,8 +148,13 @@ class LaneWaitSettings(CommonSettings):
     lane_recheck_s: float = 3.0  # how often a parked job is looked at again
     lane_give_up_s: float = 60.0  # mid-job, how long the tuner waits for a lane of the job's share to come back
 
+    def live_lane_policy(self) -> LiveLanePolicy:
+        return LiveLanePolicy(park_s=self.lane_wait_s, recheck_s=self.lane_recheck_s, give_up_s=self.lane_give_up_s)
 
-class TunerSettings(CommonSettings):
+
+class TunerSettings(LaneWaitSettings):
+    """A tuner-service worker (planner, tuner client, updater's process): its search, and the live-lane policy."""
+
     batch_grace_s: float = timeouts.BATCH_GRACE_S  # extra time a started batch gets before its candidates count as lost
     warm_kinds: str = "llvm"  # target kinds whose tensor intrinsics a tuner loads before taking work
     # threads of one client's search (evolutionary search, feature extraction); 0: the host's physical

@@ -205,9 +205,7 @@ def new_token(work_dir: Path) -> tuple[str, Path]:
 def make_app(redis_url: str | None = None, client=None, token: str = ""):
     """The API over a Client; with `token`, every route but the API's description answers 401 to a request
     without 'Authorization: Bearer <token>'."""
-    from fastapi import FastAPI, Request
-    from fastapi.exceptions import RequestValidationError
-    from fastapi.responses import FileResponse, JSONResponse, Response
+    from fastapi import FastAPI
 
     from sharetune.client import Client
 
@@ -215,12 +213,22 @@ def make_app(redis_url: str | None = None, client=None, token: str = ""):
     app = FastAPI(title="sharetune", version="0.1.0",
                   description="Autotuning with spatially shared lanes. The Python client (sharetune.client) "
                               "is the first way in; this API is the same operations over HTTP.")
+    answer_503_while_the_store_is_away(app, handlers)
+    if token:
+        require_token(app, token)  # added after the store's check, so it runs first
+    answer_errors_as_json(app)
+    add_routes(app, handlers)
+    return app
+
+
+def answer_503_while_the_store_is_away(app, handlers: Handlers) -> None:
+    """While Redis is away, a route answers 503 with the reason at once: its store calls would retry for a
+    minute (riding out a restart is right for the services, not for someone waiting on a request)."""
+    from fastapi import Request
+    from fastapi.responses import JSONResponse
 
     @app.middleware("http")
     async def _store_reachable(request: Request, call_next):
-        """While Redis is away, a route answers 503 with the reason at once: its store calls would retry for a
-        minute (riding out a restart is right for the services, not for someone waiting on a request). The
-        token check, added after it, runs first."""
         if request.url.path in OPEN_PATHS:
             return await call_next(request)
         from starlette.concurrency import run_in_threadpool
@@ -232,15 +240,27 @@ def make_app(redis_url: str | None = None, client=None, token: str = ""):
                                          "error": "StoreUnavailable"})
         return await call_next(request)
 
-    if token:
-        @app.middleware("http")
-        async def _require_token(request: Request, call_next):
-            if request.url.path in OPEN_PATHS or authorised(request.headers.get("authorization"), token,
-                                                            request.query_params.get("token")):
-                return await call_next(request)
-            return JSONResponse(status_code=401, headers={"WWW-Authenticate": "Bearer"},
-                                content={"detail": "missing or wrong API token: send 'Authorization: Bearer <token>'",
-                                         "error": "Unauthorized"})
+
+def require_token(app, token: str) -> None:
+    """Every route but the API's description answers 401 to a request that does not carry `token`."""
+    from fastapi import Request
+    from fastapi.responses import JSONResponse
+
+    @app.middleware("http")
+    async def _require_token(request: Request, call_next):
+        if request.url.path in OPEN_PATHS or authorised(request.headers.get("authorization"), token,
+                                                        request.query_params.get("token")):
+            return await call_next(request)
+        return JSONResponse(status_code=401, headers={"WWW-Authenticate": "Bearer"},
+                            content={"detail": "missing or wrong API token: send 'Authorization: Bearer <token>'",
+                                     "error": "Unauthorized"})
+
+
+def answer_errors_as_json(app) -> None:
+    """A SharetuneError and a request body that breaks its contract answer with their status and one line."""
+    from fastapi import Request
+    from fastapi.exceptions import RequestValidationError
+    from fastapi.responses import JSONResponse
 
     @app.exception_handler(SharetuneError)
     async def _error(request: Request, err: SharetuneError):
@@ -248,10 +268,15 @@ def make_app(redis_url: str | None = None, client=None, token: str = ""):
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, err: RequestValidationError):
-        """A request body that breaks its contract: 422 and one line naming each field, as every other error."""
+        """422 and one line naming each field, as every other error."""
         parts = [f"{'.'.join(str(p) for p in e.get('loc', ())[1:]) or 'body'}: {e.get('msg', '')}"
                  for e in err.errors()[:5]]
         return JSONResponse(status_code=422, content={"detail": "; ".join(parts), "error": "RequestValidationError"})
+
+
+def add_routes(app, handlers: Handlers) -> None:
+    """The operations, each a route over its handler."""
+    from fastapi.responses import FileResponse, JSONResponse, Response
 
     # sync handlers: FastAPI runs them in a thread pool, so a slow submit (model intake) blocks nothing
     app.post("/jobs", response_model=Submitted, status_code=201, summary="Submit a model for tuning")(handlers.submit)
@@ -277,5 +302,3 @@ def make_app(redis_url: str | None = None, client=None, token: str = ""):
         why = handlers.health()
         return JSONResponse(status_code=503 if why else 200,
                             content={"status": "unavailable", "redis": why} if why else {"status": "ok"})
-
-    return app

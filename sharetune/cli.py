@@ -3,6 +3,7 @@ its options declared once, at the end; `--json` on the user-side commands is for
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import sys
@@ -14,19 +15,19 @@ import click
 from shared.messages import JobOptions, JobState, cli_flag
 
 
-def _redis_url() -> str:
+def _redis_url(args) -> str:
     """REDIS_URL, else the URL `sharetune up` wrote to its work dir (SHARETUNE_WORK_DIR, default runs/stack)."""
     if os.environ.get("REDIS_URL"):
         return os.environ["REDIS_URL"]
     from sharetune.supervise import recorded_url
 
-    return recorded_url(os.environ.get("SHARETUNE_WORK_DIR", "runs/stack")) or "redis://127.0.0.1:6379/0"
+    return recorded_url(args.settings.work_dir) or "redis://127.0.0.1:6379/0"
 
 
-def _client():
+def _client(args):
     from sharetune.client import Client
 
-    return Client(_redis_url())
+    return Client(_redis_url(args))
 
 
 def _print_json(obj) -> None:
@@ -40,7 +41,7 @@ def _print_json(obj) -> None:
 def cmd_demo(args) -> int:
     from sharetune.demo import run_demo
 
-    return run_demo(args.model, args.trials, args.per_iter, args.work_dir)
+    return run_demo(args.model, args.trials, args.per_iter, args.work_dir, settings=args.settings)
 
 
 
@@ -159,7 +160,7 @@ def cmd_submit(args) -> int:
     options = {name: getattr(args, name) for name in JobOptions.model_fields}
     if options["only_tasks"] is not None:
         options["only_tasks"] = [t.strip() for t in options["only_tasks"].split(",") if t.strip()]
-    job = _client().submit(args.model, **options)
+    job = _client(args).submit(args.model, **options)
     if args.json and not (args.wait or args.watch):
         _print_json({"job_id": job.job_id})
     elif not args.json:
@@ -195,7 +196,7 @@ def _print_advice(job, plan_wait_s: float = 20.0) -> None:
 def cmd_status(args) -> int:
     from sharetune.progress import estimates
 
-    client = _client()
+    client = _client(args)
     if not args.job_id:
         rows = []
         for job in client.jobs(20):
@@ -230,7 +231,7 @@ def _print_status(st: dict) -> None:
 
 
 def cmd_watch(args) -> int:
-    return _watch(_client().job(args.job_id), args.json, args.interval)
+    return _watch(_client(args).job(args.job_id), args.json, args.interval)
 
 
 def _width() -> int:
@@ -274,7 +275,7 @@ def cmd_results(args) -> int:
     from shared.errors import SharetuneError
     from sharetune.progress import accounting_line, fmt_us, timing_line
 
-    job = _client().job(args.job_id)
+    job = _client(args).job(args.job_id)
     res = job.result()
     if args.json:
         print(res.model_dump_json(indent=1))
@@ -329,7 +330,7 @@ def cmd_export(args) -> int:
 
     from shared import store
 
-    client = _client()
+    client = _client(args)
     client.job(args.job_id)
     wkeys = [t.wkey for t in store.job_tasks(client.redis, args.job_id)]
     out = Path(args.out or f"{args.job_id}-database")
@@ -361,7 +362,7 @@ def cmd_export(args) -> int:
 
 
 def cmd_lanes(args) -> int:
-    client = _client()
+    client = _client(args)
     lanes, down = client.lanes(), client.gpus_down()
     if args.json:  # a list of lanes; a given-up GPU's lanes appear with "down" and the error
         _print_json([json.loads(l.model_dump_json()) for l in lanes]
@@ -379,7 +380,7 @@ def cmd_lanes(args) -> int:
 
 
 def cmd_cancel(args) -> int:
-    state = _client().job(args.job_id).cancel()
+    state = _client(args).job(args.job_id).cancel()
     if args.json:
         _print_json({"job_id": args.job_id, "state": state})
     else:
@@ -406,7 +407,7 @@ def parse_duration(text: str) -> float:
 def cmd_prune(args) -> int:
     from shared import store
 
-    r = _client().redis
+    r = _client(args).redis
     before = store.memory(r)
     gone = store.prune_jobs(r, parse_duration(args.older_than), dry_run=True)
     freed = store.job_bytes(r, gone)  # measured before anything goes
@@ -434,7 +435,7 @@ def cmd_report(args) -> int:
 
     from sharetune.report import write_report
 
-    client = _client()
+    client = _client(args)
     client.job(args.job_id)
     out = write_report(client.redis, args.job_id, Path(args.out or f"{args.job_id}-report.html"),
                        Path(args.matrix) if args.matrix else None)
@@ -447,18 +448,17 @@ def cmd_api(args) -> int:
     import uvicorn
 
     from sharetune.api import check_exposure, make_app
-    from shared.settings import ApiSettings
 
-    token = ApiSettings().api_token
+    token = args.settings.api_token
     if not token and not args.no_token:
         from sharetune.api import new_token
 
-        token, path = new_token(Path(os.environ.get("SHARETUNE_WORK_DIR", "runs/stack")))
+        token, path = new_token(Path(args.settings.work_dir))
         host = f"[{args.host}]" if ":" in args.host else args.host
         print(f"API token in {path} (readable by you only). Open http://{host}:{args.port}/jobs?token={token} "
               f"or send 'Authorization: Bearer <token>'", file=sys.stderr, flush=True)
     check_exposure(args.host, token, args.published_on)
-    uvicorn.run(make_app(_redis_url(), token=token), host=args.host, port=args.port, log_level="info")
+    uvicorn.run(make_app(_redis_url(args), token=token), host=args.host, port=args.port, log_level="info")
     return 0
 
 
@@ -484,7 +484,8 @@ def cmd_matrix(args) -> int:
         out = Path(args.out or Path(args.work_dir) / "share_matrix.json")
         report = matrix(args.model, shares, device=args.device, trials=args.trials, trials_per_iter=args.per_iter,
                         tasks=args.tasks, gpu_index=args.gpu_index, rounds=args.rounds, work_dir=args.work_dir,
-                        redis_url=os.environ.get("REDIS_URL"), out_json=out, out_png=out.with_suffix(".png"))
+                        redis_url=os.environ.get("REDIS_URL"), out_json=out, out_png=out.with_suffix(".png"),
+                        settings=args.settings)
     except SharetuneError as err:
         print(f"sharetune: {err}", file=sys.stderr)
         return 2
@@ -540,9 +541,13 @@ STORE_HELP = ("Reads REDIS_URL; else the URL `sharetune up` recorded in SHARETUN
 
 
 def command(name: str, help: str, *params):
-    """Register body(args) as subcommand `name`; its options arrive as attributes (args.trials, args.json)."""
+    """Register body(args) as subcommand `name`; its options arrive as attributes (args.trials, args.json), and
+    the settings main read (CliSettings) as args.settings."""
+    def run(body, **options):
+        return body(argparse.Namespace(**options, settings=click.get_current_context().obj))
+
     def register(body):
-        cmd = click.Command(name, callback=lambda **kw: body(argparse.Namespace(**kw)), help=help,
+        cmd = click.Command(name, callback=functools.partial(run, body), help=help,
                             short_help=help.split("\n")[0], epilog=STORE_HELP if name in READS_THE_STORE else None)
         for param in params:
             param(cmd)
@@ -635,10 +640,18 @@ COMMANDS = list(cli.commands)
 
 def main(argv=None) -> int:
     """Run one subcommand; its exit status (2: bad input, named on stderr; 130: interrupted)."""
+    from pydantic import ValidationError
+
     from shared.errors import SharetuneError
+    from shared.settings import CliSettings
 
     try:
-        return cli.main(args=argv, prog_name="sharetune", standalone_mode=False) or 0
+        settings = CliSettings()
+    except ValidationError as err:  # a SHARETUNE_* variable of a value it cannot take
+        print(f"sharetune: {err}", file=sys.stderr)
+        return 2
+    try:
+        return cli.main(args=argv, prog_name="sharetune", standalone_mode=False, obj=settings) or 0
     except click.exceptions.Exit as done:  # --help
         return done.exit_code
     except click.ClickException as err:  # a usage error: unknown option, a value of the wrong type

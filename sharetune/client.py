@@ -218,7 +218,7 @@ class Client:
 
     def _share_for(self, kind: str, share: int | None, wait_for_lanes: bool) -> int:
         served = lanes.shares_served(self.lanes(), kind)
-        return lanes.LiveLanePolicy.configured().share_at_submit(served, kind, share, wait_for_lanes)
+        return lanes.LiveLanePolicy().share_at_submit(served, kind, share, wait_for_lanes)  # no timeout of it applies
 
     def job(self, job_id: str) -> Job:
         store.job_hash(self.redis, job_id)  # raises JobError if unknown

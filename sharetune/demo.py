@@ -30,7 +30,8 @@ def _progress_printer():
 
 
 def run_demo(model: str = "small_cnn", trials: int = 40, per_iter: int = 8, work_dir: str = "runs/demo",
-             timeout_s: float = 900) -> int:
+             timeout_s: float = 900, settings=None) -> int:
+    """Tune `model` on a stack of its own (with the process's StackSettings; None: their defaults) and report."""
     from shared import store
     from sharetune.client import Client
     from sharetune.stack import Stack
@@ -38,7 +39,7 @@ def run_demo(model: str = "small_cnn", trials: int = 40, per_iter: int = 8, work
     t0 = time.time()
     work = Path(work_dir)
     print(f"sharetune demo: model {model}, {trials} trials, work dir {work.resolve()}", flush=True)
-    with Stack(work) as stack:
+    with Stack(work, settings=settings) as stack:
         lanes = Client(stack.redis_url).lanes()
         print(f"stack up in {time.time() - t0:.1f} s: Redis {store.masked_url(stack.redis_url)}, lanes "
               + ", ".join(f"{l.queue} ({l.share} %)" for l in lanes), flush=True)

@@ -13,6 +13,7 @@ set before CUDA starts) times every tuned model, warm, interleaved, median of ro
 cell a bootstrap interval. A failed job or cell is recorded, never fatal."""
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
@@ -27,6 +28,7 @@ from pydantic import BaseModel, ConfigDict
 from shared import lanes as lane_kinds
 from shared.errors import ShareError
 from shared.messages import JobState
+from shared.settings import StackSettings
 from sharetune.share_matrix import ShareMatrix, default_trials, parse_shares
 from sharetune.stack import Stack
 
@@ -46,13 +48,14 @@ class Placement:
     host_cores: int = field(default_factory=lambda: os.cpu_count() or 1)
     gpu_uuid: str | None = None
     mps_env: dict[str, str] = field(default_factory=dict)  # the MPS daemon's pipe and log dirs
+    node: str = "local"  # the host's node name (HostSettings.node): CPU lanes are named for it
 
     @property
     def kind(self) -> lane_kinds.LaneKind:
         return lane_kinds.kind(self.device)
 
     def lane(self, share: int, index: int = 0) -> lane_kinds.Lane:
-        host = lane_kinds.Host(self.host_cores, lane_kinds.Host.this().node)
+        host = lane_kinds.Host(self.host_cores, self.node)
         return self.kind.lane_at(share, host, index, self.gpu_uuid)
 
     def lanes(self, shares: list[int], max_lanes_per_share: int = 4) -> list[str]:
@@ -130,6 +133,39 @@ def model_inputs(model: Any, example_inputs=None) -> list:
     return [rng.standard_normal(shape).astype(dtype) for shape, dtype in to_relax(model, example_inputs).inputs]
 
 
+class MatrixCells:
+    """The matrix as it fills, by tuned-at row and served-at column: each cell's median latency, serving rounds
+    and largest error against PyTorch; why a cell (or a whole row, "<share>@*") has no figure; each share's
+    tuning job."""
+
+    def __init__(self, shares: list[int]):
+        n = len(shares)
+        self.shares = shares
+        self.latency: list[list[float | None]] = [[None] * n for _ in range(n)]
+        self.samples: list[list[list[float]]] = [[[] for _ in range(n)] for _ in range(n)]
+        self.max_err: list[list[float | None]] = [[None] * n for _ in range(n)]
+        self.errors: dict[str, str] = {}
+        self.jobs: dict[str, dict] = {}
+
+    def matrix(self, model: str, device: str, about: dict, info: dict, checked_against_torch: bool) -> ShareMatrix:
+        """The matrix so far; `about`: ShareMatrix's other fields, `info`: the run's facts beside its jobs."""
+        return ShareMatrix.build(model, device, self.shares, self.latency, rounds_us=self.samples,
+                                 errors=dict(self.errors), **about,
+                                 info={"jobs": dict(self.jobs), **info,
+                                       "max_abs_err_vs_torch": self.max_err if checked_against_torch else None})
+
+    def served(self, column: int, got: ServeOutput) -> None:
+        """Column `column` from one serving process's output (every tuned model served at that share)."""
+        for t, p in enumerate(self.shares):
+            if str(p) in got.max_abs_err:
+                self.max_err[t][column] = got.max_abs_err[str(p)]
+            if str(p) in got.latency_us:
+                self.latency[t][column] = got.latency_us[str(p)]
+                self.samples[t][column] = got.rounds_us.get(str(p), [])
+            elif str(p) in got.errors:
+                self.errors[f"{p}@{self.shares[column]}"] = got.errors[str(p)]
+
+
 def run_matrix(client, model: Any, shares: list[int], placement: Placement, work_dir: Path, *,
                trials: int | None = None, trials_per_iter: int = PER_ITER, only_tasks: list[str] | None = None,
                n_tasks: int | None = None, seed: int | None = 0,
@@ -148,91 +184,34 @@ def run_matrix(client, model: Any, shares: list[int], placement: Placement, work
     `trials` per share defaults to default_trials(tasks) and `n_tasks` (the model's task count, when the
     caller knows it) saves an extraction. `resume_jobs` (an earlier run's `info["jobs"]`, by share): a share
     whose job is done and whose tuned module is still on disk is not tuned again."""
-    import numpy as np
-
     device = placement.device
     shares = parse_shares(shares, device, placement.host_cores)
-    target = placement.kind.target_kind
-    live = set(lane_kinds.shares_served(client.lanes(), device))
-    missing = [p for p in shares if p not in live]
-    if missing:
-        raise ShareError(f"no live {device} lane serves share(s) {', '.join(map(str, missing))} %; "
-                         f"live {device} shares: {sorted(live) or 'none'}")
+    _require_live_lanes(client, device, shares)
     name = name or (model if isinstance(model, str) else type(model).__name__)
-    work_dir = Path(work_dir)
-    work_dir.mkdir(parents=True, exist_ok=True)
-    inputs_path = work_dir / "inputs.npz"
-    np.savez(inputs_path, **{f"arg{i}": x for i, x in enumerate(model_inputs(model, example_inputs))})
-    reference_path = _write_reference(model, example_inputs, work_dir / "reference.npy")
-    n = len(shares)
-    latency: list[list[float | None]] = [[None] * n for _ in range(n)]
-    errors: dict[str, str] = {}
-    jobs: dict[str, dict] = {}
-    max_err: list[list[float | None]] = [[None] * n for _ in range(n)]  # against PyTorch, per cell
-    samples: list[list[list[float]]] = [[[] for _ in range(n)] for _ in range(n)]
-    cores = [len(placement.lane(p).cores) for p in shares] if placement.kind.runs_on_host_cores else None
-    if only_tasks:
-        n_tasks = len(only_tasks)
-    elif n_tasks is None:
-        n_tasks = len(model_tasks(model, device, example_inputs))
+    inputs_path, reference_path = _write_inputs(model, example_inputs, Path(work_dir))
+    if only_tasks or n_tasks is None:
+        n_tasks = len(only_tasks) if only_tasks else len(model_tasks(model, device, example_inputs))
     # a budget too small for a full round of every task is shared evenly by the first rounds (the service's
     # allocation rule, services/tuner/sharding.py): no task is left untuned
     trials = trials or default_trials(n_tasks)
+    cells = MatrixCells(shares)
+    about = {"tasks_tuned": len(only_tasks) if only_tasks else "all", "trials_per_share": trials,
+             "cores": [len(placement.lane(p).cores) for p in shares] if placement.kind.runs_on_host_cores else None}
+    info = {"trials_per_iter": trials_per_iter, "tasks": n_tasks, "only_tasks": only_tasks,
+            "target": placement.kind.target_kind, "serve_rounds": rounds}
 
     def snapshot() -> ShareMatrix:
-        return ShareMatrix.build(name, device, shares, latency, rounds_us=samples, cores=cores, errors=dict(errors),
-                                 tasks_tuned=len(only_tasks) if only_tasks else "all", trials_per_share=trials,
-                                 info={"jobs": dict(jobs), "trials_per_iter": trials_per_iter, "tasks": n_tasks,
-                                       "only_tasks": only_tasks, "target": target,
-                                       "serve_rounds": rounds,
-                                       "max_abs_err_vs_torch": max_err if reference_path else None})
+        return cells.matrix(name, device, about, info, checked_against_torch=reference_path is not None)
 
+    report_partial = (lambda: on_partial(snapshot())) if on_partial else (lambda: None)
     from sharetune.intake import to_relax
 
     relax_mod = to_relax(model, example_inputs).mod  # once, not once per share (torch.export takes seconds)
-    tuned: dict[int, str] = {}
-    for p in shares:
-        earlier = (resume_jobs or {}).get(str(p)) or {}
-        if earlier.get("state") == JobState.DONE and Path(earlier.get("tuned_module_path") or "").is_file():
-            tuned[p] = earlier["tuned_module_path"]
-            jobs[str(p)] = dict(earlier, resumed=True)
-            log(f"[matrix {name}] share {p} %: tuned by an earlier run (job {earlier.get('job_id')}), kept")
-            continue
-        left = None if deadline is None else deadline - serve_reserve_s - time.time()
-        if left is not None and left < 30:
-            errors[f"{p}@*"] = f"not tuned: {left + serve_reserve_s:.0f} s left before the deadline"
-            log(f"[matrix {name}] share {p} %: skipped, out of time")
-            continue
-        t0 = time.time()
-        # no untuned baseline: the matrix compares tuned models only, and each compile costs ~20 s on a GPU host
-        job = client.submit(relax_mod, target=target, share=p, trials=trials, trials_per_iter=trials_per_iter,
-                            seed=seed, only_tasks=only_tasks, name=f"{name}@{p}",
-                            untuned_baseline=False)
-        log(f"[matrix {name}] tuning at {p} %: job {job.job_id}, {trials} trials over {n_tasks} tasks")
-        timeout = job_timeout_s if left is None else max(30.0, min(job_timeout_s, left))
-        try:
-            final = job.wait(timeout_s=timeout, poll_s=1.0)
-        except TimeoutError as err:
-            final = {"state": "timeout", "error": str(err)}
-            if on_job_timeout:
-                on_job_timeout(job)
-        wall = time.time() - t0
-        if final["state"] != JobState.DONE:
-            errors[f"{p}@*"] = f"tuning job {job.job_id} {final['state']}: {final.get('error')}"
-            jobs[str(p)] = {"job_id": job.job_id, "state": final["state"], "wall_s": round(wall, 1)}
-            log(f"[matrix {name}] share {p} %: {errors[f'{p}@*']}")
-        else:
-            res = job.result()
-            tuned[p] = res.tuned_module_path
-            st = job.status()
-            jobs[str(p)] = {"job_id": job.job_id, "state": JobState.DONE.value, "wall_s": round(wall, 1),
-                            "trials": res.trials,
-                            "reused_trials": sum(t["reused_trials"] for t in st["tasks"]),
-                            "errors": sum(t["errors"] for t in st["tasks"]), "time_split_s": res.time_split_s,
-                            "tuned_module_path": res.tuned_module_path}
-            log(f"[matrix {name}] share {p} %: tuned, {res.trials} trials in {wall:.0f} s")
-        if on_partial:
-            on_partial(snapshot())
+    # no untuned baseline: the matrix compares tuned models only, and each compile costs ~20 s on a GPU host
+    submit = functools.partial(client.submit, relax_mod, target=placement.kind.target_kind, trials=trials,
+                               trials_per_iter=trials_per_iter, seed=seed, only_tasks=only_tasks, untuned_baseline=False)
+    tuning = ShareTuning(name, submit, f"{trials} trials over {n_tasks} tasks", job_timeout_s, on_job_timeout, log)
+    tuned = tune_every_share(tuning, cells, resume_jobs or {}, (deadline, serve_reserve_s), report_partial)
     modules = {str(p): path for p, path in tuned.items()}
     if before_serving is not None and modules:
         before_serving()  # e.g. stop the lanes: a served model has the device (at its share) to itself
@@ -241,20 +220,101 @@ def run_matrix(client, model: Any, shares: list[int], placement: Placement, work
             break
         t0 = time.time()
         got = serve_at(served, modules, inputs_path, placement, rounds, serve_timeout_s, reference_path)
-        lat, errs = got.latency_us, got.errors
-        for t, p in enumerate(shares):
-            if str(p) in got.max_abs_err:
-                max_err[t][s] = got.max_abs_err[str(p)]
-            if str(p) in lat:
-                latency[t][s] = lat[str(p)]
-                samples[t][s] = got.rounds_us.get(str(p), [])
-            elif str(p) in errs:
-                errors[f"{p}@{served}"] = errs[str(p)]
-        log(f"[matrix {name}] served at {served} % in {time.time() - t0:.0f} s: "
-            + ", ".join(f"tuned@{k} {v:.1f} us" for k, v in lat.items()) + (f"; errors {errs}" if errs else ""))
-        if on_partial:
-            on_partial(snapshot())
+        cells.served(s, got)
+        tuning.say(f"served at {served} % in {time.time() - t0:.0f} s: "
+                   + ", ".join(f"tuned@{k} {v:.1f} us" for k, v in got.latency_us.items())
+                   + (f"; errors {got.errors}" if got.errors else ""))
+        report_partial()
     return snapshot()
+
+
+def _require_live_lanes(client, device: str, shares: list[int]) -> None:
+    live = set(lane_kinds.shares_served(client.lanes(), device))
+    missing = [p for p in shares if p not in live]
+    if missing:
+        raise ShareError(f"no live {device} lane serves share(s) {', '.join(map(str, missing))} %; "
+                         f"live {device} shares: {sorted(live) or 'none'}")
+
+
+def _write_inputs(model: Any, example_inputs, work_dir: Path) -> tuple[Path, Path | None]:
+    """The inputs every serving process times the models on, and PyTorch's output for them where there is one."""
+    import numpy as np
+
+    work_dir.mkdir(parents=True, exist_ok=True)
+    inputs_path = work_dir / "inputs.npz"
+    np.savez(inputs_path, **{f"arg{i}": x for i, x in enumerate(model_inputs(model, example_inputs))})
+    return inputs_path, _write_reference(model, example_inputs, work_dir / "reference.npy")
+
+
+@dataclass(frozen=True)
+class ShareTuning:
+    """How the model's job at each share is run: `submit(share=, name=)` submits it, `budget` says its trials
+    for the log, it is waited for `timeout_s` at most (`on_timeout(job)` may stop one still running), and what
+    happens is told to `log`, each line naming the model."""
+
+    model: str
+    submit: Callable[..., Any]
+    budget: str
+    timeout_s: float
+    on_timeout: Callable[[Any], None] | None
+    log: Callable[[str], None]
+
+    def say(self, message: str) -> None:
+        self.log(f"[matrix {self.model}] {message}")
+
+
+def tune_every_share(tuning: ShareTuning, cells: MatrixCells, resume_jobs: dict[str, dict],
+                     deadline: tuple[float | None, float], report_partial: Callable[[], None]) -> dict[int, str]:
+    """Tune at each share in turn, the tuned module of an earlier run kept, a share skipped when `deadline`
+    (time.time(), and the seconds kept for serving) leaves it under 30 s. Returns each tuned share's module."""
+    until, serve_reserve_s = deadline
+    tuned: dict[int, str] = {}
+    for p in cells.shares:
+        earlier = resume_jobs.get(str(p)) or {}
+        if earlier.get("state") == JobState.DONE and Path(earlier.get("tuned_module_path") or "").is_file():
+            tuned[p] = earlier["tuned_module_path"]
+            cells.jobs[str(p)] = dict(earlier, resumed=True)
+            tuning.say(f"share {p} %: tuned by an earlier run (job {earlier.get('job_id')}), kept")
+            continue
+        left = None if until is None else until - serve_reserve_s - time.time()
+        if left is not None and left < 30:
+            cells.errors[f"{p}@*"] = f"not tuned: {left + serve_reserve_s:.0f} s left before the deadline"
+            tuning.say(f"share {p} %: skipped, out of time")
+            continue
+        path = tune_share(tuning, p, cells, None if left is None else max(30.0, min(tuning.timeout_s, left)))
+        if path is not None:
+            tuned[p] = path
+        report_partial()
+    return tuned
+
+
+def tune_share(tuning: ShareTuning, share: int, cells: MatrixCells, timeout_s: float | None) -> str | None:
+    """One share's job, submitted and waited for (`timeout_s`, else the tuning's); its record goes in
+    `cells.jobs`, its failure in `cells.errors`. Returns its tuned module, or None."""
+    t0 = time.time()
+    job = tuning.submit(share=share, name=f"{tuning.model}@{share}")
+    tuning.say(f"tuning at {share} %: job {job.job_id}, {tuning.budget}")
+    try:
+        final = job.wait(timeout_s=tuning.timeout_s if timeout_s is None else timeout_s, poll_s=1.0)
+    except TimeoutError as err:
+        final = {"state": "timeout", "error": str(err)}
+        if tuning.on_timeout:
+            tuning.on_timeout(job)
+    wall = time.time() - t0
+    if final["state"] != JobState.DONE:
+        cells.errors[f"{share}@*"] = f"tuning job {job.job_id} {final['state']}: {final.get('error')}"
+        cells.jobs[str(share)] = {"job_id": job.job_id, "state": final["state"], "wall_s": round(wall, 1)}
+        tuning.say(f"share {share} %: {cells.errors[f'{share}@*']}")
+        return None
+    res = job.result()
+    st = job.status()
+    cells.jobs[str(share)] = {"job_id": job.job_id, "state": JobState.DONE.value, "wall_s": round(wall, 1),
+                              "trials": res.trials,
+                              "reused_trials": sum(t["reused_trials"] for t in st["tasks"]),
+                              "errors": sum(t["errors"] for t in st["tasks"]), "time_split_s": res.time_split_s,
+                              "tuned_module_path": res.tuned_module_path}
+    tuning.say(f"share {share} %: tuned, {res.trials} trials in {wall:.0f} s")
+    return res.tuned_module_path
 
 
 def _write_reference(model: Any, example_inputs, path: Path) -> Path | None:
@@ -375,40 +435,28 @@ def matrix(model: Any, shares, *, device: str = "cpu", trials: int | None = None
            redis_url: str | None = None, gpu_index: int = 0, max_lanes_per_share: int = 4, example_inputs=None,
            name: str | None = None, seed: int | None = 0, job_timeout_s: float = 1800.0, deadline: float | None = None,
            serve_reserve_s: float = 0.0, rounds: int = SERVE_ROUNDS, out_json: str | Path | None = None,
-           out_png: str | Path | None = None, log: Callable[[str], None] = print) -> ShareMatrix:
+           out_png: str | Path | None = None, log: Callable[[str], None] = print,
+           settings: StackSettings | None = None) -> ShareMatrix:
     """Start a local stack with lanes of every share (or use the running one at `redis_url`, whose lanes
     must serve them), build the matrix, write JSON + heatmap when asked. Every task is tuned unless
     `tasks` (the k heaviest) or `only_tasks` says otherwise; `trials` per share defaults to 32 a task, at
-    least 256. Bad shares raise ShareError before anything starts."""
+    least 256. Bad shares raise ShareError before anything starts. `settings`: the process's, for its stack
+    (None: their defaults)."""
     from sharetune.client import Client
 
-    placement = Placement(device)
+    settings = settings if settings is not None else StackSettings.model_construct()
+    placement = Placement(device, node=settings.node)
     shares = parse_shares(shares, device, placement.host_cores)
     work_dir = Path(work_dir)
-    stack = None
     if placement.kind.device_uuid:
-        from services.measurer.observers import make_observer
-
-        gpus = make_observer().inventory()
-        gpu = next((g for g in gpus if g.index == gpu_index), None)
-        if gpu is None:
-            raise ShareError(f"no GPU with index {gpu_index} on this host (found {[g.index for g in gpus]})")
-        placement.gpu_uuid = gpu.uuid
+        placement.gpu_uuid = gpu_uuid_at(gpu_index)
     all_tasks = model_tasks(model, device, example_inputs)
     if only_tasks is None and tasks:
         only_tasks = all_tasks[:tasks]
-    if redis_url is None:
-        stack = MatrixStack(work_dir / "stack", lanes=placement.lanes(shares, max_lanes_per_share))
-    elif placement.kind.mps:
-        from services.measurer.gpu import MpsDaemon
-        from shared.errors import LaneError
-
-        # serving below 100 % without a daemon would silently run on the whole GPU
-        mps = MpsDaemon(os.environ.get("CUDA_MPS_PIPE_DIRECTORY", "/tmp/nvidia-mps"),
-                        os.environ.get("CUDA_MPS_LOG_DIRECTORY", "/var/log/nvidia-mps"))
-        if min(shares) < 100 and not mps.is_running():
-            raise LaneError(f"no MPS control daemon answers on {mps.pipe_dir}: cannot serve below 100 %")
-        placement.mps_env = mps.environment()
+    stack = (MatrixStack(work_dir / "stack", lanes=placement.lanes(shares, max_lanes_per_share), settings=settings)
+             if redis_url is None else None)
+    if stack is None and placement.kind.mps:
+        placement.mps_env = running_mps_environment(shares)
     name = name or (model if isinstance(model, str) else type(model).__name__)
 
     def partial(report: ShareMatrix) -> None:
@@ -417,12 +465,7 @@ def matrix(model: Any, shares, *, device: str = "cpu", trials: int | None = None
 
     try:
         if stack is not None:
-            t0 = time.time()
-            stack.start()
-            redis_url = stack.redis_url
-            log(f"[matrix {name}] stack up in {time.time() - t0:.0f} s, lanes {', '.join(sorted(set(stack.lanes)))}")
-            if stack.mps is not None:
-                placement.mps_env = stack.mps.environment()
+            redis_url = start_stack(stack, placement, f"[matrix {name}]", log)
         report = run_matrix(Client(redis_url), model, shares, placement, work_dir / "serve", trials=trials,
                             trials_per_iter=trials_per_iter, only_tasks=only_tasks, seed=seed,
                             n_tasks=len(all_tasks), example_inputs=example_inputs, name=name,
@@ -437,6 +480,40 @@ def matrix(model: Any, shares, *, device: str = "cpu", trials: int | None = None
     return report
 
 
+def gpu_uuid_at(gpu_index: int) -> str:
+    """The UUID of this host's GPU of that index; ShareError naming the indices found when there is none."""
+    from services.measurer.observers import make_observer
+
+    gpus = make_observer().inventory()
+    gpu = next((g for g in gpus if g.index == gpu_index), None)
+    if gpu is None:
+        raise ShareError(f"no GPU with index {gpu_index} on this host (found {[g.index for g in gpus]})")
+    return gpu.uuid
+
+
+def running_mps_environment(shares: list[int]) -> dict[str, str]:
+    """The environment of the running MPS daemon's clients; LaneError when a share below 100 % would be served
+    without one (it would silently run on the whole GPU)."""
+    from services.measurer.gpu import MpsDaemon
+    from shared.errors import LaneError
+
+    mps = MpsDaemon(os.environ.get("CUDA_MPS_PIPE_DIRECTORY", "/tmp/nvidia-mps"),
+                    os.environ.get("CUDA_MPS_LOG_DIRECTORY", "/var/log/nvidia-mps"))
+    if min(shares) < 100 and not mps.is_running():
+        raise LaneError(f"no MPS control daemon answers on {mps.pipe_dir}: cannot serve below 100 %")
+    return mps.environment()
+
+
+def start_stack(stack: Stack, placement: Placement, label: str, log: Callable[[str], None]) -> str:
+    """Start the matrix's own stack; serving processes get its MPS daemon's environment. Returns its REDIS_URL."""
+    t0 = time.time()
+    stack.start()
+    log(f"{label} stack up in {time.time() - t0:.0f} s, lanes {', '.join(sorted(set(stack.lanes)))}")
+    if stack.mps is not None:
+        placement.mps_env = stack.mps.environment()
+    return stack.redis_url
+
+
 class MatrixStack(Stack):
     """A stack whose lanes of different shares work one share at a time: a GPU lane's warm build pool
     gets the host's cores split among the lanes of its own share, not among every lane."""
@@ -446,7 +523,7 @@ class MatrixStack(Stack):
         self.agent.lane_build_workers = self._build_workers_of_share
 
     def _build_workers_of_share(self, queue: str) -> int | None:
-        if "SHARETUNE_BUILD_WORKERS" in os.environ:
+        if self.settings.given("build_workers") is not None:
             return None
-        cores = int(os.environ.get("SHARETUNE_MATRIX_CORES", os.cpu_count() or 1))
+        cores = self.settings.matrix_cores if self.settings.matrix_cores is not None else os.cpu_count() or 1
         return max(1, cores // self.lanes.count(queue))

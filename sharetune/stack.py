@@ -6,7 +6,6 @@ Stops only what it started, by PID."""
 from __future__ import annotations
 
 import functools
-import os
 import signal
 import subprocess
 import sys
@@ -16,9 +15,9 @@ from pathlib import Path
 
 from shared import lanes as lane_kinds
 from shared import names, store
-from shared.settings import physical_cores
-from services.measurer.agent import (MAX_RESTARTS, RESTART_WINDOW_S, BuilderSpec, NodeAgent, default_cpu_lanes,
-                                     start_guarded)
+from shared.settings import StackSettings, physical_cores
+from services.measurer.agent import (MAX_RESTARTS, RESTART_WINDOW_S, BuilderSpec, NodeAgent, NodeConfig,
+                                     default_cpu_lanes, start_guarded)
 
 
 def default_tuners(lanes: list[str], cores: int) -> int:
@@ -26,7 +25,7 @@ def default_tuners(lanes: list[str], cores: int) -> int:
     (4 clients on 4x25 % lanes: 99 s against 1 client's 138 s, bench/results/sharding_h200.json), with at
     least 4 physical cores each for its search and builds; on CPU lanes one (the search competes with the
     lanes for the same cores)."""
-    n_gpu_lanes = sum(1 for q in lanes if lane_kinds.of(lane_kinds.parse(q)).build_pool)
+    n_gpu_lanes = sum(1 for q in lanes if lane_kinds.kind_of(q).build_pool)
     if not n_gpu_lanes:
         return 1
     return max(1, min(n_gpu_lanes, cores // 4))
@@ -45,24 +44,34 @@ class LocalRedis:
 
 class Stack:
     """A local stack: the central services (embedded Redis unless a URL is given, planner, tuner clients,
-    updater) and this host's node agent (`agent`), one supervisor thread for both. `lanes_only`: the agent
-    alone, joining a running stack from another host (`sharetune up --join`)."""
+    updater) and this host's node agent (`agent`), one supervisor thread for both. `settings`: the process's
+    (its entry point builds them); None: their defaults, the environment unread. `lanes_only` (Stack.joining):
+    the agent alone, joining a running stack from another host (`sharetune up --join`)."""
 
     def __init__(self, work_dir: Path, redis_url: str | None = None, lanes: list[str] | None = None,
-                 tuners: int | None = None, log_level: str = "INFO", lanes_only: bool = False,
-                 builders: BuilderSpec | None = None, local_redis: LocalRedis | None = None):
-        self.agent = NodeAgent(work_dir, redis_url, lanes if lanes is not None else default_cpu_lanes(), log_level,
-                               builders=builders, log_name="sharetune.stack")
+                 tuners: int | None = None, log_level: str = "INFO", builders: BuilderSpec | None = None,
+                 local_redis: LocalRedis | None = None, settings: StackSettings | None = None):
+        self.settings = settings if settings is not None else StackSettings.model_construct()
+        node = self.settings.node
+        self.agent = NodeAgent(NodeConfig(Path(work_dir), redis_url, log_level, "sharetune.stack"), self.settings,
+                               lanes if lanes is not None else default_cpu_lanes(node=node), builders=builders)
         self.agent.supervise_also(self._restart_redis)
-        self.lanes_only = lanes_only  # a second group of lanes joining a running stack (another host)
-        if lanes_only and not self.redis_url:
-            raise ValueError("lanes joining a stack need its REDIS_URL")
+        self.lanes_only = False  # a second group of lanes joining a running stack (another host)
         if tuners is None:
             tuners = default_tuners(self.lanes, physical_cores())
-        self.tuners = 0 if lanes_only else tuners
+        self.tuners = tuners
         self.local_redis = local_redis or LocalRedis()
         self.redis_server = None
         self.redis_given_up: str | None = None  # why a dead embedded Redis is not started again
+
+    @classmethod
+    def joining(cls, work_dir: Path, redis_url: str | None, lanes: list[str] | None = None, **kwargs) -> "Stack":
+        """This host's lanes (and builders) alone, serving the running stack at `redis_url` (another host's)."""
+        stack = cls(work_dir, redis_url, lanes, tuners=0, **kwargs)
+        if not stack.redis_url:
+            raise ValueError("lanes joining a stack need its REDIS_URL")
+        stack.lanes_only = True
+        return stack
 
     # ---- the agent's, as the stack's users read them ---------------------------------------------------
 
@@ -119,7 +128,7 @@ class Stack:
         """One more tuner client (horizontal scaling): it takes shards of queued and later jobs. The
         clients this stack starts split the host's physical cores for their searches."""
         env = self.agent.environment()
-        if "SHARETUNE_SEARCH_THREADS" not in os.environ:
+        if self.settings.given("search_threads") is None:
             env["SHARETUNE_SEARCH_THREADS"] = str(max(1, physical_cores() // max(1, self.tuners)))
         return self._worker(name, names.TUNE_QUEUE, env)
 
@@ -181,7 +190,7 @@ class Stack:
         # files as this user. The services get the URL (user and password) in their environment
         password = self.local_redis.password or secrets.token_urlsafe(24)
         self.redis_server = EmbeddedRedis(self.work_dir / "redis", port=self.local_redis.port, password=password,
-                                          user=SERVICE_USER).start()
+                                          maxmemory=self.settings.redis_maxmemory, user=SERVICE_USER).start()
         self.agent.redis_url = self.redis_server.url
 
     def wait_for_tuners(self, count: int, timeout_s: float) -> None:

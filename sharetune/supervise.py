@@ -165,52 +165,78 @@ def _start_failed(work: Path, err: BaseException) -> None:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m sharetune.supervise")
-    ap.add_argument("--work-dir", required=True)
-    ap.add_argument("--lanes", default=None, help="comma-separated lane queues; empty: none (default: one CPU lane per core)")
-    ap.add_argument("--tuners", type=int, default=None)
-    ap.add_argument("--join", default=os.environ.get(JOIN_ENV) or None,
-                    help=f"the URL of the stack to join (better: in {JOIN_ENV}, which ps does not show)")
-    ap.add_argument("--builders", type=int, default=0)
-    ap.add_argument("--builder-cores", default=None)
-    ap.add_argument("--builder-family", default=None)
-    ap.add_argument("--log-level", default="INFO")
-    ap.add_argument("--interval", type=float, default=1.0, help="seconds between state writes")
-    args = ap.parse_args(argv)
+    from shared.settings import StackSettings
 
+    settings = StackSettings()
+    args = parse_args(argv, settings.join_url)
     import logging
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     log = logging.getLogger("sharetune.supervise")
     from shared.store import masked_url
 
-    os.environ.pop(JOIN_ENV, None)  # the stack's children get REDIS_URL, not this
-    work = Path(args.work_dir).resolve()
-    work.mkdir(parents=True, exist_ok=True)
-    if not args.join and os.environ.get("REDIS_URL") and os.environ["REDIS_URL"] == recorded_url(work):
-        del os.environ["REDIS_URL"]  # this work dir's own Redis, exported from an earlier `up`: start it again
-    (work / START_ERROR_FILE).unlink(missing_ok=True)
+    work = prepare_work_dir(Path(args.work_dir), args.join)
     lock = _lock(work)
     if lock is None:
         state = read_state(work) or {}
         log.error("a stack is already running in %s (supervisor pid %s, REDIS_URL=%s)", work,
                   state.get("supervisor_pid"), masked_url(state.get("redis_url")))
         return 3
+    try:
+        stack = make_stack(args, work, settings)
+    except Exception as err:  # noqa: BLE001 - a bad option: `up` says which, in a line
+        log.exception("stack refused")
+        _start_failed(work, err)
+        return 1
+    return supervise(stack, work, args.join, args.interval, log)
 
+
+def parse_args(argv=None, join_url: str | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="python -m sharetune.supervise")
+    ap.add_argument("--work-dir", required=True)
+    ap.add_argument("--lanes", default=None, help="comma-separated lane queues; empty: none (default: one CPU lane per core)")
+    ap.add_argument("--tuners", type=int, default=None)
+    ap.add_argument("--join", default=join_url or None,
+                    help=f"the URL of the stack to join (better: in {JOIN_ENV}, which ps does not show)")
+    ap.add_argument("--builders", type=int, default=0)
+    ap.add_argument("--builder-cores", default=None)
+    ap.add_argument("--builder-family", default=None)
+    ap.add_argument("--log-level", default="INFO")
+    ap.add_argument("--interval", type=float, default=1.0, help="seconds between state writes")
+    return ap.parse_args(argv)
+
+
+def prepare_work_dir(work_dir: Path, join_url: str | None) -> Path:
+    """The work dir, made and resolved, its last start error gone; the stack's children get REDIS_URL, never
+    the URL it joins, nor this work dir's own URL exported from an earlier `up` (its Redis is started again)."""
+    os.environ.pop(JOIN_ENV, None)  # read into the settings already
+    work = work_dir.resolve()
+    work.mkdir(parents=True, exist_ok=True)
+    if not join_url and os.environ.get("REDIS_URL") and os.environ["REDIS_URL"] == recorded_url(work):
+        del os.environ["REDIS_URL"]
+    (work / START_ERROR_FILE).unlink(missing_ok=True)
+    return work
+
+
+def make_stack(args: argparse.Namespace, work: Path, settings):
+    """The stack `up`'s options describe: its own Redis on this work dir's port and password, or lanes joining one."""
     from services.measurer.agent import BuilderSpec
     from sharetune.stack import LocalRedis, Stack
 
     lanes = None if args.lanes is None else [q for q in args.lanes.split(",") if q]
     families = args.builder_family.split(",") if args.builder_family else None
-    port = None if args.join else choose_port(work)
-    try:
-        stack = Stack(work, redis_url=args.join, lanes=lanes, tuners=args.tuners, lanes_only=bool(args.join),
-                      log_level=args.log_level, builders=BuilderSpec(args.builders, args.builder_cores, families),
-                      local_redis=LocalRedis(port, None if args.join else recorded_password(work), restart=True))
-    except Exception as err:  # noqa: BLE001 - a bad option: `up` says which, in a line
-        log.exception("stack refused")
-        _start_failed(work, err)
-        return 1
+    options = dict(lanes=lanes, log_level=args.log_level, settings=settings,
+                   builders=BuilderSpec(args.builders, args.builder_cores, families))
+    if args.join:
+        return Stack.joining(work, args.join, **options)
+    return Stack(work, tuners=args.tuners, local_redis=LocalRedis(choose_port(work), recorded_password(work), restart=True),
+                 **options)
+
+
+def supervise(stack, work: Path, join_url: str | None, interval_s: float, log) -> int:
+    """Start the stack, then write its state every `interval_s` until SIGTERM; stop what it started. The exit
+    status: 0 when stopped, 1 when the stack failed."""
+    from shared.store import masked_url
 
     def _term(signum, frame):
         raise SystemExit(128 + signum)
@@ -218,7 +244,7 @@ def main(argv=None) -> int:
     signal.signal(signal.SIGTERM, _term)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)  # the terminal `up` ran in may close
     _write_state(work, {"supervisor_pid": os.getpid(), "ready": False, "updated_at": time.time(), "work_dir": str(work),
-                        "redis_url": args.join, "pids": {}, "services": []})
+                        "redis_url": join_url, "pids": {}, "services": []})
     try:
         stack.start()
         if stack.redis_server is not None:
@@ -230,7 +256,7 @@ def main(argv=None) -> int:
                 _write_state(work, stack_state(stack, ready=True))
             except (OSError, RuntimeError, ValueError):  # a dict changed under us: the next write has it
                 log.warning("state write failed", exc_info=True)
-            time.sleep(args.interval)
+            time.sleep(interval_s)
     except SystemExit as stop:
         log.info("stopping (%s)", stop.code)
         return 0

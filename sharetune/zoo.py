@@ -111,9 +111,22 @@ def _build_resnet18():
 # --------------------------------------------------------------------------------------------
 
 
-def _build_mobilenetv2():
-    import torch
-    from torch import nn
+# (expansion t, output channels c, repeats n, first stride s): the MobileNetV2 table,
+# slimmed to fewer repeats so conversion and tuning stay quick.
+MOBILENETV2_BLOCKS = (
+    (1, 16, 1, 1),
+    (6, 24, 2, 2),
+    (6, 32, 2, 2),
+    (6, 64, 2, 2),
+    (6, 96, 1, 1),
+    (6, 160, 2, 2),
+    (6, 320, 1, 1),
+)
+
+
+def _mobilenetv2_parts(nn):
+    """MobileNetV2's two building blocks over torch.nn: conv_bn (conv, batch norm, ReLU6 unless act=False) and
+    InvertedResidual (expansion, depthwise, linear bottleneck)."""
 
     def conv_bn(cin: int, cout: int, k: int, stride: int, groups: int = 1, act: bool = True):
         layers = [
@@ -140,24 +153,21 @@ def _build_mobilenetv2():
             out = self.body(x)
             return x + out if self.residual else out
 
-    # (expansion t, output channels c, repeats n, first stride s): the MobileNetV2 table,
-    # slimmed to fewer repeats so conversion and tuning stay quick.
-    config = [
-        (1, 16, 1, 1),
-        (6, 24, 2, 2),
-        (6, 32, 2, 2),
-        (6, 64, 2, 2),
-        (6, 96, 1, 1),
-        (6, 160, 2, 2),
-        (6, 320, 1, 1),
-    ]
+    return conv_bn, InvertedResidual
+
+
+def _build_mobilenetv2():
+    import torch
+    from torch import nn
+
+    conv_bn, InvertedResidual = _mobilenetv2_parts(nn)
 
     class MobileNetV2(nn.Module):
         def __init__(self, num_classes: int = 1000):
             super().__init__()
             layers = [conv_bn(3, 32, 3, 2)]
             cin = 32
-            for t, c, n, s in config:
+            for t, c, n, s in MOBILENETV2_BLOCKS:
                 for i in range(n):
                     layers.append(InvertedResidual(cin, c, s if i == 0 else 1, t))
                     cin = c

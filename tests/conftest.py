@@ -32,16 +32,25 @@ LANES = ["measure.cpu.c0", "measure.cpu.c1"] if (os.cpu_count() or 1) >= 2 else 
 
 @pytest.fixture(scope="session")
 def stack(tmp_path_factory):
+    from shared.settings import StackSettings
     from sharetune.stack import Stack
 
     work = tmp_path_factory.mktemp("stack")
     os.environ.pop("REDIS_URL", None)  # the tests always use their own embedded Redis
-    st = Stack(work, lanes=LANES, log_level="INFO")
+    st = Stack(work, lanes=LANES, log_level="INFO", settings=StackSettings())
     try:
         st.start(wait_lanes_s=300)
         yield st
     finally:
         st.stop()
+
+
+@pytest.fixture(scope="session")
+def figures_out():
+    """Where bench/faults.py asks the fault tests to write their figures rows (None: not asked)."""
+    from shared.settings import FaultFiguresSettings
+
+    return FaultFiguresSettings().faults_out
 
 
 @pytest.fixture(scope="session")

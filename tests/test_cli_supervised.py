@@ -13,11 +13,12 @@ from pathlib import Path
 
 import pytest
 
+from shared.lanes import Host
 from shared.lanes import parse as parse_lane
 from shared.store import masked_url
 
 ROOT = Path(__file__).resolve().parent.parent
-LANE_PROC = "lane-" + parse_lane("measure.cpu.c0").queue  # the lane of core 0, named for this host
+LANE_PROC = "lane-" + parse_lane("measure.cpu.c0", Host.this("local")).queue  # the lane of core 0, named for this host
 
 
 def _cli(*args, env, timeout=300):

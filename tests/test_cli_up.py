@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from shared.lanes import Host
 from shared.lanes import parse as parse_lane
 from shared.store import masked_url
 
@@ -31,7 +32,7 @@ def test_up_then_down(tmp_path):
     pids = list(state["pids"].values()) + [state["redis_pid"]]
     try:
         lanes = _cli("lanes", env={**env, "REDIS_URL": url}, timeout=60)
-        assert lanes.returncode == 0 and parse_lane("measure.cpu.c0").queue in lanes.stdout
+        assert lanes.returncode == 0 and parse_lane("measure.cpu.c0", Host.this("local")).queue in lanes.stdout
     finally:
         down = _cli("down", "--work-dir", str(tmp_path), env=env, timeout=120)
     assert down.returncode == 0, down.stderr[-2000:]

@@ -39,7 +39,7 @@ def test_status_results_lanes_as_json(cli, tuned_tiny, client):
     listing = json.loads(cli("status", "--json").stdout)  # the newest 20 (earlier tests' jobs may push this one out)
     assert listing and [j["job_id"] for j in listing] == [j.job_id for j in client.jobs(20)]
     lanes = json.loads(cli("lanes", "--json").stdout)
-    assert {lane_kinds.parse("measure.cpu.c0").queue} <= {l["queue"] for l in lanes}
+    assert {lane_kinds.parse("measure.cpu.c0", lane_kinds.Host.this("local")).queue} <= {l["queue"] for l in lanes}
     text = cli("status", tuned_tiny.job_id).stdout
     assert "trials" in text and all(t["task"] in text for t in st["tasks"])
     # where the trials went, in the JSON and in the text of both commands

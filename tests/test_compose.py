@@ -11,9 +11,8 @@ import yaml
 
 from shared import lanes, names
 from shared.lanes.cpu import share_of_cores
-from shared.settings import (
-    AgentSettings, ApiSettings, CommonSettings, LaneSettings, LaneWaitSettings, TunerSettings, UpdaterSettings
-)
+from shared import settings as settings_module
+from shared.settings import TunerSettings
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -47,10 +46,13 @@ def test_worker_commands_name_real_apps_and_queues(compose):
 
 
 def _setting_variables() -> set[str]:
+    """Every variable of every settings class in shared/settings.py."""
+    from pydantic_settings import BaseSettings
+
     fields = set()
-    for cls in (AgentSettings, ApiSettings, CommonSettings, LaneSettings, LaneWaitSettings, TunerSettings,
-                UpdaterSettings):
-        fields |= {f"SHARETUNE_{f.upper()}" for f in cls.model_fields}
+    for cls in vars(settings_module).values():
+        if isinstance(cls, type) and issubclass(cls, BaseSettings):
+            fields |= {f"SHARETUNE_{f.upper()}" for f in cls.model_fields}
     return fields - {"SHARETUNE_REDIS_URL"} | {"REDIS_URL"}
 
 
@@ -182,7 +184,8 @@ def test_measurer_replicas_claim_distinct_cpu_lanes(tmp_path):
         while len(store.live_lanes(r)) < cores and time.time() < deadline:
             assert all(p.poll() is None for p in procs), (tmp_path / "m0.log").read_text()[-2000:]
             time.sleep(0.3)
-        assert sorted(l.queue for l in store.live_lanes(r)) == [lanes.parse(f"measure.cpu.c{c}").queue
+        here = lanes.Host.this("local")
+        assert sorted(l.queue for l in store.live_lanes(r)) == [lanes.parse(f"measure.cpu.c{c}", here).queue
                                                                 for c in sorted(os.sched_getaffinity(0))]
         extra = subprocess.run([sys.executable, "-m", "services.measurer"], cwd=ROOT, env=env, capture_output=True,
                                text=True, timeout=120)

@@ -123,11 +123,11 @@ def test_sources_that_need_the_headers_go_to_tvms_path(cuda_path, monkeypatch):
     assert cc.kernel_source("no TVM header block here") is None
     plain = header + 'extern "C" __global__ void k(float* a) { a[threadIdx.x] = -INFINITY; }\n'
     assert cc.compile_source(plain, "sm_90")[1] == "kernel"
-    monkeypatch.setenv("SHARETUNE_CUDA_COMPILE", "tvm")
+    monkeypatch.setattr(cc, "_mode", cc.mode())  # the process's mode comes back after the test
+    cc.set_mode("tvm")
     assert cc.compile_source(plain, "sm_90")[1] == "tvm"
-    monkeypatch.setenv("SHARETUNE_CUDA_COMPILE", "fast")
-    with pytest.raises(ValueError, match="SHARETUNE_CUDA_COMPILE='fast' is not one of kernel, tvm"):
-        cc.mode()
+    with pytest.raises(ValueError, match="'fast' is not one of kernel, tvm"):
+        cc.set_mode("fast")
 
 
 def test_a_source_the_kernel_path_cannot_compile_falls_back_to_tvms_error(cuda_path):

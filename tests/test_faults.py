@@ -14,7 +14,7 @@ from shared import names, store
 pytestmark = pytest.mark.e2e
 
 
-def test_lane_killed_mid_batch_loses_no_candidate(stack, client, redis_conn, lane_share, tuned_tiny):
+def test_lane_killed_mid_batch_loses_no_candidate(stack, client, redis_conn, lane_share, tuned_tiny, figures_out):
     before = set(redis_conn.scan_iter(match=f"{names.PREFIX}:batch:*"))
     restarts = len(stack.recoveries)
     job = client.submit("tiny", target="llvm", share=lane_share, trials=8, trials_per_iter=8, seed=3,
@@ -49,11 +49,12 @@ def test_lane_killed_mid_batch_loses_no_candidate(stack, client, redis_conn, lan
     figures = faultlib.job_figures(redis_conn, job, 8)
     assert figures["candidates_lost"] == 0 and figures["trials_respent"] <= 8  # at most the killed batch
     lane_back = max(l.started_at for l in store.live_lanes(redis_conn) if l.queue == info["lane"])
-    faultlib.record_row({"scenario": "kill -9 a measurer lane mid-batch", **figures,
-                         "recovery_s": round(lane_back - killed_at, 1)})
+    faultlib.record_row(figures_out, {"scenario": "kill -9 a measurer lane mid-batch", **figures,
+                                      "recovery_s": round(lane_back - killed_at, 1)})
 
 
-def test_redis_stopped_and_started_mid_job_loses_nothing(stack, client, redis_conn, lane_share, tuned_tiny):
+def test_redis_stopped_and_started_mid_job_loses_nothing(stack, client, redis_conn, lane_share, tuned_tiny,
+                                                        figures_out):
     if stack.redis_server is None:
         pytest.skip("the stack uses an external Redis")
     before = set(redis_conn.scan_iter(match=f"{names.PREFIX}:batch:*"))
@@ -73,8 +74,8 @@ def test_redis_stopped_and_started_mid_job_loses_nothing(stack, client, redis_co
     stack.wait_for_lanes(stack.lanes, 120)
     figures = faultlib.job_figures(redis_conn, job, 8)
     assert figures["candidates_lost"] == 0 and figures["trials_respent"] <= 8
-    faultlib.record_row({"scenario": "stop Redis mid-job and start it again", **figures,
-                         "recovery_s": round(back_at - stopped_at, 1)})
+    faultlib.record_row(figures_out, {"scenario": "stop Redis mid-job and start it again", **figures,
+                                      "recovery_s": round(back_at - stopped_at, 1)})
 
 
 def test_redis_away_longer_than_the_services_wait_loses_nothing(tmp_path, monkeypatch):
@@ -82,13 +83,14 @@ def test_redis_away_longer_than_the_services_wait_loses_nothing(tmp_path, monkey
     the operations that give up leave their step to its lease instead of failing the job (a failure would be
     written: Redis is back before the failing step's own wait ends), and once Redis is back the reapers send
     the steps again. An outage of minutes takes the same path with the default window."""
+    from shared.settings import StackSettings
     from sharetune.client import Client
     from sharetune.stack import Stack
 
     monkeypatch.delenv("REDIS_URL", raising=False)
     monkeypatch.setenv("SHARETUNE_REDIS_OUTAGE_S", "5")
     monkeypatch.setenv("SHARETUNE_CORE_LOCK_DIR", str(tmp_path / "cores"))  # beside the session stack's lanes
-    with Stack(tmp_path / "stack", lanes=LANES[:1], tuners=1, log_level="INFO") as st:
+    with Stack(tmp_path / "stack", lanes=LANES[:1], tuners=1, log_level="INFO", settings=StackSettings()) as st:
         r, client = store.connect(st.redis_url), Client(st.redis_url)
         before = set(r.scan_iter(match=f"{names.PREFIX}:batch:*"))
         job = client.submit("tiny", target="llvm", share=client.lanes()[0].share, trials=8, trials_per_iter=4,
@@ -116,7 +118,7 @@ def _small_add_model(width: int) -> bytes:
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
 
 
-def test_twenty_small_jobs_at_once(client, redis_conn, lane_share):
+def test_twenty_small_jobs_at_once(client, redis_conn, lane_share, figures_out):
     t0 = time.time()
     jobs = [client.submit(_small_add_model(40 + i), target="llvm", share=lane_share, trials=2, trials_per_iter=2,
                           seed=100 + i, untuned_baseline=False) for i in range(20)]
@@ -125,9 +127,9 @@ def test_twenty_small_jobs_at_once(client, redis_conn, lane_share):
     figures = [faultlib.job_figures(redis_conn, job, 2) for job in jobs]
     assert sum(f["candidates_lost"] for f in figures) == 0
     assert all(f["trials"] >= 1 for f in figures)  # an add has one or two distinct schedules
-    faultlib.record_row({"scenario": "20 small jobs at once on one stack",
-                         "jobs_completed": sum(f["jobs_completed"] for f in figures),
-                         "candidates_lost": sum(f["candidates_lost"] for f in figures),
-                         "trials_respent": sum(f["trials_respent"] for f in figures),
-                         "trials": sum(f["trials"] for f in figures),
-                         "recovery_s": None, "wall_s": round(time.time() - t0, 1)})
+    faultlib.record_row(figures_out, {"scenario": "20 small jobs at once on one stack",
+                                      "jobs_completed": sum(f["jobs_completed"] for f in figures),
+                                      "candidates_lost": sum(f["candidates_lost"] for f in figures),
+                                      "trials_respent": sum(f["trials_respent"] for f in figures),
+                                      "trials": sum(f["trials"] for f in figures),
+                                      "recovery_s": None, "wall_s": round(time.time() - t0, 1)})

@@ -174,12 +174,13 @@ def _stack(tmp_path, redis_url, monkeypatch, layout="up"):
     """`up`: the agent a local stack holds beside its central services; `agent`: the node agent alone, as
     compose and Kubernetes GPU nodes run it. One recovery code path serves both. Its lane processes are fakes
     (spawned by name, never started), the host's process table and signals too."""
-    from services.measurer.agent import NodeAgent
+    from services.measurer.agent import NodeAgent, NodeConfig
+    from shared.settings import AgentSettings
     from sharetune.stack import Stack
 
     lanes = [LANE_A] * 2 + [LANE_B] * 2
     st = (Stack(tmp_path, redis_url=redis_url, lanes=lanes).agent if layout == "up"
-          else NodeAgent(tmp_path, redis_url=redis_url, lanes=lanes, supervise=False))
+          else NodeAgent(NodeConfig(tmp_path, redis_url), AgentSettings(), lanes, supervise=False))
     st.gpus.uuids = {GPU_A: UUID_A, GPU_B: UUID_B}
     pids = iter(range(10_000, 20_000, 10))
     started, ended = [], []

@@ -38,20 +38,21 @@ def test_a_killed_holder_leaves_no_stale_claim(tmp_path):
 
 
 def test_a_stack_on_held_cores_is_refused_before_it_starts_anything(tmp_path, monkeypatch):
+    from shared.settings import StackSettings
     from sharetune.stack import Stack
 
     monkeypatch.setenv("SHARETUNE_CORE_OVERLAP", "refuse")
     monkeypatch.setenv("SHARETUNE_CORE_LOCK_DIR", str(tmp_path / "locks"))
     held = hostcores.claim([0], "lane measure.cpu.local.p50.c0 (pid 7 on h)", tmp_path / "locks")
-    st = Stack(tmp_path / "stack", lanes=["measure.cpu.c0"])
+    st = Stack(tmp_path / "stack", lanes=["measure.cpu.c0"], settings=StackSettings())
     with pytest.raises(hostcores.CoresTaken, match="another process holds: core 0 held by lane .*pid 7"):
         st.start()
     assert st.redis_server is None and not st.procs  # nothing was started
     with pytest.raises(hostcores.CoresTaken, match="both time on core 1"):
-        Stack(tmp_path / "two", lanes=["measure.cpu.c1", "measure.cpu.c1"]).start()
+        Stack(tmp_path / "two", lanes=["measure.cpu.c1", "measure.cpu.c1"], settings=StackSettings()).start()
     held.release()
     monkeypatch.setenv("SHARETUNE_CORE_OVERLAP", "warn")  # told by the lanes, not refused
-    Stack(tmp_path / "three", lanes=["measure.cpu.c1", "measure.cpu.c1"]).check_cores()
+    Stack(tmp_path / "three", lanes=["measure.cpu.c1", "measure.cpu.c1"], settings=StackSettings()).check_cores()
 
 
 def test_a_lane_takes_its_cores_before_it_measures(tmp_path, monkeypatch):
@@ -62,7 +63,7 @@ def test_a_lane_takes_its_cores_before_it_measures(tmp_path, monkeypatch):
 
     held = hostcores.claim([0], "lane other (pid 9 on h)", tmp_path)
     s = LaneSettings(core_lock_dir=str(tmp_path), core_overlap="refuse", warmup=False)
-    worker = LaneWorker(s, lanes.parse("measure.cpu.c0"), redis=None, sandboxed=False)
+    worker = LaneWorker(s, lanes.parse("measure.cpu.c0", s.host()), redis=None, sandboxed=False)
     with pytest.raises(hostcores.CoresTaken, match="lane other"):
         worker.start()
     held.release()

@@ -138,22 +138,25 @@ def test_the_client_refuses_and_the_planner_parks_by_one_policy():
     assert "no live measurer lane serves cpu at 7 %" in str(err) and "measure.cpu.local.p50.c0 (cpu 50 %)" in str(err)
 
 
-def test_the_policy_is_configured_once(monkeypatch):
+def test_the_policy_comes_from_the_settings(monkeypatch):
+    from shared.settings import LaneWaitSettings, TunerSettings
+
     monkeypatch.setenv("SHARETUNE_LANE_WAIT_S", "5")
     monkeypatch.setenv("SHARETUNE_LANE_GIVE_UP_S", "7")
-    assert LiveLanePolicy.configured() == LiveLanePolicy(park_s=5, recheck_s=3, give_up_s=7)
+    assert LaneWaitSettings().live_lane_policy() == LiveLanePolicy(park_s=5, recheck_s=3, give_up_s=7)
+    assert TunerSettings().live_lane_policy() == LiveLanePolicy(park_s=5, recheck_s=3, give_up_s=7)
 
 
 def test_the_tuner_gives_up_waiting_for_lanes_by_the_policy(tmp_path):
     from services.broker.server import EmbeddedRedis
-    from services.tuner.metaschedule.lanes import CandidateStash, LaneRunner, TimeSplit
+    from services.tuner.metaschedule.lanes import BatchRules, CandidateStash, JobLanes, LaneRunner, TimeSplit
     from shared import store
     from shared.messages import TimingConfig
 
     server = EmbeddedRedis(tmp_path / "redis").start()
     try:
-        runner = LaneRunner(lambda *a: None, store.connect(server.url), "job", "cpu", 50, '{"kind": "llvm"}',
-                            CandidateStash(), TimeSplit(), TimingConfig(), policy=LiveLanePolicy(give_up_s=0.3))
+        runner = LaneRunner(lambda *a: None, store.connect(server.url), JobLanes("job", "cpu", 50, '{"kind": "llvm"}'),
+                            CandidateStash(), TimeSplit(), BatchRules(TimingConfig(), policy=LiveLanePolicy(give_up_s=0.3)))
         t0 = time.time()
         with pytest.raises(RuntimeError, match="no live measurer lane serves cpu at 50 %"):
             runner.dispatch([])

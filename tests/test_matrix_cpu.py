@@ -11,7 +11,7 @@ from shared.errors import ShareError
 
 pytestmark = pytest.mark.e2e
 
-TWO_CORES = lanes.parse("measure.cpu.c0-1").queue  # cores 0-1, named for this host
+TWO_CORES = lanes.parse("measure.cpu.c0-1", lanes.Host.this("local")).queue  # cores 0-1, named for this host
 RESUMED = {}  # the fixture's second run, started again from the first one's jobs
 
 

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from services.measurer.gpu.daemon import CommandResult, MpsDaemon, run_command
+from services.measurer.gpu.daemon import CommandResult, DaemonWait, MpsDaemon, run_command
 from services.measurer.gpu.plan import find_gpu, gpu_for_lane, parse_share_spec, plan_gpu_lanes
 from services.measurer.observers.inventory import GpuInfo
 from shared.errors import LaneError, ShareError
@@ -69,9 +69,9 @@ class FakeControl:
         return [(argv, stdin) for argv, _, stdin in self.calls]
 
 
-def daemon(tmp_path, fake, found=True, **kw):
+def daemon(tmp_path, fake, found=True, **wait):
     return MpsDaemon(tmp_path / "pipe", tmp_path / "log", runner=fake,
-                     which=lambda b: f"/usr/bin/{b}" if found else None, poll_s=0.001, **kw)
+                     which=lambda b: f"/usr/bin/{b}" if found else None, wait=DaemonWait(**{"poll_s": 0.001, **wait}))
 
 
 def test_commands_and_environment(tmp_path):
@@ -136,7 +136,7 @@ def test_start_failure_and_start_timeout_are_refused(tmp_path):
     silent = lambda argv, env, input, timeout: CommandResult(0 if input is None else 1)  # noqa: E731
     clock = iter(range(1000))
     d = MpsDaemon(tmp_path / "pipe2", tmp_path / "log2", runner=silent, which=lambda b: b,
-                  timeout_s=3, sleep=lambda s: None, clock=lambda: next(clock))
+                  wait=DaemonWait(timeout_s=3, sleep=lambda s: None, clock=lambda: next(clock)))
     with pytest.raises(LaneError, match="does not answer"):
         d.start()
     assert not d.started
@@ -287,9 +287,9 @@ def test_gpu_build_pools_stay_within_the_mps_client_limit():
 
     four = ["measure.aaaaaaaa.p25"] * 4
     assert gpu_build_workers(four, four[0], cores=32) == 8  # cores split between the GPU's lanes
-    assert gpu_build_workers(four, four[0], cores=32, asked="3") == 3
+    assert gpu_build_workers(four, four[0], cores=32, asked=3) == 3
     seven = ["measure.aaaaaaaa.p25"] * 4 + ["measure.aaaaaaaa.p50"] * 2 + ["measure.aaaaaaaa.p100"]
-    per_lane = gpu_build_workers(seven, seven[0], cores=32, asked="16")
+    per_lane = gpu_build_workers(seven, seven[0], cores=32, asked=16)
     assert len(seven) * (1 + per_lane) <= MPS_MAX_CLIENTS - 1  # lanes + pools + one serving process
     two_gpus = ["measure.aaaaaaaa.p25"] * 4 + ["measure.bbbbbbbb.p25"] * 4
     assert gpu_build_workers(two_gpus, two_gpus[0], cores=32) == 4

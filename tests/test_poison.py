@@ -69,7 +69,8 @@ def test_a_candidate_that_completes_has_no_crash_count(client, redis_conn):
     assert store.crash_count(redis_conn, chash) == 0
 
 
-def test_a_job_completes_while_poison_candidates_crash_and_hang_its_lanes(client, redis_conn, lane_share, tuned_tiny):
+def test_a_job_completes_while_poison_candidates_crash_and_hang_its_lanes(client, redis_conn, lane_share, tuned_tiny,
+                                                                           figures_out):
     before = set(redis_conn.scan_iter(match=f"{names.PREFIX}:batch:*"))
     job = client.submit("tiny", target="llvm", share=lane_share, trials=8, trials_per_iter=4, seed=1707,
                         only_tasks=faultlib.conv_only(redis_conn, tuned_tiny))
@@ -92,7 +93,7 @@ def test_a_job_completes_while_poison_candidates_crash_and_hang_its_lanes(client
     assert figures["candidates_lost"] == 0 and figures["trials_respent"] == 0
     assert figures["claimed"] == figures["recorded"]  # from the store: every claimed trial has its record
     assert sum(t["errors"] for t in job.status()["tasks"]) == 0  # the job's own candidates were unharmed
-    faultlib.record_row({"scenario": "a candidate whose build segfaults (beside a running job)", **figures,
-                         "recovery_s": round(segv_s, 1)})
-    faultlib.record_row({"scenario": "a candidate whose run hangs (5 s timeout, beside a running job)", **figures,
-                         "recovery_s": round(hang_s, 1)})
+    faultlib.record_row(figures_out, {"scenario": "a candidate whose build segfaults (beside a running job)",
+                                      **figures, "recovery_s": round(segv_s, 1)})
+    faultlib.record_row(figures_out, {"scenario": "a candidate whose run hangs (5 s timeout, beside a running job)",
+                                      **figures, "recovery_s": round(hang_s, 1)})

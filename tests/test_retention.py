@@ -9,6 +9,7 @@ import uuid
 import pytest
 
 from services.broker.server import EmbeddedRedis, default_maxmemory
+from shared.settings import BrokerSettings
 from shared import names, store, timeouts
 from shared.errors import SpecError, StoreFullError
 from shared.messages import JobSpec, LaneBatch, MeasureResult, Record
@@ -120,6 +121,7 @@ def test_durations_and_the_default_cap(monkeypatch):
         with pytest.raises(SpecError, match="--older-than"):
             parse_duration(bad)
     monkeypatch.setenv("SHARETUNE_REDIS_MAXMEMORY", "2gb")
-    assert default_maxmemory() == "2gb"
+    assert default_maxmemory(BrokerSettings().redis_maxmemory) == "2gb"
     monkeypatch.delenv("SHARETUNE_REDIS_MAXMEMORY")
+    assert BrokerSettings().redis_maxmemory is None
     assert int(default_maxmemory()) >= 256 << 20

@@ -258,7 +258,8 @@ def _job_records(r, job_id):
     return sum(1 for t in store.job_tasks(r, job_id) for rec in store.records(r, t.wkey) if rec.job_id == job_id)
 
 
-def test_two_clients_share_one_budget_and_a_killed_client_is_replaced(stack, client, redis_conn, lane_share):
+def test_two_clients_share_one_budget_and_a_killed_client_is_replaced(stack, client, redis_conn, lane_share,
+                                                                       figures_out):
     stack.start_tuner("tuner-extra")
     stack.wait_for_tuners(2, 300)
     trials, per_iter = 32, 8
@@ -304,9 +305,10 @@ def test_two_clients_share_one_budget_and_a_killed_client_is_replaced(stack, cli
         assert job.result().time_split_s["resumed_shards"] == 1
         from sharetune.testing import faults as faultlib
 
-        faultlib.record_row({"scenario": "kill -9 the tuner client mid-job and start another",
-                             "jobs_completed": 1, "candidates_lost": trials - _job_records(redis_conn, job.job_id),
-                             "trials_respent": shards[victim].refunded,
-                             "recovery_s": round(resumed_at - t_kill, 1) if resumed_at else None})
+        faultlib.record_row(figures_out, {"scenario": "kill -9 the tuner client mid-job and start another",
+                                          "jobs_completed": 1,
+                                          "candidates_lost": trials - _job_records(redis_conn, job.job_id),
+                                          "trials_respent": shards[victim].refunded,
+                                          "recovery_s": round(resumed_at - t_kill, 1) if resumed_at else None})
     finally:
         stack.stop_process("tuner-replacement")

@@ -12,7 +12,7 @@ from shared.messages import GpuFault
 UUID = "GPU-3f2a1c9b-5d7e-4a10-9c21-6b8e0f4d2a17"
 GPU_LANE = "measure.3f2a1c9b.p25"
 # CPU lanes' processes, named for this host (node and share) as the agent names them
-C0, C1 = (f"lane-{lane_kinds.parse(q).queue}" for q in ("measure.cpu.c0", "measure.cpu.c1"))
+C0, C1 = (f"lane-{lane_kinds.parse(q, lane_kinds.Host.this('local')).queue}" for q in ("measure.cpu.c0", "measure.cpu.c1"))
 
 
 def _stack(tmp_path, lanes, monkeypatch, local_redis=None):

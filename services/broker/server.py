@@ -33,11 +33,10 @@ SERVICE_USER = "sharetune"  # the services' ACL user on a locked server (Embedde
 SERVICE_DENIED = ("config", "module", "debug", "shutdown", "flushall", "flushdb", "acl")
 
 
-def default_maxmemory() -> str:
-    """SHARETUNE_REDIS_MAXMEMORY (Redis's syntax: 4gb, 512mb, bytes), else a quarter of this host's memory: a
-    store that runs for weeks must not fill its host. At the limit Redis refuses writes (noeviction) and a
-    submit says the store is full (shared.store.create_job)."""
-    asked = os.environ.get("SHARETUNE_REDIS_MAXMEMORY")
+def default_maxmemory(asked: str | None = None) -> str:
+    """`asked` (Redis's syntax: 4gb, 512mb, bytes; BrokerSettings.redis_maxmemory), else a quarter of this host's
+    memory: a store that runs for weeks must not fill its host. At the limit Redis refuses writes (noeviction)
+    and a submit says the store is full (shared.store.create_job)."""
     if asked:
         return asked
     try:
@@ -160,9 +159,11 @@ class EmbeddedRedis:
 def main() -> None:  # python -m services.broker.server [DATA_DIR] [PORT]
     import sys
 
+    from shared.settings import BrokerSettings
+
     data = Path(sys.argv[1] if len(sys.argv) > 1 else "runs/redis")
     port = int(sys.argv[2]) if len(sys.argv) > 2 else int(os.environ.get("REDIS_PORT", 6379))
-    srv = EmbeddedRedis(data, port).start()
+    srv = EmbeddedRedis(data, port, maxmemory=BrokerSettings().redis_maxmemory).start()
     print(srv.url, flush=True)
     try:
         srv.proc.wait()

@@ -14,32 +14,34 @@ import sys
 
 from shared import lanes
 from shared.ids import worker_id
+from shared.settings import LaneSettings
 from services.workers import exec_worker
 
 
 def main(argv=None) -> None:
+    settings = LaneSettings()
     ap = argparse.ArgumentParser(prog="python -m services.measurer")
-    ap.add_argument("--lane", default=os.environ.get("SHARETUNE_LANE"),
+    ap.add_argument("--lane", default=settings.given("lane"),
                     help="lane queue name, e.g. measure.cpu.c0-1 or measure.3f2a1c9b.p25 (default: claim a free lane of "
                          "the pool SHARETUNE_LANE_SHARE with SHARETUNE_GPU_UUID, or SHARETUNE_LANE_CORES, says)")
-    ap.add_argument("--gpu-uuid", default=os.environ.get("SHARETUNE_GPU_UUID"))
-    ap.add_argument("--loglevel", default=os.environ.get("SHARETUNE_LOG_LEVEL", "INFO"))
-    ap.add_argument("--builder", metavar="FAMILY", default=os.environ.get("SHARETUNE_BUILDER"),
+    ap.add_argument("--gpu-uuid", default=settings.gpu_uuid)
+    ap.add_argument("--loglevel", default=settings.log_level)
+    ap.add_argument("--builder", metavar="FAMILY", default=settings.builder,
                     help="run a builder of this family instead of a lane: cuda.sm_90, llvm.<mcpu>, or llvm (this host's CPU)")
     ap.add_argument("--cores", help="CPU cores to run on, e.g. 16-31 (builders)")
     args = ap.parse_args(argv)
     if args.builder:
-        return exec_builder(args.builder, args.cores, args.loglevel)
+        return exec_builder(args.builder, args.cores, args.loglevel, settings.builder_hide_gpus)
     from shared.errors import SharetuneError
 
     claim = None
     try:
         if args.lane:
-            lane = lanes.parse(args.lane)
+            lane = lanes.parse(args.lane, settings.host())
         else:
-            lane, claim = claim_lane(args.gpu_uuid)
+            lane, claim = claim_lane(args.gpu_uuid, settings)
         kind = lanes.of(lane)
-        kind.check(lane, lanes.Host.this())  # a name whose share this host would not give is refused
+        kind.check(lane, settings.host())  # a name whose share this host would not give is refused
         env = dict(os.environ, **kind.environment(lane, args.gpu_uuid), SHARETUNE_LANE=lane.queue)
         kind.pin(lane)
     except (SharetuneError, ValueError, OSError) as err:
@@ -51,7 +53,7 @@ def main(argv=None) -> None:
     exec_worker("services.measurer.tasks", lane.queue, f"lane.{lane.queue}", args.loglevel, env)
 
 
-def exec_builder(family: str, cores: str | None, loglevel: str) -> None:
+def exec_builder(family: str, cores: str | None, loglevel: str, hide_gpus: bool = True) -> None:
     from shared.names import build_queue, check_family
     from services.measurer.lanes import builder_environment, parse_cores
 
@@ -65,21 +67,18 @@ def exec_builder(family: str, cores: str | None, loglevel: str) -> None:
             os.sched_setaffinity(0, parse_cores(cores))
     except (ValueError, OSError) as err:
         sys.exit(f"measurer: {err}")
-    hide = os.environ.get("SHARETUNE_BUILDER_HIDE_GPUS", "1") != "0"
-    env = dict(os.environ, **builder_environment(family, hide), SHARETUNE_BUILDER_FAMILY=family)
+    env = dict(os.environ, **builder_environment(family, hide_gpus), SHARETUNE_BUILDER_FAMILY=family)
     exec_worker("services.measurer.tasks", queue, f"builder.{family}", loglevel, env)
 
 
-def claim_lane(gpu_uuid: str | None) -> tuple[lanes.Lane, str]:
+def claim_lane(gpu_uuid: str | None, settings: LaneSettings) -> tuple[lanes.Lane, str]:
     """Take the lane of this service's pool this worker already holds (a container restarted in place is
     the same host.pid), else the first no live replica holds (exec keeps the pid, so the lane's heartbeat
     refreshes the same claim)."""
     from shared import names, store
     from shared.errors import LaneError
-    from shared.settings import LaneSettings
     from services.measurer.lanes import lane_pool
 
-    settings = LaneSettings()
     scope, pool = lane_pool(gpu_uuid, settings.lane_share, settings.lane_cores, settings.node)
     slot = store.claim_slot(store.connect(settings.redis_url), scope, len(pool), worker_id())
     if slot is None:

@@ -15,9 +15,6 @@ from services.measurer import poison
 
 log = logging.getLogger("sharetune.lane")
 
-# past its build wait and its run timeout (plus this), a candidate's kernel is taken as hung
-WATCHDOG_MARGIN_S = float(os.environ.get("SHARETUNE_WATCHDOG_MARGIN_S", timeouts.WATCHDOG_MARGIN_S))
-
 
 def cuda_alive() -> bool:
     from services.measurer.metaschedule.timing import cuda_context_alive
@@ -39,6 +36,11 @@ class InProcessMeasuring:
         self._watchdog = None
 
     @property
+    def watchdog_margin_s(self) -> float:
+        """Past its build wait and its run timeout plus this, a candidate's kernel is taken as hung."""
+        return self.owner.settings.watchdog_margin_s
+
+    @property
     def pooled(self) -> bool:
         return self.owner.pool is not None
 
@@ -52,7 +54,7 @@ class InProcessMeasuring:
         gate = None
         if gpu_lane:
             gate = GpuGate(r, self.fault_domain, self.owner.worker,
-                           hold_s=timeouts.gate_hold_s(batch.timing.timeout_s, self.pooled, WATCHDOG_MARGIN_S))
+                           hold_s=timeouts.gate_hold_s(batch.timing.timeout_s, self.pooled, self.watchdog_margin_s))
         for cand in batch.candidates:
             if cand.candidate_id in quarantined:  # answered without building or running it
                 yield poison.quarantined_result(quarantined[cand.candidate_id], cand.candidate_id)
@@ -126,7 +128,7 @@ class InProcessMeasuring:
         if self._watchdog is None:
             from services.measurer.gpu.faults import Watchdog
 
-            self._watchdog = Watchdog(self.on_hung_candidate, margin_s=WATCHDOG_MARGIN_S)
+            self._watchdog = Watchdog(self.on_hung_candidate, margin_s=self.watchdog_margin_s)
         return self._watchdog
 
     def on_hung_candidate(self, armed: dict) -> None:
@@ -136,7 +138,7 @@ class InProcessMeasuring:
         GPU-fault code so the supervisor recovers the GPU as after any fault."""
         code = names.EXIT_GPU_FAULT
         try:
-            allowance = armed["allowance_s"] + WATCHDOG_MARGIN_S
+            allowance = armed["allowance_s"] + self.watchdog_margin_s
             error = (f"run hung: the candidate's kernel did not return within {allowance:.0f} s (timeout "
                      f"{armed['timeout_s']:.0f} s, build wait and margin included); the lane exits")
             r, queue, held = self.owner.redis, self.owner.lane.queue, self.held

@@ -15,7 +15,7 @@ def lane_pool(gpu_uuid: str | None, share: int | None, cores_per_lane: int | Non
     if gpu_uuid and share:
         gpu = lanes.kind("gpu")
         lane = gpu.lane(gpu_uuid, share)
-        return f"gpu-{lane.gpu}", [lane.queue] * gpu.lanes_fit(share, lanes.Host.this())
+        return f"gpu-{lane.gpu}", [lane.queue] * gpu.lanes_fit(share, lanes.Host.this(node))
     if cores_per_lane:
         cores = sorted(cores if cores is not None else os.sched_getaffinity(0))
         groups = [cores[i:i + cores_per_lane] for i in range(0, len(cores) - cores_per_lane + 1, cores_per_lane)]

@@ -20,16 +20,14 @@ import os
 from celery import signals
 
 from shared import lanes, names, store
-from services.celery_app import exits_if_it_fails, make_celery
+from services.celery_app import exits_if_it_fails, make_celery, use_broker
 from shared.errors import MessageError
 from shared.messages import BuildRequest, ErrorKind, MeasureBatch, MeasureResult
 from shared.settings import LaneSettings
 from services.measurer.worker import Builder, LaneWorker
 
 log = logging.getLogger("sharetune.lane")
-settings = LaneSettings()
-# Celery connects when the worker starts, not here
-app = make_celery("measurer", settings.redis_url, settings.redis_outage_s)
+app = make_celery("measurer")  # its broker is the worker's settings' Redis (MeasurerWorker.configure)
 
 
 def _forward(batch: MeasureBatch, lane: str) -> None:
@@ -37,21 +35,32 @@ def _forward(batch: MeasureBatch, lane: str) -> None:
 
 
 class MeasurerWorker:
-    """This worker process's core from start to shutdown: its lane (LaneWorker), or its Builder when the
-    process was started as one. Built when the worker starts, never at import."""
+    """This worker process's core from start to shutdown: its settings, read once as the worker starts; its
+    lane (LaneWorker), or its Builder when the process was started as one. Built when the worker starts, never
+    at import."""
 
-    def __init__(self, settings: LaneSettings):
-        self.settings = settings
+    def __init__(self):
+        self.settings: LaneSettings | None = None
         self.lane: LaneWorker | None = None
         self.builder: Builder | None = None
 
+    def configure(self, **_) -> None:
+        """The first step of the worker's start, before it connects: read the settings, point the app at Redis,
+        and say how this process compiles CUDA."""
+        from services.measurer.metaschedule import cuda_compile
+
+        self.settings = LaneSettings()
+        use_broker(app, self.settings.redis_url, self.settings.redis_outage_s)
+        cuda_compile.set_mode(self.settings.cuda_compile)
+
     def build(self, **_) -> None:
         """Before the worker consumes: a builder's core when it is a builder, else its lane's (not warm yet)."""
-        r = store.connect(self.settings.redis_url, self.settings.redis_outage_s)
-        if self.settings.builder_family:
-            self.builder = Builder(r, _forward, self.settings.builder_family)
+        s = self.settings
+        r = store.connect(s.redis_url, s.redis_outage_s)
+        if s.builder_family:
+            self.builder = Builder(r, _forward, s.builder_family)
         else:
-            self.lane = LaneWorker(self.settings, lanes.parse(self.settings.lane), r, sandboxed=self.settings.sandbox)
+            self.lane = LaneWorker(s, lanes.parse(s.lane, s.host()), r, sandboxed=s.sandbox)
 
     def start(self, **_) -> None:
         (self.builder or self.lane).start()
@@ -64,7 +73,8 @@ class MeasurerWorker:
         return self.builder or Builder(self.lane.redis, _forward)
 
 
-WORKER = MeasurerWorker(settings)
+WORKER = MeasurerWorker()
+signals.celeryd_init.connect(exits_if_it_fails(WORKER.configure), weak=False)
 signals.worker_init.connect(exits_if_it_fails(WORKER.build), weak=False)
 signals.worker_ready.connect(exits_if_it_fails(WORKER.start), weak=False)
 signals.worker_shutdown.connect(WORKER.stop, weak=False)
@@ -80,8 +90,8 @@ def build_batch(payload):
         req = BuildRequest.parse(payload)
     except MessageError as err:
         queue = names.build_queue(builder.family) if builder.family else "build"
-        _answer_malformed(builder.redis, queue, settings.lane, payload.get("batch") if isinstance(payload, dict) else payload,
-                          str(err))
+        _answer_malformed(builder.redis, queue, WORKER.settings.lane,
+                          payload.get("batch") if isinstance(payload, dict) else payload, str(err))
         return {"error": str(err)}
     return builder.build(req)
 

@@ -64,7 +64,7 @@ class LaneWorker:
 
         s, lane, kind = self.settings, self.lane, self.kind
         t0 = time.perf_counter()
-        kind.check(lane, lanes.Host.this())  # the share in the lane's name is the share it measures at
+        kind.check(lane, s.host())  # the share in the lane's name is the share it measures at
         if lane.cores:  # before anything is timed: no two timers on one core of this host
             self.core_claim = hostcores.claim(lane.cores, hostcores.this_process(f"lane {lane.queue}"),
                                               s.core_lock_dir, s.core_overlap)
@@ -74,7 +74,7 @@ class LaneWorker:
         if s.lane_claim:  # before the warm-up, which may outlast the claim's TTL
             threading.Thread(target=self.keep_claim, name="lane-claim", daemon=True).start()
         if s.build_workers > 0:  # spawned before this process touches CUDA
-            self.pool = evaluate.BuildPool(s.build_workers)
+            self.pool = evaluate.BuildPool(s.build_workers, s.builder_hide_gpus, s.cuda_compile)
         if kind.mps:
             from services.measurer.gpu.daemon import MpsDaemon
 
@@ -92,7 +92,7 @@ class LaneWorker:
         if self.sandboxed:
             from services.measurer.metaschedule.sandbox import Sandbox
 
-            self.sandbox = Sandbox(str(self.target), s.warmup, s.sandbox_recycle, s.test_fault_hooks)
+            self.sandbox = Sandbox(str(self.target), s.warmup, s.sandbox_recycle, s.test_fault_hooks, s.cuda_compile)
             warm_s = self.sandbox.start()
         else:
             warm_s = evaluate.warm_up(self.target) if s.warmup else 0.0

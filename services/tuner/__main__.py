@@ -3,9 +3,9 @@ tuner client, the cost-model updater; the same image and code, a different queue
 from __future__ import annotations
 
 import argparse
-import os
 
 from shared import names
+from shared.settings import CommonSettings
 from services.workers import exec_worker
 
 ROLES = {names.PLAN_QUEUE: "planner", names.TUNE_QUEUE: "tuner", names.COSTMODEL_QUEUE: "updater"}
@@ -15,7 +15,7 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(prog="python -m services.tuner")
     ap.add_argument("--queue", required=True, choices=sorted(ROLES), help="the role: plan, tune or costmodel")
     ap.add_argument("--name", default=None, help="worker name (default: planner, tuner or updater)")
-    ap.add_argument("--loglevel", default=os.environ.get("SHARETUNE_LOG_LEVEL", "INFO"))
+    ap.add_argument("--loglevel", default=CommonSettings().log_level)
     args = ap.parse_args(argv)
     exec_worker("services.tuner.tasks", args.queue, args.name or ROLES[args.queue], args.loglevel)
 

@@ -109,11 +109,7 @@ class ShardRunner:
             store.set_state(r, ref.job_id, JobState.TUNING)
         lease = Lease(r, ref.job_id, ref.shard, me, self.stopping, s.shard_quantum_s)
         try:
-            run = search.tune_shard(self.send, r, ref.job_id, ref.shard, s.work_dir, s.batch_grace_s,
-                                    check=lease.check, search_threads=s.search_threads,
-                                    cold_start=s.cold_start, population=s.population,
-                                    timing_floor_ms=s.timing_floor_ms, valid_sampling=s.valid_sampling,
-                                    warm_seeds=s.warm_seeds)
+            run = search.tune_shard(self.send, r, ref.job_id, ref.shard, s, check=lease.check)
         except Stopped as why:
             lease.stop()
             self._hand_back(ref, lease, why)
@@ -186,8 +182,7 @@ class ShardRunner:
         hold()
         stop = keep_beating(hold, timeouts.FINISH_LEASE_RENEW_S, f"finish hold of {job_id}")
         try:
-            result = search.finish_job(self.send, r, job_id, self.settings.work_dir, self.settings.batch_grace_s,
-                                       self.settings.timing_floor_ms)
+            result = search.finish_job(self.send, r, job_id, self.settings)
         except Exception as err:  # noqa: BLE001
             if store.outage_since(started, err):  # the hold lapses; the reaper sends the finishing step again
                 return left_to_lapse(job_id, "finishing", err)

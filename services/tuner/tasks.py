@@ -12,19 +12,17 @@ import time
 
 from celery import signals
 
-from shared import lanes, names, store, timeouts
+from shared import names, store, timeouts
 from shared.heartbeat import keep_beating
 from shared.ids import worker_id
-from services.celery_app import exits_if_it_fails, make_celery
+from services.celery_app import exits_if_it_fails, make_celery, use_broker
 from shared.errors import MessageError
 from shared.messages import JobRef, ShardPhase, ShardRef, TrainingBatch
 from shared.settings import TunerSettings, UpdaterSettings
 from services.tuner.shards import ShardRunner, fail_job, left_to_lapse
 
 log = logging.getLogger("sharetune.tuner")
-settings = TunerSettings()
-LANE_POLICY = lanes.LiveLanePolicy.configured()
-app = make_celery("tuner", settings.redis_url, settings.redis_outage_s)
+app = make_celery("tuner")  # its broker is the worker's settings' Redis (TunerWorker.configure)
 SERVICE_ROLES = {names.PLAN_QUEUE: "planner", names.COSTMODEL_QUEUE: "updater"}  # roles that keep a liveness key
 
 
@@ -35,7 +33,7 @@ def send(task_name: str, payload: dict, queue: str) -> None:
     try:
         app.send_task(task_name, args=[payload], queue=queue)
     except OperationalError:
-        if store.unreachable(settings.redis_url, 1.0):  # the broker gave up on an outage, not on this message
+        if store.unreachable(WORKER.settings.redis_url, 1.0):  # the broker gave up on an outage, not on this message
             store.note_unreachable()
         raise
 
@@ -50,14 +48,23 @@ def send_finish(job_id: str) -> None:
 
 
 class TunerWorker:
-    """This worker process's life: its shard runner, made before the worker consumes (a solo-pool worker:
-    this process is the one that works, so its id names the client); its warm-up and liveness keys once it
-    is ready; their end at the first shutdown signal, while a shard may still run."""
+    """This worker process's life: its settings, read once as the worker starts; its shard runner, made before
+    the worker consumes (a solo-pool worker: this process is the one that works, so its id names the client);
+    its warm-up and liveness keys once it is ready; their end at the first shutdown signal, while a shard may
+    still run."""
 
-    def __init__(self, settings: TunerSettings):
-        self.settings = settings
+    def __init__(self):
+        self.settings: TunerSettings | None = None
+        self.updater_settings: UpdaterSettings | None = None
+        self.lane_policy = None  # shared.lanes.LiveLanePolicy: how the planner waits for a job's lanes
         self.runner: ShardRunner | None = None
         self.liveness: list = []  # (role, the event that stops its beat), while the worker serves
+
+    def configure(self, **_) -> None:
+        """The first step of the worker's start, before it connects: read the settings, point the app at Redis."""
+        self.settings, self.updater_settings = TunerSettings(), UpdaterSettings()
+        self.lane_policy = self.settings.live_lane_policy()
+        use_broker(app, self.settings.redis_url, self.settings.redis_outage_s)
 
     @property
     def redis(self):
@@ -107,7 +114,8 @@ class TunerWorker:
                 pass
 
 
-WORKER = TunerWorker(settings)
+WORKER = TunerWorker()
+signals.celeryd_init.connect(exits_if_it_fails(WORKER.configure), weak=False)
 signals.worker_init.connect(exits_if_it_fails(WORKER.build), weak=False)
 signals.worker_ready.connect(exits_if_it_fails(WORKER.start), weak=False)
 # at the signal, not once the worker has stopped: a running shard hands back at its next round
@@ -143,7 +151,7 @@ def plan_job(payload):
                             "plan lease renewal")
     started = time.time()
     try:
-        shards = planner.plan(r, ref.job_id, LANE_POLICY)
+        shards = planner.plan(r, ref.job_id, WORKER.lane_policy)
     except planner.Parked as parked:  # look again later; the planner takes the next job meanwhile
         if ref.plan:
             store.plan_sent(r, ref.job_id, ref.plan)  # the same message again: not stranded
@@ -190,7 +198,7 @@ def ingest_results(payload):
     except MessageError as err:
         store.dead_letter(WORKER.redis, names.COSTMODEL_QUEUE, str(err), json.dumps(payload, default=str)[:4096])
         return None
-    up = UpdaterSettings()
+    up = WORKER.updater_settings
     snap = updater.ingest(WORKER.redis, batch, up.warmup_rows, up.boost_rounds, window=up.train_window,
                           best_per_group=up.train_best_per_group, threads=up.train_threads or None,
                           best_rows=up.train_best_rows, keep_rows=up.train_keep_rows)

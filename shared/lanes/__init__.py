@@ -8,12 +8,16 @@ from shared.lanes import cpu, gpu  # noqa: F401 - each registers its kind
 from shared.lanes.base import Host, Lane, LaneKind, kind, kinds, register
 from shared.lanes.live import LiveLanePolicy, serving, shares_served, waiting_for
 
-__all__ = ["Host", "Lane", "LaneKind", "LiveLanePolicy", "fault_domain", "for_target", "kind", "kinds", "of", "parse", "register",
-           "serving", "shares_served", "target_family", "target_kinds", "waiting_for"]
+__all__ = ["Host", "Lane", "LaneKind", "LiveLanePolicy", "fault_domain", "for_target", "kind", "kind_of", "kinds", "of",
+           "parse", "register", "serving", "shares_served", "target_family", "target_kinds", "waiting_for"]
+
+# a host that places any short CPU form, for the questions whose answer no host changes (kind, fault domain)
+_ANY_HOST = Host(cores=1 << 16)
 
 
 def parse(queue: str, host: Host | None = None) -> Lane:
-    """The lane a queue name names; ValueError when no kind knows the name."""
+    """The lane a queue name names; ValueError when no kind knows the name, or when it names a place on a host
+    (a CPU lane's cores alone: measure.cpu.c0) and `host` is not given."""
     for k in kinds():
         lane = k.parse(queue, host)
         if lane is not None:
@@ -26,11 +30,16 @@ def of(lane: Lane) -> LaneKind:
     return kind(lane.kind)
 
 
+def kind_of(queue: str) -> LaneKind:
+    """The kind of the lane a queue names (ValueError when it names none)."""
+    return of(parse(queue, _ANY_HOST))
+
+
 def fault_domain(queue: str) -> str | None:
     """The device whose fault ends every lane on it, for a lane's queue (its GPU); None for a lane that
     faults alone, or a name that is no lane's."""
     try:
-        lane = parse(queue, Host(cores=1 << 16))  # a short CPU form needs a host; its fault domain does not
+        lane = parse(queue, _ANY_HOST)
     except ValueError:
         return None
     return of(lane).fault_domain(lane)

@@ -22,10 +22,9 @@ class Host:
     node: str = "local"
 
     @classmethod
-    def this(cls) -> "Host":
-        from shared.settings import LaneSettings
-
-        return cls(cores=os.cpu_count() or 1, node=LaneSettings().node)
+    def this(cls, node: str) -> "Host":
+        """The host this process runs on, under the node name its settings give (HostSettings.node)."""
+        return cls(cores=os.cpu_count() or 1, node=node)
 
 
 @dataclass(frozen=True)
@@ -63,7 +62,7 @@ class LaneKind(ABC):
     @abstractmethod
     def parse(self, queue: str, host: Host | None = None) -> Lane | None:
         """The lane a queue name names, None when it is not one of this kind. `host` resolves forms that
-        name a place on the host the caller runs on (Host.this() when None)."""
+        name a place on the host the caller runs on (ValueError when such a form comes without it)."""
 
     # -- share and placement
     @abstractmethod

@@ -49,7 +49,9 @@ class CpuLanes(LaneKind):
             return None
         node, share, cores = parsed
         if share is None:  # the short form: these cores of the host it runs on
-            return self.lane(cores, host or Host.this())
+            if host is None:
+                raise ValueError(f"{queue!r} names cores of a host, and no host was given to place them on")
+            return self.lane(cores, host)
         if not cores or not 1 <= share <= 100:
             raise ValueError(f"not a CPU lane queue: {queue!r}")
         return Lane(self.name, share, cores=cores, node=node)

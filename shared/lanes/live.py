@@ -1,7 +1,7 @@
 """Which live lanes serve a job, and the one policy for when none does.
 
 A job names a target and a share; the live lanes that serve it are those of the target's lane kind at
-exactly that share. When none does, each role acts by the same policy, configured once (LaneWaitSettings):
+exactly that share. When none does, each role acts by the same policy (LaneWaitSettings.live_lane_policy):
 the client refuses the job at submit (unless it asked to wait), the planner parks it and looks again
 every `recheck_s` for `park_s` (without limit when it asked to wait), and the tuner's lane runner, mid-job,
 waits `give_up_s` for a lane to come back and then gives the batch up."""
@@ -32,13 +32,6 @@ class LiveLanePolicy:
     park_s: float = 120.0  # the planner parks a job this long for a lane of its share, then fails it
     recheck_s: float = 3.0  # how often a parked job is looked at again
     give_up_s: float = 60.0  # mid-job, the tuner waits this long for a lane of the job's share to come back
-
-    @classmethod
-    def configured(cls) -> "LiveLanePolicy":
-        from shared.settings import LaneWaitSettings
-
-        s = LaneWaitSettings()
-        return cls(park_s=s.lane_wait_s, recheck_s=s.lane_recheck_s, give_up_s=s.lane_give_up_s)
 
     def share_at_submit(self, served: list[int], lane_kind: str, share: int | None, wait: bool) -> int:
         """The client's rule: the job's share, or the one share the live lanes serve when none is given;

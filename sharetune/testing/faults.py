@@ -8,7 +8,6 @@ with no crash history in the session's Redis."""
 from __future__ import annotations
 
 import json
-import os
 import time
 
 from shared import names, store
@@ -137,9 +136,9 @@ def job_figures(redis_conn, job, budget: int) -> dict:
             "trials_respent": max(0, started - trials), "trials": trials}
 
 
-def record_row(row: dict) -> None:
-    """Append a figures row for bench/faults.py (only when it asks, through SHARETUNE_FAULTS_OUT)."""
-    path = os.environ.get("SHARETUNE_FAULTS_OUT")
+def record_row(path: str | None, row: dict) -> None:
+    """Append a figures row for bench/faults.py to `path`, the file it asks for (FaultFiguresSettings.faults_out,
+    SHARETUNE_FAULTS_OUT; None: not asked, nothing written)."""
     if path:
         with open(path, "a") as f:
             f.write(json.dumps(row) + "\n")

@@ -8,7 +8,6 @@ them."""
 from __future__ import annotations
 
 import argparse
-import os
 import signal
 import sys
 import threading
@@ -26,7 +25,7 @@ def main(argv=None) -> int:
                     help="build workers per family the lanes build for (0: the lanes build for themselves)")
     ap.add_argument("--builder-cores", default=s.builder_cores)
     ap.add_argument("--work-dir", default=str(s.work_dir))
-    ap.add_argument("--redis-url", default=os.environ.get("REDIS_URL") or os.environ.get("SHARETUNE_REDIS_URL"))
+    ap.add_argument("--redis-url", default=s.given("redis_url"))
     ap.add_argument("--loglevel", default=s.log_level)
     ap.add_argument("--wait-s", type=float, default=300.0, help="how long the lanes and builders may take to come up")
     args = ap.parse_args(argv)
@@ -36,14 +35,14 @@ def main(argv=None) -> int:
     if not args.redis_url:
         sys.exit("agent: no Redis URL (--redis-url or REDIS_URL)")
     from shared.errors import SharetuneError
-    from services.measurer.agent import BuilderSpec, NodeAgent, lanes_from_spec
+    from services.measurer.agent import BuilderSpec, NodeAgent, NodeConfig, lanes_from_spec
 
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     try:
-        agent = NodeAgent(Path(args.work_dir), args.redis_url, lanes_from_spec(args.lanes), args.loglevel,
-                          builders=BuilderSpec(args.builders, args.builder_cores))
+        agent = NodeAgent(NodeConfig(Path(args.work_dir), args.redis_url, args.loglevel), s,
+                          lanes_from_spec(args.lanes, s.host()), builders=BuilderSpec(args.builders, args.builder_cores))
     except (SharetuneError, ValueError) as err:
         sys.exit(f"agent: {err}")
     try:

@@ -7,6 +7,7 @@ central services), `sharetune up --join` and a compose or Kubernetes GPU node (`
 services.measurer.agent`). Stops only what it started, by PID."""
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import socket
@@ -19,19 +20,20 @@ from pathlib import Path
 
 from shared import lanes as lane_kinds
 from shared import store
+from shared.settings import AgentSettings
 from services.measurer.agent.builders import BuilderPool, BuilderSpec
 from services.measurer.agent.gpu_recovery import GpuRecovery
 from services.measurer.agent.processes import REPO, NodeConfig, ProcessSupervisor, start_guarded
 
 
 def _kind_of(queue: str) -> lane_kinds.LaneKind:
-    return lane_kinds.of(lane_kinds.parse(queue))
+    return lane_kinds.kind_of(queue)
 
 
-def default_cpu_lanes(cores: int | None = None) -> list[str]:
-    """One single-core lane per core: two lanes of 50 % each on a 2-core machine."""
-    here = lane_kinds.Host.this()
-    host = lane_kinds.Host(cores or here.cores, here.node)
+def default_cpu_lanes(cores: int | None = None, node: str = "local") -> list[str]:
+    """One single-core lane per core (of this host, or `cores`), named for the host's node (HostSettings.node):
+    two lanes of 50 % each on a 2-core machine."""
+    host = lane_kinds.Host(cores or lane_kinds.Host.this(node).cores, node)
     cpu = lane_kinds.kind("cpu")
     return [cpu.lane([c], host).queue for c in range(host.cores)]
 
@@ -51,22 +53,22 @@ def gpu_lanes(spec, max_total_percent: int = 100, observer=None) -> list[str]:
     return [lane.queue for lane, count in plan_gpu_lanes(gpus, spec, max_total_percent) for _ in range(count)]
 
 
-def lanes_from_spec(spec: str) -> list[str]:
-    """The lanes an agent runs, from its --lanes: `cpu` (one single-core lane per core of this host), lane
-    queue names (`measure.cpu.c0,measure.cpu.c1-2`), or a GPU share spec for this host's GPUs (`4x25`,
+def lanes_from_spec(spec: str, host: lane_kinds.Host) -> list[str]:
+    """The lanes an agent runs on `host`, from its --lanes: `cpu` (one single-core lane per core of this host),
+    lane queue names (`measure.cpu.c0,measure.cpu.c1-2`), or a GPU share spec for this host's GPUs (`4x25`,
     `2x50`, `25,25,50`; gpu_lanes)."""
     spec = spec.strip()
     if spec == "cpu":
-        return default_cpu_lanes()
+        return default_cpu_lanes(node=host.node)
     if spec.startswith("measure."):
-        return [lane_kinds.parse(q.strip()).queue for q in spec.split(",") if q.strip()]
+        return [lane_kinds.parse(q.strip(), host).queue for q in spec.split(",") if q.strip()]
     return gpu_lanes(spec)
 
 
 MPS_MAX_CLIENTS = 48  # client processes one MPS server accepts per GPU (Volta and later)
 
 
-def gpu_build_workers(lanes: list[str], queue: str, cores: int, asked: str | None = None) -> int:
+def gpu_build_workers(lanes: list[str], queue: str, cores: int, asked: int | None = None) -> int:
     """Build workers beside one GPU lane. GPU candidates take seconds to build and microseconds to time,
     so by default each GPU lane gets an equal part of the host's cores. Each build worker is an MPS client
     of its GPU, as is each lane: past 48 on one GPU the MPS server refuses new clients
@@ -76,22 +78,26 @@ def gpu_build_workers(lanes: list[str], queue: str, cores: int, asked: str | Non
     gpu_lanes = len(pooled) or 1
     mine = lane_kinds.fault_domain(queue)
     on_gpu = sum(1 for q in pooled if lane_kinds.fault_domain(q) == mine) or 1
-    workers = int(asked) if asked else max(1, cores // gpu_lanes)
+    workers = asked if asked is not None else max(1, cores // gpu_lanes)
     return max(1, min(workers, (MPS_MAX_CLIENTS - 1 - on_gpu) // on_gpu))
 
 
 class NodeAgent:
-    """`lanes`: this host's lane queues, one entry per worker process (a queue twice: two workers of the lane);
-    `builders`: the build workers beside them (BuilderSpec); `supervise`: restart what dies and recover faulted
-    GPUs in a background thread. Its parts: `processes` (ProcessSupervisor), `builder_pool` (BuilderPool) and
-    `gpus` (GpuRecovery)."""
+    """`config`: its work dir, Redis (None: REDIS_URL, else set once a local stack's own is up), log level and
+    logger; `settings`: this process's (the host's node name and core claims, a GPU lane's build pool); `lanes`:
+    this host's lane queues, one entry per worker process (a queue twice: two workers of the lane); `builders`:
+    the build workers beside them (BuilderSpec); `supervise`: restart what dies and recover faulted GPUs in a
+    background thread. Its parts: `processes` (ProcessSupervisor), `builder_pool` (BuilderPool) and `gpus`
+    (GpuRecovery)."""
 
-    def __init__(self, work_dir: Path, redis_url: str | None = None, lanes: list[str] | None = None,
-                 log_level: str = "INFO", warm_kinds: str | None = None, supervise: bool = True,
-                 builders: BuilderSpec | None = None, log_name: str = "sharetune.agent"):
-        self.config = NodeConfig(Path(work_dir).resolve(), redis_url or os.environ.get("REDIS_URL"), log_level, log_name)
+    def __init__(self, config: NodeConfig, settings: AgentSettings, lanes: list[str] | None = None, *,
+                 warm_kinds: str | None = None, supervise: bool = True, builders: BuilderSpec | None = None):
+        self.config = dataclasses.replace(config, work_dir=Path(config.work_dir).resolve(),
+                                          redis_url=config.redis_url or os.environ.get("REDIS_URL"))
+        self.settings = settings
+        self.host = settings.host()
         # lanes given by their cores alone (measure.cpu.c0) are named for this host: node and share
-        self.lanes = [lane_kinds.parse(q).queue for q in lanes] if lanes is not None else []
+        self.lanes = [lane_kinds.parse(q, self.host).queue for q in lanes] if lanes is not None else []
         self.warm_kinds = warm_kinds or ",".join(sorted({_kind_of(q).target_kind for q in self.lanes})) or "llvm"
         self.supervise = supervise
         self.lane_procs: dict[str, tuple[str, int]] = {}  # process name -> (lane queue, instance)
@@ -164,9 +170,9 @@ class NodeAgent:
         return self.processes.pid_of(name)
 
     def start_lane(self, queue: str, instance: int = 0, build_workers: int | None = None) -> subprocess.Popen:
-        """`build_workers`: the size of a GPU lane's build pool (default: lane_build_workers, else
-        SHARETUNE_BUILD_WORKERS, else an equal part of the host's cores, see gpu_build_workers)."""
-        lane = lane_kinds.parse(queue)
+        """`build_workers`: the size of a GPU lane's build pool (default: lane_build_workers, else the
+        settings' build_workers where given, else an equal part of the host's cores, see gpu_build_workers)."""
+        lane = lane_kinds.parse(queue, self.host)
         kind, queue = lane_kinds.of(lane), lane.queue  # cores alone (measure.cpu.c0) are named for this host
         args = [sys.executable, "-m", "services.measurer", "--lane", queue, "--loglevel", self.config.log_level]
         if kind.device_uuid:
@@ -176,7 +182,7 @@ class NodeAgent:
         env = self.environment()
         if kind.build_pool:  # with builders the lane only times (it builds only what is re-sent to it)
             build_workers = build_workers or self.lane_build_workers(queue)
-            asked = str(build_workers) if build_workers else os.environ.get("SHARETUNE_BUILD_WORKERS")
+            asked = build_workers or self.settings.given("build_workers")
             env["SHARETUNE_BUILD_WORKERS"] = "0" if self.builder_pool.spec.count else str(
                 gpu_build_workers(self.lanes, queue, os.cpu_count() or 1, asked))
         name = f"lane-{queue}-{instance}" if instance else f"lane-{queue}"
@@ -196,10 +202,10 @@ class NodeAgent:
         of this host holds (another agent, a hand-started lane), unless SHARETUNE_CORE_OVERLAP=warn. Two
         lanes of this agent on one core are refused the same way."""
         from shared import hostcores
-        from shared.settings import LaneSettings
 
-        s = LaneSettings()
-        hostcores.check_free([(q, lane_kinds.parse(q).cores) for q in self.lanes], s.core_lock_dir, s.core_overlap)
+        s = self.settings
+        hostcores.check_free([(q, lane_kinds.parse(q, self.host).cores) for q in self.lanes], s.core_lock_dir,
+                             s.core_overlap)
 
     # ---- life cycle ------------------------------------------------------------------------------------
 

@@ -64,6 +64,17 @@ def run_command(argv: Sequence[str], env: Mapping[str, str], input: str | None, 
 
 
 # ----------------------------------------------------------------------------------- the daemon
+@dataclass(frozen=True)
+class DaemonWait:
+    """How the daemon's start and stop are waited for: each command and each wait gives up after `timeout_s`,
+    the daemon's state is looked at every `poll_s`; `sleep` and `clock` are injectable so tests need no time."""
+
+    timeout_s: float = 10.0
+    poll_s: float = 0.1
+    sleep: Callable[[float], None] = time.sleep
+    clock: Callable[[], float] = time.monotonic
+
+
 class MpsDaemon:
     """The MPS control daemon of one pipe directory.
 
@@ -80,21 +91,19 @@ class MpsDaemon:
         *,
         runner: Runner = run_command,
         which: Callable[[str], str | None] = shutil.which,
-        timeout_s: float = 10.0,
-        poll_s: float = 0.1,
-        sleep: Callable[[float], None] = time.sleep,
-        clock: Callable[[], float] = time.monotonic,
+        wait: DaemonWait = DaemonWait(),
     ):
         self.pipe_dir = Path(pipe_dir)
         self.log_dir = Path(log_dir)
         self.control_binary = control_binary
         self.runner = runner
         self._which = which
-        self.timeout_s = timeout_s
-        self.poll_s = poll_s
-        self._sleep = sleep
-        self._clock = clock
+        self.wait = wait
         self.started = False  # True only while a daemon this object started runs
+
+    @property
+    def timeout_s(self) -> float:
+        return self.wait.timeout_s
 
     # -- commands
     @property
@@ -154,7 +163,7 @@ class MpsDaemon:
                 f"MPS control daemon did not start (exit {res.returncode}): {(res.stderr or res.stdout).strip()}"
                 f" [pipe dir {self.pipe_dir}, log dir {self.log_dir}]"
             )
-        if not self._wait(self.is_running, True):
+        if not self._wait_until(self.is_running, True):
             raise LaneError(
                 f"MPS control daemon started but does not answer on {self.control_pipe} after {self.timeout_s} s;"
                 f" see {self.log_dir / 'control.log'}"
@@ -168,7 +177,7 @@ class MpsDaemon:
             return False
         argv, text = self.quit_command()
         res = self._run(argv, text)
-        if not self._wait(self.is_running, False):
+        if not self._wait_until(self.is_running, False):
             raise LaneError(
                 f"MPS control daemon on {self.pipe_dir} still runs {self.timeout_s} s after 'quit'"
                 f" (exit {res.returncode}: {(res.stderr or res.stdout).strip()})"
@@ -212,14 +221,14 @@ class MpsDaemon:
     def _run(self, argv: Sequence[str], text: str | None) -> CommandResult:
         return self.runner(list(argv), self.environment(), text, self.timeout_s)
 
-    def _wait(self, probe: Callable[[], bool], want: bool) -> bool:
-        deadline = self._clock() + self.timeout_s
+    def _wait_until(self, probe: Callable[[], bool], want: bool) -> bool:
+        deadline = self.wait.clock() + self.wait.timeout_s
         while True:
             if probe() == want:
                 return True
-            if self._clock() >= deadline:
+            if self.wait.clock() >= deadline:
                 return False
-            self._sleep(self.poll_s)
+            self.wait.sleep(self.wait.poll_s)
 
     def __enter__(self) -> "MpsDaemon":
         return self

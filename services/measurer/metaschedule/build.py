@@ -90,14 +90,17 @@ def warm_up_builder(family: str) -> float:
     return time.perf_counter() - t0
 
 
-def init_build_process() -> None:
-    """A build process sees no GPU (set before anything initialises CUDA here), so it never becomes a
-    client of its lane's MPS server: a GPU fault's recovery need not find it."""
+def init_build_process(hide_gpus: bool = True, cuda_compile_mode: str = "kernel") -> None:
+    """A build process of a lane's pool, as its lane's settings say (LaneSettings.builder_hide_gpus and
+    cuda_compile): with GPUs hidden (set before anything initialises CUDA here) it never becomes a client of
+    its lane's MPS server, so a GPU fault's recovery need not find it."""
     import os
 
     from services.measurer.lanes import builder_environment
+    from services.measurer.metaschedule import cuda_compile
 
-    os.environ.update(builder_environment("", os.environ.get("SHARETUNE_BUILDER_HIDE_GPUS", "1") != "0"))
+    os.environ.update(builder_environment("", hide_gpus))
+    cuda_compile.set_mode(cuda_compile_mode)
     import tvm  # noqa: F401
 
 

@@ -13,7 +13,8 @@ precompiled header is needed).
 The kernels are the same: for sampled candidates both paths give byte-identical kernel machine code in
 the cubin (`tests/test_cuda_compile.py`, `bench/cuda_compile.py`); only CCCL's unused constants differ.
 
-`SHARETUNE_CUDA_COMPILE=tvm` keeps TVM's own path (the default is `kernel`)."""
+`SHARETUNE_CUDA_COMPILE=tvm` keeps TVM's own path (the default is `kernel`): a process's entry point sets its
+mode from its settings (LaneSettings.cuda_compile) with `set_mode`, before its first CUDA build."""
 from __future__ import annotations
 
 import functools
@@ -67,11 +68,19 @@ _stats_lock = threading.Lock()
 STATS = {"kernel": 0, "tvm": 0, "fallback_errors": 0}
 
 
+_mode = "kernel"
+
+
+def set_mode(mode: str) -> None:
+    """This process's CUDA compile path (one of MODES), from its settings; before its first CUDA build."""
+    global _mode
+    if mode not in MODES:
+        raise ValueError(f"CUDA compile mode {mode!r} is not one of {', '.join(MODES)}")
+    _mode = mode
+
+
 def mode() -> str:
-    value = os.environ.get("SHARETUNE_CUDA_COMPILE", "kernel").strip().lower() or "kernel"
-    if value not in MODES:
-        raise ValueError(f"SHARETUNE_CUDA_COMPILE={value!r} is not one of {', '.join(MODES)}")
-    return value
+    return _mode
 
 
 def kernel_source(code: str) -> str | None:

@@ -78,7 +78,8 @@ def _discard_built(fut) -> None:
 
 
 class BuildPool:
-    def __init__(self, workers: int):
+    def __init__(self, workers: int, hide_gpus: bool = True, cuda_compile_mode: str = "kernel"):
+        """`workers` build processes, each with GPUs hidden unless told otherwise, compiling CUDA in that mode."""
         import multiprocessing
         import tempfile
         from concurrent.futures import ProcessPoolExecutor
@@ -86,7 +87,8 @@ class BuildPool:
         self.workers = workers
         self.out_dir = tempfile.mkdtemp(prefix="sharetune-builds-")
         self._ctx = multiprocessing.get_context("spawn")
-        self._make = lambda: ProcessPoolExecutor(workers, mp_context=self._ctx, initializer=init_build_process)
+        self._make = lambda: ProcessPoolExecutor(workers, mp_context=self._ctx, initializer=init_build_process,
+                                                 initargs=(hide_gpus, cuda_compile_mode))
         self.pool = self._make()
         self._warming: list = []
 

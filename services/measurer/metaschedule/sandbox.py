@@ -17,12 +17,13 @@ TEST_SEGV_BUILD = "sharetune_test_segv_build"  # see LaneSettings.test_fault_hoo
 READY_TIMEOUT_S = 600.0  # import tvm + a warm-up build on a loaded 2-core host
 
 
-def _serve(conn, target_json: str, warmup: bool, test_hooks: bool) -> None:
+def _serve(conn, target_json: str, warmup: bool, test_hooks: bool, cuda_compile_mode: str = "kernel") -> None:
     """The child's loop: (candidate JSON, timing JSON) in, MeasureResult JSON out."""
     from services.measurer.metaschedule.codec import load_ir
-    from services.measurer.metaschedule import evaluate
+    from services.measurer.metaschedule import cuda_compile, evaluate
     from services.measurer.metaschedule.targets import target_from_json
 
+    cuda_compile.set_mode(cuda_compile_mode)
     targets = {target_json: target_from_json(target_json)}
     if warmup:
         evaluate.warm_up(targets[target_json])
@@ -65,8 +66,10 @@ def _signal_name(code: int | None) -> str:
 
 
 class Sandbox:
-    def __init__(self, target_json: str, warmup: bool = True, recycle_after: int = 2000, test_hooks: bool = False):
+    def __init__(self, target_json: str, warmup: bool = True, recycle_after: int = 2000, test_hooks: bool = False,
+                 cuda_compile_mode: str = "kernel"):
         self.target_json, self.warmup, self.test_hooks = target_json, warmup, test_hooks
+        self.cuda_compile_mode = cuda_compile_mode
         self.recycle_after = recycle_after
         self._ctx = multiprocessing.get_context("spawn")  # a fork of a process with TVM's threads is unsafe
         self.proc = None
@@ -78,8 +81,8 @@ class Sandbox:
         """Spawn the child and wait until it is warm; returns the seconds it took."""
         t0 = time.perf_counter()
         parent, child = self._ctx.Pipe()
-        self.proc = self._ctx.Process(target=_serve, args=(child, self.target_json, self.warmup, self.test_hooks),
-                                      name="lane-sandbox", daemon=True)
+        self.proc = self._ctx.Process(target=_serve, name="lane-sandbox", daemon=True,
+                                      args=(child, self.target_json, self.warmup, self.test_hooks, self.cuda_compile_mode))
         self.proc.start()
         child.close()
         self.conn, self.served = parent, 0

@@ -205,28 +205,48 @@ class LaneFuture(PyRunnerFuture):
         return RunnerResult([statistics.median(res.run_secs)], None)
 
 
+@dataclass(frozen=True)
+class JobLanes:
+    """Whose candidates a runner sends and which lanes measure them: the job, the lane kind and share that
+    serve it, and the target (JSON) its candidates are built for."""
+
+    job_id: str
+    kind: str
+    share: int
+    target_json: str
+
+
+@dataclass(frozen=True)
+class BatchRules:
+    """How a runner's batches are timed and waited for: the candidates' timing, the grace a started batch gets
+    before its candidates count as lost, and how long it waits for a lane of the job's share (the tuner's
+    live-lane policy, TunerSettings.live_lane_policy)."""
+
+    timing: TimingConfig
+    grace_s: float = timeouts.BATCH_GRACE_S
+    policy: lane_kinds.LiveLanePolicy = lane_kinds.LiveLanePolicy()
+
+
 @derived_object
 class LaneRunner(PyRunner):
     """Sends candidates to the lanes that serve (kind, share); `lanes()` is re-read on every batch, so
     lanes that start or stop while a job runs are used or avoided. With none live, it waits as the live-lane
     policy says (shared.lanes.LiveLanePolicy.give_up_s), then gives up."""
 
-    def __init__(self, send, redis, job_id: str, kind: str, share: int, target_json: str,
-                 stash: CandidateStash, split: TimeSplit, timing: TimingConfig, grace_s: float = timeouts.BATCH_GRACE_S,
-                 policy: lane_kinds.LiveLanePolicy | None = None):
+    def __init__(self, send, redis, job: JobLanes, stash: CandidateStash, split: TimeSplit, rules: BatchRules):
         """`send(task_name, payload, queue)` publishes one message (the tuner's Celery boundary gives it)."""
         super().__init__()
-        self.policy = policy or lane_kinds.LiveLanePolicy.configured()
-        self._send, self.redis, self.job_id = send, redis, job_id
-        self.kind, self.share, self.target_json = kind, share, target_json
-        self.stash, self.split, self.timing, self.grace_s = stash, split, timing, grace_s
+        self.policy = rules.policy
+        self._send, self.redis, self.job_id = send, redis, job.job_id
+        self.kind, self.share, self.target_json = job.kind, job.share, job.target_json
+        self.stash, self.split, self.timing, self.grace_s = stash, split, rules.timing, rules.grace_s
         self.measured: dict[str, MeasureResult] = {}  # candidate handle -> result, for the record callback
         # screened timing: the brief median under which the next candidates get the full timing (the
         # task's best so far plus shared.ranking.SCREEN_MARGIN); None: every candidate gets it
         self.full_below_s: float | None = None
         self._rr = 0
         try:  # builders serve a family; a target with none (e.g. no explicit arch) is built by its lanes
-            self.family = lane_kinds.target_family(target_json)
+            self.family = lane_kinds.target_family(self.target_json)
         except ValueError:
             self.family = None
         self._builders_seen: tuple[float, bool] = (0.0, False)  # (when looked, any live)

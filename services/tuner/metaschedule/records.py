@@ -7,6 +7,7 @@ import hashlib
 import json
 import os
 import time
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import tvm
@@ -111,20 +112,29 @@ def candidate_key(wkey: str, candidate: ms.MeasureCandidate) -> str:
     return hashlib.sha1(f"{wkey}|{tvm.ir.save_json(candidate.sch.trace.as_json())}".encode()).hexdigest()[:24]
 
 
+@dataclass(frozen=True)
+class ShardTasks:
+    """A shard's tasks, by task name: each one's workload key and task id, and where known its (target kind,
+    WorkloadShape): a task's workload enters the store's index of similar workloads with its first valid
+    record (where later jobs' warm seeds come from)."""
+
+    wkeys: dict[str, str]
+    task_ids: dict[str, str]
+    shapes: dict = field(default_factory=dict)
+
+
 class StoreRecords:
     """Replaces MetaSchedule's AddToDatabase: commits valid records to the in-process database the
     search reads, and every record (errors too) to Redis with the job's progress per task and the
     settling of the shard's trial claim, in one transaction: a client that dies mid-round leaves
     either all of the round in the store or none of it."""
 
-    def __init__(self, redis, job_id: str, share: int, wkeys: dict[str, str], task_ids: dict[str, str],
-                 runner, database: ms.database.Database, shard: int = 0, shapes: dict | None = None):
-        """`shapes`: task name -> (target kind, WorkloadShape): a task's workload enters the store's index of
-        similar workloads with its first valid record (where later jobs' warm seeds come from)."""
+    def __init__(self, redis, job_id: str, share: int, tasks: ShardTasks, runner, database: ms.database.Database,
+                 shard: int = 0):
         self.redis, self.job_id, self.share, self.shard = redis, job_id, share, shard
-        self.shapes = shapes or {}
+        self.shapes = tasks.shapes
         self.seeded: dict[str, str] = {}  # candidate key -> the workload its trace was re-fitted from
-        self.wkeys, self.task_ids = wkeys, task_ids  # task name -> workload key / task id
+        self.wkeys, self.task_ids = tasks.wkeys, tasks.task_ids  # task name -> workload key / task id
         self.runner, self.database = runner, database
         self.workloads: dict[str, ms.database.Workload] = {}
         self.progress = store.job_progress(redis, job_id)
