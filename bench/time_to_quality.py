@@ -218,6 +218,7 @@ def run_service(args, model: str, work: Path, store_from: Path | None = None) ->
     from shared import store
     from sharetune.client import Client
     from services.measurer.agent import BuilderSpec
+    from shared.settings import StackSettings
     from sharetune.stack import Stack
 
     shutil.rmtree(work, ignore_errors=True)
@@ -227,7 +228,8 @@ def run_service(args, model: str, work: Path, store_from: Path | None = None) ->
     lanes, share, target = lanes_for(args)
     module, inputs = build(model)
     builders = 1 if args.rehearse else len(os.sched_getaffinity(0))
-    with Stack(work, lanes=lanes, tuners=args.tuners, builders=BuilderSpec(builders), log_level="INFO") as stack:
+    with Stack(work, lanes=lanes, tuners=args.tuners, builders=BuilderSpec(builders), log_level="INFO",
+               settings=StackSettings()) as stack:
         client = Client(stack.redis_url)
         t0 = time.time()
         job = client.submit(module, example_inputs=inputs, name=model, target=target, share=share,
@@ -287,6 +289,7 @@ def prepare_warm_store(args, work: Path) -> dict:
     """A store that has tuned the zoo models (each --warm-trials), made once per work dir."""
     from sharetune.client import Client
     from services.measurer.agent import BuilderSpec
+    from shared.settings import StackSettings
     from sharetune.stack import Stack
 
     done = work / "DONE.json"
@@ -298,7 +301,8 @@ def prepare_warm_store(args, work: Path) -> dict:
     builders = 1 if args.rehearse else len(os.sched_getaffinity(0))
     out = {"models": {}}
     t_all = time.time()
-    with Stack(work, lanes=lanes, tuners=args.tuners, builders=BuilderSpec(builders), log_level="INFO") as stack:
+    with Stack(work, lanes=lanes, tuners=args.tuners, builders=BuilderSpec(builders), log_level="INFO",
+               settings=StackSettings()) as stack:
         client = Client(stack.redis_url)
         for m in args.warm_from.split(","):
             t0 = time.time()
