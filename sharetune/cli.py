@@ -19,7 +19,7 @@ def _redis_url(args) -> str:
     """REDIS_URL, else the URL `sharetune up` wrote to its work dir (SHARETUNE_WORK_DIR, default runs/stack)."""
     if os.environ.get("REDIS_URL"):
         return os.environ["REDIS_URL"]
-    from sharetune.supervise import recorded_url
+    from sharetune.stack.supervisor import recorded_url
 
     return recorded_url(args.settings.work_dir) or "redis://127.0.0.1:6379/0"
 
@@ -46,16 +46,16 @@ def cmd_demo(args) -> int:
 
 
 def cmd_up(args) -> int:
-    """Start a supervisor of its own (sharetune/supervise.py) that runs the stack and restarts what dies;
+    """Start a supervisor of its own (sharetune/stack/supervisor.py) that runs the stack and restarts what dies;
     return once the stack is ready. One stack per work dir."""
     from shared.store import masked_url
-    from sharetune import supervise
+    from sharetune.stack import supervisor
     from services.measurer.agent import gpu_lanes
 
-    live = supervise.running(args.work_dir)
+    live = supervisor.running(args.work_dir)
     if live:
         sup = live.get("supervisor_pid")
-        if not supervise.process_alive(sup):  # its processes outlived it: nothing restarts them, nor would a new `up`
+        if not supervisor.process_alive(sup):  # its processes outlived it: nothing restarts them, nor would a new `up`
             print(f"sharetune up: the supervisor (pid {sup}) of the stack in {args.work_dir} is dead, but its "
                   f"processes still run: `sharetune down --work-dir {args.work_dir}` ends them, then `up` again",
                   file=sys.stderr)
@@ -76,9 +76,9 @@ def cmd_up(args) -> int:
                         ("--builder-cores", args.builder_cores), ("--builder-family", args.builder_family)):
         if value is not None:
             opts += [flag, str(value)]
-    proc = supervise.spawn(args.work_dir, opts, join_url=args.join)  # the URL in its env: ps shows argv
+    proc = supervisor.spawn(args.work_dir, opts, join_url=args.join)  # the URL in its env: ps shows argv
     try:
-        state = supervise.wait_ready(args.work_dir, proc)
+        state = supervisor.wait_ready(args.work_dir, proc)
     except KeyboardInterrupt:
         proc.terminate()  # the supervisor stops what it started
         raise
@@ -88,7 +88,7 @@ def cmd_up(args) -> int:
     # the password stays off the terminal (and its scrollback, CI logs): the full URL is in a file of the owner's
     print(f"REDIS_URL={masked_url(state['redis_url'])}")
     if not args.join:
-        print(f"the full URL is in {os.path.join(args.work_dir, supervise.URL_FILE)} (yours alone): the other commands "
+        print(f"the full URL is in {os.path.join(args.work_dir, supervisor.URL_FILE)} (yours alone): the other commands "
               f"read it there, or: export REDIS_URL=$(sharetune url --work-dir {args.work_dir})")
     builders = [n for n in state["pids"] if n.startswith("builder-")]
     print(f"lanes: {', '.join(state['lanes']) or 'none'}; builders: {len(builders)}; supervised by pid "
@@ -99,9 +99,9 @@ def cmd_up(args) -> int:
 
 
 def cmd_down(args) -> int:
-    from sharetune import supervise
+    from sharetune.stack import supervisor
 
-    stopped = supervise.stop(args.work_dir)
+    stopped = supervisor.stop(args.work_dir)
     if stopped is None:
         print(f"no stack running in {args.work_dir}")
         return 0
@@ -113,11 +113,11 @@ def cmd_down(args) -> int:
 def cmd_url(args) -> int:
     """The full REDIS_URL (with its password) of the stack `up` runs in the work dir, for its owner:
     `export REDIS_URL=$(sharetune url)`."""
-    from sharetune import supervise
+    from sharetune.stack import supervisor
 
-    url = supervise.recorded_url(args.work_dir) or (supervise.running(args.work_dir) or {}).get("redis_url")
+    url = supervisor.recorded_url(args.work_dir) or (supervisor.running(args.work_dir) or {}).get("redis_url")
     if not url:
-        path = os.path.join(args.work_dir, supervise.URL_FILE)
+        path = os.path.join(args.work_dir, supervisor.URL_FILE)
         print(f"sharetune url: no stack URL recorded in {args.work_dir} ({path} is missing or unreadable; "
               f"`sharetune up --work-dir {args.work_dir}` records it)", file=sys.stderr)
         return 1
@@ -127,15 +127,15 @@ def cmd_url(args) -> int:
 
 def cmd_services(args) -> int:
     from shared.store import masked_url
-    from sharetune import supervise
+    from sharetune.stack import supervisor
 
-    state = supervise.read_state(args.work_dir)
+    state = supervisor.read_state(args.work_dir)
     if state is None:
         print(f"no stack running in {args.work_dir}")
         return 1
     sup = state.get("supervisor_pid")
-    sup_alive = supervise.process_alive(sup)
-    rows = [{**r, "alive": bool(r["alive"] and supervise.process_alive(r["pid"]))} for r in state.get("services", [])]
+    sup_alive = supervisor.process_alive(sup)
+    rows = [{**r, "alive": bool(r["alive"] and supervisor.process_alive(r["pid"]))} for r in state.get("services", [])]
     # non-zero for scripts and health checks: nothing restarts, or something was given up
     healthy = 0 if sup_alive and not any(r["given_up"] for r in rows) else 1
     if args.json:

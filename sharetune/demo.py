@@ -34,7 +34,7 @@ def run_demo(model: str = "small_cnn", trials: int = 40, per_iter: int = 8, work
     """Tune `model` on a stack of its own (with the process's StackSettings; None: their defaults) and report."""
     from shared import store
     from sharetune.client import Client
-    from sharetune.stack import Stack
+    from sharetune.stack.local import Stack
 
     t0 = time.time()
     work = Path(work_dir)

@@ -30,7 +30,7 @@ from shared.errors import ShareError
 from shared.messages import JobState
 from shared.settings import StackSettings
 from sharetune.share_matrix import ShareMatrix, default_trials, parse_shares
-from sharetune.stack import Stack
+from sharetune.stack.local import Stack
 
 REPO = Path(__file__).resolve().parent.parent
 SERVE_ROUNDS = 30  # enough rounds per cell for a bootstrap interval that separates ~2 % differences

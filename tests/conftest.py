@@ -33,7 +33,7 @@ LANES = ["measure.cpu.c0", "measure.cpu.c1"] if (os.cpu_count() or 1) >= 2 else 
 @pytest.fixture(scope="session")
 def stack(tmp_path_factory):
     from shared.settings import StackSettings
-    from sharetune.stack import Stack
+    from sharetune.stack.local import Stack
 
     work = tmp_path_factory.mktemp("stack")
     os.environ.pop("REDIS_URL", None)  # the tests always use their own embedded Redis

@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 from sharetune.cli import main
-from sharetune.supervise import STATE_FILE
+from sharetune.stack.supervisor import STATE_FILE
 
 
 def _dead_pid() -> int:

@@ -39,7 +39,7 @@ def _free_port() -> int:
 
 
 def test_choose_port_keeps_the_recorded_one(tmp_path):
-    from sharetune.supervise import URL_FILE, choose_port
+    from sharetune.stack.supervisor import URL_FILE, choose_port
 
     port = _free_port()
     (tmp_path / URL_FILE).write_text(f"redis://127.0.0.1:{port}/0\n")

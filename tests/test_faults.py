@@ -85,7 +85,7 @@ def test_redis_away_longer_than_the_services_wait_loses_nothing(tmp_path, monkey
     the steps again. An outage of minutes takes the same path with the default window."""
     from shared.settings import StackSettings
     from sharetune.client import Client
-    from sharetune.stack import Stack
+    from sharetune.stack.local import Stack
 
     monkeypatch.delenv("REDIS_URL", raising=False)
     monkeypatch.setenv("SHARETUNE_REDIS_OUTAGE_S", "5")

@@ -20,7 +20,7 @@ def gpu_stack(tmp_path_factory):
     if not _has_gpu():
         pytest.skip("no NVIDIA GPU visible through NVML")
     from services.measurer.agent import gpu_lanes
-    from sharetune.stack import Stack
+    from sharetune.stack.local import Stack
 
     st = Stack(tmp_path_factory.mktemp("gpu"), lanes=gpu_lanes("2x50"))
     try:

@@ -176,7 +176,7 @@ def _stack(tmp_path, redis_url, monkeypatch, layout="up"):
     (spawned by name, never started), the host's process table and signals too."""
     from services.measurer.agent import NodeAgent, NodeConfig
     from shared.settings import AgentSettings
-    from sharetune.stack import Stack
+    from sharetune.stack.local import Stack
 
     lanes = [LANE_A] * 2 + [LANE_B] * 2
     st = (Stack(tmp_path, redis_url=redis_url, lanes=lanes).agent if layout == "up"

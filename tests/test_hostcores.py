@@ -39,7 +39,7 @@ def test_a_killed_holder_leaves_no_stale_claim(tmp_path):
 
 def test_a_stack_on_held_cores_is_refused_before_it_starts_anything(tmp_path, monkeypatch):
     from shared.settings import StackSettings
-    from sharetune.stack import Stack
+    from sharetune.stack.local import Stack
 
     monkeypatch.setenv("SHARETUNE_CORE_OVERLAP", "refuse")
     monkeypatch.setenv("SHARETUNE_CORE_LOCK_DIR", str(tmp_path / "locks"))

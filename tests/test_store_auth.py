@@ -14,7 +14,7 @@ import redis
 from services.broker.server import SERVICE_USER, EmbeddedRedis
 from services.celery_app import make_celery
 from shared import store
-from sharetune import supervise
+from sharetune.stack import supervisor
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -108,14 +108,14 @@ def test_a_data_dir_made_open_before_is_closed_at_start(tmp_path):
 def test_the_state_files_are_the_owners_alone(tmp_path):
     """What the supervisor writes (W/redis_url, W/stack.json), also over files an older version left 0644."""
     url = f"redis://{SERVICE_USER}:pw-secret@127.0.0.1:1/0"
-    for name in (supervise.URL_FILE, supervise.STATE_FILE):
+    for name in (supervisor.URL_FILE, supervisor.STATE_FILE):
         (tmp_path / name).write_text("old")
         os.chmod(tmp_path / name, 0o644)
-    supervise.write_private(tmp_path / supervise.URL_FILE, url + "\n")
-    supervise._write_state(tmp_path, {"redis_url": url, "pids": {}})
-    for name in (supervise.URL_FILE, supervise.STATE_FILE):
+    supervisor.write_private(tmp_path / supervisor.URL_FILE, url + "\n")
+    supervisor._write_state(tmp_path, {"redis_url": url, "pids": {}})
+    for name in (supervisor.URL_FILE, supervisor.STATE_FILE):
         assert _mode(tmp_path / name) == 0o600, name
-    assert supervise.recorded_url(tmp_path) == url and supervise.recorded_password(tmp_path) == "pw-secret"
+    assert supervisor.recorded_url(tmp_path) == url and supervisor.recorded_password(tmp_path) == "pw-secret"
     assert not list(tmp_path.glob("*.tmp"))
 
 
@@ -130,8 +130,8 @@ def test_the_cli_prints_the_url_masked_and_url_prints_it_for_the_owner(tmp_path)
     import json
 
     url = f"redis://{SERVICE_USER}:pw-secret-123@127.0.0.1:1/0"
-    supervise.write_private(tmp_path / supervise.URL_FILE, url + "\n")
-    supervise._write_state(tmp_path, {"supervisor_pid": os.getpid(), "ready": True, "updated_at": 0,
+    supervisor.write_private(tmp_path / supervisor.URL_FILE, url + "\n")
+    supervisor._write_state(tmp_path, {"supervisor_pid": os.getpid(), "ready": True, "updated_at": 0,
                                       "work_dir": str(tmp_path), "redis_url": url, "pids": {}, "services": []})
 
     def cli(*args):
@@ -158,14 +158,14 @@ def test_up_prints_the_url_masked_and_its_children_get_it_in_their_environment(t
                         env=env)
     try:
         assert up.returncode == 0, up.stderr[-2000:]
-        url = (tmp_path / supervise.URL_FILE).read_text().strip()
+        url = (tmp_path / supervisor.URL_FILE).read_text().strip()
         password = urlsplit(url).password
         assert urlsplit(url).username == SERVICE_USER and password
         assert password not in up.stdout + up.stderr and f"REDIS_URL={store.masked_url(url)}" in up.stdout
-        assert str(tmp_path / supervise.URL_FILE) in up.stdout
-        assert _mode(tmp_path / supervise.URL_FILE) == 0o600 and _mode(tmp_path / supervise.STATE_FILE) == 0o600
+        assert str(tmp_path / supervisor.URL_FILE) in up.stdout
+        assert _mode(tmp_path / supervisor.URL_FILE) == 0o600 and _mode(tmp_path / supervisor.STATE_FILE) == 0o600
         assert _mode(tmp_path / "redis") == 0o700
-        state = supervise.read_state(tmp_path)
+        state = supervisor.read_state(tmp_path)
         for name, pid in state["pids"].items():
             environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
             assert f"REDIS_URL={url}".encode() in environ, name

@@ -4,7 +4,7 @@ import time
 
 from fakes import FakeHost, FakeMps, FakeProc
 
-from sharetune.stack import Stack
+from sharetune.stack.local import Stack
 from shared import lanes as lane_kinds
 from shared import names
 from shared.messages import GpuFault
@@ -69,7 +69,7 @@ def test_a_gpu_fault_restarts_mps_and_every_lane_of_that_gpu(tmp_path, monkeypat
 
 
 def test_default_tuners_follow_the_gpu_lanes_and_the_cores():
-    from sharetune.stack import default_tuners
+    from sharetune.stack.local import default_tuners
 
     cpu = ["measure.cpu.c0", "measure.cpu.c1"]
     assert default_tuners(cpu, 2) == 1  # CPU lanes: the search shares their cores
@@ -131,7 +131,7 @@ def test_a_redis_restart_is_in_the_supervisors_log(tmp_path, monkeypatch, caplog
     """Every restart in one log: the embedded Redis's too (an `up` stack's supervisor starts it again)."""
     import logging
 
-    from sharetune.stack import LocalRedis
+    from sharetune.stack.local import LocalRedis
 
     st, _ = _stack(tmp_path, ["measure.cpu.c0"], monkeypatch, LocalRedis(restart=True))
 

@@ -1,4 +1,4 @@
-"""The process `sharetune up` leaves behind: `python -m sharetune.supervise --work-dir W [up's options]`,
+"""The process `sharetune up` leaves behind: `python -m sharetune.stack.supervisor --work-dir W [up's options]`,
 in its own session, owns one Stack and its supervision thread (a dead lane, tuner client, planner,
 updater, builder or embedded Redis is started again with back-off; one that keeps dying is given up) and
 writes W/stack.json every second: its pid, REDIS_URL and every service's pid, liveness, restarts and
@@ -8,7 +8,7 @@ started, by PID, and removes the file.
 One stack per work dir: the supervisor holds W/supervisor.lock for its life. Redis keeps a stable port
 per work dir: the one recorded in W/redis_url when it is free, else 6379 when free, else a free one; the
 URL is written to W/redis_url, which the CLI's other commands read when REDIS_URL is not set. That URL
-carries the store's services user and password (the embedded Redis is locked, sharetune/stack.py), kept per
+carries the store's services user and password (the embedded Redis is locked, sharetune/stack/local.py), kept per
 work dir like the port; W/redis_url and W/stack.json are the owner's alone (0600), and logs show the URL
 masked. A joined stack's URL (`up --join`) reaches the supervisor in SHARETUNE_JOIN_URL, not its argv."""
 from __future__ import annotations
@@ -192,7 +192,7 @@ def main(argv=None) -> int:
 
 
 def parse_args(argv=None, join_url: str | None = None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="python -m sharetune.supervise")
+    ap = argparse.ArgumentParser(prog="python -m sharetune.stack.supervisor")
     ap.add_argument("--work-dir", required=True)
     ap.add_argument("--lanes", default=None, help="comma-separated lane queues; empty: none (default: one CPU lane per core)")
     ap.add_argument("--tuners", type=int, default=None)
@@ -221,7 +221,7 @@ def prepare_work_dir(work_dir: Path, join_url: str | None) -> Path:
 def make_stack(args: argparse.Namespace, work: Path, settings):
     """The stack `up`'s options describe: its own Redis on this work dir's port and password, or lanes joining one."""
     from services.measurer.agent import BuilderSpec
-    from sharetune.stack import LocalRedis, Stack
+    from sharetune.stack.local import LocalRedis, Stack
 
     lanes = None if args.lanes is None else [q for q in args.lanes.split(",") if q]
     families = args.builder_family.split(",") if args.builder_family else None
@@ -288,7 +288,7 @@ def spawn(work_dir: Path, options: list[str], join_url: str | None = None) -> su
     env.pop(JOIN_ENV, None)
     if join_url:
         env[JOIN_ENV] = join_url
-    return subprocess.Popen([sys.executable, "-m", "sharetune.supervise", "--work-dir", str(work), *options],
+    return subprocess.Popen([sys.executable, "-m", "sharetune.stack.supervisor", "--work-dir", str(work), *options],
                             cwd=REPO, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                             start_new_session=True)
 
