@@ -315,7 +315,7 @@ def cmd_results(args) -> int:
 def tuning_curve_points(job, points: int = 5) -> list[dict]:
     """A few points of the job's tuning curve (the report draws all of it), from the first trial at which
     every task had a best to the last."""
-    from sharetune.report import job_data
+    from sharetune.experiments.report import job_data
 
     curve = job_data(job.client.redis, job.job_id)["job_curve"]
     if not curve:
@@ -433,7 +433,7 @@ def cmd_prune(args) -> int:
 def cmd_report(args) -> int:
     from pathlib import Path
 
-    from sharetune.report import write_report
+    from sharetune.experiments.report import write_report
 
     client = _client(args)
     client.job(args.job_id)
@@ -467,8 +467,7 @@ def cmd_matrix(args) -> int:
     from pathlib import Path
 
     from shared.errors import SharetuneError
-    from sharetune.matrix import matrix
-    from sharetune.share_matrix import shares_from_cores
+    from sharetune.experiments.share_matrix import matrix, shares_from_cores
 
     try:
         if (args.shares is None) == (args.cores is None):

@@ -91,7 +91,7 @@ class Job:
             blob = store.job_model(self.client.redis, self.job_id)
         except JobError:
             raise JobError(f"job {self.job_id}'s model left the store an hour after the job ended, and the job "
-                           "predates recorded inputs: time its modules with `python -m sharetune.evaluate`") from None
+                           "predates recorded inputs: time its modules with `python -m sharetune.experiments.model_timing`") from None
         from services.tuner.metaschedule.codec import load_ir
         from sharetune.intake import _main_inputs
 
@@ -126,7 +126,7 @@ class Job:
         n = len(cores) if cores else max(1, round((os.cpu_count() or 1) * spec.share / 100))
         with tempfile.TemporaryDirectory() as tmp:
             np.savez(f"{tmp}/inputs.npz", **{f"arg{i}": x for i, x in enumerate(inputs)})
-            argv = [sys.executable, "-m", "sharetune.evaluate", "--device", "cpu", "--cores",
+            argv = [sys.executable, "-m", "sharetune.experiments.model_timing", "--device", "cpu", "--cores",
                     ",".join(str(c) for c in range(n)), "--inputs", f"{tmp}/inputs.npz", "--rounds", str(rounds)]
             argv += [f"--module={k}={p}" for k, p in modules.items()]
             repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -60,7 +60,7 @@ def run_demo(model: str = "small_cnn", trials: int = 40, per_iter: int = 8, work
 
 
 def report(model_name: str, status: dict, res, tune_wall: float, work_dir: Path) -> None:
-    from sharetune import evaluate
+    from sharetune.experiments import model_timing
     from sharetune.zoo import get
 
     torch_model, example = get(model_name).build()
@@ -76,13 +76,13 @@ def report(model_name: str, status: dict, res, tune_wall: float, work_dir: Path)
     from sharetune.progress import timing_line
 
     print(timing_line(res))
-    tuned = evaluate.latency_us(res.tuned_module_path, inputs)
-    untuned = evaluate.latency_us(res.untuned_module_path, inputs)
-    err = evaluate.compare(res.tuned_module_path, torch_model, example)["max_abs_err"]
+    tuned = model_timing.latency_us(res.tuned_module_path, inputs)
+    untuned = model_timing.latency_us(res.untuned_module_path, inputs)
+    err = model_timing.compare(res.tuned_module_path, torch_model, example)["max_abs_err"]
     import torch
 
     torch.set_num_threads(1)
-    eager = evaluate.torch_latency_us(torch_model, example)
+    eager = model_timing.torch_latency_us(torch_model, example)
     print(f"\nend-to-end latency on 1 core: tuned {tuned:.1f} us, untuned {untuned:.1f} us "
           f"({untuned / tuned:.2f}x), PyTorch eager {eager:.1f} us")
     print(f"max abs error of the tuned model against PyTorch: {err:.3g}")

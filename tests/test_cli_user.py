@@ -105,7 +105,7 @@ def test_cancel_stops_a_running_job_between_rounds(cli, client, lane_share, redi
 
 
 def test_results_show_the_models_tuning_curve(cli, tuned_tiny, redis_conn):
-    from sharetune.report import job_data
+    from sharetune.experiments.report import job_data
 
     curve = job_data(redis_conn, tuned_tiny.job_id)["job_curve"]
     assert curve and all(b["est_us"] <= a["est_us"] for a, b in zip(curve, curve[1:]))  # a running best

@@ -48,11 +48,11 @@ def test_status_reports_trials_and_best_latency(tuned_tiny):
 
 
 def test_tuned_module_matches_pytorch(tuned_tiny):
-    from sharetune import evaluate
+    from sharetune.experiments import model_timing
     from sharetune.zoo import get
 
     model, example = get("tiny").build()
-    cmp = evaluate.compare(tuned_tiny.result().tuned_module_path, model, example)
+    cmp = model_timing.compare(tuned_tiny.result().tuned_module_path, model, example)
     assert cmp["max_abs_err"] < 1e-4
 
 

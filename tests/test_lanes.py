@@ -205,7 +205,7 @@ def remote_kind(monkeypatch):
 
 def test_a_new_lane_kind_plugs_in_through_the_registry(remote_kind):
     from shared.messages import JobSpec, lane_kind
-    from sharetune.matrix import Placement
+    from sharetune.experiments.share_matrix import Placement
 
     lane = lanes.parse("measure.remote.board7.p100")
     assert lanes.of(lane) is remote_kind and lane.queue == "measure.remote.board7.p100"

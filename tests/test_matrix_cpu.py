@@ -19,8 +19,7 @@ RESUMED = {}  # the fixture's second run, started again from the first one's job
 def cpu_matrix(stack, client, tmp_path_factory):
     if (os.cpu_count() or 1) < 2:
         pytest.skip("needs two cores for lanes of 1 and 2 cores")
-    from sharetune.matrix import Placement, run_matrix
-    from sharetune.share_matrix import shares_from_cores
+    from sharetune.experiments.share_matrix import Placement, run_matrix, shares_from_cores
 
     stack.start_lane(TWO_CORES)
     try:
@@ -84,8 +83,7 @@ def test_each_share_was_tuned_by_its_own_lanes(cpu_matrix, client):
 
 
 def test_outputs_json_and_table(cpu_matrix, tmp_path):
-    from sharetune.matrix import write_outputs
-    from sharetune.share_matrix import ShareMatrix
+    from sharetune.experiments.share_matrix import ShareMatrix, write_outputs
 
     write_outputs([cpu_matrix], tmp_path / "m.json")
     again = ShareMatrix.model_validate(json.loads((tmp_path / "m.json").read_text()))
@@ -96,14 +94,14 @@ def test_outputs_json_and_table(cpu_matrix, tmp_path):
 
 def test_heatmap_png(cpu_matrix, tmp_path):
     import matplotlib  # noqa: F401 - in requirements.txt: the heatmap is part of the product
-    from sharetune.matrix import heatmap
+    from sharetune.experiments.share_matrix import heatmap
 
     path = heatmap([cpu_matrix], tmp_path / "m.png")
     assert open(path, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
 
 
 def test_bad_share_lists_are_refused_before_any_work(client, tmp_path):
-    from sharetune.matrix import Placement, run_matrix
+    from sharetune.experiments.share_matrix import Placement, run_matrix
 
     with pytest.raises(ShareError, match="whole number of cores"):
         run_matrix(client, "tiny", [30, 100], Placement("cpu", host_cores=2), tmp_path)

@@ -25,7 +25,7 @@ def _browser() -> str | None:
 
 
 def test_report_data_matches_the_store(tuned_tiny, redis_conn):
-    from sharetune.report import job_data
+    from sharetune.experiments.report import job_data
 
     data = job_data(redis_conn, tuned_tiny.job_id)
     res = tuned_tiny.result()
@@ -43,7 +43,7 @@ def test_report_data_matches_the_store(tuned_tiny, redis_conn):
     assert all(0.0 <= u <= 1.0 for pts in data["utilisation"].values() for _, u in pts)
     assert data["job_curve"] and data["job_curve"][-1]["est_us"] > 0
     assert data["accounting"]["recorded"] == res.trials and data["accounting"]["lost"] == 0
-    from sharetune.report import render_html
+    from sharetune.experiments.report import render_html
 
     assert f"{res.trials} recorded, 0 outstanding, 0 lost" in render_html(data)
 

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from shared.errors import ShareError
-from sharetune.share_matrix import (NOISE, ShareMatrix, bootstrap_ci, compare, cores_for_share, cross_costs,
+from sharetune.experiments.share_matrix import (NOISE, ShareMatrix, bootstrap_ci, compare, cores_for_share, cross_costs,
                                     default_trials, diagonal_wins, fit_trials, good_range, knee, normalise,
                                     parse_shares, robust_choice, shares_from_cores)
 
@@ -231,7 +231,7 @@ def test_cpu_shares_are_whole_cores():
 
 
 def test_lanes_and_serving_placement_per_share():
-    from sharetune.matrix import Placement
+    from sharetune.experiments.share_matrix import Placement
 
     cpu = Placement("cpu", host_cores=4)
     assert cpu.lanes([25, 50, 100]) == ["measure.cpu.local.p25.c0", "measure.cpu.local.p25.c1",

@@ -186,7 +186,7 @@ def render_html(data: dict, matrix: dict | None = None) -> str:
             line_chart(util, "seconds since tuning started", "busy fraction", "Lane utilisation over time",
                        step=False, y_min=0.0, y_max=1.0)]),
     ]
-    env = jinja2.Environment(loader=jinja2.PackageLoader("sharetune", "templates"), autoescape=True)
+    env = jinja2.Environment(loader=jinja2.PackageLoader("sharetune.experiments", "templates"), autoescape=True)
     return env.get_template("report.html.j2").render(
         d=data, res=res, sections=sections,
         tasks=[{**t, "best": fmt_us(t["best_us"])} for t in tasks],

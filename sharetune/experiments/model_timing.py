@@ -63,7 +63,7 @@ def compare(path: str, model, example_inputs) -> dict:
 # ---- serving at a share: one fresh process per share -----------------------------------------------
 # A process's share is fixed before its runtime starts (the MPS percentage at CUDA initialisation, the
 # CPU affinity and TVM_NUM_THREADS before TVM's thread pool exists), so each serving share gets its own
-# process, started by sharetune.matrix, which times every tuned model in it.
+# process, started by sharetune.experiments.share_matrix, which times every tuned model in it.
 
 
 def serve_latencies_us(paths: dict[str, str], inputs: list[np.ndarray], device: str = "cpu", rounds: int = 10,
@@ -103,7 +103,7 @@ def serve_latencies_us(paths: dict[str, str], inputs: list[np.ndarray], device: 
 
 
 def _serve_main(argv=None) -> int:
-    """`python -m sharetune.evaluate --device cpu|gpu [--cores 0,1] --inputs x.npz --module LABEL=PATH ...`:
+    """`python -m sharetune.experiments.model_timing --device cpu|gpu [--cores 0,1] --inputs x.npz --module LABEL=PATH ...`:
     prints one JSON line, {"latency_us": {...}, "errors": {...}, "max_abs_err": {...}, "rounds_us": {...}}. The caller sets the environment
     (TVM_NUM_THREADS; CUDA_VISIBLE_DEVICES and CUDA_MPS_ACTIVE_THREAD_PERCENTAGE)."""
     import argparse
