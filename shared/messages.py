@@ -451,7 +451,7 @@ class Artifact(Contract):
 
 class Candidate(Contract):
     candidate_id: str
-    mod: str  # packed TVM JSON of the scheduled IRModule (shared.codec)
+    mod: str  # packed TVM JSON of the scheduled IRModule (shared.packed_json)
     args_info: list[Any]  # ArgInfo.as_json() of each argument: ["TENSOR", dtype, shape]
     artifact: Artifact | None = None  # built by a builder: the lane only times it
     # screened timing: timed briefly first, fully only when the brief median is under this many seconds

@@ -92,7 +92,7 @@ class Job:
         except JobError:
             raise JobError(f"job {self.job_id}'s model left the store an hour after the job ended, and the job "
                            "predates recorded inputs: time its modules with `python -m sharetune.experiments.model_timing`") from None
-        from services.tuner.metaschedule.codec import load_ir
+        from services.tuner.metaschedule.ir_codec import load_ir
         from sharetune.intake import _main_inputs
 
         return _main_inputs(load_ir(blob.decode()), "the job's model")
@@ -205,7 +205,7 @@ class Client:
             inputs = None  # not static tensors: tuned all the same, timed end to end only while its model is kept
         spec = JobSpec(**{**opts.model_dump(), "job_id": job_id, "share": share, "inputs": inputs,
                           "name": opts.name or (model if isinstance(model, str) else type(model).__name__)})
-        from services.tuner.metaschedule.codec import dump_ir  # the IR format the planner reads
+        from services.tuner.metaschedule.ir_codec import dump_ir  # the IR format the planner reads
 
         blob = dump_ir(relax_model.mod).encode()
         if len(blob) > MAX_MODEL_BYTES:

@@ -36,7 +36,7 @@ def store_with_records(records):
     from tvm import te
     from tvm.s_tir import meta_schedule as ms
 
-    from services.tuner.metaschedule.codec import dump_ir
+    from services.tuner.metaschedule.ir_codec import dump_ir
     from services.tuner.metaschedule.records import record_json
     from shared import store
     from shared.messages import Record, Workload

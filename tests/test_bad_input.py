@@ -72,7 +72,7 @@ def test_job_at_a_share_no_lane_serves_fails_clearly(stack, client, records_befo
 
     r = client.redis
     spec = JobSpec(job_id="noshare1", target="llvm", share=7, trials=4)
-    from services.tuner.metaschedule.codec import dump_ir
+    from services.tuner.metaschedule.ir_codec import dump_ir
     from sharetune.intake import to_relax
 
     store.create_job(r, spec, dump_ir(to_relax("tiny").mod).encode())
@@ -113,7 +113,7 @@ def test_malformed_message_on_the_plan_queue_is_dead_lettered(client, redis_conn
 
 
 def test_candidate_that_fails_to_build_comes_back_as_an_error(client, redis_conn, records_before):
-    from shared.codec import pack_json_text
+    from shared.packed_json import pack_json_text
     from shared.messages import Candidate, MeasureBatch
 
     lane = client.lanes()[0]

@@ -100,7 +100,7 @@ def _artifact_batch(redis_conn, client):
     """Two built candidates of a trivial kernel for the first lane: (lane queue, batch)."""
     import tvm
 
-    from services.measurer.metaschedule.codec import dump_ir
+    from services.measurer.metaschedule.candidate_codec import dump_ir
     from services.measurer.metaschedule.build import build_artifact, trivial_kernel
     from services.measurer.metaschedule.targets import target_from_json
 

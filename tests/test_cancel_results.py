@@ -150,7 +150,7 @@ def test_partial_results_over_http(cancelled, client):
 def test_a_job_cancelled_before_its_plan_finishes_cleanly(redis_conn, stack):
     """Its finishing step has nothing to re-time or compile (no target resolved, no task): it is skipped,
     the job stays cancelled with no error."""
-    from services.tuner.shards import ShardRunner
+    from services.tuner.shard_runner import ShardRunner
     from shared.messages import JobSpec
     from shared.settings import TunerSettings
 

@@ -100,7 +100,7 @@ def test_four_gpu_lane_replicas_of_25_percent_are_four_distinct_lanes(tmp_path):
     """GPU lane replicas (the Helm chart's lane pods, SHARETUNE_LANE_SHARE=25): four claim four distinct lane
     slots of a 25 % pool on the GPU (the pool's size is what MPS allows), and a fifth is refused."""
     from services.broker.server import EmbeddedRedis
-    from services.measurer.lanes import lane_pool
+    from services.measurer.lane_pool import lane_pool
     from shared import store
 
     share = 25
@@ -129,7 +129,7 @@ def test_cpu_replicas_take_distinct_cores(compose):
 
 
 def lane_pool_for(cores_per_lane, cores):
-    from services.measurer.lanes import lane_pool
+    from services.measurer.lane_pool import lane_pool
 
     return lane_pool(None, None, cores_per_lane, "local", cores)
 

@@ -167,7 +167,7 @@ def test_cuda_builders_get_the_drivers_libcuda_but_no_gpu_on_nodes_with_the_driv
     assert pod["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
     assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod["tolerations"]
     assert "nvidia.com/gpu" not in str(c["resources"])  # no device, no MPS share taken from the lanes
-    from services.measurer.lanes import builder_environment
+    from services.measurer.lane_pool import builder_environment
 
     assert builder_environment("cuda.sm_90")["CUDA_VISIBLE_DEVICES"] == ""  # and its process opens no GPU anyway
     # the lanes run under the same runtime class, on the same nodes

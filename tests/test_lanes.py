@@ -149,7 +149,7 @@ def test_the_policy_comes_from_the_settings(monkeypatch):
 
 def test_the_tuner_gives_up_waiting_for_lanes_by_the_policy(tmp_path):
     from services.broker.server import EmbeddedRedis
-    from services.tuner.metaschedule.lanes import BatchRules, CandidateStash, JobLanes, LaneRunner, TimeSplit
+    from services.tuner.metaschedule.lane_runner import BatchRules, CandidateStash, JobLanes, LaneRunner, TimeSplit
     from shared import store
     from shared.messages import TimingConfig
 

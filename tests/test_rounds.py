@@ -138,7 +138,7 @@ def test_a_tiny_space_still_ends_quickly():
 
 
 def test_first_rounds_share_a_small_budget_evenly():
-    from services.tuner.sharding import first_round_size
+    from services.tuner.allocation import first_round_size
 
     assert first_round_size(4, 2, 4) == 2
     assert first_round_size(64, 54, 64) == 1  # every task one candidate before any task a second
@@ -200,7 +200,7 @@ def test_a_small_draw_the_store_already_holds_widens_to_full_rounds_without_endi
 
 
 def test_a_second_round_leaves_budget_for_first_rounds_other_clients_still_owe():
-    from services.tuner.sharding import first_rounds_reserve
+    from services.tuner.allocation import first_rounds_reserve
 
     tasks = [f"t{i}" for i in range(54)]
     assert first_rounds_reserve(tasks, set(tasks), 1) == 0

@@ -11,7 +11,7 @@ import pytest
 
 from shared import names, store, timeouts
 from shared.messages import JobTask, ShardRef, ShardState
-from services.tuner.sharding import Steering, behind, expected_cost, flops_shares, gradient, partition, priority
+from services.tuner.allocation import Steering, behind, expected_cost, flops_shares, gradient, partition, priority
 
 
 def _tasks(spec):
@@ -162,7 +162,7 @@ def test_lease_is_exclusive_and_renewable(redis_conn):
 
 def test_a_blocked_shard_takes_turns_at_once_and_a_busy_one_after_its_quantum(redis_conn):
     from services.tuner.metaschedule.rounds import Stopped
-    from services.tuner.shards import Lease
+    from services.tuner.shard_runner import Lease
 
     job = "turns-test"
     waiting = ShardState(shard=1, task_ids=["t1"], queued_at=time.time() - 5)

@@ -185,7 +185,7 @@ def test_json_carries_intervals_verdicts_and_advice():
 
 def test_budget_scales_with_the_model_and_every_task_gets_its_round():
     assert default_trials(3) == 256 and default_trials(8) == 256 and default_trials(22) == 704
-    from services.tuner.sharding import first_round_size
+    from services.tuner.allocation import first_round_size
 
     assert first_round_size(704, 22, 64) == 32  # 704 < 64 x 22: each task's first round its even part
     assert first_round_size(256, 3, 64) == 64  # a full round each fits

@@ -17,7 +17,7 @@ def built():
     mod = trivial_kernel(target)
     from tvm.s_tir.meta_schedule.arg_info import ArgInfo
 
-    from services.tuner.metaschedule.lanes import _plain
+    from services.tuner.metaschedule.lane_runner import _plain
 
     args = [_plain(a.as_json()) for a in ArgInfo.from_prim_func(mod["main"])]
     return build(mod, target), target, args

@@ -55,7 +55,7 @@ def main(argv=None) -> None:
 
 def exec_builder(family: str, cores: str | None, loglevel: str, hide_gpus: bool = True) -> None:
     from shared.names import build_queue, check_family
-    from services.measurer.lanes import builder_environment, parse_cores
+    from services.measurer.lane_pool import builder_environment, parse_cores
 
     if family == "llvm":  # this host's CPU
         from services.measurer.metaschedule.host import system_cpu
@@ -77,7 +77,7 @@ def claim_lane(gpu_uuid: str | None, settings: LaneSettings) -> tuple[lanes.Lane
     refreshes the same claim)."""
     from shared import names, store
     from shared.errors import LaneError
-    from services.measurer.lanes import lane_pool
+    from services.measurer.lane_pool import lane_pool
 
     scope, pool = lane_pool(gpu_uuid, settings.lane_share, settings.lane_cores, settings.node)
     slot = store.claim_slot(store.connect(settings.redis_url), scope, len(pool), worker_id())

@@ -8,7 +8,7 @@ import time
 from shared import lanes, store
 from shared.errors import ModelError
 from shared.messages import FINAL_STATES, JobState, JobTask, LaneInfo, ShardState, Workload, lane_kind
-from services.tuner.sharding import first_round_size, partition
+from services.tuner.allocation import first_round_size, partition
 
 
 class Parked(Exception):
@@ -40,7 +40,7 @@ def lanes_or_park(redis, job_id: str, kind: str, share: int, policy: lanes.LiveL
 
 def budget_advice(trials: int, per_iter: int, tasks: int) -> str | None:
     """A budget that cannot give every task a full search round (trials < tasks x trials per round) is
-    shared evenly by the first rounds (sharding.first_round_size): say how thin, and name the budget that
+    shared evenly by the first rounds (allocation.first_round_size): say how thin, and name the budget that
     gives every task a full round."""
     need = tasks * per_iter
     if trials >= need:
@@ -61,7 +61,7 @@ def plan(redis, job_id: str, policy: lanes.LiveLanePolicy) -> list[ShardState]:
     """Extract the job's tasks, store workloads (once per distinct workload), record the job's tasks
     with how many records the store already holds for each, and split them into shards, one per tuner
     client that will search them at the same time."""
-    from services.tuner.metaschedule.codec import dump_ir, load_ir, target_from_json
+    from services.tuner.metaschedule.ir_codec import dump_ir, load_ir, target_from_json
     from services.tuner.metaschedule.extract import extract, workload_key
 
     spec = store.job_spec(redis, job_id)

@@ -41,7 +41,7 @@ def tune_shard(send, redis, job_id: str, shard: int, settings: TunerSettings, ch
     queue)` publishes a message (services.tuner.tasks, the Celery boundary, gives it). `settings`: the tuner's
     work dir, batch grace, search threads and population (TunerSettings.population), cold start, timing floor,
     valid sampling and warm seeds."""
-    from services.tuner.metaschedule.lanes import CandidateStash, TimeSplit
+    from services.tuner.metaschedule.lane_runner import CandidateStash, TimeSplit
     from services.tuner.metaschedule.rounds import Shard, ShardLoop
 
     job = load_shard(redis, job_id, shard, settings.work_dir)
@@ -62,9 +62,9 @@ def tune_shard(send, redis, job_id: str, shard: int, settings: TunerSettings, ch
 def load_shard(redis, job_id: str, shard: int, work_dir: Path) -> ShardJob:
     """The shard's job, target and tasks, its job directory made, its target's tensor intrinsics loaded before
     its workloads are."""
-    from services.tuner.metaschedule.codec import load_ir, target_from_json
+    from services.tuner.metaschedule.ir_codec import load_ir, target_from_json
     from services.tuner.metaschedule.intrinsics import load_tensor_intrinsics
-    from services.tuner.sharding import first_round_size
+    from services.tuner.allocation import first_round_size
 
     spec = store.job_spec(redis, job_id)
     target = target_from_json(store.job_hash(redis, job_id).target_json)
@@ -85,7 +85,7 @@ def search_parts(send, redis, job: ShardJob, settings: TunerSettings, runner, st
     from services.tuner.metaschedule.context import tune_context
     from services.tuner.metaschedule.cost_model import SnapshotCostModel
     from services.tuner.metaschedule.defaults import measure_defaults
-    from services.tuner.metaschedule.lanes import DeferredBuilder
+    from services.tuner.metaschedule.lane_runner import DeferredBuilder
     from services.tuner.metaschedule.records import ShardTasks, StoreRecords, seed_database
     from services.tuner.metaschedule.rounds import SearchParts
     from services.tuner.metaschedule.seeds import SeedSource, workload_shape
@@ -115,7 +115,7 @@ def search_parts(send, redis, job: ShardJob, settings: TunerSettings, runner, st
 
 def lane_runner(send, redis, spec: JobSpec, target, settings: TunerSettings, stash=None, split=None):
     """The job's runner on the lanes of its kind and share, timing as its target kind and the tuner's floor say."""
-    from services.tuner.metaschedule.lanes import BatchRules, CandidateStash, JobLanes, LaneRunner, TimeSplit
+    from services.tuner.metaschedule.lane_runner import BatchRules, CandidateStash, JobLanes, LaneRunner, TimeSplit
 
     return LaneRunner(send, redis, JobLanes(spec.job_id, lane_kind(spec.target), spec.share, str(target)),
                       stash or CandidateStash(), split or TimeSplit(),
@@ -141,7 +141,7 @@ def finish_job(send, redis, job_id: str, settings: TunerSettings) -> JobResult:
     top k (lanes idle now; not for a cancelled job), compile the tuned and the untuned model, and store
     the result. Idempotent: a finish that died is simply run again. A cancelled job stays cancelled
     (set_state never overwrites it)."""
-    from services.tuner.metaschedule.codec import target_from_json
+    from services.tuner.metaschedule.ir_codec import target_from_json
 
     spec = store.job_spec(redis, job_id)
     state = store.job_hash(redis, job_id)
@@ -203,7 +203,7 @@ class CompiledJob(NamedTuple):
 def compile_job(redis, job_id: str, spec: JobSpec, target, tasks: list[JobTask], job_dir: Path) -> CompiledJob:
     """The job's records exported as TVM's database, the model compiled with it (and without, when the job
     asks for its untuned baseline)."""
-    from services.tuner.metaschedule.codec import load_ir
+    from services.tuner.metaschedule.ir_codec import load_ir
     from services.tuner.metaschedule.compile import compile_tuned, compile_untuned
     from services.tuner.metaschedule.records import export_json_database
 

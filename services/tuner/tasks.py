@@ -1,6 +1,6 @@
 """The tuner service's only Celery boundary: plan (queue `plan`), tune shards and finish jobs (queue
 `tune`) and the central cost-model updater (queue `costmodel`). Each runs in its own worker process
-(`-Q` picks the role); the logic lives in planner.py, shards.py (with search.py), updater.py and
+(`-Q` picks the role); the logic lives in planner.py, shard_runner.py (with search.py), updater.py and
 reaper.py. Failures end the job with a message naming the problem; they are never raised back across
 the queue. Here only: the worker's life (TunerWorker, on Celery's worker signals) builds, warms and stops its shard
 runner, and each task parses its message, calls the core, and sends what follows."""
@@ -19,7 +19,7 @@ from services.celery_app import exits_if_it_fails, make_celery, use_broker
 from shared.errors import MessageError
 from shared.messages import JobRef, ShardPhase, ShardRef, TrainingBatch
 from shared.settings import TunerSettings, UpdaterSettings
-from services.tuner.shards import ShardRunner, fail_job, left_to_lapse
+from services.tuner.shard_runner import ShardRunner, fail_job, left_to_lapse
 
 log = logging.getLogger("sharetune.tuner")
 app = make_celery("tuner")  # its broker is the worker's settings' Redis (TunerWorker.configure)
@@ -76,7 +76,7 @@ class TunerWorker:
 
     def start(self, sender=None, **_) -> None:
         """A tuner client loads TVM and its targets' tensor intrinsics once, before it takes work, then
-        keeps a liveness key and runs the reaper (services.tuner.shards)."""
+        keeps a liveness key and runs the reaper (services.tuner.shard_runner)."""
         consumer = (getattr(sender, "task_consumer", None)
                     or getattr(getattr(sender, "consumer", None), "task_consumer", None))
         queues = {q.name for q in consumer.queues} if consumer is not None else set()

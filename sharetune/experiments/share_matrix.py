@@ -562,7 +562,7 @@ def run_matrix(client, model: Any, shares: list[int], placement: Placement, work
     if only_tasks or n_tasks is None:
         n_tasks = len(only_tasks) if only_tasks else len(model_tasks(model, device, example_inputs))
     # a budget too small for a full round of every task is shared evenly by the first rounds (the service's
-    # allocation rule, services/tuner/sharding.py): no task is left untuned
+    # allocation rule, services/tuner/allocation.py): no task is left untuned
     trials = trials or default_trials(n_tasks)
     cells = MatrixCells(shares)
     about = {"tasks_tuned": len(only_tasks) if only_tasks else "all", "trials_per_share": trials,

@@ -20,7 +20,7 @@ def candidate(func, cid: str, name: str = "main", args_info=None) -> Candidate:
     """A PrimFunc as a lane's candidate (its arguments: two 16-float tensors unless `args_info` says)."""
     import tvm
 
-    from services.measurer.metaschedule.codec import dump_ir
+    from services.measurer.metaschedule.candidate_codec import dump_ir
 
     return Candidate(candidate_id=cid, mod=dump_ir(tvm.IRModule({name: func.with_attr("global_symbol", name)})),
                      args_info=args_info or ARGS)

@@ -32,7 +32,7 @@ def load(art: Artifact):
 
     import tvm
 
-    from services.measurer.metaschedule.codec import clip_error
+    from services.measurer.metaschedule.candidate_codec import clip_error
 
     data = artifact_bytes(art)
     fd, path = tempfile.mkstemp(prefix="sharetune-built-", suffix=".so")

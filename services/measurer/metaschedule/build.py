@@ -8,7 +8,7 @@ import time
 
 import tvm
 
-from services.measurer.metaschedule.codec import clip_error, dump_ir, load_ir
+from services.measurer.metaschedule.candidate_codec import clip_error, dump_ir, load_ir
 from services.measurer.metaschedule.targets import family_target, target_from_json
 from shared.messages import Artifact, Candidate
 
@@ -96,7 +96,7 @@ def init_build_process(hide_gpus: bool = True, cuda_compile_mode: str = "kernel"
     its lane's MPS server, so a GPU fault's recovery need not find it."""
     import os
 
-    from services.measurer.lanes import builder_environment
+    from services.measurer.lane_pool import builder_environment
     from services.measurer.metaschedule import cuda_compile
 
     os.environ.update(builder_environment("", hide_gpus))

@@ -9,7 +9,7 @@ import tvm
 
 from services.measurer.metaschedule import artifact
 from services.measurer.metaschedule.build import init_build_process, build, build_to_file, cpu_now, cpu_since, trivial_kernel
-from services.measurer.metaschedule.codec import clip_error, load_ir
+from services.measurer.metaschedule.candidate_codec import clip_error, load_ir
 from services.measurer.metaschedule.targets import device_for
 from services.measurer.metaschedule.timing import time_module
 from shared.messages import Candidate, ErrorKind, MeasureResult, TimingConfig
@@ -96,7 +96,7 @@ class BuildPool:
         """Build a trivial kernel in every worker, so each pays its start-up before real work, while the
         caller goes on: a lane restarted after a GPU fault measures prebuilt candidates at once, and a build
         sent meanwhile queues behind the warm-up."""
-        from services.measurer.metaschedule.codec import dump_ir
+        from services.measurer.metaschedule.candidate_codec import dump_ir
 
         packed = dump_ir(trivial_kernel(target))
         self._warming = [self.pool.submit(build_to_file, packed, str(target), self.out_dir) for _ in range(self.workers)]

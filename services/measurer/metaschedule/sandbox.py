@@ -19,7 +19,7 @@ READY_TIMEOUT_S = 600.0  # import tvm + a warm-up build on a loaded 2-core host
 
 def _serve(conn, target_json: str, warmup: bool, test_hooks: bool, cuda_compile_mode: str = "kernel") -> None:
     """The child's loop: (candidate JSON, timing JSON) in, MeasureResult JSON out."""
-    from services.measurer.metaschedule.codec import load_ir
+    from services.measurer.metaschedule.candidate_codec import load_ir
     from services.measurer.metaschedule import cuda_compile, evaluate
     from services.measurer.metaschedule.targets import target_from_json
 

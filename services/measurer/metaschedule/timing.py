@@ -8,7 +8,7 @@ import tvm
 from tvm.s_tir.meta_schedule.runner.config import EvaluatorConfig
 from tvm.s_tir.meta_schedule.runner.utils import alloc_argument_common, run_evaluator_common
 
-from services.measurer.metaschedule.codec import clip_error
+from services.measurer.metaschedule.candidate_codec import clip_error
 from services.measurer.metaschedule.targets import device_for
 from shared.messages import Candidate, ErrorKind, MeasureResult, TimingConfig
 

@@ -17,7 +17,7 @@ import tvm
 from shared import store
 from shared.messages import DefaultTiming, JobTask
 from shared.ranking import default_secs
-from services.tuner.metaschedule.codec import dump_ir
+from services.tuner.metaschedule.ir_codec import dump_ir
 
 log = logging.getLogger("sharetune.tuner.defaults")
 PREFIX = "default:"
@@ -29,7 +29,7 @@ def default_module(mod: tvm.IRModule, target: tvm.target.Target) -> tvm.IRModule
     if target.kind.name == "cuda":
         from tvm.s_tir import dlight as dl
 
-        from services.tuner.metaschedule.codec import load_ir
+        from services.tuner.metaschedule.ir_codec import load_ir
 
         with target:
             return dl.ApplyDefaultSchedule(dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(),
@@ -46,7 +46,7 @@ def keeps_records(best_secs: float | None, default: float | None) -> bool:
 def measure_defaults(redis, runner, tasks: list[JobTask], mods: dict, target) -> dict[str, float | None]:
     """Each task's default-schedule seconds (task_id -> s, None when it cannot be built or run), timed on
     the job's lanes for the workloads the store has no valid timing of yet."""
-    from services.tuner.metaschedule.lanes import module_candidate
+    from services.tuner.metaschedule.lane_runner import module_candidate
 
     out, candidates, by_cand = {}, [], {}
     for t in tasks:

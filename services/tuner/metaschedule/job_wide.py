@@ -9,7 +9,7 @@ from shared import store
 from shared.messages import ShardPhase
 from services.tuner.metaschedule.loop_parts import Shard, ShardRun
 from services.tuner.metaschedule.task_search import TaskSearch
-from services.tuner.sharding import Steering, behind, first_rounds_reserve, flops_shares, priority
+from services.tuner.allocation import Steering, behind, first_rounds_reserve, flops_shares, priority
 
 # how long a client's second rounds wait for other clients' first rounds before they stop leaving them budget
 # (a shard nobody runs must not hold the job back for good)
@@ -48,7 +48,7 @@ class JobBudget:
 
 
 class RoundPicker:
-    """After every task's first round: the task with the largest priority (sharding.priority, job-wide), once
+    """After every task's first round: the task with the largest priority (allocation.priority, job-wide), once
     other live shards' tasks do not have clearly more (Steering; at most its max_wait_s)."""
 
     def __init__(self, shard: Shard, steering: Steering, check: Callable[..., None], stats: ShardRun):

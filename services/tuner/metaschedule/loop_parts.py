@@ -50,7 +50,7 @@ class Shard:
     tasks: list[JobTask]
     trials_per_iter: int
     max_trials_per_task: int
-    first_round: int | None = None  # sharding.first_round_size (default: a full round)
+    first_round: int | None = None  # allocation.first_round_size (default: a full round)
 
 
 @dataclass

@@ -14,8 +14,8 @@ import tvm
 from tvm.s_tir import meta_schedule as ms
 
 from shared import store
-from shared.codec import pack_json_text, unpack_json_text
-from services.tuner.metaschedule.codec import load_ir
+from shared.packed_json import pack_json_text, unpack_json_text
+from services.tuner.metaschedule.ir_codec import load_ir
 from shared.messages import Record, TaskProgress
 from shared.ranking import default_secs, rank_secs
 
@@ -188,7 +188,7 @@ class StoreRecords:
 
 def scheduled_candidate(rec: Record, workload_mod) -> tuple[object, ms.database.TuningRecord]:
     """A stored record's schedule, replayed on its workload, as a candidate to measure again."""
-    from services.tuner.metaschedule.lanes import module_candidate
+    from services.tuner.metaschedule.lane_runner import module_candidate
 
     trec = tuning_record(rec.trace, ms.database.Workload(workload_mod))
     sch = tvm.s_tir.Schedule(workload_mod)

@@ -6,7 +6,7 @@ searched), with three things the stock scheduler cannot do across processes:
 - the trial budget is the job's, claimed atomically from Redis before each round, so N clients together
   spend exactly what the job was given;
 - the gradient is job-wide: each round's best latency goes to the store, and a client lets other
-  shards' tasks go first while they pay more (services/tuner/sharding.py decides);
+  shards' tasks go first while they pay more (services/tuner/allocation.py decides);
 - candidates the store already holds (measured before a client died, or by an earlier job of the same
   workload) are answered from the store, not measured again.
 """
@@ -24,7 +24,7 @@ from shared.ranking import screen_bar
 from services.tuner.metaschedule.job_wide import RESERVE_WAIT_S, JobBudget, RoundPicker
 from services.tuner.metaschedule.loop_parts import PHASES, SearchParts, Shard, ShardRun, Stopped
 from services.tuner.metaschedule.task_search import EMPTY_ROUNDS, SEARCH_ROOM, SearchState, TaskSearch
-from services.tuner.sharding import Steering
+from services.tuner.allocation import Steering
 
 # what other modules import from here; the parts live in loop_parts, task_search and job_wide
 __all__ = ["EMPTY_ROUNDS", "PHASES", "RESERVE_WAIT_S", "SEARCH_ROOM", "InFlight", "JobBudget", "RoundPicker",
@@ -68,7 +68,7 @@ class ShardLoop:
     def run(self) -> ShardRun:
         self._begin()
         try:
-            # first every task once (MetaSchedule's round-robin start; sharding.first_round_size), heaviest first
+            # first every task once (MetaSchedule's round-robin start; allocation.first_round_size), heaviest first
             for t in self.tasks:
                 self.check(False)
                 if not self._round(t):

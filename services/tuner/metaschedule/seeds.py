@@ -19,7 +19,7 @@ from tvm.s_tir import meta_schedule as ms
 
 from shared import store
 from shared.messages import JobTask, WorkloadShape
-from services.tuner.metaschedule.codec import load_ir
+from services.tuner.metaschedule.ir_codec import load_ir
 from services.tuner.metaschedule.records import ranked, tuning_record
 from services.tuner.similarity import nearest, op_kind
 

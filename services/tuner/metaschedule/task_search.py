@@ -134,7 +134,7 @@ class TaskSearch:
     # -- a round's size ------------------------------------------------------------------------------------
     def room(self) -> int:
         """How many candidates the next round may measure: the first round the job's even share
-        (sharding.first_round_size), then up to the task's own limit."""
+        (allocation.first_round_size), then up to the task's own limit."""
         prog = self.parts.records.progress.get(self.task_id)
         room = self.shard.max_trials_per_task - (prog.trials if prog is not None else 0)
         return room if self.started or room <= 0 else min(room, self.first_round)

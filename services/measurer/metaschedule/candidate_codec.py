@@ -1,10 +1,10 @@
-"""TVM IR to and from the wire (shared.codec packs the text): candidates arrive as packed TVM JSON.
+"""TVM IR to and from the wire (shared.packed_json packs the text): candidates arrive as packed TVM JSON.
 The measurer keeps its own two lines rather than import the tuner's: the services are independent."""
 from __future__ import annotations
 
 import tvm
 
-from shared.codec import pack_json_text, unpack_json_text
+from shared.packed_json import pack_json_text, unpack_json_text
 
 
 def dump_ir(mod) -> str:

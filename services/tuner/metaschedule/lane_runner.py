@@ -20,7 +20,7 @@ from tvm.s_tir.meta_schedule.runner import PyRunner, PyRunnerFuture, RunnerFutur
 
 from shared import lanes as lane_kinds
 from shared import names, store, timeouts
-from services.tuner.metaschedule.codec import dump_ir
+from services.tuner.metaschedule.ir_codec import dump_ir
 from shared.messages import BuildRequest, Candidate, ErrorKind, LaneInfo, MeasureBatch, MeasureResult, TimingConfig
 
 log = logging.getLogger("sharetune.tuner.lanes")

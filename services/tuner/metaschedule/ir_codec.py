@@ -1,4 +1,4 @@
-"""TVM objects to and from the wire (shared.codec packs the text): the IR a job's model, its tasks and
+"""TVM objects to and from the wire (shared.packed_json packs the text): the IR a job's model, its tasks and
 the candidates travel as, and the target a job is tuned for. The client encodes a model with dump_ir."""
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 
 import tvm
 
-from shared.codec import pack_json_text, unpack_json_text
+from shared.packed_json import pack_json_text, unpack_json_text
 
 
 def dump_ir(mod) -> str:
