@@ -113,7 +113,7 @@ def soak(work: Path, duration_s: float, seed: int = 0, kill_every_s=(5.0, 30.0),
          log=print) -> dict:
     from sharetune.client import Client
     from services.measurer.agent import BuilderSpec
-    from sharetune.stack import LocalRedis, Stack
+    from sharetune.stack.local import LocalRedis, Stack
     from shared.settings import StackSettings
 
     rng = random.Random(seed)

@@ -54,7 +54,7 @@ def collect(args, work_dir: Path) -> dict:
     from sharetune.client import Client
     from sharetune.intake import to_relax
     from services.measurer.agent import default_cpu_lanes
-    from sharetune.stack import Stack
+    from sharetune.stack.local import Stack
     from shared.settings import StackSettings
     from shared.lanes import parse as parse_lane
 
@@ -85,7 +85,7 @@ def rebuild(task: dict, target):
     from tvm.s_tir import meta_schedule as ms
 
     from services.tuner.metaschedule.records import tuning_record
-    from services.tuner.metaschedule.codec import load_ir
+    from services.tuner.metaschedule.ir_codec import load_ir
     from shared.ranking import rank_secs
 
     mod = load_ir(task["mod"])

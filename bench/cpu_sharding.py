@@ -38,10 +38,10 @@ def main() -> None:
     ap.add_argument("--out", default=str(RESULTS / "sharding_cpu.json"))
     args = ap.parse_args()
 
-    from sharetune import evaluate
+    from sharetune.experiments import model_timing as evaluate
     from sharetune.client import Client
     from services.measurer.agent import default_cpu_lanes
-    from sharetune.stack import Stack
+    from sharetune.stack.local import Stack
     from shared.settings import StackSettings
     from sharetune.zoo import get
 

@@ -94,7 +94,7 @@ def run_ours(args, work_dir: Path, relax_mod) -> dict:
     from shared.lanes import parse as parse_lane
     from sharetune.client import Client
     from services.measurer.agent import default_cpu_lanes
-    from sharetune.stack import Stack
+    from sharetune.stack.local import Stack
     from shared.settings import StackSettings
 
     lanes = default_cpu_lanes()

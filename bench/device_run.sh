@@ -31,7 +31,7 @@ case "${1:-smoke}" in
 import json, time, sys, os
 from pathlib import Path
 from services.measurer.observers import make_observer
-from sharetune.stack import Stack
+from sharetune.stack.local import Stack
 from sharetune.client import Client
 obs = make_observer(); inv = obs.inventory(); print("inventory", inv, flush=True)
 u8 = inv[0].uuid.lower().removeprefix("gpu-")[:8]

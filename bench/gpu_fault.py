@@ -269,7 +269,7 @@ def main() -> int:
     from shared import store
     from shared.messages import FINAL_STATES
     from sharetune.client import Client
-    from sharetune.stack import Stack
+    from sharetune.stack.local import Stack
     from shared.settings import StackSettings
 
     t_begin = time.time()

@@ -34,7 +34,7 @@ def stock_row() -> dict | None:
 def run_config(cfg: str, args, names, inputs, gpus) -> dict:
     from sharetune.client import Client
     from services.measurer.agent import gpu_lanes
-    from sharetune.stack import Stack
+    from sharetune.stack.local import Stack
     from shared.settings import StackSettings
 
     n_gpus, spec, clients, *rest = cfg.split(":")

@@ -58,7 +58,7 @@ def _stock_split(profile: dict) -> dict:
 
 def run_ours(args) -> list[dict]:
     from sharetune.client import Client
-    from sharetune.stack import Stack
+    from sharetune.stack.local import Stack
     from shared.settings import StackSettings
 
     uuid = find_gpus()[0].uuid

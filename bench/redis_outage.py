@@ -51,7 +51,7 @@ def main(argv=None) -> int:
     import subprocess
 
     from sharetune.client import Client
-    from sharetune.stack import Stack
+    from sharetune.stack.local import Stack
     from shared.settings import StackSettings
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

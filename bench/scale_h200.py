@@ -62,7 +62,7 @@ def run_config(args, name: str, spec: tuple, gpus: list, work: Path, model: str)
     from shared import store
     from sharetune.client import Client
     from services.measurer.agent import BuilderSpec
-    from sharetune.stack import Stack
+    from sharetune.stack.local import Stack
     from shared.settings import StackSettings
 
     lanes_spec, n_gpus, builders, builder_cores, tuner_cores, timing = spec
@@ -295,7 +295,7 @@ print(json.dumps({"cubin": all(m.is_runnable() for m in rt.imports if m.kind == 
 
 def probe_hidden_gpu_build() -> dict:
     """Can a process that sees no GPU (as builders run) compile CUDA to a cubin here?"""
-    from services.measurer.lanes import builder_environment
+    from services.measurer.lane_pool import builder_environment
 
     out = subprocess.run([sys.executable, "-c", PROBE], env=child_env(**builder_environment("cuda.sm_90")),
                          capture_output=True, text=True, timeout=120)

@@ -217,10 +217,10 @@ def run_ours(model: str, relax_mod, trials: int, per_iter: int, seed: int, work:
     from shared.lanes import parse as parse_lane
     from services.tuner.metaschedule.records import tvm_record
     from shared import store
-    from services.tuner.metaschedule.codec import load_ir
+    from services.tuner.metaschedule.ir_codec import load_ir
     from sharetune.client import Client
     from services.measurer.agent import default_cpu_lanes
-    from sharetune.stack import Stack
+    from sharetune.stack.local import Stack
     from shared.settings import StackSettings
 
     lanes = lanes or default_cpu_lanes()

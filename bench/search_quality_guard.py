@@ -45,7 +45,7 @@ def default_timings(model: str, target, rehearse: bool, work: Path) -> dict[str,
     from services.measurer.metaschedule.timing import time_module
     from services.tuner.metaschedule.defaults import default_module
     from services.tuner.metaschedule.extract import fuse
-    from services.tuner.metaschedule.lanes import module_candidate
+    from services.tuner.metaschedule.lane_runner import module_candidate
     from services.tuner.search import timing_for
     from shared.ranking import rank_secs
     from sharetune.intake import to_relax

@@ -45,7 +45,7 @@ MIN_PER_TASK_FOR_10 = 8  # trials a task that four shares must still give before
 
 def plan(args, n_tasks: int, n_models_here: int, seconds: float) -> tuple[list[int], int]:
     """Shares and per-share trials for one model with `seconds` of this process's time."""
-    from sharetune.share_matrix import default_trials, fit_trials, parse_shares, shares_from_cores
+    from sharetune.experiments.share_matrix import default_trials, fit_trials, parse_shares, shares_from_cores
 
     host = os.cpu_count() or 1
     per_model = (seconds - STACK_S) / n_models_here
@@ -70,7 +70,7 @@ def run_models(args, models: list[str], deadline: float) -> list:
     from shared import store
     from sharetune.client import Client
     from services.measurer.agent import BuilderSpec
-    from sharetune.matrix import MatrixStack, Placement, model_tasks, run_matrix, write_outputs
+    from sharetune.experiments.share_matrix import MatrixStack, Placement, model_tasks, run_matrix, write_outputs
     from shared.settings import StackSettings
 
     if args.device == "cpu":  # a rehearsal of this flow on a CPU host (lanes of whole cores)
@@ -143,7 +143,7 @@ def run_models(args, models: list[str], deadline: float) -> list:
 def earlier_reports(path: Path) -> dict:
     """The matrices an earlier run of this command wrote (by model): complete ones are kept, and a model's shares
     already tuned are served without tuning again (a background run that was stopped, run again)."""
-    from sharetune.share_matrix import ShareMatrix
+    from sharetune.experiments.share_matrix import ShareMatrix
 
     if not path.exists():
         return {}
@@ -153,8 +153,8 @@ def earlier_reports(path: Path) -> dict:
 
 def launch(args) -> None:
     """One child per model on its own GPU when there are enough GPUs, else all models here on GPU 0."""
-    from sharetune.matrix import write_outputs
-    from sharetune.share_matrix import ShareMatrix
+    from sharetune.experiments.share_matrix import write_outputs
+    from sharetune.experiments.share_matrix import ShareMatrix
 
     models = args.models.split(",")
     found = gpus() if args.device == "gpu" else []
@@ -218,8 +218,8 @@ def launch(args) -> None:
 def merge(paths: list[str], out_json: Path) -> None:
     """Join the JSON of separate runs (e.g. one call per model on a one-GPU machine) into one file +
     heatmap."""
-    from sharetune.matrix import write_outputs
-    from sharetune.share_matrix import ShareMatrix
+    from sharetune.experiments.share_matrix import write_outputs
+    from sharetune.experiments.share_matrix import ShareMatrix
 
     reports = []
     for p in paths:

@@ -32,7 +32,7 @@ def main() -> int:
     from shared import store
     from sharetune.client import Client
     from services.measurer.agent import default_cpu_lanes
-    from sharetune.stack import Stack
+    from sharetune.stack.local import Stack
     from shared.settings import StackSettings
 
     rows = []

@@ -219,7 +219,7 @@ def run_service(args, model: str, work: Path, store_from: Path | None = None) ->
     from sharetune.client import Client
     from services.measurer.agent import BuilderSpec
     from shared.settings import StackSettings
-    from sharetune.stack import Stack
+    from sharetune.stack.local import Stack
 
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
@@ -290,7 +290,7 @@ def prepare_warm_store(args, work: Path) -> dict:
     from sharetune.client import Client
     from services.measurer.agent import BuilderSpec
     from shared.settings import StackSettings
-    from sharetune.stack import Stack
+    from sharetune.stack.local import Stack
 
     done = work / "DONE.json"
     if done.exists():
@@ -366,7 +366,7 @@ def serve_all(args, model: str, modules: dict[str, str], work: Path) -> dict:
     np.savez(inputs, **{f"arg{i}": t.detach().numpy() for i, t in enumerate(example)})
     np.save(ref, reference_output(module, example))
     env = dict(os.environ, PYTHONPATH=f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", TVM_NUM_THREADS="1")
-    cmd = [sys.executable, "-m", "sharetune.evaluate", "--inputs", str(inputs), "--reference", str(ref),
+    cmd = [sys.executable, "-m", "sharetune.experiments.model_timing", "--inputs", str(inputs), "--reference", str(ref),
            "--rounds", str(args.serve_rounds), "--device", "cpu" if args.rehearse else "gpu"]
     if args.rehearse:
         cmd += ["--cores", "0"]

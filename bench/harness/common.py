@@ -70,7 +70,7 @@ def last_json_line(out: subprocess.CompletedProcess, fallback_key: str) -> dict:
 
 def cores_of(spec: str) -> set[int]:
     """The cores of a spec such as "0-15" that this host has (all of them when none is)."""
-    from services.measurer.lanes import parse_cores
+    from services.measurer.lane_pool import parse_cores
 
     have = os.sched_getaffinity(0) | set(range(os.cpu_count() or 1))
     return {c for c in parse_cores(spec) if c in have} or have

@@ -67,7 +67,7 @@ def serve(modules: dict[str, str], model: str, work: Path, rounds: int, gpu_uuid
     work.mkdir(parents=True, exist_ok=True)
     inputs = work / f"inputs-{model}.npz"
     np.savez(inputs, **{f"arg{i}": t.detach().numpy() for i, t in enumerate(example)})
-    cmd = module_command("sharetune.evaluate", "--inputs", inputs, "--rounds", rounds)
+    cmd = module_command("sharetune.experiments.model_timing", "--inputs", inputs, "--rounds", rounds)
     if check:
         np.save(work / f"reference-{model}.npy", reference_output(module, example))
         cmd += ["--reference", str(work / f"reference-{model}.npy")]
@@ -109,7 +109,7 @@ def export_job_records(redis_url: str, job_id: str, out: Path) -> int:
     from tvm.s_tir import meta_schedule as ms
 
     from shared import store
-    from services.tuner.metaschedule.codec import load_ir
+    from services.tuner.metaschedule.ir_codec import load_ir
     from services.tuner.metaschedule.records import tvm_record
 
     r = store.connect(redis_url)
