@@ -116,7 +116,7 @@ PY
               && tar xzf .dev/zoo_store.tgz -C /tmp/ttq/work/zoo
           nvidia-smi --query-gpu=index,uuid,name --format=csv,noheader
           (cd /tmp/ttq/repo && PYTHONPATH=/tmp/site:/tmp/ttq/repo OUT=/tmp/ttq/out setsid nohup bash -c \
-              "python3 bench/time_to_quality.py --work-dir /tmp/ttq/work $(printf '%q ' "${@:2}"); touch /tmp/ttq/DONE" \
+              "python3 -m bench.time_to_quality --work-dir /tmp/ttq/work $(printf '%q ' "${@:2}"); touch /tmp/ttq/DONE" \
               > /tmp/ttq/driver.log 2>&1 < /dev/null &)
           bash "$0" ttq-wait ;;
   ttq-wait)
