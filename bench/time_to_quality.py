@@ -1,26 +1,10 @@
-"""Time to quality: how long a user waits, from submit, until the model is fast; stock MetaSchedule against
-this service on models never tuned here (bench/panel.py), one GPU (DESIGN.md section 4).
-
-For each panel model, in order, each step written to the JSON as it ends (a run started again with
---resume keeps the steps it finds there and the files they left on disk, or kept: a step's databases go to
-$OUT, stock-MODEL/ and cold-MODEL/ or warm-MODEL/, and from there to bench/results/time_to_quality_stock/ and
-time_to_quality_runs/, so a later lease serves them again; a service step whose module is gone and that left
-nothing kept is run again):
-
-    stock   stock `tune_tasks` (LocalBuilder on every core, LocalRunner, the GPU unshared) run to its budget;
-            its JSON database polled every second, so each record gets the time it was committed
-    cold    this service on a fresh store: one 100 % lane, builders on every core, 4 tuner clients
-    warm    the same on a store that first tuned the zoo models (--warm-from; made once per work dir, and
-            copied for each model so one panel model never warms another)
-
-Each run's curve is the estimated model latency (sum over tasks of weight x the task's best so far; a task
-with no record yet at its default schedule, timed by the service on its lane) against wall seconds from
-submit. At the end of each model the tuned modules (stock's database compiled as stock compiles it, the
-service's exported bests, the service's first N trials with N = stock's trials, and the untuned model) are
-timed in one fresh process, interleaved, and checked against PyTorch.
+"""Time to quality: how long a user waits, from submit, until the model is fast; stock MetaSchedule (stock),
+this service on a fresh store (cold) and on one that tuned the zoo first (warm), on the panel (bench/panel.py),
+one GPU. Protocol and results: docs/time_to_quality.md.
 
     python -m bench.time_to_quality --resume --deadline-s 1300       # on the GPU machine (device_run.sh ttq-bg)
     python -m bench.time_to_quality --rehearse --models efficientnet-mbconv --trials 24 --per-iter 8
+    python -m bench.time_to_quality --table bench/results/time_to_quality_h200.json
     -> $OUT/time_to_quality_h200.json (rehearsal: time_to_quality_rehearsal.json) and a PNG beside it
 """
 from __future__ import annotations
