@@ -94,7 +94,7 @@ PY
     keep_logs /tmp/sqg searchq_logs ;;
   # the default-schedule guard on that run's records (carry .sqg: its databases and JSON)
   searchq-guard) mkdir -p /tmp/sqg && tar xzf .sqg/sqg_dbs.tgz -C /tmp/sqg
-           timeout 560 python3 -m bench.search_quality_guard --work-dir /tmp/sqg --first-run .sqg/search_quality_h200.json "${@:2}" 2>&1 | tail -40 ;;
+           timeout 560 python3 -m bench.search_quality_gpu --guard .sqg/search_quality_h200.json --work-dir /tmp/sqg "${@:2}" 2>&1 | tail -40 ;;
   # issue 21, one GPU: stock's windows, then the service's configurations, in the background (setsid) from a
   # copy outside the working tree; `scale1-wait` (the next calls, back to back) waits and collects the JSON
   scale1) rm -rf /tmp/scale1 && mkdir -p /tmp/scale1 && cp -r . /tmp/scale1/repo
@@ -116,7 +116,7 @@ PY
               && tar xzf .dev/zoo_store.tgz -C /tmp/ttq/work/zoo
           nvidia-smi --query-gpu=index,uuid,name --format=csv,noheader
           (cd /tmp/ttq/repo && PYTHONPATH=/tmp/site:/tmp/ttq/repo OUT=/tmp/ttq/out setsid nohup bash -c \
-              "python3 bench/time_to_quality.py --work-dir /tmp/ttq/work $(printf '%q ' "${@:2}"); touch /tmp/ttq/DONE" \
+              "python3 -m bench.time_to_quality --work-dir /tmp/ttq/work $(printf '%q ' "${@:2}"); touch /tmp/ttq/DONE" \
               > /tmp/ttq/driver.log 2>&1 < /dev/null &)
           bash "$0" ttq-wait ;;
   ttq-wait)

@@ -21,8 +21,6 @@ from bench.harness.common import REPO, RESULTS
 
 MANIFEST = RESULTS / "MANIFEST.json"
 FIELDS = ("script", "host", "command", "commit", "date")
-# run as scripts until they are ported to the harness (python bench/<name>.py)
-SCRIPTS_RUN_BY_PATH = ("time_to_quality",)
 
 
 def results_entries() -> list[str]:
@@ -75,10 +73,8 @@ def _recorded_command(name: str) -> str | None:
 
 
 def as_run_now(command: str) -> str:
-    """`python bench/x.py ...` as `python -m bench.x ...` for a script run as a module."""
-    return re.sub(r"python(3?) bench/(\w+)\.py",
-                  lambda m: m.group(0) if m.group(2) in SCRIPTS_RUN_BY_PATH else f"python{m.group(1)} -m bench.{m.group(2)}",
-                  command)
+    """`python bench/x.py ...` as `python -m bench.x ...`: every script runs as a module."""
+    return re.sub(r"python(3?) bench/(\w+)\.py", r"python\1 -m bench.\2", command)
 
 
 def refresh(old: dict) -> dict:

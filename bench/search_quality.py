@@ -10,7 +10,7 @@ tuning curve: its choices do not depend on the total budget (`tune_relax` with m
 max_trials_global; the gradient scheduler picks by history only, and with budgets that are multiples of
 the round size no round is cut short at a smaller budget). Ours tunes once PER BUDGET, each in a fresh
 store: when the budget cannot give every task a full round, the first rounds share it evenly
-(services/tuner/sharding.first_round_size), so its choices depend on the budget.
+(services/tuner/allocation.first_round_size), so its choices depend on the budget.
 
 - stock: bench.harness.stock's fresh subprocess (`tune_relax`, LocalBuilder(max_workers=2,
   timeout_sec=120), LocalRunner(), seed S). Its order of measurement: the task scheduler's log ("TaskScheduler

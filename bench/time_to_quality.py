@@ -1,26 +1,10 @@
-"""Time to quality: how long a user waits, from submit, until the model is fast; stock MetaSchedule against
-this service on models never tuned here (bench/panel.py), one GPU (DESIGN.md section 4).
+"""Time to quality: how long a user waits, from submit, until the model is fast; stock MetaSchedule (stock),
+this service on a fresh store (cold) and on one that tuned the zoo first (warm), on the panel (bench/panel.py),
+one GPU. Protocol and results: docs/time_to_quality.md.
 
-For each panel model, in order, each step written to the JSON as it ends (a run started again with
---resume keeps the steps it finds there and the files they left on disk, or kept: a step's databases go to
-$OUT, stock-MODEL/ and cold-MODEL/ or warm-MODEL/, and from there to bench/results/time_to_quality_stock/ and
-time_to_quality_runs/, so a later lease serves them again; a service step whose module is gone and that left
-nothing kept is run again):
-
-    stock   stock `tune_tasks` (LocalBuilder on every core, LocalRunner, the GPU unshared) run to its budget;
-            its JSON database polled every second, so each record gets the time it was committed
-    cold    this service on a fresh store: one 100 % lane, builders on every core, 4 tuner clients
-    warm    the same on a store that first tuned the zoo models (--warm-from; made once per work dir, and
-            copied for each model so one panel model never warms another)
-
-Each run's curve is the estimated model latency (sum over tasks of weight x the task's best so far; a task
-with no record yet at its default schedule, timed by the service on its lane) against wall seconds from
-submit. At the end of each model the tuned modules (stock's database compiled as stock compiles it, the
-service's exported bests, the service's first N trials with N = stock's trials, and the untuned model) are
-timed in one fresh process, interleaved, and checked against PyTorch.
-
-    python bench/time_to_quality.py --resume --deadline-s 1300       # on the GPU machine (device_run.sh ttq-bg)
-    python bench/time_to_quality.py --rehearse --models efficientnet-mbconv --trials 24 --per-iter 8
+    python -m bench.time_to_quality --resume --deadline-s 1300       # on the GPU machine (device_run.sh ttq-bg)
+    python -m bench.time_to_quality --rehearse --models efficientnet-mbconv --trials 24 --per-iter 8
+    python -m bench.time_to_quality --table bench/results/time_to_quality_h200.json
     -> $OUT/time_to_quality_h200.json (rehearsal: time_to_quality_rehearsal.json) and a PNG beside it
 """
 from __future__ import annotations
@@ -37,10 +21,10 @@ import threading
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-
-from bench.panel import PANEL, build  # noqa: E402
+from bench.harness.common import RESULTS, child_env, module_command, out_dir
+from bench.harness.serving import export_job_records, serve
+from bench.harness.stock import make_target, tune_tasks
+from bench.panel import PANEL, build
 
 PHASES = ("stock", "cold", "warm")
 # what a step is expected to take, to leave one that cannot finish before the deadline (stock: ~40 trials a
@@ -50,18 +34,6 @@ STOCK_STARTUP_S = 90.0
 SERVICE_STEP_S = 240.0
 SERVE_S = 90.0
 WARM_STORE_S = 240.0
-
-
-def out_dir() -> Path:
-    d = Path(os.environ.get("OUT", "/tmp/out"))
-    d.mkdir(parents=True, exist_ok=True)
-    return d
-
-
-def make_target(rehearse: bool):
-    from services.measurer.metaschedule.targets import cpu_target, gpu_target
-
-    return cpu_target(1) if rehearse else gpu_target()
 
 
 def relax_of(model: str):
@@ -129,11 +101,7 @@ def stock_child(args) -> int:
         {"name": t.task_name, "weight": int(t.weight), "shash": str(tvm_ffi_structural_hash(t.dispatched[0]))}
         for t in extracted]))
     contexts, weights = ms.relax_integration.extracted_tasks_to_tune_contexts(extracted, str(work), seed=0)
-    workers = len(os.sched_getaffinity(0))
-    ms.tune_tasks(tasks=contexts, task_weights=weights, work_dir=str(work), max_trials_global=args.trials,
-                  num_trials_per_iter=args.per_iter,
-                  builder=ms.builder.LocalBuilder(max_workers=workers, timeout_sec=120),
-                  runner=ms.runner.LocalRunner(timeout_sec=60), database=ms.database.JSONDatabase(work_dir=str(work)))
+    tune_tasks(contexts, weights, str(work), args.trials, args.per_iter, len(os.sched_getaffinity(0)))
     return 0
 
 
@@ -171,13 +139,12 @@ def run_stock(args, model: str, work: Path) -> dict:
     """Stock to its budget; returns its events (time each record was committed) and wall time."""
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
-    env = dict(os.environ, PYTHONPATH=f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
-    cmd = [sys.executable, __file__, "--stock-child", "--model", model, "--stock-work", str(work),
-           "--trials", str(args.trials), "--per-iter", str(args.per_iter)] + (["--rehearse"] if args.rehearse else [])
+    cmd = module_command("bench.time_to_quality", "--stock-child", "--model", model, "--stock-work", work, "--trials",
+                         args.trials, "--per-iter", args.per_iter) + (["--rehearse"] if args.rehearse else [])
     t0 = time.time()
     lines = FileLines(work / "database_tuning_record.json", t0)
     with open(work / "stock.log", "w") as log:
-        proc = subprocess.run(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=args.stock_timeout)
+        proc = subprocess.run(cmd, env=child_env(), stdout=log, stderr=subprocess.STDOUT, timeout=args.stock_timeout)
     wall = time.time() - t0
     seen = lines.stop()
     row = {"wall_s": round(wall, 1), "exit": proc.returncode, "trials_per_min": None}
@@ -279,8 +246,6 @@ def run_service(args, model: str, work: Path, store_from: Path | None = None) ->
             res = job.result()
             row.update(tuned_module=res.tuned_module_path, untuned_module=res.untuned_module_path,
                        database_dir=res.database_dir, split_s=res.time_split_s)
-        from bench.scale_h200 import export_job_records
-
         row["exported_trials"] = export_job_records(stack.redis_url, job.job_id, work / "records_db")
     return row
 
@@ -347,36 +312,16 @@ def compile_child(args) -> int:
 def compile_module(args, model: str, db: Path | None, out: Path, first: int = 0) -> str | None:
     """The model compiled in a child process with the JSON database in `db` (None: untuned, as the service
     compiles its baseline)."""
-    env = dict(os.environ, PYTHONPATH=f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
-    cmd = [sys.executable, __file__, "--compile-child", "--model", model, "--db", str(db or ""), "--cut-dir",
-           str(out) + ".db", "--out-module", str(out), "--first", str(first)] + (["--rehearse"] if args.rehearse else [])
+    cmd = module_command("bench.time_to_quality", "--compile-child", "--model", model, "--db", db or "", "--cut-dir",
+                         f"{out}.db", "--out-module", out, "--first", first) + (["--rehearse"] if args.rehearse else [])
     with open(str(out) + ".log", "w") as log:
-        proc = subprocess.run(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=900)
+        proc = subprocess.run(cmd, env=child_env(), stdout=log, stderr=subprocess.STDOUT, timeout=900)
     return str(out) if proc.returncode == 0 and out.exists() else None
 
 
 def serve_all(args, model: str, modules: dict[str, str], work: Path) -> dict:
     """Every module timed in one fresh process, interleaved, unshared, and checked against PyTorch."""
-    import numpy as np
-
-    from sharetune.intake import reference_output
-
-    module, example = build(model)
-    inputs, ref = work / "inputs.npz", work / "reference.npy"
-    np.savez(inputs, **{f"arg{i}": t.detach().numpy() for i, t in enumerate(example)})
-    np.save(ref, reference_output(module, example))
-    env = dict(os.environ, PYTHONPATH=f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", TVM_NUM_THREADS="1")
-    cmd = [sys.executable, "-m", "sharetune.experiments.model_timing", "--inputs", str(inputs), "--reference", str(ref),
-           "--rounds", str(args.serve_rounds), "--device", "cpu" if args.rehearse else "gpu"]
-    if args.rehearse:
-        cmd += ["--cores", "0"]
-    for label, path in modules.items():
-        cmd += ["--module", f"{label}={path}"]
-    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
-    try:
-        res = json.loads(out.stdout.strip().splitlines()[-1])
-    except (IndexError, json.JSONDecodeError):
-        return {"latency_us": {}, "errors": {"serve": (out.stderr or out.stdout)[-800:]}}
+    res = serve(modules, model, work, args.serve_rounds, gpu=not args.rehearse, check=True, timeout_s=600)
     res.pop("rounds_us", None)
     return res
 
@@ -437,7 +382,7 @@ def run_model(args, model: str, row: dict, work: Path, warm_store, save, deadlin
 
 
 def stock_db(model: str, mwork: Path) -> Path | None:
-    for d in (mwork / "stock", out_dir() / f"stock-{model}", REPO / "bench" / "results" / "time_to_quality_stock" / model):
+    for d in (mwork / "stock", out_dir() / f"stock-{model}", RESULTS / "time_to_quality_stock" / model):
         if (d / "database_tuning_record.json").exists():
             return d
     return None
@@ -458,7 +403,7 @@ def kept_run(model: str, phase: str, work: Path) -> Path | None:
     """Where a service run's databases are: this lease's work dir, $OUT, or the results kept in the repo."""
     if (work / "records_db").is_dir() and any(work.glob("jobs/*/tuned.so")):
         return work
-    for d in (out_dir() / f"{phase}-{model}", REPO / "bench" / "results" / "time_to_quality_runs" / f"{phase}-{model}"):
+    for d in (out_dir() / f"{phase}-{model}", RESULTS / "time_to_quality_runs" / f"{phase}-{model}"):
         if (d / "database" / "database_tuning_record.json").exists():
             return d
     return None

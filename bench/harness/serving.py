@@ -1,5 +1,5 @@
 """Tuned models compiled and timed: a JSON database (cut to its first N trials) compiled into the model in a
-child process, the modules timed together in a fresh process (sharetune.evaluate) at a GPU share or on one
+child process, the modules timed together in a fresh process (sharetune.experiments.model_timing) at a GPU share or on one
 core, or in this process pinned to one core; a job's records exported as stock's JSON database.
 
     python -m bench.harness.serving --db DIR --first N --cut-dir DIR --out-module LIB --model M [--rehearse]
@@ -55,15 +55,17 @@ def spawn_compile(db: Path, first: int, module: Path, cores: str, gpu_uuid: str 
 
 
 def serve(modules: dict[str, str], model: str, work: Path, rounds: int, gpu_uuid: str | None = None,
-          share: int | None = None, mps_env: dict | None = None, check: bool = False, timeout_s: float = 300) -> dict:
+          share: int | None = None, mps_env: dict | None = None, check: bool = False, timeout_s: float = 300,
+          gpu: bool = False) -> dict:
     """Time the modules in one fresh process, interleaved: on the GPU `gpu_uuid` (at `share` % under the MPS
-    daemon of `mps_env`), else on core 0; with `check`, each output against PyTorch's."""
+    daemon of `mps_env`), on the GPUs this process sees with `gpu`, else on core 0; with `check`, each output
+    against PyTorch's. `model`: a zoo or panel model."""
     import numpy as np
 
+    from bench.panel import build
     from sharetune.intake import reference_output
-    from sharetune.zoo import get
 
-    module, example = get(model).build()
+    module, example = build(model)
     work.mkdir(parents=True, exist_ok=True)
     inputs = work / f"inputs-{model}.npz"
     np.savez(inputs, **{f"arg{i}": t.detach().numpy() for i, t in enumerate(example)})
@@ -76,6 +78,7 @@ def serve(modules: dict[str, str], model: str, work: Path, rounds: int, gpu_uuid
         env.update(mps_env or {}, CUDA_VISIBLE_DEVICES=gpu_uuid)
         if share is not None:
             env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(share)
+    if gpu_uuid or gpu:
         cmd += ["--device", "gpu"]
     else:
         cmd += ["--device", "cpu", "--cores", "0"]
