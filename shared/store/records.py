@@ -75,7 +75,19 @@ def record_round(r: redis.Redis, job_id: str, shard: int, recs: list[Record], pr
             p.hset(names.similar_key(kind, sh.op), sh.wkey, sh.model_dump_json())
         put_progress(p, job_id, prog)
         settle_claim(p, job_id, shard, claimed)
-        p.execute()
+        written = p.execute()[:len(recs)]
+    _count_recorded_elsewhere(r, job_id, [rec for rec, w in zip(recs, written) if not w])
+
+
+def _count_recorded_elsewhere(r: redis.Redis, job_id: str, dropped: list[Record]) -> None:
+    """Of the round's records the store did not write, those whose candidate another job recorded first
+    (two jobs of one workload measuring the same candidate at once): still this job's trials, recorded."""
+    if not dropped:
+        return
+    kept = [r.hget(names.records_key(rec.wkey), rec.candidate_key) for rec in dropped]
+    elsewhere = sum(1 for raw in kept if raw is not None and Record.parse(raw).job_id != job_id)
+    if elsewhere:
+        r.incrby(names.job_recorded_elsewhere_key(job_id), elsewhere)
 
 
 def similar_workloads(r: redis.Redis, target_kind: str, op: str) -> list[WorkloadShape]:
@@ -136,6 +148,7 @@ def trial_accounting(r: redis.Redis, job_id: str) -> dict | None:
     claimed = job_spec(r, job_id).trials - budget_left(r, job_id)
     outstanding = sum(max(0, int(v)) for v in r.hvals(names.job_claims_key(job_id)))
     recorded = sum(1 for t in job_tasks(r, job_id) for rec in records(r, t.wkey) if rec.job_id == job_id)
+    recorded += int(r.get(names.job_recorded_elsewhere_key(job_id)) or 0)
     reused = sum(p.reused_trials for p in job_progress(r, job_id).values())
     kinds = resend_counts(r, job_id)
     return {"claimed": claimed, "outstanding": outstanding, "recorded": recorded,
