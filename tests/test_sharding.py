@@ -59,7 +59,7 @@ def _allocate(tasks, budget, per_iter, latency, floor):
     spent = 0
     while spent < budget:
         tid = first.pop(0) if first else max(
-            hist, key=lambda x: priority(hist[x], 1, floor and behind(x, shares, trials, per_iter)))
+            hist, key=lambda x: priority(hist[x], 1, floor and behind(x, shares, trials)))
         n = min(per_iter, budget - spent)
         trials[tid] += n
         spent += n
@@ -93,8 +93,8 @@ def test_heavy_tasks_ahead_of_the_light_ones_are_ordered_by_the_gradient():
     tasks = _tasks([(1, 2e9), (1, 1e9), (1, 1e5)])
     shares = flops_shares(tasks)
     trials = {"t0": 30, "t1": 30, "t2": 25}
-    assert not behind("t0", shares, trials, 64) and not behind("t1", shares, trials, 64)
-    assert behind("t1", shares, {**trials, "t1": 20}, 64)
+    assert not behind("t0", shares, trials) and not behind("t1", shares, trials)
+    assert behind("t1", shares, {**trials, "t1": 20})
 
 
 def test_steering_lets_the_best_tasks_go_first():

@@ -85,13 +85,13 @@ def flops_shares(tasks: list[JobTask]) -> dict[str, float]:
     return {t.task_id: max(t.flops, 1.0) * t.weight / total for t in tasks}
 
 
-def behind(task_id: str, shares: dict[str, float], trials: dict[str, int], per_iter: int) -> bool:
+def behind(task_id: str, shares: dict[str, float], trials: dict[str, int]) -> bool:
     """Whether a task with >= 1 % of the job's FLOPs must go before the gradient's choice: the gradient
     alone (best latency / rounds) lets a tiny task absorb the budget (its latency keeps falling in
     relative terms, and a heavy task with a failed first batch scores -1e9). Such a task goes first while it
-    has fewer trials than a task under 0.1 %; it still ends when its space is spent. Keeping it a whole batch
-    (`per_iter`) ahead instead puts every heavy task first until it has measured a first round plus a batch,
-    which on a model of a few heavy tasks is the whole budget, spent in whatever order rounds come up."""
+    has fewer trials than a task under 0.1 %; it still ends when its space is spent. A wider lead (a batch
+    ahead) would put every heavy task first until the budget of a model with a few heavy tasks is spent,
+    in whatever order rounds come up, and leave the gradient nothing to order."""
     if shares.get(task_id, 0.0) < HEAVY:
         return False
     most_light = max((trials.get(t, 0) for t, s in shares.items() if s < LIGHT), default=None)

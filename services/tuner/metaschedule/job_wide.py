@@ -53,7 +53,6 @@ class RoundPicker:
 
     def __init__(self, shard: Shard, steering: Steering, check: Callable[..., None], stats: ShardRun):
         self.redis, self.job_id, self.shard = shard.redis, shard.job_id, shard.shard
-        self.per_iter = shard.trials_per_iter
         self.steering, self.check, self.stats = steering, check, stats
 
     def pick(self, tasks: list[TaskSearch], touch: Callable[[], None]) -> TaskSearch | None:
@@ -84,7 +83,7 @@ class RoundPicker:
         trials = {tid: p.trials for tid, p in store.job_progress(self.redis, self.job_id).items()}
 
         def prio(tid: str) -> float:
-            return priority(hist.get(tid, []), job_tasks[tid].weight, behind(tid, shares, trials, self.per_iter))
+            return priority(hist.get(tid, []), job_tasks[tid].weight, behind(tid, shares, trials))
 
         return job_tasks, prio
 
