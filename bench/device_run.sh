@@ -104,6 +104,7 @@ PY
   scale1-wait)
     wait_for_background /tmp/scale1/scale_partA.json /tmp/scale1/driver.log '^Traceback' ${SCALE_WAIT_S:-560}
     keep_logs /tmp/scale1/work scale1_logs
+    (cd /tmp/scale1 && tar czf "$OUT/scale1_png.tgz" timeline-*.png 2>/dev/null)
     # each row's records as TVM's JSON database, for offline analysis (a few MB compressed)
     (cd /tmp/scale1/work && find . -type d -name records_db -print0 | tar czf "$OUT/scale1_records.tgz" --null -T -) ;;
   # issue 35, time to quality on the panel (bench/panel.py): stock, then the service cold and warm, model by

@@ -96,3 +96,16 @@ def build(name: str):
     from sharetune.zoo import get
 
     return get(name).build()
+
+
+def relax(name: str):
+    """The Relax IRModule of a panel or zoo model."""
+    from sharetune.intake import to_relax
+
+    module, inputs = build(name)
+    return to_relax(module, inputs).mod
+
+
+def model_arg(name: str):
+    """What a job is submitted with: a panel model as its Relax module, a zoo model by its name."""
+    return relax(name) if name in PANEL else name

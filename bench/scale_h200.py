@@ -27,6 +27,7 @@ started again with the same --work-dir and output resumes after the last finishe
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -39,6 +40,8 @@ from bench.harness.common import child_env, cores_of, last_json_line, out_dir
 from bench.harness.jobs import gpu_lane, gpus as find_gpus, job_records, run_job
 from bench.harness.samplers import BusySampler, CpuSampler
 from bench.harness.serving import export_job_records, serve, serving_mps, spawn_compile
+from bench.panel import model_arg as panel_model
+from bench.harness.timeline import Timeline, add_gpu_busy, add_lane_busy, idle_attribution, plot
 from bench.harness.stock import (
     kill_group, spawn_tune_tasks, stock_records, stock_steady_from_log, stock_trials_from_log,
 )
@@ -49,20 +52,26 @@ CONFIGS = {  # name -> (lanes per GPU "NxPCT", GPUs, builders, builder cores, tu
     "1gpu-1x100-uniform": ("1x100", 1, 16, "0-15", "0-15", "uniform"),
     "1gpu-4x25-b32": ("4x25", 1, 28, "0-31", "0-15", "screen"),
     "2gpu-4x25-b32": ("4x25", 2, 28, "0-31", "0-15", "screen"),
+    "1gpu-4x25-multi": ("4x25", 1, 16, "0-15", "0-15", "screen"),
 }
 REHEARSAL = {"cpu-1lane": ("measure.cpu.c0", 1, 1, "1", "0-1", "screen"),
-             "cpu-1lane-uniform": ("measure.cpu.c0", 1, 1, "1", "0-1", "uniform")}
+             "cpu-1lane-uniform": ("measure.cpu.c0", 1, 1, "1", "0-1", "uniform"),
+             "cpu-1lane-multi": ("measure.cpu.c0", 1, 1, "1", "0-1", "screen")}
 FIRST_MODEL_ONLY = {"1gpu-1x100-uniform", "cpu-1lane-uniform"}  # the comparison runs on one model
+MULTI = {"1gpu-4x25-multi", "cpu-1lane-multi"}  # every model at once, against the same one after another
 
 
 # ---- this service ---------------------------------------------------------------------------------------
 
 
-def run_config(args, name: str, spec: tuple, gpus: list, work: Path, model: str) -> dict:
-    from shared import store
+@contextlib.contextmanager
+def config_stack(args, name: str, spec: tuple, gpus: list, work: Path):
+    """A fresh stack of the configuration `spec` in `work`: yields (stack, its client, the row so far, a
+    function that starts the run's samplers)."""
     from sharetune.client import Client
     from services.measurer.agent import BuilderSpec
     from sharetune.stack.local import Stack
+    from shared import store
     from shared.settings import StackSettings
 
     lanes_spec, n_gpus, builders, builder_cores, tuner_cores, timing = spec
@@ -75,24 +84,44 @@ def run_config(args, name: str, spec: tuple, gpus: list, work: Path, model: str)
         lanes = [gpu_lane(u, pct) for u in uuids for _ in range(count)]
         share = pct
     os.environ["SHARETUNE_SEARCH_THREADS"] = str(max(1, len(cores_of(tuner_cores)) // args.tuners))
-    row = {"config": name, "model": model, "gpus": n_gpus, "lanes": len(lanes), "share": share, "builders": builders,
+    row = {"config": name, "gpus": n_gpus, "lanes": len(lanes), "share": share, "builders": builders,
            "builder_cores": builder_cores, "tuners": args.tuners, "per_iter": args.per_iter, "timing": timing}
     t_up = time.time()
-    key = f"{name}-{model}"
-    with Stack(work / key, lanes=lanes, tuners=args.tuners, builders=BuilderSpec(builders, builder_cores),
+    with Stack(work, lanes=lanes, tuners=args.tuners, builders=BuilderSpec(builders, builder_cores),
                log_level="INFO", settings=StackSettings()) as stack:
         row["stack_startup_s"] = round(time.time() - t_up, 1)
-        client = Client(stack.redis_url)
-        samplers = [BusySampler(u) for u in uuids] or [BusySampler(None)]
-        cpu = CpuSampler(stack.procs)
-        # no untuned model compiled at the end: stock's rate counts no compile either
-        job, final, wall = run_job(client, args.config_timeout, cancel_on_timeout=True, model=model,
-                                   target="cuda" if not args.rehearse else "llvm", share=share, trials=args.trials,
-                                   trials_per_iter=args.per_iter, seed=args.seed, timing=timing,
-                                   untuned_baseline=False)
+        def start():  # at submit
+            return {"gpu": [BusySampler(u) for u in uuids] or [BusySampler(None)], "cpu": CpuSampler(stack.procs),
+                    "timeline": Timeline(stack.procs, store.connect(stack.redis_url))}
+
+        yield stack, Client(stack.redis_url), row, start
+
+
+def host_cores(spec: tuple) -> int:
+    """The cores a configuration's stack runs on: its builders' and its tuner side's."""
+    return len(cores_of(spec[3]) | cores_of(spec[4]))
+
+
+def submitted(args, model: str, share: int, timing: str) -> dict:
+    """A job's submit options: a panel model goes as its Relax module (converted before the clock starts)."""
+    return dict(model=panel_model(model), name=model, target="cuda" if not args.rehearse else "llvm", share=share,
+                trials=args.trials, trials_per_iter=args.per_iter, seed=args.seed, timing=timing,
+                untuned_baseline=False)  # no untuned model compiled at the end: stock's rate counts no compile
+
+
+def run_config(args, name: str, spec: tuple, gpus: list, work: Path, model: str) -> dict:
+    from shared import store
+
+    key = f"{name}-{model}"
+    with config_stack(args, name, spec, gpus, work / key) as (stack, client, row, start):
+        row["model"] = model
+        options = submitted(args, model, row["share"], spec[5])
+        samplers = start()
+        job, final, wall = run_job(client, args.config_timeout, cancel_on_timeout=True, **options)
         t0 = time.time() - wall
-        busy = [s.stop() for s in samplers]
-        row.update(cpu.stop())
+        rows = samplers["timeline"].stop()
+        busy = [s.stop() for s in samplers["gpu"]]
+        row.update(samplers["cpu"].stop())
         row["cpu_s_per_trial"] = round(sum(row["cpu_s_by_role"].values()) / max(1, status_trials(job)), 2)
         r = store.connect(stack.redis_url)
         status = job.status()
@@ -115,6 +144,8 @@ def run_config(args, name: str, spec: tuple, gpus: list, work: Path, model: str)
             row["lane_s_per_candidate"] = round(statistics.median(per), 4)
             row["lane_s_per_candidate_mean"] = round(statistics.mean(per), 4)
         row.update(record_stats(r, job.job_id))
+        row["pipeline"] = pipeline(rows, samplers["timeline"].t0, batches, samplers["gpu"][0].samples,
+                                   host_cores(spec), args.tuners, args.png_dir / f"timeline-{key}.png", key)
         if final.get("state") == "done":
             res = job.result()
             row["tuned_module"] = res.tuned_module_path
@@ -122,6 +153,66 @@ def run_config(args, name: str, spec: tuple, gpus: list, work: Path, model: str)
             row["full_timing_of_bests"] = res.retime.get("full_timing_of_bests")
         row["exported_trials"] = export_job_records(stack.redis_url, job.job_id, work / key / "records_db")
     return row
+
+
+def run_multi(args, name: str, spec: tuple, gpus: list, work: Path, models: list[str]) -> dict:
+    """Every model submitted at once to one stack (the same options as alone): the makespan, the aggregate
+    rate, each job's wall time, when its first candidate was measured, and how the jobs shared the lanes."""
+    from shared import store
+    from shared.messages import FINAL_STATES, measurement_shares
+
+    with config_stack(args, name, spec, gpus, work / name) as (stack, client, row, start):
+        options = {m: submitted(args, m, row["share"], spec[5]) for m in models}  # converted before the clock
+        samplers = start()
+        t0 = time.time()
+        jobs = {m: (time.time(), client.submit(**options[m])) for m in models}
+        ended: dict[str, tuple[float, str]] = {}
+        while len(ended) < len(jobs) and time.time() - t0 < args.config_timeout * len(models):
+            for m, (_, job) in jobs.items():
+                state = job.state()["state"]
+                if m not in ended and state in FINAL_STATES:
+                    ended[m] = (time.time(), state)
+            time.sleep(0.5)
+        rows = samplers["timeline"].stop()
+        busy = [s.stop() for s in samplers["gpu"]]
+        row.update(samplers["cpu"].stop())
+        r = store.connect(stack.redis_url)
+        batches = {m: store.lane_batches(r, job.job_id) for m, (_, job) in jobs.items()}
+        per_job = {}
+        for m, (sent, job) in jobs.items():
+            bs, status = batches[m], job.status()
+            end = max((b.finished_at for b in bs), default=time.time())
+            per_job[m] = {"state": ended.get(m, (None, "timeout"))[1], "submitted_s": round(sent - t0, 1),
+                          "trials": status["trials"], "tuning_s": round(end - sent, 1),
+                          "first_measured_s": round(min(b.started_at for b in bs) - sent, 1) if bs else None}
+        trials = sum(j["trials"] for j in per_job.values())
+        makespan = max(max((b.finished_at for b in bs), default=t0) for bs in batches.values()) - t0
+        shares = measurement_shares({m: [x.measured_at for x, _ in job_records(r, job.job_id)]
+                                     for m, (_, job) in jobs.items()})
+        row.update(models=models, jobs=per_job, trials=trials, makespan_s=round(makespan, 1),
+                   aggregate_trials_per_min=round(60 * trials / max(makespan, 1e-9), 1),
+                   cpu_s_per_trial=round(sum(row["cpu_s_by_role"].values()) / max(1, trials), 2),
+                   gpu_busy_frac=busy[0], shares={k: v for k, v in shares.items() if k != "first_measured_at"},
+                   last_first_measured_s=max((j["first_measured_s"] or 0.0) for j in per_job.values()))
+        row["pipeline"] = pipeline(rows, samplers["timeline"].t0, [b for bs in batches.values() for b in bs],
+                                   samplers["gpu"][0].samples, host_cores(spec), args.tuners,
+                                   args.png_dir / f"timeline-{name}.png", f"{name}: {', '.join(models)}")
+    return row
+
+
+def pipeline(rows: list[dict], t0: float, batches, gpu_samples, cores: int, tuners: int, png: Path, title: str) -> dict:
+    """The run's timeline (one row a second), where its idle core-seconds went from the first build to the
+    last measurement, and its PNG."""
+    add_lane_busy(rows, batches, t0)
+    add_gpu_busy(rows, gpu_samples, t0)
+    first = next((x["t"] for x in rows if x["cores_by_role"]["builder"] > 0.5 or (x.get("queued") or {}).get("build")),
+                 None)
+    last = max(b.finished_at for b in batches) - t0 if batches else None
+    out = {"timeline": rows, "png": plot(rows, png, title, cores)}
+    if first is not None and last is not None:
+        out.update(first_build_s=round(first - 1, 1), last_measured_s=round(last, 1),
+                   **idle_attribution(rows, cores, first - 1, last, tuners))
+    return out
 
 
 def status_trials(job) -> int:
@@ -196,6 +287,8 @@ def main(argv=None) -> int:
     ap.add_argument("--work-dir", default="/tmp/scale_bench")
     ap.add_argument("--out-json", default=None, help="default: $OUT/scale_part<part>.json")
     ap.add_argument("--rehearse", action="store_true", help="CPU lanes and llvm: the code path, on this host")
+    ap.add_argument("--no-serve", dest="serve", action="store_false",
+                    help="no tuned model served (the time-to-quality benchmark times the panel's)")
     ap.add_argument("--merge", nargs="*")
     ap.add_argument("--out", default=None)
     ap.add_argument("--stock-log", default=None, help="with --merge: stock's log, whose trials count")
@@ -222,6 +315,7 @@ def run_part(args) -> int:
     names_ = [n for n in (args.configs or (",".join(REHEARSAL) if args.rehearse else default)).split(",")
               if args.rehearse or table[n][1] <= max(1, len(gpus))]  # configurations the GPUs found allow
     out_json = Path(args.out_json) if args.out_json else out_dir() / f"scale_part{args.part}.json"
+    args.png_dir = out_json.parent
     result = {"model": ",".join(models), "models": models, "per_iter": args.per_iter, "trials_budget": args.trials,
               "part": args.part, "host_cores": os.cpu_count(), "gpus": [g.uuid for g in gpus], "rows": [],
               "stock": None, "stocks": {}, "builder_probe": probe, "phase": "stock"}
@@ -235,7 +329,7 @@ def run_part(args) -> int:
         out_json.write_text(json.dumps(result, indent=1))
 
     if args.stock_from:
-        earlier = json.loads(Path(args.stock_from).read_text()).get("stocks") or {}
+        earlier = stocks_of(json.loads(Path(args.stock_from).read_text()))
         for model, stock in earlier.items():
             if model in models and model not in result["stocks"]:
                 result["stocks"][model] = dict(stock, from_earlier_run=args.stock_from)
@@ -254,14 +348,23 @@ def run_part(args) -> int:
     result["phase"] = "service"
     # configuration by configuration (a run cut short has the first configuration on every model), a model's
     # equal-trials latency as soon as its rows are in; the first-model-only controls last
-    steps = [(n, m) for n in names_ if n not in FIRST_MODEL_ONLY for m in models]
+    steps = []
+    for n in names_:
+        steps += [(n, "*")] if n in MULTI else [] if n in FIRST_MODEL_ONLY else [(n, m) for m in models]
     steps += [(n, models[0]) for n in names_ if n in FIRST_MODEL_ONLY]
     last_step = {m: i for i, (_, m) in enumerate(steps)}
     for i, (name, model) in enumerate(steps):
+        if model == "*":
+            if not result.get("multi_job"):
+                result["multi_job"] = run_multi(args, name, table[name], gpus, work, models)
+                result["summary"] = summarise(result)
+                save()
+            continue
         if not any(r["config"] == name and r["model"] == model for r in result["rows"]):
             row = run_config(args, name, table[name], gpus, work / model, model)
             result["rows"].append(row)
-            print(json.dumps({k: v for k, v in row.items() if k not in ("lane_busy_per_lane", "task_trials", "split_s")}),
+            print(json.dumps({k: v for k, v in row.items() if k not in ("lane_busy_per_lane", "task_trials", "split_s")}
+                             | {"pipeline": {k: v for k, v in row.get("pipeline", {}).items() if k != "timeline"}}),
                   flush=True)
             save()
         if args.part == "B" and i == len(steps) - 1:
@@ -270,17 +373,34 @@ def run_part(args) -> int:
                 time.sleep(remaining)
             result["stocks"][models[0]] = result["stock"] = stop_stock(stock, args)
             save()
-        if i == last_step[model] or (steps[i + 1][0] in FIRST_MODEL_ONLY and name not in FIRST_MODEL_ONLY):
+        if args.serve and (i == last_step[model] or (steps[i + 1][0] in FIRST_MODEL_ONLY
+                                                     and name not in FIRST_MODEL_ONLY)):
             equal_trials_latency(args, result, model, gpus, work / model)
             result["summary"] = summarise(result)
             save()
-    screened_against_uniform(args, result, gpus, work)
+    if args.serve:
+        screened_against_uniform(args, result, gpus, work)
     result["summary"] = summarise(result)
     result["phase"] = "done"
     save()
     print_table(result)
     print("wrote", out_json)
     return 0
+
+
+def stocks_of(result: dict) -> dict:
+    """Stock's rows of an earlier result: this benchmark's, or the time-to-quality benchmark's (stock run to
+    its budget, each model in its own lease)."""
+    if result.get("stocks"):
+        return result["stocks"]
+    out = {}
+    for model, row in (result.get("models") or {}).items():
+        stock = row.get("stock") or {}
+        if stock.get("trials_per_min"):
+            out[model] = {"config": "stock", "model": model, "trials": stock["trials"], "window_s": stock["wall_s"],
+                          "trials_per_min": stock["trials_per_min"], "lease": row.get("stock_lease"),
+                          "note": "tune_tasks run to its budget (time_to_quality), 16 builders + LocalRunner"}
+    return out
 
 
 PROBE = """
@@ -442,6 +562,7 @@ def summarise(result: dict) -> dict:
     hundred = [r["lane_s_per_candidate"] for r in rows if r.get("share") == 100 and r.get("lane_s_per_candidate")
                and r.get("timing") != "uniform"]
     summary["lane_s_per_candidate"] = round(statistics.median(hundred), 4) if hundred else None
+    summary.update(pipeline_summary(result))
     both = result.get("screened_vs_uniform") or {}
     if both.get("latency_ratio"):  # timed side by side in one process
         summary["screened_vs_uniform_latency"] = both["latency_ratio"]
@@ -455,6 +576,44 @@ def summarise(result: dict) -> dict:
             summary["screened_vs_uniform_latency"] = round(same["tuned_latency_us"] / uni["tuned_latency_us"], 3)
             summary["screened_vs_uniform_lane_s"] = [same.get("lane_s_per_candidate"), uni.get("lane_s_per_candidate")]
     return summary
+
+
+def pipeline_summary(result: dict) -> dict:
+    """The worst model's and configuration's figures of the pipeline goals, and the multi-job run against
+    the same models one after another on one 100 % lane."""
+    rows = [r for r in result["rows"] if r.get("timing") != "uniform" and r.get("state") == "done"]
+    stocks = result.get("stocks") or {}
+    vs = [(r["trials_per_min"] / stocks[r["model"]]["trials_per_min"], f"{r['config']}/{r['model']}")
+          for r in rows if r["model"] in stocks]
+    busy = [(r["pipeline"]["host_busy_frac"], f"{r['config']}/{r['model']}") for r in rows
+            if (r.get("pipeline") or {}).get("host_busy_frac") is not None]
+    cpu = [(r["cpu_s_per_trial"], f"{r['config']}/{r['model']}") for r in rows if r.get("cpu_s_per_trial")]
+    out: dict = {}
+    for key, pairs, pick in (("throughput_vs_stock_min", vs, min), ("host_cpu_busy_min", busy, min),
+                             ("cpu_s_per_trial_max", cpu, max)):
+        if pairs:
+            value, where = pick(pairs)
+            out[key], out[key + "_at"] = round(value, 3), where
+    idle: dict[str, float] = {}
+    for r in rows:
+        for cause, v in ((r.get("pipeline") or {}).get("idle_core_s_by_cause") or {}).items():
+            idle[cause] = idle.get(cause, 0.0) + v
+    if idle:
+        out["idle_core_s_by_cause"] = {k: round(v, 1) for k, v in idle.items()}
+    multi = result.get("multi_job")
+    if multi:
+        # the same jobs alone, one after another: the one-lane configuration (1 x 100 %, or the rehearsal's)
+        alone = {r["model"]: r for r in rows if r["config"].endswith("1x100") or r["config"] == "cpu-1lane"}
+        m = {"makespan_s": multi["makespan_s"], "aggregate_trials_per_min": multi["aggregate_trials_per_min"],
+             "share_spread": multi["shares"].get("share_spread"),
+             "last_first_measured_s": multi["last_first_measured_s"]}
+        if all(model in alone for model in multi["models"]):  # the same jobs one after another, 1 x 100 %
+            seq_s = sum(alone[model]["tuning_s"] for model in multi["models"])
+            seq_trials = sum(alone[model]["trials"] for model in multi["models"])
+            m.update(sequential_s=round(seq_s, 1), makespan_vs_sequential=round(multi["makespan_s"] / seq_s, 3),
+                     aggregate_vs_single=round(multi["aggregate_trials_per_min"] / (60 * seq_trials / seq_s), 3))
+        out["multi_job"] = m
+    return out
 
 
 def merge(paths: list[str], out_path: str, stock_log: str | None = None) -> int:

@@ -24,7 +24,7 @@ from pathlib import Path
 from bench.harness.common import RESULTS, child_env, module_command, out_dir
 from bench.harness.serving import export_job_records, serve
 from bench.harness.stock import make_target, tune_tasks
-from bench.panel import PANEL, build
+from bench.panel import PANEL, build, relax as relax_of
 
 PHASES = ("stock", "cold", "warm")
 # what a step is expected to take, to leave one that cannot finish before the deadline (stock: ~40 trials a
@@ -34,13 +34,6 @@ STOCK_STARTUP_S = 90.0
 SERVICE_STEP_S = 240.0
 SERVE_S = 90.0
 WARM_STORE_S = 240.0
-
-
-def relax_of(model: str):
-    from sharetune.intake import to_relax
-
-    module, inputs = build(model)
-    return to_relax(module, inputs).mod
 
 
 # ---- the estimate users wait on ------------------------------------------------------------------------

@@ -387,6 +387,25 @@ def lane_utilisation(batches: list["LaneBatch"], start: float | None = None, end
             "per_lane": per}
 
 
+def measurement_shares(measured_at: dict[str, list[float]]) -> dict:
+    """How several jobs at once shared the measurements, from when each job's trials were measured: the
+    window in which all of them were measuring (the last job's first trial to the first job's last), each
+    job's share of the trials measured in it, and `share_spread`, the largest relative departure of a job's
+    share from an equal split (0: equal; 1: a job had none, or twice its part). None-valued when they never
+    all measured at once."""
+    spans = {j: (min(ts), max(ts)) for j, ts in measured_at.items() if ts}
+    out: dict = {"jobs": len(measured_at), "first_measured_at": {j: s[0] for j, s in spans.items()},
+                 "window_s": None, "share": None, "share_spread": None}
+    lo, hi = (max(s[0] for s in spans.values()), min(s[1] for s in spans.values())) if spans else (0.0, 0.0)
+    if len(spans) < len(measured_at) or hi <= lo:
+        return out
+    counts = {j: sum(lo <= t <= hi for t in ts) for j, ts in measured_at.items()}
+    total = sum(counts.values())
+    out.update(window_s=round(hi - lo, 2), share={j: round(c / total, 4) for j, c in counts.items()},
+               share_spread=round(max(abs(c / total * len(counts) - 1) for c in counts.values()), 4))
+    return out
+
+
 # ---- lanes and measurement -----------------------------------------------------------------------------
 
 

@@ -160,9 +160,10 @@ class TunerSettings(LaneWaitSettings):
     # threads of one client's search (evolutionary search, feature extraction); 0: the host's physical
     # cores. Several clients on one host should split the cores between them.
     search_threads: int = 0
-    # with fewer clients than shards, a client that has given each task of its shard a round hands it
-    # back after this long and takes a waiting shard (the handed-back one resumes from the store)
-    shard_quantum_s: float = 30.0
+    # with fewer clients than shards (of one job, or of several jobs at once), a client hands its shard back
+    # after this long and takes a waiting one (the handed-back one resumes from the store): a job submitted
+    # while every client is busy starts within about this long
+    shard_quantum_s: float = Field(30.0, gt=0)
     # sample the design space (no evolution) while the central cost model is untrained: evolving
     # against random predictions costs most of the search time and buys nothing
     cold_start: bool = True

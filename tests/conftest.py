@@ -21,6 +21,9 @@ os.environ.setdefault("SHARETUNE_BOOST_ROUNDS", "30")
 # and a candidate's full timing has a 20 ms floor instead of 100 on the suite's CPU lanes (screening, its bar
 # and the re-timing of brief bests are unchanged; the tests assert what was measured, not how precisely)
 os.environ.setdefault("SHARETUNE_TIMING_FLOOR_MS", "20")
+# the suite's jobs are small: with several jobs at once, a client takes turns with a waiting job's shard after
+# 5 s instead of 30 (tests/test_multi_job.py)
+os.environ.setdefault("SHARETUNE_SHARD_QUANTUM_S", "5")
 # the suite runs the session stack and tests' own stacks on this host's two cores at once (it measures
 # behaviour, not speed): overlapping cores are reported, not refused, and claimed apart from any real stack's.
 # tests/test_hostcores.py checks the refusal itself

@@ -117,10 +117,24 @@ def test_steering_holds_a_light_task_back_while_a_heavy_one_pays_far_more():
 
 # ---- budget, leases and the reaper on the real Redis ------------------------------------------------------
 
+_FAKE_JOBS: list[tuple] = []
+
+
+@pytest.fixture(autouse=True)
+def _fake_jobs_retired():
+    """A fake job left active would be seen by the session stack's clients (shards waiting for a turn) and
+    its reaper: each test's fakes end with it."""
+    yield
+    while _FAKE_JOBS:
+        r, job_id = _FAKE_JOBS.pop()
+        store.deactivate_job(r, job_id)
+
+
 def _job(r, job_id, shards, budget):
     r.delete(names.job_shards_key(job_id), names.job_budget_key(job_id), names.job_claims_key(job_id))
     store.put_shards(r, job_id, shards, budget)
     r.hset(names.job_key(job_id), mapping={"state": "tuning"})
+    _FAKE_JOBS.append((r, job_id))
 
 
 def test_concurrent_claims_never_overspend(redis_conn):
@@ -175,6 +189,35 @@ def test_a_blocked_shard_takes_turns_at_once_and_a_busy_one_after_its_quantum(re
         lease.check(False, blocked=True)  # its own first rounds come first
         store.update_shard(redis_conn, job, 1, lambda sh: setattr(sh, "state", "running"))
         lease.check(True, blocked=True)  # no shard waits for a client: it waits on
+    finally:
+        lease.stop()
+
+
+def test_a_client_takes_turns_with_another_jobs_waiting_shard_after_its_quantum():
+    from services.tuner.allocation import turn_to_take
+
+    other = [("b", 0, 5.0), ("c", 2, 9.0)]
+    assert turn_to_take("a", other, held_s=10, quantum_s=30, passed=True, blocked=True) is None  # within its quantum
+    assert turn_to_take("a", other, held_s=31, quantum_s=30, passed=False, blocked=False) == ("c", 2)  # longest wait
+    own = [("a", 1, 50.0)]
+    assert turn_to_take("a", own, held_s=31, quantum_s=30, passed=False, blocked=False) is None  # own first rounds
+    assert turn_to_take("a", own, held_s=1, quantum_s=30, passed=True, blocked=True) == ("a", 1)
+    assert turn_to_take("a", own + other, held_s=31, quantum_s=30, passed=True, blocked=False) == ("c", 2)
+    assert turn_to_take("a", [], held_s=99, quantum_s=30, passed=True, blocked=True) is None
+
+
+def test_a_shard_held_past_its_quantum_is_handed_back_for_another_jobs_shard(redis_conn):
+    from services.tuner.metaschedule.rounds import Stopped
+    from services.tuner.shard_runner import Lease
+
+    mine, theirs = "turns-mine", "turns-theirs"
+    _job(redis_conn, mine, [ShardState(shard=0, task_ids=["t0"], state="running")], 100)
+    _job(redis_conn, theirs, [ShardState(shard=0, task_ids=["t1"], queued_at=time.time() - 5)], 100)
+    assert (theirs, 0) in [(j, s) for j, s, _ in store.waiting_shards(redis_conn, time.time(), 2.0)]
+    lease = Lease(redis_conn, mine, 0, "me", threading.Event(), quantum_s=0)
+    try:
+        with pytest.raises(Stopped, match="taking turns with shard"):
+            lease.check(False)  # even before each task of its own shard had a round
     finally:
         lease.stop()
 

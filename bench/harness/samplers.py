@@ -80,7 +80,7 @@ class BusySampler:
     the observer's own sampling interval)."""
 
     def __init__(self, uuid: str | None, interval_ms: int | None = 250):
-        self.uuid, self.obs = uuid, None
+        self.uuid, self.obs, self.samples = uuid, None, []
         if uuid:
             from services.measurer.observers import make_observer
 
@@ -92,6 +92,7 @@ class BusySampler:
             return None
         stats = self.obs.stop_window()
         self.obs.close()
+        self.samples = stats.samples  # the readings, for a timeline
         return None if stats.busy_fraction is None else round(stats.busy_fraction, 4)
 
 

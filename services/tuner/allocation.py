@@ -126,3 +126,21 @@ class Steering:
             return False
         top = max((g for g in others if 0 < g < math.inf), default=0.0)
         return mine >= self.min_share * top
+
+
+def turn_to_take(own_job: str, waiting: list[tuple[str, int, float]], held_s: float, quantum_s: float,
+                 passed: bool, blocked: bool) -> tuple[str, int] | None:
+    """The waiting shard a client should hand its shard back for, or None to keep searching.
+
+    `waiting`: (job, shard, seconds waited) of shards no client holds. After `quantum_s` of holding its shard
+    a client takes turns with another job's waiting shard (the longest waiting first), so a job submitted
+    while every client is busy starts within about a quantum and jobs share the clients. With its own job's
+    shards it takes turns only once each task of its shard has had a round (`passed`), then at once when its
+    shard can measure nothing more (`blocked`), else after the quantum."""
+    others = sorted((w for w in waiting if w[0] != own_job), key=lambda w: -w[2])
+    if others and held_s > quantum_s:
+        return others[0][0], others[0][1]
+    own = sorted((w for w in waiting if w[0] == own_job), key=lambda w: -w[2])
+    if own and passed and (blocked or held_s > quantum_s):
+        return own[0][0], own[0][1]
+    return None

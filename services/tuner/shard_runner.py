@@ -193,6 +193,9 @@ class ShardRunner:
         return {"job_id": job_id, "trials": result.trials}
 
 
+WAITING_S = 2.0  # a shard queued this long has found no free client
+
+
 class Lease:
     """Renews a client's lease on a shard while it searches; `check` (called between rounds) raises
     Stopped once the client stops or the lease was lost (this client stalled and was replaced), the job
@@ -229,6 +232,7 @@ class Lease:
         """`passed`: every task of the shard has had its first round; `blocked`: the shard can measure
         nothing more until other shards' tasks have had theirs (then it takes turns at once, not after its
         quantum: the job's clients may all be held by other jobs, say waiting out a GPU recovery)."""
+        from services.tuner.allocation import turn_to_take
         from services.tuner.metaschedule.rounds import Stopped
 
         if self.stopping.is_set():
@@ -238,13 +242,14 @@ class Lease:
         state = store.job_status(self.redis, self.job_id)
         if state in (JobState.FAILED, JobState.CANCELLED):
             raise Stopped(f"the job is {state}")
-        if passed and (blocked or time.time() - self.started > self.quantum_s):
-            # fewer clients than shards: once each of its tasks has had a round, a client takes turns
-            # with a shard that waits for a client, so every task of the job gets its first rounds
-            waiting = [sh.shard for sh in store.shards(self.redis, self.job_id).values()
-                       if sh.state == ShardPhase.PENDING and time.time() - sh.queued_at > 2.0]
-            if waiting:
-                raise Stopped(f"taking turns with shard {waiting[0]}, which no client has taken")
+        held = time.time() - self.started
+        if held > self.quantum_s or (passed and blocked):
+            # fewer clients than shards (of this job or of all jobs at once): take turns with a waiting one
+            waiting = [w for w in store.waiting_shards(self.redis, time.time(), WAITING_S)
+                       if w[0] == self.job_id or store.job_status(self.redis, w[0]) not in FINAL_STATES]
+            turn = turn_to_take(self.job_id, waiting, held, self.quantum_s, passed, blocked)
+            if turn is not None:
+                raise Stopped(f"taking turns with shard {turn[1]} of job {turn[0]}, which no client has taken")
 
     def stop(self):
         self._done.set()

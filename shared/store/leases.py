@@ -220,6 +220,17 @@ def shards(r: redis.Redis, job_id: str) -> dict[int, ShardState]:
     return {int(_s(k)): ShardState.parse(v) for k, v in raw.items()}
 
 
+def waiting_shards(r: redis.Redis, now: float, waited_s: float) -> list[tuple[str, int, float]]:
+    """(job, shard, seconds waited) of every active job's shard that has waited over `waited_s` for a client."""
+    jobs = [_s(j) for j in r.smembers(names.ACTIVE_JOBS_KEY)]
+    out = []
+    for job_id in sorted(jobs):
+        for sh in shards(r, job_id).values():
+            if sh.state == ShardPhase.PENDING and now - sh.queued_at > waited_s:
+                out.append((job_id, sh.shard, now - sh.queued_at))
+    return out
+
+
 def update_shard(r: redis.Redis, job_id: str, shard: int, change: Callable[[ShardState], bool | None],
                  owner: str | None = None, release: bool = False, attempts: int = 5) -> ShardState | None:
     """Read a shard, let `change` modify it (returning False: leave it), and write it back only if nobody
