@@ -201,17 +201,15 @@ def run_multi(args, name: str, spec: tuple, gpus: list, work: Path, models: list
 
 
 def pipeline(rows: list[dict], t0: float, batches, gpu_samples, cores: int, tuners: int, png: Path, title: str) -> dict:
-    """The run's timeline (one row a second), where its idle core-seconds went from the first build to the
-    last measurement, and its PNG."""
+    """The run's timeline (one row a second), where its idle core-seconds went from the first candidate
+    measured to the last, and its PNG."""
     add_lane_busy(rows, batches, t0)
     add_gpu_busy(rows, gpu_samples, t0)
-    first = next((x["t"] for x in rows if x["cores_by_role"]["builder"] > 0.5 or (x.get("queued") or {}).get("build")),
-                 None)
-    last = max(b.finished_at for b in batches) - t0 if batches else None
     out = {"timeline": rows, "png": plot(rows, png, title, cores)}
-    if first is not None and last is not None:
-        out.update(first_build_s=round(first - 1, 1), last_measured_s=round(last, 1),
-                   **idle_attribution(rows, cores, first - 1, last, tuners))
+    if batches:
+        first, last = min(b.started_at for b in batches) - t0, max(b.finished_at for b in batches) - t0
+        out.update(first_measured_s=round(first, 1), last_measured_s=round(last, 1),
+                   **idle_attribution(rows, cores, first, last, tuners))
     return out
 
 
