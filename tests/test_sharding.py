@@ -193,31 +193,57 @@ def test_a_blocked_shard_takes_turns_at_once_and_a_busy_one_after_its_quantum(re
         lease.stop()
 
 
-def test_a_client_takes_turns_with_another_jobs_waiting_shard_after_its_quantum():
-    from services.tuner.allocation import turn_to_take
+def test_jobs_share_the_clients_a_new_job_at_once_and_more_jobs_than_clients_by_turns():
+    from services.tuner.allocation import MIN_HOLD_S, turn_to_take
 
-    other = [("b", 0, 5.0), ("c", 2, 9.0)]
-    assert turn_to_take("a", other, held_s=10, quantum_s=30, passed=True, blocked=True) is None  # within its quantum
-    assert turn_to_take("a", other, held_s=31, quantum_s=30, passed=False, blocked=False) == ("c", 2)  # longest wait
+    after = MIN_HOLD_S + 1
+    waiting = [("b", 0, 5.0), ("b", 1, 5.0), ("c", 2, 9.0)]
+    # a job holding all four clients gives one to the longest-waiting job that has none, soon
+    assert turn_to_take("a", {"a": 4}, waiting, after, 30, passed=False, blocked=False) == ("c", 2)
+    assert turn_to_take("a", {"a": 4}, waiting, MIN_HOLD_S - 1, 30, passed=True, blocked=True) is None
+    # the job with the fewest clients comes first
+    assert turn_to_take("a", {"a": 3, "c": 1}, waiting, after, 30, passed=False, blocked=False) == ("b", 0)
+    # an even split stays put; one client more than another job's: taken turns with after the quantum
+    assert turn_to_take("a", {"a": 2, "b": 1, "c": 1}, waiting, after, 30, passed=True, blocked=False) is None
+    assert turn_to_take("a", {"a": 2, "b": 1, "c": 1}, waiting, 31, 30, passed=True, blocked=False) == ("c", 2)
+    assert turn_to_take("a", {"a": 1, "b": 1, "c": 1}, waiting, 99, 30, passed=True, blocked=False) is None
+    assert turn_to_take("a", {"a": 1}, [("e", 0, 1.0)], 31, 30, passed=False, blocked=False) == ("e", 0)
+    # its own job's waiting shards: only once each task of its shard had a round
     own = [("a", 1, 50.0)]
-    assert turn_to_take("a", own, held_s=31, quantum_s=30, passed=False, blocked=False) is None  # own first rounds
-    assert turn_to_take("a", own, held_s=1, quantum_s=30, passed=True, blocked=True) == ("a", 1)
-    assert turn_to_take("a", own + other, held_s=31, quantum_s=30, passed=True, blocked=False) == ("c", 2)
-    assert turn_to_take("a", [], held_s=99, quantum_s=30, passed=True, blocked=True) is None
+    assert turn_to_take("a", {"a": 1}, own, 31, 30, passed=False, blocked=False) is None
+    assert turn_to_take("a", {"a": 1}, own, 1, 30, passed=True, blocked=True) == ("a", 1)
+    assert turn_to_take("a", {"a": 1}, [], 99, 30, passed=True, blocked=True) is None
 
 
-def test_a_shard_held_past_its_quantum_is_handed_back_for_another_jobs_shard(redis_conn):
-    from services.tuner.metaschedule.rounds import Stopped
+def test_the_board_counts_running_and_waiting_shards():
+    from services.tuner.allocation import board_of
+
+    now = time.time()
+    board = {"a": [ShardState(shard=0, task_ids=["t0"], state="running"),
+                   ShardState(shard=1, task_ids=["t1"], queued_at=now - 5),
+                   ShardState(shard=2, task_ids=["t2"], queued_at=now - 1),
+                   ShardState(shard=3, task_ids=["t3"], state="done")],
+             "b": [ShardState(shard=0, task_ids=["t4"], queued_at=now - 3)]}
+    running, waiting = board_of(board, now, 2.0)
+    assert running == {"a": 1, "b": 0}
+    assert sorted((j, s) for j, s, _ in waiting) == [("a", 1), ("b", 0)]
+
+
+def test_a_job_holding_every_client_hands_a_shard_to_a_job_that_has_none(redis_conn):
+    from services.tuner.allocation import MIN_HOLD_S
+    from services.tuner.metaschedule.loop_parts import TurnTaken
     from services.tuner.shard_runner import Lease
 
     mine, theirs = "turns-mine", "turns-theirs"
-    _job(redis_conn, mine, [ShardState(shard=0, task_ids=["t0"], state="running")], 100)
-    _job(redis_conn, theirs, [ShardState(shard=0, task_ids=["t1"], queued_at=time.time() - 5)], 100)
-    assert (theirs, 0) in [(j, s) for j, s, _ in store.waiting_shards(redis_conn, time.time(), 2.0)]
-    lease = Lease(redis_conn, mine, 0, "me", threading.Event(), quantum_s=0)
+    _job(redis_conn, mine, [ShardState(shard=i, task_ids=[f"t{i}"], state="running") for i in range(3)], 100)
+    _job(redis_conn, theirs, [ShardState(shard=0, task_ids=["t9"], queued_at=time.time() - 5)], 100)
+    lease = Lease(redis_conn, mine, 0, "me", threading.Event(), quantum_s=3600)
     try:
-        with pytest.raises(Stopped, match="taking turns with shard"):
+        lease.check(False)  # just taken: it searches a while first
+        lease.started -= MIN_HOLD_S + 1
+        with pytest.raises(TurnTaken) as turn:
             lease.check(False)  # even before each task of its own shard had a round
+        assert (turn.value.job_id, turn.value.shard) == (theirs, 0)
     finally:
         lease.stop()
 

@@ -128,19 +128,38 @@ class Steering:
         return mine >= self.min_share * top
 
 
-def turn_to_take(own_job: str, waiting: list[tuple[str, int, float]], held_s: float, quantum_s: float,
-                 passed: bool, blocked: bool) -> tuple[str, int] | None:
+MIN_HOLD_S = 5.0  # a client searches a shard it took at least this long before it takes turns again
+
+
+def turn_to_take(own_job: str, running: dict[str, int], waiting: list[tuple[str, int, float]], held_s: float,
+                 quantum_s: float, passed: bool, blocked: bool) -> tuple[str, int] | None:
     """The waiting shard a client should hand its shard back for, or None to keep searching.
 
-    `waiting`: (job, shard, seconds waited) of shards no client holds. After `quantum_s` of holding its shard
-    a client takes turns with another job's waiting shard (the longest waiting first), so a job submitted
-    while every client is busy starts within about a quantum and jobs share the clients. With its own job's
-    shards it takes turns only once each task of its shard has had a round (`passed`), then at once when its
-    shard can measure nothing more (`blocked`), else after the quantum."""
-    others = sorted((w for w in waiting if w[0] != own_job), key=lambda w: -w[2])
-    if others and held_s > quantum_s:
-        return others[0][0], others[0][1]
+    `running`: how many of each job's shards clients hold; `waiting`: (job, shard, seconds waited) of the
+    shards no client holds. Jobs share the clients: the waiting job with the fewest clients (the longest
+    waiting among equals) gets this one when this client's job has two more than it (after `MIN_HOLD_S`:
+    a job submitted while every client is busy starts within a round or so), or one more once the client has
+    held its shard for `quantum_s` (more jobs than clients: they take turns). Within its own job a client
+    takes turns only once each task of its shard has had a round (`passed`): at once when its shard can
+    measure nothing more (`blocked`), else after the quantum."""
+    others = [w for w in waiting if w[0] != own_job]
+    if others and held_s > MIN_HOLD_S:
+        job, shard, _ = min(others, key=lambda w: (running.get(w[0], 0), -w[2]))
+        mine, theirs = running.get(own_job, 1), running.get(job, 0)
+        if mine > theirs + 1 or (held_s > quantum_s and mine > theirs):
+            return job, shard
     own = sorted((w for w in waiting if w[0] == own_job), key=lambda w: -w[2])
     if own and passed and (blocked or held_s > quantum_s):
         return own[0][0], own[0][1]
     return None
+
+
+def board_of(shards_by_job: dict[str, list[ShardState]], now: float, waited_s: float):
+    """(running shards per job, waiting shards as (job, shard, seconds waited)) from every active job's
+    shards; a shard counts as waiting once it has waited `waited_s` for a client."""
+    from shared.messages import ShardPhase
+
+    running = {job: sum(sh.state == ShardPhase.RUNNING for sh in shs) for job, shs in shards_by_job.items()}
+    waiting = [(job, sh.shard, now - sh.queued_at) for job, shs in shards_by_job.items() for sh in shs
+               if sh.state == ShardPhase.PENDING and now - sh.queued_at > waited_s]
+    return running, waiting

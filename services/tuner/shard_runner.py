@@ -77,9 +77,22 @@ class ShardRunner:
     # ------------------------------------------------------------------------- one shard
     def run(self, ref: ShardRef) -> dict | None:
         """Search one shard under its lease until its tasks' budget is spent (then mark it done), or hand it
-        back when told to stop. None when the job failed (its state says why)."""
+        back when told to stop; a shard handed back to take turns with another is followed by that one.
+        The last shard's outcome; None when its job failed (its state says why)."""
+        out, turn = self._run_one(ref)
+        while turn is not None and not self.stopping.is_set():
+            out, turn = self._run_one(turn)
+        return out
+
+    def _run_one(self, ref: ShardRef) -> tuple[dict | None, ShardRef | None]:
+        """One shard's search: its outcome, and the shard it was handed back for, if any."""
+        out = self._search(ref)
+        turn = (out or {}).pop("turn", None)
+        return out, turn
+
+    def _search(self, ref: ShardRef) -> dict | None:
         from services.tuner import search
-        from services.tuner.metaschedule.rounds import Stopped
+        from services.tuner.metaschedule.loop_parts import Stopped, TurnTaken
 
         r, me, s = self.redis, self.worker, self.settings
         started = time.time()
@@ -113,7 +126,10 @@ class ShardRunner:
         except Stopped as why:
             lease.stop()
             self._hand_back(ref, lease, why)
-            return {"job_id": ref.job_id, "shard": ref.shard, "handed_back": str(why)}
+            out = {"job_id": ref.job_id, "shard": ref.shard, "handed_back": str(why)}
+            if isinstance(why, TurnTaken):  # the waiting shard is taken at once (its queued message finds it held)
+                out["turn"] = ShardRef(job_id=why.job_id, shard=why.shard)
+            return out
         except Exception as err:  # noqa: BLE001
             lease.stop()
             if store.outage_since(started, err):  # the lease lapses; the reaper refunds and re-sends the shard
@@ -232,8 +248,8 @@ class Lease:
         """`passed`: every task of the shard has had its first round; `blocked`: the shard can measure
         nothing more until other shards' tasks have had theirs (then it takes turns at once, not after its
         quantum: the job's clients may all be held by other jobs, say waiting out a GPU recovery)."""
-        from services.tuner.allocation import turn_to_take
-        from services.tuner.metaschedule.rounds import Stopped
+        from services.tuner.allocation import MIN_HOLD_S, board_of, turn_to_take
+        from services.tuner.metaschedule.loop_parts import Stopped, TurnTaken
 
         if self.stopping.is_set():
             raise Stopped("the tuner client is shutting down")
@@ -243,13 +259,14 @@ class Lease:
         if state in (JobState.FAILED, JobState.CANCELLED):
             raise Stopped(f"the job is {state}")
         held = time.time() - self.started
-        if held > self.quantum_s or (passed and blocked):
-            # fewer clients than shards (of this job or of all jobs at once): take turns with a waiting one
-            waiting = [w for w in store.waiting_shards(self.redis, time.time(), WAITING_S)
-                       if w[0] == self.job_id or store.job_status(self.redis, w[0]) not in FINAL_STATES]
-            turn = turn_to_take(self.job_id, waiting, held, self.quantum_s, passed, blocked)
+        if held > MIN_HOLD_S or (passed and blocked):
+            # fewer clients than shards (of this job, or of all the jobs at once): take turns with a waiting one
+            board = {job: shs for job, shs in store.shard_board(self.redis).items()
+                     if job == self.job_id or store.job_status(self.redis, job) not in FINAL_STATES}
+            running, waiting = board_of(board, time.time(), WAITING_S)
+            turn = turn_to_take(self.job_id, running, waiting, held, self.quantum_s, passed, blocked)
             if turn is not None:
-                raise Stopped(f"taking turns with shard {turn[1]} of job {turn[0]}, which no client has taken")
+                raise TurnTaken(*turn, f"taking turns with shard {turn[1]} of job {turn[0]}, which no client has")
 
     def stop(self):
         self._done.set()

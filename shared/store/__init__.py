@@ -24,7 +24,7 @@ from shared.store.leases import (  # noqa: F401
     claim_requeue, claim_slot, clear_gpu_isolation, count_suspect_run, enter_gpu_running, finish_shard,
     gpu_running, lease_owner, leave_gpu_running, put_shards, refresh_claim, release_claim,
     release_gpu_gate, release_lease, renew_lease, renew_lease_as, set_gpu_running, shards, suspect_runs, take_gpu_gate,
-    take_lease, update_shard, waiting_shards
+    take_lease, update_shard, shard_board
 )
 from shared.store.records import (  # noqa: F401
     CANCELLED, default_timing, default_timings, has_records, known_records, put_default, put_record, put_workload,

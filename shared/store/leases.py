@@ -220,15 +220,9 @@ def shards(r: redis.Redis, job_id: str) -> dict[int, ShardState]:
     return {int(_s(k)): ShardState.parse(v) for k, v in raw.items()}
 
 
-def waiting_shards(r: redis.Redis, now: float, waited_s: float) -> list[tuple[str, int, float]]:
-    """(job, shard, seconds waited) of every active job's shard that has waited over `waited_s` for a client."""
-    jobs = [_s(j) for j in r.smembers(names.ACTIVE_JOBS_KEY)]
-    out = []
-    for job_id in sorted(jobs):
-        for sh in shards(r, job_id).values():
-            if sh.state == ShardPhase.PENDING and now - sh.queued_at > waited_s:
-                out.append((job_id, sh.shard, now - sh.queued_at))
-    return out
+def shard_board(r: redis.Redis) -> dict[str, list[ShardState]]:
+    """Every active job's shards, by job (what a client weighs when jobs take turns)."""
+    return {job_id: list(shards(r, job_id).values()) for job_id in sorted(_s(j) for j in r.smembers(names.ACTIVE_JOBS_KEY))}
 
 
 def update_shard(r: redis.Redis, job_id: str, shard: int, change: Callable[[ShardState], bool | None],

@@ -17,6 +17,14 @@ class Stopped(Exception):
     """The client was asked to stop (shutdown) or lost its lease: the shard goes back to the queue."""
 
 
+class TurnTaken(Stopped):
+    """The client hands its shard back to search the waiting shard `shard` of job `job_id` instead."""
+
+    def __init__(self, job_id: str, shard: int, why: str):
+        super().__init__(why)
+        self.job_id, self.shard = job_id, shard
+
+
 @dataclass
 class ShardRun:
     """What a shard's loop did, for the job's result and the benchmarks."""
