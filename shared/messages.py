@@ -476,6 +476,8 @@ class Candidate(Contract):
     # screened timing: timed briefly first, fully only when the brief median is under this many seconds
     # (the task's best so far plus a margin); None: the full timing (uniform policy, or nothing to beat yet)
     full_below_s: float | None = Field(default=None, gt=0)
+    # the task's key for the lanes' live best (store.live_bests): the bar tightens as the round finds better
+    bar_key: str | None = Field(default=None, max_length=200)
 
 
 class MeasureBatch(Contract):

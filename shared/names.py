@@ -261,6 +261,12 @@ def default_key(wkey: str) -> str:
     return f"{PREFIX}:default:{wkey}"
 
 
+def live_best_key(bar_key: str) -> str:
+    """A task's best fully timed seconds so far in a job, kept by the lanes as they time its candidates (the
+    screening bar of candidates already sent tightens with it)."""
+    return f"{PREFIX}:livebest:{bar_key}"
+
+
 def batch_results_key(batch_id: str) -> str:
     """Hash candidate_id -> MeasureResult JSON, written by the lane that measured the batch."""
     return f"{PREFIX}:batch:{batch_id}"

@@ -27,3 +27,13 @@ def screen_bar(best_s: float | None) -> float | None:
     import math
 
     return best_s * (1.0 + SCREEN_MARGIN) if best_s is not None and 0 < best_s < math.inf else None
+
+
+def live_bar(sent_bar_s: float | None, live_best_s: float | None) -> float | None:
+    """A candidate's bar when it is timed: the bar it was sent with, tightened to the margin over its task's
+    best fully timed so far by any lane (candidates of the same round found it meanwhile). No bar sent (the
+    uniform policy, or nothing to beat): none."""
+    if sent_bar_s is None or live_best_s is None:
+        return sent_bar_s
+    fresh = screen_bar(live_best_s)
+    return sent_bar_s if fresh is None else min(sent_bar_s, fresh)

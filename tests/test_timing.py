@@ -137,3 +137,40 @@ def test_a_tuners_timing_floor_replaces_only_the_floor_of_its_lane_kinds_timing(
     gpu = timing_for("cuda", 5)
     assert (gpu.number, gpu.repeat, gpu.min_repeat_ms) == (3, 3, 5)
     assert timing_for("cuda").min_repeat_ms == 50
+
+
+def test_a_sent_bar_tightens_to_the_live_best_and_no_bar_stays_none():
+    from shared.ranking import SCREEN_MARGIN, live_bar
+
+    assert live_bar(5e-6, 2e-6) == pytest.approx(2e-6 * (1 + SCREEN_MARGIN))  # a better candidate came meanwhile
+    assert live_bar(2e-6, 4e-6) == 2e-6  # never looser than the bar it was sent with
+    assert live_bar(None, 1e-6) is None  # uniform timing, or nothing to beat: never screened
+    assert live_bar(3e-6, None) == 3e-6
+
+
+def test_lanes_keep_a_tasks_live_best_and_tighten_the_bars_still_to_come(redis_conn):
+    import uuid
+
+    from services.measurer.worker import keep_live_bests, tightened
+    from shared import store
+    from shared.messages import Candidate, MeasureBatch, MeasureResult
+    from shared.ranking import SCREEN_MARGIN
+
+    key = f"livebest-test:{uuid.uuid4().hex[:8]}"
+
+    def batch(*bars):
+        return MeasureBatch(batch_id=uuid.uuid4().hex, job_id="livebest-test", target="", candidates=[
+            Candidate(candidate_id=f"c{i}", mod="", args_info=[], full_below_s=b, bar_key=key if b else None)
+            for i, b in enumerate(bars)])
+
+    first = batch(10e-6, 10e-6)
+    assert tightened(redis_conn, first) == first  # nothing measured yet
+    keep_live_bests(redis_conn, first, [
+        MeasureResult(candidate_id="c0", run_secs=[4e-6, 4e-6, 4e-6], timing="full"),
+        MeasureResult(candidate_id="c1", run_secs=[3e-6], timing="brief")])  # a brief figure never counts
+    assert store.live_bests(redis_conn, [key]) == {key: pytest.approx(4e-6)}
+    keep_live_bests(redis_conn, first, [MeasureResult(candidate_id="c1", run_secs=[6e-6] * 3, timing="full")])
+    assert store.live_bests(redis_conn, [key]) == {key: pytest.approx(4e-6)}  # only ever lower
+    later = tightened(redis_conn, batch(10e-6, None))
+    assert later.candidates[0].full_below_s == pytest.approx(4e-6 * (1 + SCREEN_MARGIN))
+    assert later.candidates[1].full_below_s is None

@@ -23,6 +23,7 @@ from shared.ids import worker_id
 from shared.messages import (BuilderInfo, BuildRequest, ErrorKind, JobState, LaneBatch, LaneInfo, MeasureBatch,
                              MeasureResult)
 from shared.settings import LaneSettings
+from shared.ranking import live_bar, rank_secs
 from services.measurer import poison
 from services.measurer.in_process import InProcessMeasuring
 
@@ -184,6 +185,7 @@ class LaneWorker:
         window = self.observer is not None
         if window:
             self.observer.start_window(s.gpu_uuid)
+        batch = tightened(r, batch)
         results = self._results(batch, target)
         answered = []
         self.in_process.held = (batch.batch_id, answered)  # written by the watchdog if the lane dies holding them
@@ -201,6 +203,7 @@ class LaneWorker:
                 res.device.update(facts)
                 store.put_result(r, batch.batch_id, res)
         self.in_process.held = None
+        keep_live_bests(r, batch, answered)
         ok = sum(res.error is None for res in answered)
         store.log_lane_batch(r, batch.job_id, LaneBatch(
             batch_id=batch.batch_id, lane=lane.queue, worker=worker, started_at=started, finished_at=time.time(),
@@ -235,6 +238,25 @@ class LaneWorker:
         else:
             measuring = (evaluate.measure(c, target, batch.timing) for c in todo)
         return self.in_process.measure(batch, measuring, quarantined, guard)
+
+
+def tightened(r, batch: MeasureBatch) -> MeasureBatch:
+    """The batch with each screened candidate's bar tightened to its task's live best (ranking.live_bar)."""
+    keys = sorted({c.bar_key for c in batch.candidates if c.bar_key and c.full_below_s is not None})
+    best = store.live_bests(r, keys) if keys else {}
+    if not best:
+        return batch
+    cands = [c.model_copy(update={"full_below_s": live_bar(c.full_below_s, best.get(c.bar_key or ""))})
+             for c in batch.candidates]
+    return batch.model_copy(update={"candidates": cands})
+
+
+def keep_live_bests(r, batch: MeasureBatch, answered: list[MeasureResult]) -> None:
+    """Each fully timed answer lowers its task's live best, for the bars of the candidates still to come."""
+    keys = {c.candidate_id: c.bar_key for c in batch.candidates if c.bar_key}
+    for res in answered:
+        if res.error is None and res.timing == "full" and res.run_secs and keys.get(res.candidate_id):
+            store.lower_live_best(r, keys[res.candidate_id], rank_secs(res.run_secs))
 
 
 def redelivered(r, batch: MeasureBatch) -> str | None:

@@ -36,6 +36,7 @@ from shared.store.liveness import (  # noqa: F401
     live_services, live_tuners, mark_batch_building, queue_length, retire_agent, retire_builder, retire_lane,
     retire_service, retire_tuner
 )
+from shared.store.results import live_bests, lower_live_best  # noqa: F401
 from shared.store.results import (  # noqa: F401
     batch_progress, batch_results, batch_started, candidate_hash, crash_clear, crash_count,
     crash_pending, dead_letter, DEADLETTER_KEEP, gpu_faults, lane_batches, log_lane_batch,

@@ -9,7 +9,7 @@ import redis
 
 from shared import names
 from shared.messages import GpuFault, LaneBatch, MeasureResult, Quarantined
-from shared.store._redis import _s
+from shared.store._redis import _s, _script
 from shared.timeouts import RESULT_TTL_S
 
 
@@ -27,6 +27,29 @@ def mark_batch_started(r: redis.Redis, batch_id: str, lane: str, worker: str | N
         p.hset(key, "_started", json.dumps(started))
         p.expire(key, RESULT_TTL_S)
         p.execute()
+
+
+LIVE_BEST_TTL_S = 6 * 3600
+
+_LOWER = _script("""
+local cur = redis.call('GET', KEYS[1])
+if (not cur) or tonumber(ARGV[1]) < tonumber(cur) then redis.call('SET', KEYS[1], ARGV[1]) end
+redis.call('EXPIRE', KEYS[1], ARGV[2])
+return 1
+""")
+
+
+def live_bests(r: redis.Redis, bar_keys: list[str]) -> dict[str, float]:
+    """The best fully timed seconds the lanes have measured so far for each of these tasks (those known)."""
+    if not bar_keys:
+        return {}
+    got = r.mget([names.live_best_key(k) for k in bar_keys])
+    return {k: float(v) for k, v in zip(bar_keys, got) if v is not None}
+
+
+def lower_live_best(r: redis.Redis, bar_key: str, secs: float) -> None:
+    """A task's live best becomes `secs` if that is lower (atomic: lanes time its candidates at once)."""
+    _LOWER(keys=[names.live_best_key(bar_key)], args=[repr(float(secs)), LIVE_BEST_TTL_S], client=r)
 
 
 def put_result(r: redis.Redis, batch_id: str, res: MeasureResult) -> bool:

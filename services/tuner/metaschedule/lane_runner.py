@@ -244,6 +244,7 @@ class LaneRunner(PyRunner):
         # screened timing: the brief median under which the next candidates get the full timing (the
         # task's best so far plus shared.ranking.SCREEN_MARGIN); None: every candidate gets it
         self.full_below_s: float | None = None
+        self.bar_key: str | None = None  # the round's task, whose live best the lanes keep (Candidate.bar_key)
         self._rr = 0
         try:  # builders serve a family; a target with none (e.g. no explicit arch) is built by its lanes
             self.family = lane_kinds.target_family(self.target_json)
@@ -262,6 +263,7 @@ class LaneRunner(PyRunner):
                 mod=self.stash.take(ri.artifact_path),
                 args_info=[_plain(a.as_json()) for a in ri.args_info],
                 full_below_s=self.full_below_s,
+                bar_key=self.bar_key if self.full_below_s is not None else None,
             )
             for ri in runner_inputs
         ]
