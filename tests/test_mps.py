@@ -174,9 +174,24 @@ def test_refusal_without_mps(tmp_path):
     assert fake.calls == []
 
 
+def test_a_lane_asks_again_until_the_daemon_answers(tmp_path):
+    class Slow(FakeControl):  # the daemon runs, but its first two queries go unanswered (a busy host)
+        missed = 0
+
+        def __call__(self, argv, env, input, timeout):
+            if input == "get_server_list\n" and self.missed < 2:
+                self.missed += 1
+                return CommandResult(124, "", "timed out")
+            return super().__call__(argv, env, input, timeout)
+
+    fake = Slow(tmp_path / "pipe", running=True)
+    daemon(tmp_path, fake).check_lane(lanes.kind("gpu").lane(H200.uuid, 25))
+    assert fake.missed == 2
+
+
 def test_ensure_starts_the_daemon_for_partial_lanes_only(tmp_path):
     fake = FakeControl(tmp_path / "pipe")
-    d = daemon(tmp_path, fake)
+    d = daemon(tmp_path, fake, timeout_s=0.2)
     assert d.ensure_for(plan_gpu_lanes([H200], "1x100")) is False and not d.started
     with pytest.raises(LaneError, match="no MPS control daemon answers"):
         d.check_lane(lanes.kind("gpu").lane(H200.uuid, 50))

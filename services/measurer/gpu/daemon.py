@@ -206,11 +206,13 @@ class MpsDaemon:
         return True
 
     def check_lane(self, lane: Lane) -> None:
-        """For a lane worker about to start: a partial GPU lane needs a daemon answering on the pipe dir."""
-        if self.require_for([lane]) and not self.is_running():
+        """For a lane worker about to start: a partial GPU lane needs a daemon answering on the pipe dir. A query
+        can go unanswered while a whole stack starts at once on a busy host: it is asked again until the wait's
+        timeout before the lane is refused."""
+        if self.require_for([lane]) and not self._wait_until(self.is_running, True):
             raise LaneError(
-                f"no MPS control daemon answers on {self.pipe_dir}: refusing to run GPU lane {lane.queue} "
-                f"at {lane.share} % unshared"
+                f"no MPS control daemon answers on {self.pipe_dir} within {self.timeout_s} s: refusing to run GPU "
+                f"lane {lane.queue} at {lane.share} % unshared"
             )
 
     def client_environment(self, lane: Lane, gpu_uuid: str) -> dict[str, str]:
