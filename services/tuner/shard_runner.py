@@ -4,7 +4,7 @@ A client holds the shard it searches with a lease (a Redis key with a TTL that a
 that dies loses its lease; any live client's reaper (its heartbeat runs it) then refunds the shard's
 unrecorded claim and sends the shard again, and the next client resumes it from the store. A client
 asked to stop hands its shard back at the next round; a finished shard is marked done only under the
-lease, and the client that marks a job's last shard done sends the job's finishing step.
+lease, and the client that marks a job's last shard done runs the job's finishing step.
 
 Sending is given: `send(task_name, payload, queue)`, `send_shard(job_id, shard)`, `send_finish(job_id)`."""
 from __future__ import annotations
@@ -143,8 +143,11 @@ class ShardRunner:
             log.warning("job %s shard %s: lease lost before the shard was marked done", ref.job_id, ref.shard)
             return {"job_id": ref.job_id, "shard": ref.shard, "lease_lost": True, "trials": run.trials}
         if all(sh.state == ShardPhase.DONE for sh in store.shards(r, ref.job_id).values()):
+            # finished here, at once: a step sent to the queue would wait behind other jobs' shards, which a
+            # client busy with a long job keeps taking turns with (a client that dies in it leaves the guard
+            # to lapse, and the reaper sends the step)
             if store.claim_finish(r, ref.job_id, me):
-                self.send_finish(ref.job_id)
+                self.finish(ref.job_id)
         return {"job_id": ref.job_id, "shard": ref.shard, "trials": run.trials, "reused": run.reused}
 
     def _hand_back(self, ref: ShardRef, lease: Lease, why: BaseException) -> None:
