@@ -96,6 +96,28 @@ class BusySampler:
         return None if stats.busy_fraction is None else round(stats.busy_fraction, 4)
 
 
+def cpu_by_role(procs: dict, role_of) -> dict[str, float]:
+    """CPU seconds so far of each role (`role_of(process name)`) of a stack's processes, each with its live
+    children and those it has reaped (build pools, a lane's timing child)."""
+    import psutil
+
+    out: dict[str, float] = {}
+    for name, popen in list(procs.items()):
+        try:
+            root = psutil.Process(popen.pid)
+            tree = [root] + root.children(recursive=True)
+        except psutil.Error:
+            continue
+        for p in tree:
+            try:
+                t = p.cpu_times()
+            except psutil.Error:
+                continue
+            role = role_of(name)
+            out[role] = out.get(role, 0.0) + t.user + t.system + t.children_user + t.children_system
+    return out
+
+
 class CpuSampler:
     """Where the host's CPU went over a window: its busy fraction and the CPU seconds of each role of the
     stack (tuner, builder, lane, updater, planner...), each process with its children (build pools, a
@@ -108,23 +130,8 @@ class CpuSampler:
         self.t0, self.host0, self.roles0 = time.time(), psutil.cpu_times(), self._roles()
 
     def _roles(self) -> dict[str, float]:
-        import psutil
-
-        out: dict[str, float] = {}
-        for name, popen in self.procs.items():
-            role = re.match(r"[a-z]*", name).group(0) or name  # tuner0, builder-cuda.sm_90-3 -> tuner, builder
-            try:
-                root = psutil.Process(popen.pid)
-                tree = [root] + root.children(recursive=True)
-            except psutil.Error:
-                continue
-            for p in tree:
-                try:
-                    t = p.cpu_times()
-                except psutil.Error:
-                    continue
-                out[role] = out.get(role, 0.0) + t.user + t.system + t.children_user + t.children_system
-        return out
+        # tuner0, builder-cuda.sm_90-3 -> tuner, builder
+        return cpu_by_role(self.procs, lambda name: re.match(r"[a-z]*", name).group(0) or name)
 
     def stop(self) -> dict:
         import psutil

@@ -9,6 +9,8 @@ import re
 import threading
 import time
 
+from bench.harness.samplers import cpu_by_role
+
 ROLES = ("tuner", "builder", "lane", "updater", "other")
 
 
@@ -37,22 +39,7 @@ class Timeline:
         self._thread.start()
 
     def _role_cpu(self) -> dict[str, float]:
-        import psutil
-
-        out = dict.fromkeys(ROLES, 0.0)
-        for name, popen in list(self.procs.items()):
-            try:
-                root = psutil.Process(popen.pid)
-                tree = [root] + root.children(recursive=True)
-            except psutil.Error:
-                continue
-            for p in tree:
-                try:
-                    t = p.cpu_times()
-                except psutil.Error:
-                    continue
-                out[role_of(name)] += t.user + t.system
-        return out
+        return {**dict.fromkeys(ROLES, 0.0), **cpu_by_role(self.procs, role_of)}
 
     def _sample(self) -> None:
         import psutil

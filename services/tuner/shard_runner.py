@@ -264,9 +264,11 @@ class Lease:
         held = time.time() - self.started
         if held > MIN_HOLD_S or (passed and blocked):
             # fewer clients than shards (of this job, or of all the jobs at once): take turns with a waiting one
-            board = {job: shs for job, shs in store.shard_board(self.redis).items()
-                     if job == self.job_id or store.job_status(self.redis, job) not in FINAL_STATES}
+            board = {job: list(store.shards(self.redis, job).values()) for job in store.active_jobs(self.redis)}
             running, waiting = board_of(board, time.time(), WAITING_S)
+            ended = {job for job in {w[0] for w in waiting} - {self.job_id}
+                     if store.job_status(self.redis, job) in FINAL_STATES}  # until the reaper retires them
+            waiting = [w for w in waiting if w[0] not in ended]
             turn = turn_to_take(self.job_id, running, waiting, held, self.quantum_s, passed, blocked)
             if turn is not None:
                 raise TurnTaken(*turn, f"taking turns with shard {turn[1]} of job {turn[0]}, which no client has")

@@ -24,7 +24,7 @@ from shared.store.leases import (  # noqa: F401
     claim_requeue, claim_slot, clear_gpu_isolation, count_suspect_run, enter_gpu_running, finish_shard,
     gpu_running, lease_owner, leave_gpu_running, put_shards, refresh_claim, release_claim,
     release_gpu_gate, release_lease, renew_lease, renew_lease_as, set_gpu_running, shards, suspect_runs, take_gpu_gate,
-    take_lease, update_shard, shard_board
+    take_lease, update_shard
 )
 from shared.store.records import (  # noqa: F401
     CANCELLED, default_timing, default_timings, has_records, known_records, put_default, put_record, put_workload,
@@ -36,10 +36,9 @@ from shared.store.liveness import (  # noqa: F401
     live_services, live_tuners, mark_batch_building, queue_length, retire_agent, retire_builder, retire_lane,
     retire_service, retire_tuner
 )
-from shared.store.results import live_bests, lower_live_best  # noqa: F401
 from shared.store.results import (  # noqa: F401
     batch_progress, batch_results, batch_started, candidate_hash, crash_clear, crash_count,
-    crash_pending, dead_letter, DEADLETTER_KEEP, gpu_faults, lane_batches, log_lane_batch,
+    crash_pending, dead_letter, DEADLETTER_KEEP, gpu_faults, lane_batches, live_bests, log_lane_batch, lower_live_best,
     mark_batch_started, note_resend, put_result, quarantine, quarantined, quarantined_all, report_gpu_fault,
     resend_counts, resends
 )

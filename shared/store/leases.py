@@ -220,11 +220,6 @@ def shards(r: redis.Redis, job_id: str) -> dict[int, ShardState]:
     return {int(_s(k)): ShardState.parse(v) for k, v in raw.items()}
 
 
-def shard_board(r: redis.Redis) -> dict[str, list[ShardState]]:
-    """Every active job's shards, by job (what a client weighs when jobs take turns)."""
-    return {job_id: list(shards(r, job_id).values()) for job_id in sorted(_s(j) for j in r.smembers(names.ACTIVE_JOBS_KEY))}
-
-
 def update_shard(r: redis.Redis, job_id: str, shard: int, change: Callable[[ShardState], bool | None],
                  owner: str | None = None, release: bool = False, attempts: int = 5) -> ShardState | None:
     """Read a shard, let `change` modify it (returning False: leave it), and write it back only if nobody
