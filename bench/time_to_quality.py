@@ -374,8 +374,26 @@ def run_model(args, model: str, row: dict, work: Path, warm_store, save, deadlin
     save()
 
 
+KEPT_DBS = RESULTS / "time_to_quality_dbs.tar.xz"
+
+
+def kept_in_repo(name: str) -> Path:
+    """A folder of databases kept in the repo. They are kept as one xz archive (~50x smaller: the raw JSON would not
+    fit a device call beside the staged wheels), unpacked on first use beside this process's work."""
+    unpacked = Path(os.environ.get("TMPDIR", "/tmp")) / f"sharetune-kept-{KEPT_DBS.stat().st_mtime_ns}"
+    if not unpacked.is_dir() and KEPT_DBS.exists():
+        part = unpacked.with_suffix(f".{os.getpid()}")
+        part.mkdir(parents=True, exist_ok=True)
+        subprocess.run(["tar", "xJf", str(KEPT_DBS), "-C", str(part)], check=True)
+        try:
+            part.rename(unpacked)
+        except OSError:  # another process unpacked it first
+            shutil.rmtree(part, ignore_errors=True)
+    return unpacked / name
+
+
 def stock_db(model: str, mwork: Path) -> Path | None:
-    for d in (mwork / "stock", out_dir() / f"stock-{model}", RESULTS / "time_to_quality_stock" / model):
+    for d in (mwork / "stock", out_dir() / f"stock-{model}", kept_in_repo("time_to_quality_stock") / model):
         if (d / "database_tuning_record.json").exists():
             return d
     return None
@@ -383,7 +401,7 @@ def stock_db(model: str, mwork: Path) -> Path | None:
 
 def keep_run(model: str, phase: str, work: Path, res: dict) -> None:
     """A service run's exported database (what its tuned module was compiled with) and its job's records,
-    kept under $OUT (then bench/results/time_to_quality_runs) so that a later lease can serve it again."""
+    kept under $OUT (then in bench/results/time_to_quality_dbs.tar.xz) so that a later lease can serve it again."""
     keep = out_dir() / f"{phase}-{model}"
     shutil.rmtree(keep, ignore_errors=True)
     if res.get("database_dir") and Path(res["database_dir"]).is_dir():
@@ -396,7 +414,7 @@ def kept_run(model: str, phase: str, work: Path) -> Path | None:
     """Where a service run's databases are: this lease's work dir, $OUT, or the results kept in the repo."""
     if (work / "records_db").is_dir() and any(work.glob("jobs/*/tuned.so")):
         return work
-    for d in (out_dir() / f"{phase}-{model}", RESULTS / "time_to_quality_runs" / f"{phase}-{model}"):
+    for d in (out_dir() / f"{phase}-{model}", kept_in_repo("time_to_quality_runs") / f"{phase}-{model}"):
         if (d / "database" / "database_tuning_record.json").exists():
             return d
     return None
