@@ -11,7 +11,8 @@ import pytest
 
 from shared import names, store, timeouts
 from shared.messages import JobTask, ShardRef, ShardState
-from services.tuner.allocation import Steering, behind, expected_cost, flops_shares, gradient, partition, priority
+from services.tuner.allocation import (Steering, behind, expected_cost, flops_shares, gradient, next_task, partition,
+                                       priority)
 
 
 def _tasks(spec):
@@ -113,6 +114,15 @@ def test_steering_holds_a_light_task_back_while_a_heavy_one_pays_far_more():
     assert s.may_run(40.0, [12.0], live_shards=2)  # the best task's owner never waits
     # tasks without a round (+inf) or without a valid result (-1e9) are no measure of what a round pays
     assert s.may_run(4.0, [math.inf, -1e9], live_shards=4)
+
+
+def test_a_task_whose_batch_came_back_goes_before_one_still_measured():
+    prio = {"a": 9.0, "b": 3.0, "c": 3.0}
+    assert next_task(["a", "b", "c"], prio, in_flight=set()) == "a"
+    assert next_task(["a", "b", "c"], prio, in_flight={"a"}) == "b"  # the first of equals, in the shard's order
+    assert next_task(["a", "b", "c"], prio, in_flight={"a", "b"}) == "c"
+    # every batch still measured: the best task (the client then joins it)
+    assert next_task(["a", "b", "c"], prio, in_flight={"a", "b", "c"}) == "a"
 
 
 # ---- budget, leases and the reaper on the real Redis ------------------------------------------------------

@@ -103,6 +103,15 @@ def priority(history: list[float], weight: float, is_behind: bool) -> float:
     return math.inf if is_behind else gradient(history, weight)
 
 
+def next_task(order: list[str], priorities: dict[str, float], in_flight: set[str]) -> str:
+    """The task whose next round a client searches: the one of highest priority (first in `order` on a tie)
+    among those whose last batch has come back, or among all of them when every batch is still measured.
+    A task still measured waits while another's has landed, so a client keeps the builders and lanes fed
+    instead of blocking on one round's last candidates."""
+    ready = [t for t in order if t not in in_flight]
+    return max(ready or order, key=lambda t: priorities[t])
+
+
 @dataclass
 class Steering:
     """A client's rule for sharing one job-wide budget: run its best task's next round when that task is

@@ -9,11 +9,13 @@ from shared import store
 from shared.messages import ShardPhase
 from services.tuner.metaschedule.loop_parts import Shard, ShardRun
 from services.tuner.metaschedule.task_search import TaskSearch
-from services.tuner.allocation import Steering, behind, first_rounds_reserve, flops_shares, priority
+from services.tuner.allocation import Steering, behind, first_rounds_reserve, flops_shares, next_task, priority
 
 # how long a client's second rounds wait for other clients' first rounds before they stop leaving them budget
 # (a shard nobody runs must not hold the job back for good)
 RESERVE_WAIT_S = 300.0
+# how often a client whose every task is being measured looks for a batch that came back
+LANDING_POLL_S = 0.05
 
 
 class JobBudget:
@@ -55,20 +57,29 @@ class RoundPicker:
         self.redis, self.job_id, self.shard = shard.redis, shard.job_id, shard.shard
         self.steering, self.check, self.stats = steering, check, stats
 
-    def pick(self, tasks: list[TaskSearch], touch: Callable[[], None]) -> TaskSearch | None:
+    def pick(self, tasks: list[TaskSearch], touch: Callable[[], None],
+             in_flight: Callable[[TaskSearch], bool] = lambda t: False) -> TaskSearch | None:
         """The next task of `tasks` to search (None when all are done); `touch()` first joins the batches that
-        came back, so the gradients are current."""
+        came back, so the gradients are current; `in_flight(t)` whether t's batch is still being measured
+        (allocation.next_task; until Steering's max_wait_s, a client whose every task is measured waits for one
+        to land)."""
         t0 = time.time()
         while True:
             touch()
             alive = [t for t in tasks if not t.done]
             if not alive:
                 return None
+            ready = [t for t in alive if not in_flight(t)]
+            waited = time.time() - t0
+            if not ready and waited <= self.steering.max_wait_s:
+                self.check(True)
+                time.sleep(LANDING_POLL_S)
+                continue
             job_tasks, prio = self._priorities()
             grads = {t.task_id: prio(t.task_id) for t in alive}
-            best = max(alive, key=lambda t: (grads[t.task_id], -tasks.index(t)))
+            best_id = next_task([t.task_id for t in alive], grads, {t.task_id for t in alive if in_flight(t)})
+            best = next(t for t in alive if t.task_id == best_id)
             others, live = self._others(job_tasks, prio)
-            waited = time.time() - t0
             if waited > self.steering.max_wait_s or self.steering.may_run(grads[best.task_id], others, live):
                 self.stats.waited_s += time.time() - t0
                 return best

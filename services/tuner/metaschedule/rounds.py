@@ -75,7 +75,7 @@ class ShardLoop:
                     return self.run_stats
             while True:
                 self.check(True)
-                t = self.picker.pick(self.tasks, self._touch)
+                t = self.picker.pick(self.tasks, self._touch, lambda t: t.task_id in self.flights)
                 if t is None:
                     break
                 if not self._round(t):
