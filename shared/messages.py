@@ -476,7 +476,8 @@ class Candidate(Contract):
     # screened timing: timed briefly first, fully only when the brief median is under this many seconds
     # (the task's best so far plus a margin); None: the full timing (uniform policy, or nothing to beat yet)
     full_below_s: float | None = Field(default=None, gt=0)
-    # the task's key for the lanes' live best (store.live_bests): the bar tightens as the round finds better
+    # the task's key for the lanes' live best (store.live_bests), set on screened rounds: the bar tightens as
+    # the round finds better, and a round sent with nothing to beat is screened once it has a best
     bar_key: str | None = Field(default=None, max_length=200)
 
 

@@ -30,10 +30,11 @@ def screen_bar(best_s: float | None) -> float | None:
 
 
 def live_bar(sent_bar_s: float | None, live_best_s: float | None) -> float | None:
-    """A candidate's bar when it is timed: the bar it was sent with, tightened to the margin over its task's
-    best fully timed so far by any lane (candidates of the same round found it meanwhile). No bar sent (the
-    uniform policy, or nothing to beat): none."""
-    if sent_bar_s is None or live_best_s is None:
-        return sent_bar_s
+    """A screened candidate's bar when it is timed: the bar it was sent with (None: its task had nothing to
+    beat when the round was sent), tightened to the margin over its task's best fully timed so far by any lane
+    (candidates of the same round found it meanwhile). Only candidates sent for screening (with a bar key)
+    are asked; without a live best the sent bar stands."""
     fresh = screen_bar(live_best_s)
-    return sent_bar_s if fresh is None else min(sent_bar_s, fresh)
+    if sent_bar_s is None or fresh is None:
+        return fresh if sent_bar_s is None else sent_bar_s
+    return min(sent_bar_s, fresh)

@@ -144,7 +144,9 @@ def test_a_sent_bar_tightens_to_the_live_best_and_no_bar_stays_none():
 
     assert live_bar(5e-6, 2e-6) == pytest.approx(2e-6 * (1 + SCREEN_MARGIN))  # a better candidate came meanwhile
     assert live_bar(2e-6, 4e-6) == 2e-6  # never looser than the bar it was sent with
-    assert live_bar(None, 1e-6) is None  # uniform timing, or nothing to beat: never screened
+    # sent with nothing to beat: screened once the round has a fully timed best
+    assert live_bar(None, 1e-6) == pytest.approx(1e-6 * (1 + SCREEN_MARGIN))
+    assert live_bar(None, None) is None
     assert live_bar(3e-6, None) == 3e-6
 
 
@@ -173,4 +175,7 @@ def test_lanes_keep_a_tasks_live_best_and_tighten_the_bars_still_to_come(redis_c
     assert store.live_bests(redis_conn, [key]) == {key: pytest.approx(4e-6)}  # only ever lower
     later = tightened(redis_conn, batch(10e-6, None))
     assert later.candidates[0].full_below_s == pytest.approx(4e-6 * (1 + SCREEN_MARGIN))
-    assert later.candidates[1].full_below_s is None
+    assert later.candidates[1].full_below_s is None  # not screened (no bar key): the full timing, always
+    first_round = MeasureBatch(batch_id=uuid.uuid4().hex, job_id="livebest-test", target="", candidates=[
+        Candidate(candidate_id="c9", mod="", args_info=[], full_below_s=None, bar_key=key)])
+    assert tightened(redis_conn, first_round).candidates[0].full_below_s == pytest.approx(4e-6 * (1 + SCREEN_MARGIN))

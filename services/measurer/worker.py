@@ -241,13 +241,14 @@ class LaneWorker:
 
 
 def tightened(r, batch: MeasureBatch) -> MeasureBatch:
-    """The batch with each screened candidate's bar tightened to its task's live best (ranking.live_bar)."""
-    keys = sorted({c.bar_key for c in batch.candidates if c.bar_key and c.full_below_s is not None})
+    """The batch with each screened candidate's bar (one with a bar key) tightened to its task's live best
+    (ranking.live_bar); a first round's candidates, sent with nothing to beat, get one once the round has it."""
+    keys = sorted({c.bar_key for c in batch.candidates if c.bar_key})
     best = store.live_bests(r, keys) if keys else {}
     if not best:
         return batch
-    cands = [c.model_copy(update={"full_below_s": live_bar(c.full_below_s, best.get(c.bar_key or ""))})
-             for c in batch.candidates]
+    cands = [c.model_copy(update={"full_below_s": live_bar(c.full_below_s, best.get(c.bar_key))})
+             if c.bar_key else c for c in batch.candidates]
     return batch.model_copy(update={"candidates": cands})
 
 

@@ -263,7 +263,7 @@ class LaneRunner(PyRunner):
                 mod=self.stash.take(ri.artifact_path),
                 args_info=[_plain(a.as_json()) for a in ri.args_info],
                 full_below_s=self.full_below_s,
-                bar_key=self.bar_key if self.full_below_s is not None else None,
+                bar_key=self.bar_key,
             )
             for ri in runner_inputs
         ]
