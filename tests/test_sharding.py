@@ -223,6 +223,20 @@ def test_jobs_share_the_clients_a_new_job_at_once_and_more_jobs_than_clients_by_
     assert turn_to_take("a", {"a": 1}, own, 31, 30, passed=False, blocked=False) is None
     assert turn_to_take("a", {"a": 1}, own, 1, 30, passed=True, blocked=True) == ("a", 1)
     assert turn_to_take("a", {"a": 1}, [], 99, 30, passed=True, blocked=True) is None
+    # blocked by first rounds still owed: at once only to a shard that owes them, else after the quantum
+    assert turn_to_take("a", {"a": 1}, own, 1, 30, passed=True, blocked=True, owing={1}) == ("a", 1)
+    assert turn_to_take("a", {"a": 1}, own, 1, 30, passed=True, blocked=True, owing=set()) is None
+    assert turn_to_take("a", {"a": 1}, own, 31, 30, passed=True, blocked=True, owing=set()) == ("a", 1)
+
+
+def test_the_shards_owing_first_rounds_are_those_with_a_task_without_one():
+    from services.tuner.allocation import owing_first_rounds
+
+    shards = [ShardState(shard=0, task_ids=["t0", "t1"]), ShardState(shard=1, task_ids=["t2"]),
+              ShardState(shard=2, task_ids=[])]
+    assert owing_first_rounds(shards, {"t0", "t1"}) == {1}
+    assert owing_first_rounds(shards, {"t0"}) == {0, 1}
+    assert owing_first_rounds(shards, {"t0", "t1", "t2"}) == set()
 
 
 def test_the_board_counts_running_and_waiting_shards():
@@ -371,7 +385,9 @@ def test_two_clients_share_one_budget_and_a_killed_client_is_replaced(stack, cli
         assert final["state"] == "done", final
         shards = store.shards(redis_conn, job.job_id)
         assert all(sh.state == "done" for sh in shards.values())
-        assert shards[victim].attempts == 2  # resumed by another client
+        # resumed by another client (and, on a slow host, maybe once more: a client alone with both shards
+        # takes turns between them)
+        assert shards[victim].attempts >= 2
         # at most what was in flight is spent again: a batch per task of the shard (a task's batch stays in
         # flight while the client searches its other tasks)
         assert shards[victim].refunded <= per_iter * len(shards[victim].task_ids)
@@ -381,7 +397,7 @@ def test_two_clients_share_one_budget_and_a_killed_client_is_replaced(stack, cli
         assert status["trials"] == trials  # the job-wide budget, exactly
         assert _job_records(redis_conn, job.job_id) == trials  # one record per trial spent, none lost
         assert store.budget_left(redis_conn, job.job_id) == 0
-        assert job.result().time_split_s["resumed_shards"] == 1
+        assert job.result().time_split_s["resumed_shards"] >= 1
         from sharetune.testing import faults as faultlib
 
         faultlib.record_row(figures_out, {"scenario": "kill -9 the tuner client mid-job and start another",

@@ -141,7 +141,8 @@ MIN_HOLD_S = 5.0  # a client searches a shard it took at least this long before 
 
 
 def turn_to_take(own_job: str, running: dict[str, int], waiting: list[tuple[str, int, float]], held_s: float,
-                 quantum_s: float, passed: bool, blocked: bool) -> tuple[str, int] | None:
+                 quantum_s: float, passed: bool, blocked: bool,
+                 owing: set[int] | None = None) -> tuple[str, int] | None:
     """The waiting shard a client should hand its shard back for, or None to keep searching.
 
     `running`: how many of each job's shards clients hold; `waiting`: (job, shard, seconds waited) of the
@@ -150,7 +151,9 @@ def turn_to_take(own_job: str, running: dict[str, int], waiting: list[tuple[str,
     a job submitted while every client is busy starts within a round or so), or one more once the client has
     held its shard for `quantum_s` (more jobs than clients: they take turns). Within its own job a client
     takes turns only once each task of its shard has had a round (`passed`): at once when its shard can
-    measure nothing more (`blocked`), else after the quantum."""
+    measure nothing more (`blocked`) and the waiting shard is one of `owing` (its tasks still owe the first
+    rounds that block it; None: any), else after the quantum. A blocked client never hands its shard to one
+    that would be as blocked: every such hand-over costs a resume and relieves nothing."""
     others = [w for w in waiting if w[0] != own_job]
     if others and held_s > MIN_HOLD_S:
         job, shard, _ = min(others, key=lambda w: (running.get(w[0], 0), -w[2]))
@@ -158,9 +161,17 @@ def turn_to_take(own_job: str, running: dict[str, int], waiting: list[tuple[str,
         if mine > theirs + 1 or (held_s > quantum_s and mine > theirs):
             return job, shard
     own = sorted((w for w in waiting if w[0] == own_job), key=lambda w: -w[2])
-    if own and passed and (blocked or held_s > quantum_s):
+    if own and passed and held_s > quantum_s:
+        return own[0][0], own[0][1]
+    own = [w for w in own if owing is None or w[1] in owing]
+    if own and passed and blocked:
         return own[0][0], own[0][1]
     return None
+
+
+def owing_first_rounds(shards: list[ShardState], had_round: set[str]) -> set[int]:
+    """The shards with a task that has not had its first round (allocation.first_rounds_reserve's debt)."""
+    return {sh.shard for sh in shards if any(t not in had_round for t in sh.task_ids)}
 
 
 def board_of(shards_by_job: dict[str, list[ShardState]], now: float, waited_s: float):

@@ -251,7 +251,7 @@ class Lease:
         """`passed`: every task of the shard has had its first round; `blocked`: the shard can measure
         nothing more until other shards' tasks have had theirs (then it takes turns at once, not after its
         quantum: the job's clients may all be held by other jobs, say waiting out a GPU recovery)."""
-        from services.tuner.allocation import MIN_HOLD_S, board_of, turn_to_take
+        from services.tuner.allocation import MIN_HOLD_S, board_of, owing_first_rounds, turn_to_take
         from services.tuner.metaschedule.loop_parts import Stopped, TurnTaken
 
         if self.stopping.is_set():
@@ -269,7 +269,9 @@ class Lease:
             ended = {job for job in {w[0] for w in waiting} - {self.job_id}
                      if store.job_status(self.redis, job) in FINAL_STATES}  # until the reaper retires them
             waiting = [w for w in waiting if w[0] not in ended]
-            turn = turn_to_take(self.job_id, running, waiting, held, self.quantum_s, passed, blocked)
+            owing = owing_first_rounds(board.get(self.job_id, []), set(store.history(self.redis, self.job_id))) \
+                if blocked else None
+            turn = turn_to_take(self.job_id, running, waiting, held, self.quantum_s, passed, blocked, owing)
             if turn is not None:
                 raise TurnTaken(*turn, f"taking turns with shard {turn[1]} of job {turn[0]}, which no client has")
 

@@ -276,6 +276,8 @@ class TaskSearch:
             if prog is not None and self.shard.redis is not None:
                 prog.exhausted = True
                 store.put_progress(self.shard.redis, self.shard.job_id, prog)
+        if not self.started:  # ended without a round: no client may keep leaving budget for its first one
+            self.publish_best()
 
 
 def _from_record(rec) -> RunnerResult:
