@@ -38,17 +38,6 @@ def command_line(module: str, argv=None) -> str:
     return " ".join(["python", "-m", module] + list(argv if argv is not None else sys.argv[1:]))
 
 
-def write_report(rep: dict, out, table) -> Path:
-    """A benchmark's end: its JSON written, its table printed."""
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(rep, indent=2) + "\n")
-    print()
-    print(table(rep))
-    print(f"\nwrote {out}")
-    return out
-
-
 def module_command(module: str, *args) -> list[str]:
     """A child process running one of the project's modules (children get child_env, so any cwd works)."""
     return [sys.executable, "-m", module, *(str(a) for a in args)]
