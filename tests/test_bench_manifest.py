@@ -28,3 +28,15 @@ def test_the_check_names_a_script_that_is_gone_without_a_retired_commit():
                for p in manifest.check({**entries, retired: unmarked}))
     wrong = {**entries[retired], "retired": manifest._git("rev-list", "--max-parents=0", "HEAD").split()[0]}
     assert any(p.startswith(f"{retired}: ") and "retired commit" in p for p in manifest.check({**entries, retired: wrong}))
+
+
+def test_a_results_file_records_its_command_code_host_and_date(tmp_path, monkeypatch):
+    from bench.harness.common import results_path, write_results
+
+    monkeypatch.setenv("OUT", str(tmp_path))
+    path = write_results({"rows": [1]}, results_path("x.json"), "bench.x", ["--trials", "8"])
+    body = json.loads(path.read_text())
+    assert path == tmp_path / "x.json" and body["rows"] == [1]
+    assert body["command"] == "python -m bench.x --trials 8" and body["date"] and body["host"]["cores"]
+    assert len(body["git"]["commit"]) == 40
+    assert manifest.as_run_now(body["command"]) == body["command"]
