@@ -39,8 +39,11 @@ compose-up:
 compose-down:
 	bash deploy/compose/up.sh down
 
+# the time-to-quality benchmark rehearsed on this CPU (5-20 min on 2 cores; docs/time_to_quality.md), under $OUT
+# (default /tmp/out), not over bench/results
 bench: install
-	$(PY) -m bench.cpu_tuning
+	$(PY) -m bench.time_to_quality --rehearse --models efficientnet-mbconv --trials 16 --per-iter 8 \
+		--tuners 1 --warm-from tiny --warm-trials 16
 
 clean:
 	rm -rf runs .pytest_cache

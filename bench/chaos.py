@@ -24,7 +24,7 @@ import threading
 import time
 from pathlib import Path
 
-from bench.harness.common import RESULTS, command_line
+from bench.harness.common import results_path, wait_for, write_results
 from bench.harness.jobs import job_records
 from services.measurer.agent import MAX_RESTARTS, RESTART_WINDOW_S
 from shared import names, store
@@ -108,6 +108,13 @@ def job_audit(r, job_id: str) -> dict:
             "resends": acc.get("resends"), "records": len(recs), "duplicated": duplicated}
 
 
+def all_final(r, jobs: list[str]) -> bool:
+    try:
+        return all(store.job_state(r, j).get("state") in FINAL for j in jobs)
+    except Exception:  # noqa: BLE001 - Redis still coming back from the last kill
+        return False
+
+
 def soak(work: Path, duration_s: float, seed: int = 0, kill_every_s=(5.0, 30.0), junk_every_s: float = 3.0,
          trials: int = 16, max_active: int = 2, drain_s: float = 900.0, tuners: int = 2, builders: int = 1,
          log=print) -> dict:
@@ -149,18 +156,9 @@ def soak(work: Path, duration_s: float, seed: int = 0, kill_every_s=(5.0, 30.0),
         chaos_s = time.time() - t0
         log(f"chaos over after {chaos_s:.0f} s: {len(chaos.kills)} kills, {chaos.junk} junk entries, "
             f"{len(jobs)} jobs; draining")
-        deadline = time.time() + drain_s
-        while time.time() < deadline:
-            try:
-                if all(store.job_state(r, j).get("state") in FINAL for j in jobs):
-                    break
-            except Exception:  # noqa: BLE001 - Redis still coming back from the last kill
-                pass
-            time.sleep(2)
+        wait_for(lambda: all_final(r, jobs), drain_s, 2)
         audits = [job_audit(r, j) for j in jobs]
-        settle = time.time() + 60  # the last junk entries reach their (restarted) workers
-        while r.llen(names.DEADLETTER_KEY) < chaos.junk and time.time() < settle:
-            time.sleep(1)
+        wait_for(lambda: r.llen(names.DEADLETTER_KEY) >= chaos.junk, 60, 1)  # the last junk reaches its workers
         dead_letters = r.llen(names.DEADLETTER_KEY)
         given_up = [row["name"] for row in stack.services() if row.get("given_up")]
         unaccounted = [a["job_id"] for a in audits if a["state"] not in FINAL or (a["state"] == "failed" and not a["error"])
@@ -199,7 +197,6 @@ def main(argv=None) -> int:
     ap.add_argument("--work-dir", default="/tmp/sharetune-chaos")
     ap.add_argument("--out", default=None, help="the JSON (default $OUT/chaos.json, else bench/results/chaos.json)")
     args = ap.parse_args(argv)
-    out = Path(args.out) if args.out else Path(os.environ.get("OUT") or RESULTS) / "chaos.json"
     import shutil
 
     work = Path(args.work_dir)
@@ -207,10 +204,7 @@ def main(argv=None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop the stack it started, as for Ctrl-C
     result = soak(work, args.duration_s, seed=args.seed, tuners=args.tuners, builders=args.builders,
                   log=lambda m: print(m, flush=True))
-    result["command"] = command_line("bench.chaos", argv)
-    result["date"] = time.strftime("%Y-%m-%d %H:%M")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1))
+    write_results(result, results_path("chaos.json", args.out), "bench.chaos", argv)
     print(json.dumps(result["summary"], indent=1))
     return 0
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # On the GPU machine, after ../shared/device/stage.sh's install step (PYTHONPATH=/tmp/site:$PWD):
-#   bash bench/device_run.sh smoke|gputest|stock|ours|sharding|matrix|matrix-bg|matrix-wait|gpufault|scale [A|B]|scale1|scale1-wait|searchq|searchq-wait|ttq-bg|ttq-wait
+#   bash bench/device_run.sh smoke|gputest|matrix|matrix-bg|matrix-wait|gpufault|scale [A|B]|scale1|scale1-wait|ttq-bg|ttq-wait
 #   -> writes under $OUT
+# (stock, ours, sharding, searchq, searchq-wait, searchq-guard ran scripts retired at b7de8c6: git show b7de8c6:bench/device_run.sh)
 set -uo pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site:$PWD
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -49,11 +50,6 @@ PY
     tar czf "$OUT/smoke_logs.tgz" -C /tmp/smoke logs mps 2>/dev/null
     ;;
   gputest) python3 -m pytest -q -m gpu tests/test_gpu.py -p no:cacheprovider 2>&1 | tail -30 ;;
-  stock) timeout 570 python3 -m bench.gpu_tuning --part stock "${@:2}" 2>&1 | tail -40 ;;
-  ours) timeout 570 python3 -m bench.gpu_tuning --part ours "${@:2}" 2>&1 | tail -40
-        tar czf "$OUT/ours_logs.tgz" -C /tmp/gpu_bench . --exclude='*.so' --exclude=redis --exclude=database 2>/dev/null ;;
-  sharding) timeout 570 python3 -m bench.gpu_sharding "${@:2}" 2>&1 | tail -40
-        tar czf "$OUT/sharding_logs.tgz" -C /tmp/gpu_sharding . --exclude='*.so' --exclude=redis --exclude=database 2>/dev/null ;;
   # tuned-at x served-at matrix, resnet18 + transformer, every task; one model per GPU when there are two (~9.5 min)
   matrix) nvidia-smi --query-gpu=index,uuid,name --format=csv,noheader
           timeout 585 python3 -m bench.share_matrix "${@:2}" 2>&1 | tail -60
@@ -83,18 +79,6 @@ PY
   # issue 12: stock's window beside the 16-core configurations (A), the 32-core and two-GPU ones (B)
   scale) timeout 580 python3 -m bench.scale_h200 --part "${2:-A}" "${@:3}" 2>&1 | tail -40
          keep_logs /tmp/scale_bench "scale_logs_${2:-A}" ;;
-  # issue 17: search quality per trial on the H200 (bench/search_quality_gpu.py), in the background (setsid) so
-  # that it outlives a call's 10 minutes; `searchq-wait` waits for it in the next call (back to back)
-  searchq) mkdir -p /tmp/sqg
-           setsid nohup python3 -m bench.search_quality_gpu --out /tmp/sqg/search_quality_h200.json "${@:2}" \
-               > /tmp/sqg/driver.log 2>&1 < /dev/null &
-           bash "$0" searchq-wait ;;
-  searchq-wait)
-    wait_for_background /tmp/sqg/search_quality_h200.json /tmp/sqg/driver.log '^\[ours-error\]\|^Traceback' ${SQ_WAIT_S:-560}
-    keep_logs /tmp/sqg searchq_logs ;;
-  # the default-schedule guard on that run's records (carry .sqg: its databases and JSON)
-  searchq-guard) mkdir -p /tmp/sqg && tar xzf .sqg/sqg_dbs.tgz -C /tmp/sqg
-           timeout 560 python3 -m bench.search_quality_gpu --guard .sqg/search_quality_h200.json --work-dir /tmp/sqg "${@:2}" 2>&1 | tail -40 ;;
   # issue 21, one GPU: stock's windows, then the service's configurations, in the background (setsid) from a
   # copy outside the working tree; `scale1-wait` (the next calls, back to back) waits and collects the JSON
   scale1) rm -rf /tmp/scale1 && mkdir -p /tmp/scale1 && cp -r . /tmp/scale1/repo

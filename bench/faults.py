@@ -18,7 +18,7 @@ import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-from bench.harness.common import REPO, RESULTS, child_env, git_state
+from bench.harness.common import REPO, child_env, results_path, write_results
 TESTS = ["tests/test_faults.py", "tests/test_poison.py", "tests/test_bad_input.py", "tests/test_security.py",
          "tests/test_sharding.py"]
 
@@ -53,15 +53,12 @@ def main() -> int:
     for test, scenario in BAD_INPUTS.items():
         rows.append({"scenario": scenario, "jobs_completed": None, "candidates_lost": 0, "trials_respent": 0,
                      "recovery_s": None, "answered_with_clear_error": outcomes.get(test) == "passed", "test": test})
-    code = git_state()
     result = {"rows": rows, "tests": outcomes, "pytest_exit": proc.returncode, "wall_s": round(time.time() - t0, 1),
-              "host_cores": os.cpu_count(), "load_avg_1m_at_end": os.getloadavg()[0],
-              "git": {"commit": code["head"], "branch": code["branch"], "dirty": bool(code["modified"])},
+              "load_avg_1m_at_end": os.getloadavg()[0],
               "note": "CPU only; recovery_s: kill -9 -> lane live again; Redis down -> up; poison -> the lane's "
                       "answer for the poison candidate (both attempts and respawns). The GPU row comes from "
                       "bench/gpu_fault.py on the GPU machine."}
-    out = RESULTS / "faults.json"
-    out.write_text(json.dumps(result, indent=1) + "\n")
+    out = write_results(result, results_path("faults.json"), "bench.faults")
     print(f"{'scenario':62} {'done':>4} {'lost':>4} {'respent':>7} {'recovery_s':>10}")
     for r in rows:
         print(f"{r['scenario'][:62]:62} {str(r.get('jobs_completed')):>4} {r['candidates_lost']:>4} "

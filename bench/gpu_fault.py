@@ -28,14 +28,13 @@ Writes $OUT/gpu_fault_rehearsal.json.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.harness.common import out_dir
+from bench.harness.common import out_dir, wait_for, write_results
 from bench.harness.jobs import gpus as find_gpus
 from sharetune.testing import faults as fault_kit
 
@@ -169,15 +168,6 @@ def oversized_launch_candidate(cid: str):
     return fault_kit.candidate(f, cid, args_info=GPU_ARGS)
 
 
-def wait_for(pred, deadline: float, poll_s: float = 0.1):
-    while time.time() < deadline:
-        got = pred()
-        if got:
-            return got
-        time.sleep(poll_s)
-    return None
-
-
 # ---- the run ---------------------------------------------------------------------------------------------
 
 def run_row(sc: Scenario, make, stack, client, plan: dict, deadline: float, rehearse: bool) -> dict:
@@ -197,7 +187,8 @@ def run_row(sc: Scenario, make, stack, client, plan: dict, deadline: float, rehe
         if time.time() > deadline:
             row["stopped"] = "time budget spent"
             break
-        lane = wait_for(lambda: next((l for l in client.lanes() if l.queue == queue), None), deadline, 0.2)
+        lane = wait_for(lambda: next((l for l in client.lanes() if l.queue == queue), None),
+                        deadline - time.time(), 0.2)
         if lane is None:
             row["stopped"] = "no live lane to send to"
             break
@@ -210,14 +201,14 @@ def run_row(sc: Scenario, make, stack, client, plan: dict, deadline: float, rehe
                             timeout_s=INJECT_TIMEOUT_S)
         answer = lambda: store.batch_results(r, batch_id)[1].get(f"bad{n}")  # noqa: E731
         # a lane that aborts with its context reports nothing: the supervisor's recovery shows the fault
-        wait_for(lambda: answer() or faults()[seen:] or len(stack.recoveries) > recovered, deadline)
+        wait_for(lambda: answer() or faults()[seen:] or len(stack.recoveries) > recovered, deadline - time.time())
         new, events = faults()[seen:], stack.recoveries[recovered:]
         if new or events:
             first = min([f.at for f in new] + [e["detected_at"] for e in events])
             row.setdefault("first_fault_at", first)
             inj["detect_s"] = round(first - t0, 2)
             back = wait_for(lambda: (len([l for l in client.lanes() if l.queue == queue and l.started_at > first])
-                                     >= plan["lanes"].count(queue)) and time.time(), deadline, 0.2)
+                                     >= plan["lanes"].count(queue)) and time.time(), deadline - time.time(), 0.2)
             inj["lanes_back_s"] = round(back - first, 2) if back else None
             time.sleep(0.5)  # neighbours' reports of the same incident
             inj["faults"] = [{"role": f.role, "culprit": f.candidate_hash == chash, "error": f.error[:200]}
@@ -241,7 +232,7 @@ def run_row(sc: Scenario, make, stack, client, plan: dict, deadline: float, rehe
     return row
 
 
-def main() -> int:
+def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--budget-s", type=float, default=None,
                     help="stop waiting after this long in all, stack start included (300; rehearsal 1200)")
@@ -252,7 +243,7 @@ def main() -> int:
     ap.add_argument("--rows", default=",".join(s.name for s in SCENARIOS),
                     help=f"comma-separated, of: {', '.join(s.name for s in SCENARIOS)}")
     ap.add_argument("--rehearse", action="store_true", help="on CPU lanes, with the sandbox's fake faults")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     rehearse = args.rehearse
     budget_s = args.budget_s or (1200.0 if rehearse else 300.0)
     trials = args.trials or (8 if rehearse else 32)
@@ -293,13 +284,13 @@ def main() -> int:
                      client.submit("tiny", target="llvm", trials=bystander_trials, trials_per_iter=4 if rehearse else 8,
                                    seed=1))
         jobs = list({j.job_id: j for j in (job_a, bystander)}.values())
-        wait_for(lambda: job_a.state().get("state") in ("tuning", "done", "failed"), deadline)
+        wait_for(lambda: job_a.state().get("state") in ("tuning", "done", "failed"), deadline - time.time())
         for i, sc in enumerate(wanted):
             # each row its part of what is left, keeping 20 s for the jobs to finish
             share = sc.weight / sum(s.weight for s in wanted[i:])
             row_deadline = time.time() + max(0.0, deadline - 20 - time.time()) * share
             result["rows"].append(run_row(sc, makers[sc.name], stack, client, plan, row_deadline, rehearse))
-        wait_for(lambda: all(j.state().get("state") in FINAL_STATES for j in jobs), deadline, 0.5)
+        wait_for(lambda: all(j.state().get("state") in FINAL_STATES for j in jobs), deadline - time.time(), 0.5)
         states = {j.job_id: j.state() for j in jobs}
         accounting = {j.job_id: store.trial_accounting(r, j.job_id) for j in jobs}
         quarantined = [q.model_dump() for q in store.quarantined_all(r)]
@@ -317,11 +308,9 @@ def main() -> int:
         result["total_s"] = round(time.time() - t_begin, 1)
         name = "gpu_fault_rehearsal.json" if rehearse else "gpu_fault_h200.json"
         # written before the stack stops, in case stopping outlasts the call's time limit
-        (out / name).write_text(json.dumps(result, indent=1, default=str))
+        write_results(result, out / name, "bench.gpu_fault", argv)
     result["total_s"] = round(time.time() - t_begin, 1)
-    text = json.dumps(result, indent=1, default=str)
-    (out / name).write_text(text)
-    print(text, flush=True)
+    print((write_results(result, out / name, "bench.gpu_fault", argv)).read_text(), flush=True)
     print(f"{'row':16} {'done':>4} {'culprit_q':>9} {'innocent_q':>10} {'lost':>4} {'reruns':>6} {'recovery_s':>10} "
           f"{'bystander':>9} {'by_gap_s':>8}")
     for row in result["rows"]:

@@ -2,10 +2,12 @@
 bench/results, the script that wrote it, the host it ran on, the commit and date it was last committed at, the
 command that reproduces it (the one the results file records, else the one the docs give; set by hand where
 neither does, and then kept), and the docs that cite it. A file no doc cites is listed with `"cited_by": []`:
-raw data kept beside the figures made from it.
+raw data kept beside the figures made from it. A file whose script was retired keeps its entry, with
+`"retired": "<commit>"`: a commit that still has the script (`git show <commit>:bench/<script>.py`).
 
     python -m bench.manifest            # refresh commits, dates and citations; add new files (commands kept)
-    python -m bench.manifest --check    # exit 1 when a results file is missing from the manifest, or the reverse
+    python -m bench.manifest --check    # exit 1 when a results file is missing from the manifest, or the reverse,
+                                        # or an entry's script is neither here nor at its `retired` commit
 
 tests/test_bench_manifest.py runs the check."""
 from __future__ import annotations
@@ -94,12 +96,27 @@ def refresh(old: dict) -> dict:
     return out
 
 
+def script_missing(entry: dict) -> str | None:
+    """Why an entry's script cannot be found (None when it can): here, or at its `retired` commit (checked
+    where git can tell)."""
+    script = entry.get("script")
+    if not script or (REPO / script).exists() and not entry.get("retired"):
+        return None
+    if not entry.get("retired"):
+        return f"{script} is gone and the entry is not marked retired"
+    if _git("rev-parse", "--git-dir") and _git("cat-file", "-t", f"{entry['retired']}:{script}") != "blob":
+        return f"{script} is not at its retired commit {entry['retired']}"
+    return None
+
+
 def check(manifest: dict) -> list[str]:
-    """What is wrong with the manifest: results files it misses, entries whose file is gone, fields left empty."""
+    """What is wrong with the manifest: results files it misses, entries whose file is gone, fields left empty,
+    scripts that are neither here nor at their retired commit."""
     have = set(results_entries())
     return ([f"not in the manifest: {n}" for n in sorted(have - set(manifest))]
             + [f"in the manifest but gone: {n}" for n in sorted(set(manifest) - have)]
-            + [f"{n}: no {f}" for n, e in sorted(manifest.items()) for f in FIELDS if not e.get(f)])
+            + [f"{n}: no {f}" for n, e in sorted(manifest.items()) for f in FIELDS if not e.get(f)]
+            + [f"{n}: {why}" for n, e in sorted(manifest.items()) if (why := script_missing(e))])
 
 
 def main(argv=None) -> int:

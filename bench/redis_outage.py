@@ -19,19 +19,16 @@ import time
 import urllib.request
 from pathlib import Path
 
-from bench.harness.common import REPO, RESULTS, child_env, module_command
+from bench.harness.common import REPO, child_env, module_command, results_path, wait_for, write_results
 from shared import names, store
 
 
-def batch_in_flight(r, before: set, job_id: str, timeout_s: float = 300) -> None:
-    deadline = time.time() + timeout_s
-    while time.time() < deadline:
-        for key in set(r.scan_iter(match=f"{names.PREFIX}:batch:*")) - before:
-            started = r.hget(key, "_started")
-            if started and json.loads(started).get("job_id") == job_id:
-                return
-        time.sleep(0.01)
-    raise RuntimeError("no batch of the job was seen in flight")
+def batch_in_flight(r, before: set, job_id: str) -> bool:
+    for key in set(r.scan_iter(match=f"{names.PREFIX}:batch:*")) - before:
+        started = r.hget(key, "_started")
+        if started and json.loads(started).get("job_id") == job_id:
+            return True
+    return False
 
 
 def ask_health(url: str, stop: threading.Event, answers: list) -> None:
@@ -58,8 +55,7 @@ def main(argv=None) -> int:
     ap.add_argument("--outage-s", type=float, default=300)
     ap.add_argument("--trials", type=int, default=16)
     ap.add_argument("--api-port", type=int, default=18765)
-    ap.add_argument("--out", default=str(Path(os.environ["OUT"]) / "redis_outage.json") if os.environ.get("OUT")
-                    else str(RESULTS / "redis_outage.json"))
+    ap.add_argument("--out", default=None, help="default $OUT/redis_outage.json, else bench/results/redis_outage.json")
     args = ap.parse_args(argv)
     os.environ.pop("REDIS_URL", None)
     os.environ.pop("SHARETUNE_REDIS_OUTAGE_S", None)  # the default window, as deployed
@@ -76,7 +72,8 @@ def main(argv=None) -> int:
             t0 = time.time()
             job = client.submit("tiny", target="llvm", share=client.lanes()[0].share, trials=args.trials,
                                 trials_per_iter=4, seed=21, untuned_baseline=False)
-            batch_in_flight(r, before, job.job_id)
+            if not wait_for(lambda: batch_in_flight(r, before, job.job_id), 300, 0.01):
+                raise RuntimeError("no batch of the job was seen in flight")
             answers: list = []
             stop = threading.Event()
             asker = threading.Thread(target=ask_health, args=(f"http://127.0.0.1:{args.api_port}/health", stop,
@@ -104,8 +101,7 @@ def main(argv=None) -> int:
         finally:
             api.terminate()
             api.wait(timeout=30)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(out, indent=1))
+    write_results(out, results_path("redis_outage.json", args.out), "bench.redis_outage", argv)
     print(json.dumps({k: v for k, v in out.items() if k != "health"}, indent=1))
     return 0 if out.get("state") == "done" and out.get("lost") == 0 else 1
 

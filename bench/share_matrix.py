@@ -28,14 +28,30 @@ import subprocess
 import time
 from pathlib import Path
 
-from bench.harness.common import child_env, module_command
+from bench.harness.common import child_env, module_command, out_dir
 from bench.harness.jobs import gpus
-
-OUT = Path(os.environ.get("OUT", "/tmp/out"))
 
 
 def log(msg: str) -> None:
     print(f"{time.strftime('%H:%M:%S')} {msg}", flush=True)
+
+
+def read_matrices(path) -> list:
+    """The matrices of a result JSON (one model's, or several under "matrices")."""
+    from sharetune.experiments.share_matrix import ShareMatrix
+
+    body = json.loads(Path(path).read_text())
+    return [ShareMatrix.model_validate(m) for m in body.get("matrices", [body])]
+
+
+def write_and_print(reports: list, out_json: Path, png: Path | None, tables: bool = True) -> None:
+    """The matrices' JSON and heatmap written, their tables printed (`tables`)."""
+    from sharetune.experiments.share_matrix import write_outputs
+
+    drawn = write_outputs(reports, out_json, png)
+    for r in reports if tables else []:
+        print(r.table(), flush=True)
+    log(f"wrote {out_json}" + (f" and {drawn}" if drawn else " (no heatmap: matplotlib missing)"))
 
 
 STACK_S = 45.0  # stack start with up to 11 lanes, H200 (bench/results: 23-40 s with 4-8 lanes)
@@ -143,33 +159,25 @@ def run_models(args, models: list[str], deadline: float) -> list:
 def earlier_reports(path: Path) -> dict:
     """The matrices an earlier run of this command wrote (by model): complete ones are kept, and a model's shares
     already tuned are served without tuning again (a background run that was stopped, run again)."""
-    from sharetune.experiments.share_matrix import ShareMatrix
-
-    if not path.exists():
-        return {}
-    body = json.loads(path.read_text())
-    return {m.model: m for m in (ShareMatrix.model_validate(x) for x in body.get("matrices", [body]))}
+    return {m.model: m for m in read_matrices(path)} if path.exists() else {}
 
 
 def launch(args) -> None:
     """One child per model on its own GPU when there are enough GPUs, else all models here on GPU 0."""
-    from sharetune.experiments.share_matrix import write_outputs
-    from sharetune.experiments.share_matrix import ShareMatrix
-
     models = args.models.split(",")
     found = gpus() if args.device == "gpu" else []
-    OUT.mkdir(parents=True, exist_ok=True)
+    out = out_dir()
     t0 = time.time()
     deadline = t0 + args.deadline_s
     stem = args.stem or (("share_matrix_h200" if args.device == "gpu" else "share_matrix_cpu")
                          + (f"_{models[0]}" if len(models) == 1 else ""))
-    final_json, final_png = OUT / f"{stem}.json", OUT / f"{stem}.png"
+    final_json, final_png = out / f"{stem}.json", out / f"{stem}.png"
     if len(found) >= len(models) > 1:
         log(f"{len(found)} GPUs: one model per GPU, in parallel")
         children = []
         cores = (os.cpu_count() or 1) // len(models)
         for i, (gpu, model) in enumerate(zip(found, models)):
-            part = OUT / f"share_matrix_{model}.json"
+            part = out / f"share_matrix_{model}.json"
             # the child's stack starts its own MPS daemon; with only this GPU visible it controls only it.
             # Each child's builders get their own half of the cores.
             env = child_env(CUDA_VISIBLE_DEVICES=gpu.uuid, SHARETUNE_MATRIX_CORES=str(cores),
@@ -179,7 +187,7 @@ def launch(args) -> None:
                     "--deadline-s", str(args.deadline_s - 5), "--work-dir", args.work_dir, "--out-json", str(part)]
             argv += ["--trials", str(args.trials)] if args.trials else []
             argv += ["--tasks", str(args.tasks)] if args.tasks else []
-            logf = open(OUT / f"share_matrix_{model}.log", "w")
+            logf = open(out / f"share_matrix_{model}.log", "w")
             children.append((model, part, subprocess.Popen(argv, env=env, stdout=logf, stderr=subprocess.STDOUT)))
         for model, part, proc in children:
             try:
@@ -194,10 +202,9 @@ def launch(args) -> None:
         reports = []
         for model, part, _ in children:
             if part.exists():
-                body = json.loads(part.read_text())
-                reports += [ShareMatrix.model_validate(m) for m in body.get("matrices", [body])]
+                reports += read_matrices(part)
             else:
-                log(f"{model}: no result; see {OUT / f'share_matrix_{model}.log'}")
+                log(f"{model}: no result; see {out / f'share_matrix_{model}.log'}")
     else:
         if len(models) > 1:
             where = f"GPU {args.gpu_index}" if args.device == "gpu" else "this CPU"
@@ -207,28 +214,9 @@ def launch(args) -> None:
     for r in reports:
         r.info["wall_s"] = round(time.time() - t0, 1)
         r.info["parallel_gpus"] = len(found) >= len(models) > 1
-    png = write_outputs(reports, final_json, final_png)
-    if len(found) >= len(models) > 1:  # the children's tables went to their logs
-        for r in reports:
-            print(r.table(), flush=True)
-    log(f"wrote {final_json}" + (f" and {png}" if png else " (no heatmap: matplotlib missing)")
-        + f"; {time.time() - t0:.0f} s in all")
-
-
-def merge(paths: list[str], out_json: Path) -> None:
-    """Join the JSON of separate runs (e.g. one call per model on a one-GPU machine) into one file +
-    heatmap."""
-    from sharetune.experiments.share_matrix import write_outputs
-    from sharetune.experiments.share_matrix import ShareMatrix
-
-    reports = []
-    for p in paths:
-        body = json.loads(Path(p).read_text())
-        reports += [ShareMatrix.model_validate(m) for m in body.get("matrices", [body])]
-    png = write_outputs(reports, out_json, out_json.with_suffix(".png"))
-    for r in reports:
-        print(r.table())
-    print(f"wrote {out_json}" + (f" and {png}" if png else " (no heatmap: matplotlib missing)"))
+    # the children's tables went to their logs; run_models printed its own
+    write_and_print(reports, final_json, final_png, tables=len(found) >= len(models) > 1)
+    log(f"{time.time() - t0:.0f} s in all")
 
 
 def main() -> None:
@@ -251,13 +239,14 @@ def main() -> None:
     ap.add_argument("--resume", action="store_true",
                     help="keep what the result JSON already holds: complete models, and shares tuned (module on disk)")
     args = ap.parse_args()
-    if args.merge:
-        merge(args.merge, Path(args.out_json or "bench/results/share_matrix_h200.json"))
+    if args.merge:  # the JSON of separate runs (e.g. one call per model on one GPU) joined, with a heatmap
+        out_json = Path(args.out_json or "bench/results/share_matrix_h200.json")
+        write_and_print([m for p in args.merge for m in read_matrices(p)], out_json, out_json.with_suffix(".png"))
         return
     if args.cores and args.device != "cpu":
         ap.error("--cores is for --device cpu")
     if args.gpu_index is not None:  # a child (or a single run by hand)
-        args.out_json = args.out_json or str(OUT / "share_matrix.json")
+        args.out_json = args.out_json or str(out_dir() / "share_matrix.json")
         run_models(args, args.models.split(","), time.time() + args.deadline_s)
         return
     args.gpu_index = 0

@@ -1,7 +1,7 @@
 """A stack that lives through many jobs: N real tuning jobs in a row on one embedded stack (real Redis, real
 Celery workers, real TVM), Redis's used memory, keys and AOF size after each; with `--prune` each ended job is
 pruned as an operator's cron would (`sharetune prune --older-than 0s`). Prints a table and writes
-bench/results/soak_cpu.json.
+bench/results/soak_cpu.json ($OUT/soak_cpu.json when $OUT is set).
 
     .venv/bin/python -m bench.soak --jobs 50 --prune      # ~15 min on a 2-core host
     .venv/bin/python -m bench.soak --jobs 50              # the same without pruning: what grows
@@ -15,18 +15,18 @@ import sys
 import time
 from pathlib import Path
 
-from bench.harness.common import RESULTS
+from bench.harness.common import results_path, write_results
 
 
-def main() -> int:
+def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--jobs", type=int, default=50)
     ap.add_argument("--model", default="tiny")
     ap.add_argument("--trials", type=int, default=8)
     ap.add_argument("--prune", action="store_true", help="prune each job once it ended")
     ap.add_argument("--work-dir", default="/tmp/sharetune-soak")
-    ap.add_argument("--out", default=str(RESULTS / "soak_cpu.json"))
-    args = ap.parse_args()
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args(argv)
     os.environ.setdefault("TVM_NUM_THREADS", "1")
 
     from shared import store
@@ -58,9 +58,7 @@ def main() -> int:
                    "base": base, "max_bytes": store.memory(r)["max_bytes"],
                    "used_bytes_first": used[0], "used_bytes_last": used[-1], "used_bytes_max": max(used),
                    "done": sum(row["state"] == "done" for row in rows), "wall_s": round(time.time() - t0, 1)}
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"summary": summary, "rows": rows}, indent=1))
+    write_results({"summary": summary, "rows": rows}, results_path("soak_cpu.json", args.out), "bench.soak", argv)
     print(json.dumps(summary, indent=1))
     return 0 if summary["done"] == args.jobs else 1
 

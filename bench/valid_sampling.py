@@ -17,10 +17,9 @@ population the service gives it for 64 a round.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
-from pathlib import Path
+from bench.harness.common import write_results
 
 DEFAULT_TASKS = ("resnet18:conv2d1,resnet18:conv2d9,transformer:fused_matmul_add,"
                  "efficientnet-mbconv:conv2d1,efficientnet-mbconv:fused_conv2d3_add1_tir_sigmoid3_multiply3,"
@@ -168,9 +167,9 @@ def main(argv=None) -> int:
             print(f"{model + ':' + name:<58} {mode:<10} {r['valid']:>5} {r['drawn']:>6} "
                   f"{r['search_cpu_s']:>6} {r['cpu_s_per_valid']:>8} {r['frac_rejected_precheck']:>7} "
                   f"{r['frac_rejected_verify_gpu']:>7}", flush=True)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps({"target": str(target), "candidates": args.candidates, "threads": 1,
-                                          "modes": list(EVOLUTION_MODES if args.evolution else MODES), "rows": rows}, indent=1))
+    write_results({"target": str(target), "candidates": args.candidates, "threads": 1,
+                   "modes": list(EVOLUTION_MODES if args.evolution else MODES), "rows": rows}, args.out,
+                  "bench.valid_sampling", argv)
     print("wrote", args.out)
     return 0
 

@@ -1,3 +1,3 @@
-"""The benchmarks' shared parts: common (paths, code state, reports, child processes), samplers (CPU and GPU
-load over a window), stock (stock MetaSchedule, in its own process, and its logs), jobs (a job on a local
-stack and its records), serving (tuned models compiled and timed)."""
+"""The benchmarks' shared parts: common (results files and how each was made, child processes, waiting), samplers
+(CPU and GPU load over a window), stock (stock MetaSchedule, in its own process, and its logs), jobs (a job on a
+local stack and its records), serving (tuned models compiled and timed), timeline (a run second by second)."""

@@ -1,10 +1,13 @@
-"""Where results go, which code ran, rounding, a report's end, and the command lines of child processes."""
+"""Where results go and what each records of its making (command, code, host, date), rounding, waiting, and the
+command lines of child processes."""
 from __future__ import annotations
 
 import json
 import os
+import platform
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -38,15 +41,33 @@ def command_line(module: str, argv=None) -> str:
     return " ".join(["python", "-m", module] + list(argv if argv is not None else sys.argv[1:]))
 
 
-def write_report(rep: dict, out, table) -> Path:
-    """A benchmark's end: its JSON written, its table printed."""
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(rep, indent=2) + "\n")
-    print()
-    print(table(rep))
-    print(f"\nwrote {out}")
-    return out
+def results_path(name: str, out: str | None = None) -> Path:
+    """A results file's path: `out` when given, else `name` under $OUT when set, else under bench/results."""
+    return Path(out) if out else Path(os.environ.get("OUT") or RESULTS) / name
+
+
+def write_results(body: dict, path, module: str, argv=None) -> Path:
+    """A results file, with how it was made (what bench/results/MANIFEST.json lists for it): the command, the
+    code (commit, branch, whether the tree differed), the host and the date."""
+    code = git_state()
+    body = {**body, "command": command_line(module, argv), "date": time.strftime("%Y-%m-%d %H:%M"),
+            "git": {"commit": code["head"], "branch": code["branch"], "dirty": bool(code["modified"])},
+            "host": {"node": platform.node(), "cores": os.cpu_count()}}
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(body, indent=1, default=str) + "\n")
+    return path
+
+
+def wait_for(pred, timeout_s: float, poll_s: float = 0.1):
+    """`pred()`'s first true answer within `timeout_s`, else None."""
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        got = pred()
+        if got:
+            return got
+        time.sleep(poll_s)
+    return None
 
 
 def module_command(module: str, *args) -> list[str]:

@@ -31,10 +31,9 @@ def run_job(client, timeout_s: float, cancel_on_timeout: bool = False, **submit)
     return job, final, time.time() - t0
 
 
-def job_records(r, job_id: str, valid_only: bool = False) -> list[tuple]:
+def job_records(r, job_id: str) -> list[tuple]:
     """(record, task) of every trial of the job, in the order they were measured."""
     from shared import store
 
-    out = [(x, t) for t in store.job_tasks(r, job_id) for x in store.records(r, t.wkey)
-           if x.job_id == job_id and (store.valid_record(x) or not valid_only)]
+    out = [(x, t) for t in store.job_tasks(r, job_id) for x in store.records(r, t.wkey) if x.job_id == job_id]
     return sorted(out, key=lambda p: p[0].measured_at)

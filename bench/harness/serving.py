@@ -1,6 +1,6 @@
 """Tuned models compiled and timed: a JSON database (cut to its first N trials) compiled into the model in a
 child process, the modules timed together in a fresh process (sharetune.experiments.model_timing) at a GPU share or on one
-core, or in this process pinned to one core; a job's records exported as stock's JSON database.
+core; a job's records exported as stock's JSON database.
 
     python -m bench.harness.serving --db DIR --first N --cut-dir DIR --out-module LIB --model M [--rehearse]
 """
@@ -9,14 +9,11 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import os
-import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-from bench.harness.common import child_env, last_json_line, module_command, rounded
+from bench.harness.common import child_env, last_json_line, module_command
 from bench.harness.stock import make_target
 
 
@@ -133,138 +130,6 @@ def export_job_records(redis_url: str, job_id: str, out: Path) -> int:
             db.commit_tuning_record(tvm_record(rec, wl))
     (out / "trial_valid.json").write_text(json.dumps(valid))
     return len(recs)
-
-
-def compile_at(db_dir: Path, mod, target, out_path: Path) -> float:
-    """Seconds to compile `mod` with the JSON database in `db_dir` (compile_relax, as stock does) to `out_path`."""
-    from tvm.s_tir import meta_schedule as ms
-
-    t0 = time.time()
-    db = ms.database.JSONDatabase(path_workload=str(db_dir / "database_workload.json"),
-                                  path_tuning_record=str(db_dir / "database_tuning_record.json"),
-                                  module_equality="structural")
-    ex = ms.relax_integration.compile_relax(db, mod, target, params=None)
-    ex.export_library(str(out_path))
-    return time.time() - t0
-
-
-def load_vm(lib_path: str, inputs_np, ref, number: int) -> tuple:
-    """(timer, args, max abs error against PyTorch) for an exported Relax library."""
-    import numpy as np
-    import tvm
-    from tvm import relax
-
-    dev = tvm.cpu(0)
-    vm = relax.VirtualMachine(tvm.runtime.load_module(lib_path), dev)
-    args = [tvm.runtime.tensor(a, dev) for a in inputs_np]
-    out = vm["main"](*args)
-    while not isinstance(out, tvm.runtime.Tensor):
-        out = out[0]
-    err = float(np.max(np.abs(out.numpy().astype("float64") - ref.astype("float64"))))
-    return vm.time_evaluator("main", dev, number=number, repeat=1), args, err
-
-
-def interleaved_latency(libs: dict[str, str], inputs_np, ref, number: int, repeat: int) -> dict:
-    """Median over `repeat` rounds of the mean of `number` runs; the libraries take turns in every
-    round, so a transient disturbance hits all of them alike."""
-    loaded = {name: load_vm(path, inputs_np, ref, number) for name, path in libs.items()}
-    timers = {name: loaded[name][0] for name in libs}
-    for name, (_, args, _) in loaded.items():  # warm-up round
-        timers[name](*args)
-    samples: dict[str, list[float]] = {name: [] for name in libs}
-    for _ in range(repeat):
-        for name, (_, args, _) in loaded.items():
-            samples[name].append(timers[name](*args).mean)
-    return {name: {"median_us": rounded(statistics.median(v) * 1e6), "mean_us": rounded(statistics.mean(v) * 1e6),
-                   "std_us": rounded(statistics.pstdev(v) * 1e6), "max_abs_err": loaded[name][2]}
-            for name, v in samples.items()}
-
-
-def torch_eager_latency(module, inputs, number: int, repeat: int) -> float:
-    import torch
-
-    torch.set_num_threads(1)
-    module.eval()
-    with torch.no_grad():
-        module(*inputs)
-        times = []
-        for _ in range(repeat):
-            t0 = time.perf_counter()
-            for _ in range(number):
-                module(*inputs)
-            times.append((time.perf_counter() - t0) / number)
-    return rounded(statistics.median(times) * 1e6)
-
-
-def pinned_latency(model: str, libs: dict[str, str], number: int, repeat: int, torch_eager: bool = False) -> dict:
-    """The libraries timed in this process pinned to one core, interleaved, each checked against PyTorch (and
-    PyTorch eager on one thread beside them, with `torch_eager`)."""
-    from sharetune import zoo
-    from sharetune.intake import reference_output
-
-    core = min(os.sched_getaffinity(0))
-    before = os.sched_getaffinity(0)
-    os.sched_setaffinity(0, {core})
-    try:
-        module, inputs = zoo.get(model).build()
-        if not isinstance(inputs, (tuple, list)):
-            inputs = (inputs,)
-        ref = reference_output(module, inputs)
-        inputs_np = [x.detach().cpu().numpy() for x in inputs]
-        out = interleaved_latency(libs, inputs_np, ref, number, repeat)
-        if torch_eager:
-            out["torch_eager_us"] = torch_eager_latency(module, inputs, number, repeat)
-    finally:
-        os.sched_setaffinity(0, before)
-    out["pinned_core"] = core
-    return out
-
-
-def e2e_latency_us(ex_or_path, inputs) -> float:
-    """A whole model's median latency on GPU 0, in this process."""
-    import numpy as np
-    import tvm
-    from tvm import relax
-
-    lib = tvm.runtime.load_module(ex_or_path) if isinstance(ex_or_path, str) else ex_or_path
-    dev = tvm.cuda(0)
-    vm = relax.VirtualMachine(lib, dev)
-    args = [tvm.runtime.tensor(x, dev) for x in inputs]
-    vm["main"](*args)
-    timer = vm.time_evaluator("main", dev, number=10, repeat=20, min_repeat_ms=50)
-    return float(np.median(timer(*args).results)) * 1e6
-
-
-def torch_eager_us(model: str) -> float:
-    """A zoo model's median latency in PyTorch eager on the GPU."""
-    import torch
-
-    from sharetune.zoo import get
-
-    m, example = get(model).build()
-    m = m.cuda()
-    x = [t.cuda() for t in example]
-    with torch.no_grad():
-        for _ in range(10):
-            m(*x)
-        torch.cuda.synchronize()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        times = []
-        for _ in range(50):
-            start.record()
-            m(*x)
-            end.record()
-            torch.cuda.synchronize()
-            times.append(start.elapsed_time(end) * 1e3)
-    times.sort()
-    return times[len(times) // 2]
-
-
-def model_inputs(model: str):
-    from sharetune.zoo import get
-
-    _, example = get(model).build()
-    return [t.detach().numpy() for t in example]
 
 
 def main(argv=None) -> int:
