@@ -92,7 +92,7 @@ def tuned_tiny(client, lane_share):
 # go first instead (seconds a file took on a 2-core host, whole suite running; a rough guide, refresh it from
 # `--durations` when a file grows), the short ones fill in behind them; files not named keep pytest's order.
 FILE_SECONDS = {
-    "test_faults.py": 170, "test_chaos.py": 160, "test_builders.py": 100, "test_scaling.py": 100,
+    "test_faults.py": 170, "test_chaos.py": 110, "test_builders.py": 100, "test_scaling.py": 100,
     "test_sharding.py": 80, "test_poison.py": 75, "test_rounds.py": 70, "test_cli_user.py": 65,
     "test_cli_supervised.py": 60, "test_cli_up.py": 60, "test_validity.py": 60, "test_agent.py": 55,
     "test_matrix_cpu.py": 55, "test_compose.py": 47, "test_e2e.py": 45, "test_multi_job.py": 45,
