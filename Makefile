@@ -18,13 +18,15 @@ demo: install
 # the module boundaries first (pyproject.toml [tool.importlinter]): seconds, before the suite. The suite runs in
 # TEST_WORKERS processes (pytest-xdist), a test file per process at a time, each process with its own session
 # stack (Redis, planner, tuner, updater, lanes). One process left the two cores idle while a test waited on a
-# process or a TTL; two keep them ~90 % busy: 13 min -> 8 on a 2-core host
+# process or a TTL; two keep them ~90 % busy: 13 min -> 8 on a 2-core host.
+# Files are handed out longest first (--no-loadscope-reorder keeps the order tests/conftest.py collects them in):
+# no long file is left for the end, run by one process while the other has nothing left
 TEST_WORKERS ?= 2
 test: install
 	$(VENV)/bin/lint-imports
 	$(VENV)/bin/ruff check services shared sharetune bench tests
 	$(VENV)/bin/mypy shared
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=25 -m "not gpu" tests
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=25 -m "not gpu" tests
 
 # the compose stack built, started, used, scaled and broken (tests/compose/run.sh): Docker is installed and
 # started if missing, and left as found

@@ -83,3 +83,25 @@ def tuned_tiny(client, lane_share):
     final = job.wait(timeout_s=900)
     assert final["state"] == "done", final
     return job
+
+
+# ---- the order files are handed to the xdist workers ------------------------------------------------------
+# `make test` runs with --dist loadfile --no-loadscope-reorder: a whole file goes to one worker, in the order
+# collected here. xdist's own order (most tests first) left the long one-test files (the chaos soak, the
+# scaling and agent tests) for the end, where one worker ran them while the other sat idle. The longest files
+# go first instead (seconds a file took on a 2-core host, whole suite running; a rough guide, refresh it from
+# `--durations` when a file grows), the short ones fill in behind them; files not named keep pytest's order.
+FILE_SECONDS = {
+    "test_faults.py": 170, "test_chaos.py": 110, "test_builders.py": 100, "test_scaling.py": 100,
+    "test_sharding.py": 80, "test_poison.py": 75, "test_rounds.py": 70, "test_cli_user.py": 65,
+    "test_cli_supervised.py": 60, "test_cli_up.py": 60, "test_validity.py": 60, "test_agent.py": 55,
+    "test_matrix_cpu.py": 55, "test_compose.py": 47, "test_e2e.py": 45, "test_multi_job.py": 45,
+    "test_store_auth.py": 40, "test_cuda_compile.py": 34, "test_hostcores.py": 30, "test_operator.py": 28,
+    "test_cancel_results.py": 21, "test_bad_input.py": 20, "test_lease_under_load.py": 20,
+    "test_queue_entries.py": 20, "test_zoo_intake.py": 18, "test_recorded_elsewhere.py": 13,
+    "test_time_to_quality.py": 12, "test_warm_seeds.py": 10,
+}
+
+
+def pytest_collection_modifyitems(session, config, items):
+    items.sort(key=lambda item: -FILE_SECONDS.get(item.path.name, 0))  # stable: a file's tests keep their order

@@ -52,12 +52,13 @@ def test_the_agent_restarts_a_killed_lane_and_builder_and_stops_what_it_started(
         old_lane = _until("its lane", lambda: next(iter(store.live_lanes(r)), None))
         old_builder = _until("its builder", lambda: next(iter(store.live_builders(r)), None))
 
+        # both killed at once: the agent starts each again (they come back side by side, not one after the other)
         os.kill(old_lane.pid, signal.SIGKILL)
+        os.kill(old_builder.pid, signal.SIGKILL)
         new_lane = _until("the lane started again", lambda: next(
             (l.pid for l in store.live_lanes(r) if l.pid != old_lane.pid), None))
         # the dead lane's key went when the agent saw it exit, not at its TTL (30 s after its last beat)
         assert not store.lane_worker_alive(r, old_lane.queue, old_lane.worker)
-        os.kill(old_builder.pid, signal.SIGKILL)
         new_builder = _until("the builder started again", lambda: next(
             (b.pid for b in store.live_builders(r) if b.pid != old_builder.pid), None))
         assert old_builder.worker not in {b.worker for b in store.live_builders(r)}

@@ -44,16 +44,21 @@ def _end(proc):
     proc.wait(30)
 
 
-@pytest.fixture
-def builder(stack, redis_conn, tmp_path):
-    proc = _start_builder(stack, tmp_path)
+def _retire(redis_conn, proc) -> None:
+    for b in store.live_builders(redis_conn):  # its liveness key, so later tests build on their lanes
+        if b.pid == proc.pid:
+            store.retire_builder(redis_conn, b)
+
+
+@pytest.fixture(scope="module")
+def builder(stack, redis_conn, tmp_path_factory):
+    """One builder process for the module's builder tests (the last of them kills it)."""
+    proc = _start_builder(stack, tmp_path_factory.mktemp("builder"))
     try:
         yield proc, _wait_builder(redis_conn, proc)
     finally:
         _end(proc)
-        for b in store.live_builders(redis_conn):  # its liveness key, so later tests build on their lanes
-            if b.pid == proc.pid:
-                store.retire_builder(redis_conn, b)
+        _retire(redis_conn, proc)
 
 
 def _records(r, job):
@@ -74,16 +79,20 @@ def test_a_builder_on_its_own_builds_for_the_cpu_lanes(builder, client, redis_co
 
 def test_a_builder_killed_mid_batch_loses_no_candidate(builder, client, redis_conn, lane_share):
     proc, _ = builder
+    before = next(b for b in store.live_builders(redis_conn) if b.pid == proc.pid).built  # the earlier test's builds
     job = client.submit("tiny", target="llvm", share=lane_share, trials=16, trials_per_iter=8, seed=4)
     deadline = time.time() + 300
-    while time.time() < deadline:  # kill it once it has built something and more is queued or building
+    while time.time() < deadline:  # kill it once it has built something of this job and more is queued or building
         mine = [b for b in store.live_builders(redis_conn) if b.pid == proc.pid]
-        if mine and mine[0].built >= 1:
+        if mine and mine[0].built > before:
             break
         time.sleep(0.05)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait(30)
-    assert job.wait(timeout_s=600)["state"] == "done"
+    try:
+        assert job.wait(timeout_s=600)["state"] == "done"
+    finally:
+        _retire(redis_conn, proc)  # the dead builder's key, once its candidates have gone elsewhere: not into the next test
     recs = _records(redis_conn, job)
     assert len(recs) == 16  # every claimed trial recorded
     assert not [r for r in recs if r.error and "builder" in r.error]  # re-sent to a lane, which built it

@@ -148,34 +148,5 @@ def test_the_cli_prints_the_url_masked_and_url_prints_it_for_the_owner(tmp_path)
     assert missing.returncode == 1 and "no stack URL recorded" in missing.stderr
 
 
-@pytest.mark.e2e
-def test_up_prints_the_url_masked_and_its_children_get_it_in_their_environment(tmp_path):
-    """A real `up`: the printed URL is masked, W/redis_url holds it in full (0600), the workers run with it in
-    their environment and not in their argv, and the supervisor's log shows it masked."""
-    env = {k: v for k, v in os.environ.items() if k != "REDIS_URL"}
-    up = subprocess.run([sys.executable, "-m", "sharetune", "up", "--work-dir", str(tmp_path), "--lanes",
-                         "measure.cpu.c0", "--tuners", "1"], cwd=ROOT, capture_output=True, text=True, timeout=300,
-                        env=env)
-    try:
-        assert up.returncode == 0, up.stderr[-2000:]
-        url = (tmp_path / supervisor.URL_FILE).read_text().strip()
-        password = urlsplit(url).password
-        assert urlsplit(url).username == SERVICE_USER and password
-        assert password not in up.stdout + up.stderr and f"REDIS_URL={store.masked_url(url)}" in up.stdout
-        assert str(tmp_path / supervisor.URL_FILE) in up.stdout
-        assert _mode(tmp_path / supervisor.URL_FILE) == 0o600 and _mode(tmp_path / supervisor.STATE_FILE) == 0o600
-        assert _mode(tmp_path / "redis") == 0o700
-        state = supervisor.read_state(tmp_path)
-        for name, pid in state["pids"].items():
-            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-            assert f"REDIS_URL={url}".encode() in environ, name
-            assert password.encode() not in Path(f"/proc/{pid}/cmdline").read_bytes(), name
-        for pid in (state["supervisor_pid"], state["redis_pid"]):
-            assert password.encode() not in Path(f"/proc/{pid}/cmdline").read_bytes()
-        assert password not in (tmp_path / "logs" / "supervisor.log").read_text(errors="replace")
-        with pytest.raises(redis.exceptions.AuthenticationError):
-            redis.Redis(port=urlsplit(url).port).ping()
-    finally:
-        down = subprocess.run([sys.executable, "-m", "sharetune", "down", "--work-dir", str(tmp_path)], cwd=ROOT,
-                              capture_output=True, text=True, timeout=200, env=env)
-    assert down.returncode == 0, down.stderr[-2000:]
+# A real `up` (the printed URL masked, W/redis_url 0600, the workers given it in their environment and not in
+# their argv, the supervisor's log masked): tests/test_cli_up.py::test_up_then_down, beside what `down` stops

@@ -94,8 +94,10 @@ def conv_only(redis_conn, tuned_job) -> list[str]:
 
 
 def batch_in_flight(redis_conn, before, job_id, timeout_s=300):
-    """A started batch of the job with at most one result written: (its key, its _started info)."""
+    """A started batch of the job with at most one result written: (its key, its _started info). A job that
+    ends first fails this at once, with its state (no use waiting out the timeout)."""
     deadline = time.time() + timeout_s
+    state_at = 0.0
     while time.time() < deadline:
         for key in set(redis_conn.scan_iter(match=f"{names.PREFIX}:batch:*")) - before:
             started = redis_conn.hget(key, "_started")
@@ -103,6 +105,11 @@ def batch_in_flight(redis_conn, before, job_id, timeout_s=300):
                 info = json.loads(started)
                 if info.get("job_id") == job_id:
                     return key, info
+        if time.time() - state_at > 0.5:
+            state_at = time.time()
+            state = store.job_state(redis_conn, job_id)
+            if state.get("state") in ("done", "failed", "cancelled"):
+                raise AssertionError(f"job {job_id} ended before a batch of it was seen in flight: {state}")
         time.sleep(0.005)
     raise AssertionError("no batch was seen in flight")
 
