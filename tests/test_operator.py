@@ -41,7 +41,7 @@ BAD_NUMBERS = [(["--trials", "0"], "--trials"), (["--trials", "-3"], "--trials")
 def test_bad_numbers_are_one_line_before_the_model_is_converted(stack):
     # a model name that would fail conversion: the number's error is what is reported, so it came first
     for args, flag in BAD_NUMBERS:
-        out, elapsed = _cli("submit", "no_such_model_anywhere", *args, redis_url=stack.redis_url)
+        out, _ = _cli("submit", "no_such_model_anywhere", *args, redis_url=stack.redis_url)
         assert out.returncode == 2, out.stderr
         assert "Traceback" not in out.stderr and len(out.stderr.strip().splitlines()) == 1, out.stderr
         assert flag in out.stderr and "no_such_model" not in out.stderr, out.stderr
