@@ -11,7 +11,7 @@ fp16/bf16/mma headers stay (they are cheap without CCCL: ~0.03 s for a whole fp1
 precompiled header is needed).
 
 The kernels are the same: for sampled candidates both paths give byte-identical kernel machine code in
-the cubin (`tests/test_cuda_compile.py`, `bench/cuda_compile.py`); only CCCL's unused constants differ.
+the cubin (`tests/test_cuda_compile.py`); only CCCL's unused constants differ.
 
 `SHARETUNE_CUDA_COMPILE=tvm` keeps TVM's own path (the default is `kernel`): a process's entry point sets its
 mode from its settings (LaneSettings.cuda_compile) with `set_mode`, before its first CUDA build."""
