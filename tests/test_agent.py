@@ -98,3 +98,20 @@ def test_an_agent_without_redis_or_with_a_bad_lane_spec_says_why(tmp_path):
                           "--redis-url", "redis://127.0.0.1:1/0"], cwd=REPO, env=env, capture_output=True, text=True,
                          timeout=120)
     assert out.returncode != 0 and "agent:" in out.stderr
+
+
+def test_stop_all_terms_every_group_at_once_and_kills_one_that_outlives_the_wait(tmp_path):
+    """Every process group gets its SIGTERM before any is waited for; one that ignores it is SIGKILLed once the
+    wait is over, and nothing is left behind."""
+    from services.measurer.agent.processes import NodeConfig, ProcessSupervisor
+
+    sup = ProcessSupervisor(NodeConfig(tmp_path, None), lambda: dict(os.environ))
+    stubborn = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('ready', flush=True); time.sleep(600)"
+    sup.spawn("plain", [sys.executable, "-c", "import time; time.sleep(600)"])
+    sup.spawn("stubborn", [sys.executable, "-c", stubborn])
+    procs = dict(sup.procs)
+    _until("the stubborn one ignoring SIGTERM", lambda: "ready" in (tmp_path / "logs" / "stubborn.log").read_text(),
+           timeout_s=60)
+    sup.stop_all(timeout_s=2.0)
+    assert procs["plain"].returncode == -signal.SIGTERM and procs["stubborn"].returncode == -signal.SIGKILL
+    assert sup.procs == {} and not any(_alive(p.pid) for p in procs.values())
