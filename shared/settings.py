@@ -86,6 +86,10 @@ class LaneSettings(HostSettings):
     # "kernel": CUDA builds through the kernel-only NVRTC compile (services/measurer/metaschedule/cuda_compile.py);
     # "tvm": TVM's own path
     cuda_compile: Literal["kernel", "tvm"] = "kernel"
+    # a kernel-path CUDA compile stops past this many CPU seconds and the build fails with an error that says so
+    # (0: no limit). Over the panel's 1,507 stock records on the H200, none whose compile took over 4 s here came
+    # within 3.9x of its task's best (docs/benchmarks.md, "The build tail")
+    cuda_compile_cpu_limit_s: float = Field(4.0, ge=0)
 
     @field_validator("cuda_compile", mode="before")
     @classmethod

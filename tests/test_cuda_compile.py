@@ -123,11 +123,11 @@ def test_sources_that_need_the_headers_go_to_tvms_path(cuda_path, monkeypatch):
     assert cc.kernel_source("no TVM header block here") is None
     plain = header + 'extern "C" __global__ void k(float* a) { a[threadIdx.x] = -INFINITY; }\n'
     assert cc.compile_source(plain, "sm_90")[1] == "kernel"
-    monkeypatch.setattr(cc, "_mode", cc.mode())  # the process's mode comes back after the test
-    cc.set_mode("tvm")
+    monkeypatch.setattr(cc, "_options", cc.options())  # the process's options come back after the test
+    cc.configure(cc.CompileOptions("tvm"))
     assert cc.compile_source(plain, "sm_90")[1] == "tvm"
     with pytest.raises(ValueError, match="'fast' is not one of kernel, tvm"):
-        cc.set_mode("fast")
+        cc.configure(cc.CompileOptions("fast"))
 
 
 def test_a_source_the_kernel_path_cannot_compile_falls_back_to_tvms_error(cuda_path):
@@ -138,3 +138,30 @@ def test_a_source_the_kernel_path_cannot_compile_falls_back_to_tvms_error(cuda_p
     with pytest.raises(RuntimeError, match="undefined_name"):
         cc.compile_source(bad, "sm_90")
     assert cc.STATS["fallback_errors"] == before + 1
+
+
+def _dependent_chain(n: int) -> str:
+    """A kernel of n dependent multiply-adds: its compile's CPU grows with n (~0.65 s at 300, ~4.7 s at 1000 on
+    a 2-core host)."""
+    body = "".join(f"  acc = acc * a[(threadIdx.x + {i}) % 97] + {i}.5f;\n" for i in range(n))
+    return ("#ifdef __CUDACC_RTC__\n#else\n#endif\n" + 'extern "C" __global__ void k(float* a, float* b) {\n'
+            "  float acc = 0.0f;\n" + body + "  b[threadIdx.x] = acc;\n}\n")
+
+
+def test_a_compile_past_its_cpu_limit_stops_with_an_error_that_says_so(monkeypatch):
+    """The limit cancels the compile (NVRTC's flow callback) and says why; it is never handed to TVM's path to
+    compile again; a process's first compile (NVRTC's start-up) has no limit; 0 turns it off."""
+    from services.measurer.metaschedule import cuda_compile as cc
+
+    monkeypatch.setattr(cc, "_options", cc.options())
+    cc.configure(cc.CompileOptions("kernel", 0.1))
+    assert cc.compile_source(_dependent_chain(5), "sm_90")[1] == "kernel"  # the first (warm-up) or a quick one
+    assert cc._warm.is_set()
+    before = dict(cc.STATS)
+    with pytest.raises(cc.CompileLimitExceeded, match=r"over its limit of 0.1 s \(SHARETUNE_CUDA_COMPILE_CPU_LIMIT_S"):
+        cc.compile_source(_dependent_chain(1000), "sm_90")
+    assert cc.STATS == before  # no fallback to TVM's path
+    cc.configure(cc.CompileOptions("kernel", 0.0))
+    assert cc.compile_source(_dependent_chain(150), "sm_90")[1] == "kernel"
+    with pytest.raises(ValueError, match="negative"):
+        cc.configure(cc.CompileOptions("kernel", -1.0))

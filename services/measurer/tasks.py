@@ -51,7 +51,7 @@ class MeasurerWorker:
 
         self.settings = LaneSettings()
         use_broker(app, self.settings.redis_url, self.settings.redis_outage_s)
-        cuda_compile.set_mode(self.settings.cuda_compile)
+        cuda_compile.configure(cuda_compile.options_from(self.settings))
 
     def build(self, **_) -> None:
         """Before the worker consumes: a builder's core when it is a builder, else its lane's (not warm yet)."""

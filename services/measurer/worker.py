@@ -62,6 +62,7 @@ class LaneWorker:
     def start(self) -> None:
         """Warm up (build pool, sandbox child or a trivial kernel), announce the lane, keep it announced."""
         from services.measurer.metaschedule import evaluate
+        from services.measurer.metaschedule.cuda_compile import options_from
 
         s, lane, kind = self.settings, self.lane, self.kind
         t0 = time.perf_counter()
@@ -75,7 +76,7 @@ class LaneWorker:
         if s.lane_claim:  # before the warm-up, which may outlast the claim's TTL
             threading.Thread(target=self.keep_claim, name="lane-claim", daemon=True).start()
         if s.build_workers > 0:  # spawned before this process touches CUDA
-            self.pool = evaluate.BuildPool(s.build_workers, s.builder_hide_gpus, s.cuda_compile)
+            self.pool = evaluate.BuildPool(s.build_workers, s.builder_hide_gpus, options_from(s))
         if kind.mps:
             from services.measurer.gpu.daemon import MpsDaemon
 
@@ -93,7 +94,8 @@ class LaneWorker:
         if self.sandboxed:
             from services.measurer.metaschedule.sandbox import Sandbox
 
-            self.sandbox = Sandbox(str(self.target), s.warmup, s.sandbox_recycle, s.test_fault_hooks, s.cuda_compile)
+            self.sandbox = Sandbox(str(self.target), s.warmup, s.sandbox_recycle, s.test_fault_hooks,
+                                   options_from(s))
             warm_s = self.sandbox.start()
         else:
             warm_s = evaluate.warm_up(self.target) if s.warmup else 0.0

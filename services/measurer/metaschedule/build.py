@@ -9,6 +9,7 @@ import time
 import tvm
 
 from services.measurer.metaschedule.candidate_codec import clip_error, dump_ir, load_ir
+from services.measurer.metaschedule.cuda_compile import CompileOptions
 from services.measurer.metaschedule.targets import family_target, target_from_json
 from shared.messages import Artifact, Candidate
 
@@ -90,7 +91,7 @@ def warm_up_builder(family: str) -> float:
     return time.perf_counter() - t0
 
 
-def init_build_process(hide_gpus: bool = True, cuda_compile_mode: str = "kernel") -> None:
+def init_build_process(hide_gpus: bool = True, compile_options: CompileOptions = CompileOptions()) -> None:
     """A build process of a lane's pool, as its lane's settings say (LaneSettings.builder_hide_gpus and
     cuda_compile): with GPUs hidden (set before anything initialises CUDA here) it never becomes a client of
     its lane's MPS server, so a GPU fault's recovery need not find it."""
@@ -100,7 +101,7 @@ def init_build_process(hide_gpus: bool = True, cuda_compile_mode: str = "kernel"
     from services.measurer.metaschedule import cuda_compile
 
     os.environ.update(builder_environment("", hide_gpus))
-    cuda_compile.set_mode(cuda_compile_mode)
+    cuda_compile.configure(compile_options)
     import tvm  # noqa: F401
 
 

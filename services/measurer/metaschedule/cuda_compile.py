@@ -14,7 +14,12 @@ The kernels are the same: for sampled candidates both paths give byte-identical 
 the cubin (`tests/test_cuda_compile.py`); only CCCL's unused constants differ.
 
 `SHARETUNE_CUDA_COMPILE=tvm` keeps TVM's own path (the default is `kernel`): a process's entry point sets its
-mode from its settings (LaneSettings.cuda_compile) with `set_mode`, before its first CUDA build."""
+mode from its settings (LaneSettings.cuda_compile) with `configure`, before its first CUDA build.
+
+A compile on the kernel path also stops at a CPU limit (LaneSettings.cuda_compile_cpu_limit_s; NVRTC's flow
+callback cancels it, at points NVRTC chooses: seconds past the limit in a long compile): the build fails with an
+error that says so, never a silently different kernel. Kernels that slow to compile are deep unrolls of huge tiles, never near their
+task's best (docs/benchmarks.md, "The build tail")."""
 from __future__ import annotations
 
 import functools
@@ -24,6 +29,8 @@ import platform
 import re
 import shlex
 import threading
+import time
+from typing import NamedTuple
 
 log = logging.getLogger("sharetune.cuda_compile")
 
@@ -68,19 +75,45 @@ _stats_lock = threading.Lock()
 STATS = {"kernel": 0, "tvm": 0, "fallback_errors": 0}
 
 
-_mode = "kernel"
+class CompileOptions(NamedTuple):
+    """How a process compiles CUDA (from LaneSettings.cuda_compile and cuda_compile_cpu_limit_s): the path, one
+    of MODES, and the CPU seconds a kernel-path compile may take (0: no limit)."""
+
+    mode: str = "kernel"
+    cpu_limit_s: float = 0.0
 
 
-def set_mode(mode: str) -> None:
-    """This process's CUDA compile path (one of MODES), from its settings; before its first CUDA build."""
-    global _mode
-    if mode not in MODES:
-        raise ValueError(f"CUDA compile mode {mode!r} is not one of {', '.join(MODES)}")
-    _mode = mode
+def options_from(settings) -> CompileOptions:
+    """A process's options from its LaneSettings."""
+    return CompileOptions(settings.cuda_compile, settings.cuda_compile_cpu_limit_s)
+
+
+class CompileLimitExceeded(Exception):
+    """A compile stopped at the process's CPU limit. Not a RuntimeError: TVM's path must not compile it again."""
+
+
+_options = CompileOptions()
+# a process's first NVRTC compile loads NVRTC's built-ins (~4 s of CPU on a 2-core host, then ~0.05 s for a small
+# kernel): the CPU limit holds from the second on, so a warm-up build is never cut
+_warm = threading.Event()
+
+
+def configure(options: CompileOptions) -> None:
+    """This process's CUDA compile options, from its settings; before its first CUDA build."""
+    global _options
+    if options.mode not in MODES:
+        raise ValueError(f"CUDA compile mode {options.mode!r} is not one of {', '.join(MODES)}")
+    if options.cpu_limit_s < 0:
+        raise ValueError(f"CUDA compile CPU limit {options.cpu_limit_s} s is negative (0 turns it off)")
+    _options = options
 
 
 def mode() -> str:
-    return _mode
+    return _options.mode
+
+
+def options() -> CompileOptions:
+    return _options
 
 
 def kernel_source(code: str) -> str | None:
@@ -127,8 +160,9 @@ def target_arch(output: str = "cubin") -> str:
     return f"{'sm' if output == 'cubin' else 'compute'}_{digits}"
 
 
-def nvrtc_compile(source: str, arch: str, output: str = "cubin") -> bytes:
-    """Compile with NVRTC to a cubin (arch sm_XX) or PTX (compute_XX); RuntimeError with NVRTC's log."""
+def nvrtc_compile(source: str, arch: str, output: str = "cubin", cpu_limit_s: float = 0.0) -> bytes:
+    """Compile with NVRTC to a cubin (arch sm_XX) or PTX (compute_XX); RuntimeError with NVRTC's log,
+    CompileLimitExceeded past `cpu_limit_s` of this process's CPU (0: no limit)."""
     from cuda.bindings import nvrtc
 
     err, prog = nvrtc.nvrtcCreateProgram(source.encode(), b"tvm_kernels.cu", 0, None, None)
@@ -136,7 +170,14 @@ def nvrtc_compile(source: str, arch: str, output: str = "cubin") -> bytes:
         raise RuntimeError(f"NVRTC could not create the program: {err}")
     try:
         opts = nvrtc_options(arch)
-        (err,) = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
+        started = time.process_time()
+        with _cpu_limit(nvrtc, prog, started + cpu_limit_s if cpu_limit_s > 0 else None):
+            (err,) = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
+        if err == nvrtc.nvrtcResult.NVRTC_ERROR_CANCELLED:
+            raise CompileLimitExceeded(
+                f"CUDA compile stopped after {time.process_time() - started:.1f} s of CPU, over its limit of "
+                f"{cpu_limit_s:g} s (SHARETUNE_CUDA_COMPILE_CPU_LIMIT_S; 0 turns it off): a kernel this slow to "
+                f"compile is a deep unroll of a huge tile, not worth timing")
         if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
             _, size = nvrtc.nvrtcGetProgramLogSize(prog)
             text = bytearray(size)
@@ -152,6 +193,35 @@ def nvrtc_compile(source: str, arch: str, output: str = "cubin") -> bytes:
         nvrtc.nvrtcDestroyProgram(prog)
 
 
+class _cpu_limit:
+    """While open, NVRTC's flow callback cancels the program's compile once this process's CPU time passes
+    `deadline` (None: no limit). NVRTC asks at points of its own: seconds apart in a long compile."""
+
+    def __init__(self, nvrtc, prog, deadline: float | None):
+        self.nvrtc, self.prog, self.deadline, self.callback = nvrtc, prog, deadline, None
+
+    def __enter__(self):
+        if self.deadline is None or not hasattr(self.nvrtc, "nvrtcSetFlowCallback"):
+            return self
+        import ctypes
+
+        deadline = self.deadline
+
+        # once it answers 1 (cancel) it must keep answering 1: the deadline only ever stays passed
+        @ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p)
+        def past_deadline(_payload, _reserved):
+            return int(time.process_time() > deadline)
+
+        self.callback = past_deadline  # kept alive for as long as NVRTC may call it
+        (err,) = self.nvrtc.nvrtcSetFlowCallback(self.prog, ctypes.cast(past_deadline, ctypes.c_void_p).value, None)
+        if err != self.nvrtc.nvrtcResult.NVRTC_SUCCESS:
+            raise RuntimeError(f"NVRTC refused the compile's CPU limit: {err}")
+        return self
+
+    def __exit__(self, *_):
+        self.callback = None
+
+
 def tvm_compile(code: str, arch: str, output: str = "cubin") -> bytes:
     """TVM 0.27's own NVRTC path (its preamble, CCCL included)."""
     from tvm.support.nvcc import _compile_cuda_nvrtc
@@ -165,7 +235,9 @@ def compile_source(code: str, arch: str | None = None, output: str = "cubin") ->
     source = kernel_source(code) if mode() == "kernel" else None
     if source is not None:
         try:
-            return nvrtc_compile(source, arch, output), "kernel"
+            binary = nvrtc_compile(source, arch, output, _options.cpu_limit_s if _warm.is_set() else 0.0)
+            _warm.set()
+            return binary, "kernel"
         except RuntimeError as err:  # TVM's path decides: it compiles it or gives the real error
             with _stats_lock:
                 STATS["fallback_errors"] += 1

@@ -10,6 +10,7 @@ import tvm
 from services.measurer.metaschedule import artifact
 from services.measurer.metaschedule.build import init_build_process, build, build_to_file, cpu_now, cpu_since, trivial_kernel
 from services.measurer.metaschedule.candidate_codec import clip_error, load_ir
+from services.measurer.metaschedule.cuda_compile import CompileOptions
 from services.measurer.metaschedule.targets import device_for
 from services.measurer.metaschedule.timing import time_module
 from shared.messages import Candidate, ErrorKind, MeasureResult, TimingConfig
@@ -78,7 +79,7 @@ def _discard_built(fut) -> None:
 
 
 class BuildPool:
-    def __init__(self, workers: int, hide_gpus: bool = True, cuda_compile_mode: str = "kernel"):
+    def __init__(self, workers: int, hide_gpus: bool = True, compile_options: CompileOptions = CompileOptions()):
         """`workers` build processes, each with GPUs hidden unless told otherwise, compiling CUDA in that mode."""
         import multiprocessing
         import tempfile
@@ -88,7 +89,7 @@ class BuildPool:
         self.out_dir = tempfile.mkdtemp(prefix="sharetune-builds-")
         self._ctx = multiprocessing.get_context("spawn")
         self._make = lambda: ProcessPoolExecutor(workers, mp_context=self._ctx, initializer=init_build_process,
-                                                 initargs=(hide_gpus, cuda_compile_mode))
+                                                 initargs=(hide_gpus, compile_options))
         self.pool = self._make()
         self._warming: list = []
 

@@ -11,19 +11,20 @@ import os
 import signal
 import time
 
+from services.measurer.metaschedule.cuda_compile import CompileOptions
 from shared.messages import Candidate, ErrorKind, MeasureResult, TimingConfig
 
 TEST_SEGV_BUILD = "sharetune_test_segv_build"  # see LaneSettings.test_fault_hooks
 READY_TIMEOUT_S = 600.0  # import tvm + a warm-up build on a loaded 2-core host
 
 
-def _serve(conn, target_json: str, warmup: bool, test_hooks: bool, cuda_compile_mode: str = "kernel") -> None:
+def _serve(conn, target_json: str, warmup: bool, test_hooks: bool, compile_options: CompileOptions = CompileOptions()) -> None:
     """The child's loop: (candidate JSON, timing JSON) in, MeasureResult JSON out."""
     from services.measurer.metaschedule.candidate_codec import load_ir
     from services.measurer.metaschedule import cuda_compile, evaluate
     from services.measurer.metaschedule.targets import target_from_json
 
-    cuda_compile.set_mode(cuda_compile_mode)
+    cuda_compile.configure(compile_options)
     targets = {target_json: target_from_json(target_json)}
     if warmup:
         evaluate.warm_up(targets[target_json])
@@ -67,9 +68,9 @@ def _signal_name(code: int | None) -> str:
 
 class Sandbox:
     def __init__(self, target_json: str, warmup: bool = True, recycle_after: int = 2000, test_hooks: bool = False,
-                 cuda_compile_mode: str = "kernel"):
+                 compile_options: CompileOptions = CompileOptions()):
         self.target_json, self.warmup, self.test_hooks = target_json, warmup, test_hooks
-        self.cuda_compile_mode = cuda_compile_mode
+        self.compile_options = compile_options
         self.recycle_after = recycle_after
         self._ctx = multiprocessing.get_context("spawn")  # a fork of a process with TVM's threads is unsafe
         self.proc = None
@@ -82,7 +83,7 @@ class Sandbox:
         t0 = time.perf_counter()
         parent, child = self._ctx.Pipe()
         self.proc = self._ctx.Process(target=_serve, name="lane-sandbox", daemon=True,
-                                      args=(child, self.target_json, self.warmup, self.test_hooks, self.cuda_compile_mode))
+                                      args=(child, self.target_json, self.warmup, self.test_hooks, self.compile_options))
         self.proc.start()
         child.close()
         self.conn, self.served = parent, 0
