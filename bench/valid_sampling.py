@@ -29,9 +29,9 @@ DEFAULT_TASKS = ("resnet18:conv2d1,resnet18:conv2d9,transformer:fused_matmul_add
 MODES = ("off", "precheck", "tile draws")
 
 
-def counting(postprocs):
+def counting(postprocs, skip: tuple = ()):
     """The postprocessors, each wrapped to count its calls and rejections (so samples drawn = calls of
-    the first, rejected by X = X's rejections)."""
+    the first, rejected by X = X's rejections); those named in `skip` left as they are."""
     from tvm.ir.utils import derived_object
     from tvm.s_tir.meta_schedule.postproc import PyPostproc
 
@@ -53,7 +53,7 @@ def counting(postprocs):
         def clone(self):
             return self
 
-    return [Counted(p, type(p).__name__) for p in postprocs]
+    return [p if type(p).__name__ in skip else Counted(p, type(p).__name__) for p in postprocs]
 
 
 def cold_round(task, target, mode: str, candidates: int) -> dict:
@@ -115,7 +115,8 @@ def evolution_round(task, target, mode: str, candidates: int, population: int = 
     for c, r in zip(first, results):
         db.commit_tuning_record(ms.database.TuningRecord(c.sch.trace, workload, r.run_secs, target, c.args_info))
     model.update(ctx, first, results)
-    wrapped = counting(validity.cuda_postprocs(target))
+    # ValidEvolution must see VerifyGPUCode as itself (it checks only what it proposes): its rejections are its own
+    wrapped = counting(validity.cuda_postprocs(target), skip=("VerifyGPUCode",) if mode == "ValidEvolution" else ())
     strategy = (ms.search_strategy.EvolutionarySearch(population_size=population, init_min_unmeasured=16)
                 if mode == "EvolutionarySearch" else ValidEvolution(seed=1, threads=1, population=population // 2))
     ctx = context(strategy, wrapped)
@@ -124,7 +125,8 @@ def evolution_round(task, target, mode: str, candidates: int, population: int = 
     cpu = time.process_time() - c0
     return {"mode": mode, "valid": len(cands), "drawn": wrapped[0].calls, "search_cpu_s": round(cpu, 2),
             "cpu_s_per_valid": round(cpu / max(1, len(cands)), 3),
-            "rejected": {w.name: w.rejects for w in wrapped if w.rejects}}
+            "rejected": {**{w.name: w.rejects for w in wrapped if getattr(w, "rejects", 0)},
+                         **({"VerifyGPUCode": strategy.verify_rejected} if mode == "ValidEvolution" else {})}}
 
 
 def main(argv=None) -> int:
