@@ -153,6 +153,7 @@ class ValidEvolution(PySearchStrategy):
     def _round(self, want: int) -> list | None:
         if len(self.replays) > CACHE:
             self.replays.clear()
+            self.verified.clear()
         measured, parents = self._measured()
         pool: dict[tuple[int, Genome], tuple] = {}  # (space, genome) -> (candidate, score)
         self._score(pool, parents + self._random(self.population - len(parents)))
