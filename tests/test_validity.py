@@ -213,3 +213,6 @@ def test_valid_evolution_breeds_within_the_limits_from_the_measured_best(tasks, 
             assert _tvm_accepts(_replay(task, c.sch.trace, dict(c.sch.trace.decisions), 1), stock)
             near += any(sum(a != b for a, b in zip(genome, s)) == 1 for s in stored)
     assert near >= 1, "no candidate is a mutant of a measured schedule"
+    # no tensor-core block here: VerifyGPUCode leaves the replays' chain and checks only the proposals
+    assert [type(p).__name__ for p in strategy.verifiers] == ["VerifyGPUCode"]
+    assert "VerifyGPUCode" not in [type(p).__name__ for p in strategy.postprocs]
