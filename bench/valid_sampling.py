@@ -9,7 +9,8 @@ search, GPU checks included, runs on the CPU. A model is a zoo name or a time-to
     -> a table, and JSON at --out (default bench/results/valid_sampling_cpu.json)
 
 With --evolution, an evolutionary round instead, after a cold round whose candidates get made-up timings (the cost
-model, XGBoost, trained on them): TVM's EvolutionarySearch against ValidEvolution (evolution.py), each at the
+model, XGBoost, trained on them): TVM's EvolutionarySearch against ValidEvolution (evolution.py), as it runs and with
+VerifyGPUCode checking every mutant it scores instead of its proposals only, each at the
 population the service gives it for 64 a round.
 
     python -m bench.valid_sampling --evolution --tasks efficientnet-mbconv:conv2d1 --out /tmp/evolution.json
@@ -85,7 +86,8 @@ def cold_round(task, target, mode: str, candidates: int) -> dict:
             "frac_rejected_verify_gpu": round(rejected.get("VerifyGPUCode", 0) / max(1, drawn), 3)}
 
 
-EVOLUTION_MODES = ("EvolutionarySearch", "ValidEvolution")
+# ValidEvolution as it runs (VerifyGPUCode on the proposals only), and with VerifyGPUCode on every mutant it scores
+EVOLUTION_MODES = ("EvolutionarySearch", "ValidEvolution, all verified", "ValidEvolution")
 
 
 def evolution_round(task, target, mode: str, candidates: int, population: int = 128) -> dict:
@@ -94,7 +96,7 @@ def evolution_round(task, target, mode: str, candidates: int, population: int = 
     from tvm.s_tir import meta_schedule as ms
     from tvm.s_tir.meta_schedule.runner import RunnerResult
 
-    from services.tuner.metaschedule import validity
+    from services.tuner.metaschedule import evolution, validity
     from services.tuner.metaschedule.evolution import ValidEvolution
     from services.tuner.metaschedule.sampling import ValidReplay
 
@@ -117,16 +119,23 @@ def evolution_round(task, target, mode: str, candidates: int, population: int = 
     model.update(ctx, first, results)
     # ValidEvolution must see VerifyGPUCode as itself (it checks only what it proposes): its rejections are its own
     wrapped = counting(validity.cuda_postprocs(target), skip=("VerifyGPUCode",) if mode == "ValidEvolution" else ())
+    lazy = mode == "ValidEvolution"
     strategy = (ms.search_strategy.EvolutionarySearch(population_size=population, init_min_unmeasured=16)
                 if mode == "EvolutionarySearch" else ValidEvolution(seed=1, threads=1, population=population // 2))
-    ctx = context(strategy, wrapped)
-    c0 = time.process_time()
-    cands = ctx.generate_measure_candidates() or []
-    cpu = time.process_time() - c0
+    verifies = evolution._verifies
+    if mode == "ValidEvolution, all verified":
+        evolution._verifies = lambda _p: False  # VerifyGPUCode stays in the replays' chain
+    try:
+        ctx = context(strategy, wrapped)
+        c0 = time.process_time()
+        cands = ctx.generate_measure_candidates() or []
+        cpu = time.process_time() - c0
+    finally:
+        evolution._verifies = verifies
     return {"mode": mode, "valid": len(cands), "drawn": wrapped[0].calls, "search_cpu_s": round(cpu, 2),
             "cpu_s_per_valid": round(cpu / max(1, len(cands)), 3),
             "rejected": {**{w.name: w.rejects for w in wrapped if getattr(w, "rejects", 0)},
-                         **({"VerifyGPUCode": strategy.verify_rejected} if mode == "ValidEvolution" else {})}}
+                         **({"VerifyGPUCode": strategy.verify_rejected} if lazy else {})}}
 
 
 def main(argv=None) -> int:
