@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 from bench.harness.common import results_path, wait_for, write_results
-from bench.harness.jobs import job_records
+from bench.harness.jobs import job_records, local_stack
 from services.measurer.agent import MAX_RESTARTS, RESTART_WINDOW_S
 from shared import names, store
 
@@ -119,13 +119,10 @@ def soak(work: Path, duration_s: float, seed: int = 0, kill_every_s=(5.0, 30.0),
          trials: int = 16, max_active: int = 2, drain_s: float = 900.0, tuners: int = 2, builders: int = 1,
          log=print) -> dict:
     from sharetune.client import Client
-    from services.measurer.agent import BuilderSpec
-    from sharetune.stack.local import LocalRedis, Stack
-    from shared.settings import StackSettings
+    from sharetune.stack.local import LocalRedis
 
     rng = random.Random(seed)
-    stack = Stack(work, lanes=["measure.cpu.c0", "measure.cpu.c1"], tuners=tuners, builders=BuilderSpec(builders),
-                  local_redis=LocalRedis(restart=True), log_level="INFO", settings=StackSettings())
+    stack = local_stack(work, ["measure.cpu.c0", "measure.cpu.c1"], tuners, builders, local_redis=LocalRedis(restart=True))
     stack.start(wait_lanes_s=300)
     try:
         client = Client(stack.redis_url)

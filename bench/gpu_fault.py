@@ -1,26 +1,18 @@
 """On the GPU machine: GPU fault containment on one GPU. Job A tunes on GPU 0's four 25 % MPS lanes, where the
-faults are injected; a bystander job tunes on a CPU lane all the while (it must not stall). One stack, one
-row per scenario:
+faults are injected; a bystander job tunes on a CPU lane all the while (it must not stall). One stack, a row a
+scenario (SCENARIOS): an illegal address (error 700 reaches every MPS client of the GPU), a hung kernel (the lane's
+watchdog reports it and the lane exits), a launch failure (an ordinary launch error: the lane is kept, nothing to
+quarantine, no recovery).
 
-  illegal address  a kernel that writes 4 TiB past its buffer (error 700 reaches every MPS client of the GPU)
-  hung kernel      a kernel that spins forever; the lane's watchdog reports it and the lane exits
-  launch failure   a kernel asking for more shared memory than a block may have: an ordinary launch error,
-                   answered as an error with the lane kept (not poison: nothing to quarantine, no recovery)
+Each culprit is sent as the tuner would re-send it (up to MAX_SENDS times): the GPU's fault makes every candidate
+in flight a suspect; re-sent, each suspect runs alone (services.measurer.isolation), so the culprit faults alone
+and is quarantined (SHARETUNE_MAX_CRASHES 2) while job A's innocents are cleared; the last send must be answered
+"quarantined" without running. Per row: jobs_completed, culprit_quarantined, innocents_quarantined,
+lost_candidates (claimed minus recorded, both jobs, whole run), suspect_reruns, recovery_s (first fault -> the
+GPU's lanes measuring again) and each recovery's phases. Writes $OUT/gpu_fault_h200.json.
 
-Each culprit is sent as the tuner would re-send it (up to four times): beside job A's candidates the GPU's
-fault makes every candidate in flight a suspect; re-sent, each suspect runs alone (services.measurer.
-isolation), so the culprit faults alone and is quarantined (SHARETUNE_MAX_CRASHES 2) while job A's innocents
-are cleared; the last send must be answered "quarantined" without running.
-
-Per row: jobs_completed, culprit_quarantined, innocents_quarantined, lost_candidates (claimed minus recorded,
-from the store: shared.store.trial_accounting, both jobs, whole run), suspect_reruns, recovery_s (first
-fault -> the GPU's lanes measuring again, from the supervisor's phase times) and the phases of each recovery
-(seconds after the fault: detected, clients ended, MPS restarted, lanes started, live, first batch).
-Writes $OUT/gpu_fault_h200.json.
-
-`--rehearse`: the same driver on CPU lanes (no GPU): the culprits are the sandbox's crash, hang and build
-crash (sharetune.testing.faults; SHARETUNE_TEST_FAULT_HOOKS), which a CPU lane quarantines without a recovery.
-Writes $OUT/gpu_fault_rehearsal.json.
+`--rehearse`: the same driver on CPU lanes, the sandbox's crash, hang and build crash as culprits
+(sharetune.testing.faults), quarantined without a recovery. Writes $OUT/gpu_fault_rehearsal.json.
 
     bash bench/device_run.sh gpufault            # or: python3 -m bench.gpu_fault [--budget-s 300]
     python -m bench.gpu_fault --rehearse         # on CPU
@@ -35,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench.harness.common import out_dir, wait_for, write_results
-from bench.harness.jobs import gpus as find_gpus
+from bench.harness.jobs import gpus as find_gpus, local_stack
 from sharetune.testing import faults as fault_kit
 
 INJECT_TIMEOUT_S = 2.0  # the injected batch's run timeout: the watchdog's allowance is 2x this plus its margin
@@ -56,8 +48,6 @@ SCENARIOS = (Scenario("illegal address", "faulting_candidate", "segv_at_run", Tr
              Scenario("hung kernel", "hanging_candidate", "hang_at_run", True, 1.3),
              Scenario("launch failure", "oversized_launch_candidate", "segv_at_build", False, 0.3))
 
-
-# ---- pure parts ----------------------------------------------------------------------------------------
 
 def plan_lanes(uuids: list[str], cores: int) -> dict:
     """Lane queues of the run: GPU 0 at 4x25 % (job A, where faults are injected) and one CPU lane on the
@@ -120,8 +110,6 @@ def bystander_figures(batches, start: float, end: float) -> dict:
             if done and done[-1] > start else None}
 
 
-# ---- the culprits ----------------------------------------------------------------------------------------
-
 GPU_ARGS = [["TENSOR", "float32", [1024]]] * 2
 
 
@@ -167,8 +155,6 @@ def oversized_launch_candidate(cid: str):
 
     return fault_kit.candidate(f, cid, args_info=GPU_ARGS)
 
-
-# ---- the run ---------------------------------------------------------------------------------------------
 
 def run_row(sc: Scenario, make, stack, client, plan: dict, deadline: float, rehearse: bool) -> dict:
     """Send one culprit as a tuner would re-send it, until it is answered "quarantined" without running
@@ -260,8 +246,6 @@ def main(argv=None) -> int:
     from shared import store
     from shared.messages import FINAL_STATES
     from sharetune.client import Client
-    from sharetune.stack.local import Stack
-    from shared.settings import StackSettings
 
     t_begin = time.time()
     deadline = t_begin + budget_s
@@ -273,7 +257,7 @@ def main(argv=None) -> int:
     wanted = [s for s in SCENARIOS if s.name in {k.strip() for k in args.rows.split(",")}]
     makers = {s.name: getattr(fault_kit, s.cpu_maker) if rehearse else globals()[s.gpu_maker] for s in wanted}
     result: dict = {"rehearsal": rehearse, "gpus": [g.name for g in gpus], "lanes": plan["lanes"], "rows": []}
-    with Stack(work, lanes=plan["lanes"], log_level="INFO", settings=StackSettings()) as stack:
+    with local_stack(work, plan["lanes"]) as stack:
         result["stack_up_s"] = round(time.time() - t_begin, 1)
         client = Client(stack.redis_url)
         r = client.redis

@@ -20,6 +20,7 @@ import urllib.request
 from pathlib import Path
 
 from bench.harness.common import REPO, child_env, module_command, results_path, wait_for, write_results
+from bench.harness.jobs import local_stack
 from shared import names, store
 
 
@@ -48,8 +49,6 @@ def main(argv=None) -> int:
     import subprocess
 
     from sharetune.client import Client
-    from sharetune.stack.local import Stack
-    from shared.settings import StackSettings
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--outage-s", type=float, default=300)
@@ -62,7 +61,7 @@ def main(argv=None) -> int:
     work = Path(tempfile.mkdtemp(prefix="redis_outage_"))
     os.environ["SHARETUNE_CORE_LOCK_DIR"] = str(work / "cores")
     out: dict = {"outage_s": args.outage_s, "trials": args.trials, "window_s": "default (SHARETUNE_REDIS_OUTAGE_S)"}
-    with Stack(work / "stack", lanes=["measure.cpu.c0"], tuners=1, log_level="INFO", settings=StackSettings()) as st:
+    with local_stack(work / "stack", ["measure.cpu.c0"], tuners=1) as st:
         api = subprocess.Popen(module_command("sharetune", "api", "--port", args.api_port, "--no-token"), cwd=REPO,
                                env=child_env(REDIS_URL=st.redis_url), stdout=open(work / "api.log", "wb"),
                                stderr=subprocess.STDOUT)

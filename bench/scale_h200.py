@@ -1,26 +1,15 @@
-"""Throughput at the scale users tune, against stock MetaSchedule on the same machine.
+"""Throughput at the scale users tune, against stock MetaSchedule on the same machine (DESIGN.md section 4).
 
-Part A, one H200 and its 16 cores (DESIGN.md section 4, one-GPU protocol): for each zoo model (every task, 64
-candidates a round) stock `tune_tasks` (LocalBuilder on the 16 cores + LocalRunner, the GPU unshared) runs
-for a fixed window and is stopped; its trials/min and its tuned latency at the trials it reached are what it
-is judged by. Then this service, one configuration after another, each in a fresh stack, 1024 trials:
+Part A, one H200 and its 16 cores: for each model (every task, 64 candidates a round) stock `tune_tasks` runs for
+a fixed window and is stopped (judged by its trials/min and its tuned latency at the trials it reached); then this
+service, configuration after configuration (CONFIGS), each in a fresh stack. Part B, two GPUs: stock on GPU 1 /
+cores 16-31 beside the service on GPU 0 / cores 0-15, and the 32-core and two-GPU configurations.
 
-    1gpu-1x100          one 100 % lane, 16 builders and 4 tuner clients on cores 0-15
-    1gpu-4x25           four 25 % lanes, the same cores
-    1gpu-1x100-uniform  as 1gpu-1x100 with every candidate timed fully (first model only): the screened
-                        timing's tuned latency against the uniform one's, same seed, same trials
-
-Part B, two GPUs (when lent): stock on GPU 1 / cores 16-31 beside the service on GPU 0 / cores 0-15, and
-the 32-core and two-GPU configurations (1gpu-4x25-b32, 2gpu-4x25-b32); the configurations are picked from
-the GPUs found.
-
-Tuned latency at equal trials: the service's first N records (N = stock's committed trials) are applied
-to the model through a JSON database exactly as stock's are (compile_relax), and both are timed in one
-fresh process at the configuration's share, interleaved. The JSON is written after every step, and a run
-started again with the same --work-dir and output resumes after the last finished step.
+Tuned latency at equal trials: the service's first N records (N = stock's) are compiled into the model as stock's
+are, and both timed in one fresh process at the configuration's share. The JSON is written after every step; a
+run started again with the same --work-dir and output resumes after the last finished step.
 
     python -m bench.scale_h200 --part A --models resnet18,transformer     # one GPU, ~20 min: background it
-    python -m bench.scale_h200 --part B
     python -m bench.scale_h200 --rehearse     # the same code on CPU lanes (llvm), small, on this host
     python -m bench.scale_h200 --merge A.json B.json --out bench/results/scale_h200.json
 """
@@ -36,12 +25,12 @@ import sys
 import time
 from pathlib import Path
 
-from bench.harness.common import child_env, cores_of, last_json_line, out_dir
-from bench.harness.jobs import gpu_lane, gpus as find_gpus, job_records, run_job
-from bench.harness.samplers import BusySampler, CpuSampler
+from bench.harness.common import child_env, cores_of, last_json_line, out_dir, tuning_options
+from bench.harness.jobs import gpu_lane, gpus as find_gpus, job_records, local_stack, run_job
+from bench.harness.samplers import BusySampler, CpuSampler, RunSamplers
 from bench.harness.serving import export_job_records, serve, serving_mps, spawn_compile
 from bench.panel import model_arg as panel_model
-from bench.harness.timeline import Timeline, add_gpu_busy, add_lane_busy, idle_attribution, plot
+from bench.harness.timeline import add_gpu_busy, add_lane_busy, idle_attribution, plot
 from bench.harness.stock import (
     kill_group, spawn_tune_tasks, stock_records, stock_steady_from_log, stock_trials_from_log,
 )
@@ -49,7 +38,7 @@ from bench.harness.stock import (
 CONFIGS = {  # name -> (lanes per GPU "NxPCT", GPUs, builders, builder cores, tuner-side cores, timing)
     "1gpu-1x100": ("1x100", 1, 16, "0-15", "0-15", "screen"),
     "1gpu-4x25": ("4x25", 1, 16, "0-15", "0-15", "screen"),
-    "1gpu-1x100-uniform": ("1x100", 1, 16, "0-15", "0-15", "uniform"),
+    "1gpu-1x100-uniform": ("1x100", 1, 16, "0-15", "0-15", "uniform"),  # every candidate timed fully
     "1gpu-4x25-b32": ("4x25", 1, 28, "0-31", "0-15", "screen"),
     "2gpu-4x25-b32": ("4x25", 2, 28, "0-31", "0-15", "screen"),
     "1gpu-4x25-multi": ("4x25", 1, 16, "0-15", "0-15", "screen"),
@@ -61,18 +50,11 @@ FIRST_MODEL_ONLY = {"1gpu-1x100-uniform", "cpu-1lane-uniform"}  # the comparison
 MULTI = {"1gpu-4x25-multi", "cpu-1lane-multi"}  # every model at once, against the same one after another
 
 
-# ---- this service ---------------------------------------------------------------------------------------
-
-
 @contextlib.contextmanager
 def config_stack(args, name: str, spec: tuple, gpus: list, work: Path):
-    """A fresh stack of the configuration `spec` in `work`: yields (stack, its client, the row so far, a
-    function that starts the run's samplers)."""
+    """A fresh stack of the configuration `spec` in `work`: yields (stack, its client, the row so far, the
+    GPUs' UUIDs)."""
     from sharetune.client import Client
-    from services.measurer.agent import BuilderSpec
-    from sharetune.stack.local import Stack
-    from shared import store
-    from shared.settings import StackSettings
 
     lanes_spec, n_gpus, builders, builder_cores, tuner_cores, timing = spec
     os.sched_setaffinity(0, cores_of(tuner_cores))  # the stack's processes inherit it (builders: their own)
@@ -87,14 +69,9 @@ def config_stack(args, name: str, spec: tuple, gpus: list, work: Path):
     row = {"config": name, "gpus": n_gpus, "lanes": len(lanes), "share": share, "builders": builders,
            "builder_cores": builder_cores, "tuners": args.tuners, "per_iter": args.per_iter, "timing": timing}
     t_up = time.time()
-    with Stack(work, lanes=lanes, tuners=args.tuners, builders=BuilderSpec(builders, builder_cores),
-               log_level="INFO", settings=StackSettings()) as stack:
+    with local_stack(work, lanes, args.tuners, builders, builder_cores) as stack:
         row["stack_startup_s"] = round(time.time() - t_up, 1)
-        def start():  # at submit
-            return {"gpu": [BusySampler(u) for u in uuids] or [BusySampler(None)], "cpu": CpuSampler(stack.procs),
-                    "timeline": Timeline(stack.procs, store.connect(stack.redis_url))}
-
-        yield stack, Client(stack.redis_url), row, start
+        yield stack, Client(stack.redis_url), row, uuids
 
 
 def host_cores(spec: tuple) -> int:
@@ -111,20 +88,19 @@ def submitted(args, model: str, share: int, timing: str) -> dict:
 
 def run_config(args, name: str, spec: tuple, gpus: list, work: Path, model: str) -> dict:
     from shared import store
+    from shared.messages import lane_utilisation
 
     key = f"{name}-{model}"
-    with config_stack(args, name, spec, gpus, work / key) as (stack, client, row, start):
+    with config_stack(args, name, spec, gpus, work / key) as (stack, client, row, uuids):
         row["model"] = model
         options = submitted(args, model, row["share"], spec[5])
-        samplers = start()
+        samplers = RunSamplers(stack, uuids)
         job, final, wall = run_job(client, args.config_timeout, cancel_on_timeout=True, **options)
         t0 = time.time() - wall
-        rows = samplers["timeline"].stop()
-        busy = [s.stop() for s in samplers["gpu"]]
-        row.update(samplers["cpu"].stop())
-        row["cpu_s_per_trial"] = round(sum(row["cpu_s_by_role"].values()) / max(1, status_trials(job)), 2)
-        r = store.connect(stack.redis_url)
+        rows, busy, cpu = samplers.stop()
         status = job.status()
+        row.update(cpu, cpu_s_per_trial=round(sum(cpu["cpu_s_by_role"].values()) / max(1, status["trials"] or 0), 2))
+        r = store.connect(stack.redis_url)
         batches = store.lane_batches(r, job.job_id)
         # submit to the last candidate timed: the tuned model's compile after it is not tuning (stock's
         # window counts none either); the job's own wall time beside it
@@ -134,7 +110,9 @@ def run_config(args, name: str, spec: tuple, gpus: list, work: Path, model: str)
                    gpu_busy_frac=round(statistics.mean(b for b in busy if b is not None), 4) if any(
                        b is not None for b in busy) else None,
                    gpu_busy_per_gpu=busy, task_trials={t["task"]: t["trials"] for t in status["tasks"]})
-        row.update(lane_clock(batches, t0, t0 + wall))
+        lanes = lane_utilisation(batches, t0, t0 + wall)  # each lane's own busy clock, as the job result has it
+        row.update(lane_busy_frac=lanes.get("mean_busy_frac"),
+                   lane_busy_per_lane={k: v["busy_frac"] for k, v in lanes.get("per_lane", {}).items()})
         if batches:  # from the first candidate measured to the last: the rate once planning is done
             active = max(b.finished_at for b in batches) - min(b.started_at for b in batches)
             row["active_s"] = round(active, 1)
@@ -144,7 +122,7 @@ def run_config(args, name: str, spec: tuple, gpus: list, work: Path, model: str)
             row["lane_s_per_candidate"] = round(statistics.median(per), 4)
             row["lane_s_per_candidate_mean"] = round(statistics.mean(per), 4)
         row.update(record_stats(r, job.job_id))
-        row["pipeline"] = pipeline(rows, samplers["timeline"].t0, batches, samplers["gpu"][0].samples,
+        row["pipeline"] = pipeline(rows, samplers.timeline.t0, batches, samplers.gpu[0].samples,
                                    host_cores(spec), args.tuners, args.png_dir / f"timeline-{key}.png", key)
         if final.get("state") == "done":
             res = job.result()
@@ -161,9 +139,9 @@ def run_multi(args, name: str, spec: tuple, gpus: list, work: Path, models: list
     from shared import store
     from shared.messages import FINAL_STATES, measurement_shares
 
-    with config_stack(args, name, spec, gpus, work / name) as (stack, client, row, start):
+    with config_stack(args, name, spec, gpus, work / name) as (stack, client, row, uuids):
         options = {m: submitted(args, m, row["share"], spec[5]) for m in models}  # converted before the clock
-        samplers = start()
+        samplers = RunSamplers(stack, uuids)
         t0 = time.time()
         jobs = {m: (time.time(), client.submit(**options[m])) for m in models}
         ended: dict[str, tuple[float, str]] = {}
@@ -173,9 +151,8 @@ def run_multi(args, name: str, spec: tuple, gpus: list, work: Path, models: list
                 if m not in ended and state in FINAL_STATES:
                     ended[m] = (time.time(), state)
             time.sleep(0.5)
-        rows = samplers["timeline"].stop()
-        busy = [s.stop() for s in samplers["gpu"]]
-        row.update(samplers["cpu"].stop())
+        rows, busy, cpu = samplers.stop()
+        row.update(cpu)
         r = store.connect(stack.redis_url)
         batches = {m: store.lane_batches(r, job.job_id) for m, (_, job) in jobs.items()}
         per_job = {}
@@ -194,8 +171,8 @@ def run_multi(args, name: str, spec: tuple, gpus: list, work: Path, models: list
                    cpu_s_per_trial=round(sum(row["cpu_s_by_role"].values()) / max(1, trials), 2),
                    gpu_busy_frac=busy[0], shares={k: v for k, v in shares.items() if k != "first_measured_at"},
                    last_first_measured_s=max((j["first_measured_s"] or 0.0) for j in per_job.values()))
-        row["pipeline"] = pipeline(rows, samplers["timeline"].t0, [b for bs in batches.values() for b in bs],
-                                   samplers["gpu"][0].samples, host_cores(spec), args.tuners,
+        row["pipeline"] = pipeline(rows, samplers.timeline.t0, [b for bs in batches.values() for b in bs],
+                                   samplers.gpu[0].samples, host_cores(spec), args.tuners,
                                    args.png_dir / f"timeline-{name}.png", f"{name}: {', '.join(models)}")
     return row
 
@@ -211,10 +188,6 @@ def pipeline(rows: list[dict], t0: float, batches, gpu_samples, cores: int, tune
         out.update(first_measured_s=round(first, 1), last_measured_s=round(last, 1),
                    **idle_attribution(rows, cores, first, last, tuners))
     return out
-
-
-def status_trials(job) -> int:
-    return int(job.status().get("trials") or 0)
 
 
 def record_stats(r, job_id: str) -> dict:
@@ -254,25 +227,11 @@ def slow_build_worth(recs, over_s: float = 4.0, near: float = 1.25) -> dict:
             "tasks": len(best)}
 
 
-def lane_clock(batches, start: float, end: float) -> dict:
-    """Each lane's own busy clock over the job, as the job result reports it."""
-    from shared.messages import lane_utilisation
-
-    stats = lane_utilisation(batches, start, end)
-    return {"lane_busy_frac": stats.get("mean_busy_frac"),
-            "lane_busy_per_lane": {k: v["busy_frac"] for k, v in stats.get("per_lane", {}).items()}}
-
-
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    tuning_options(ap, None, 1024, 15, "/tmp/scale_bench")  # models: resnet18,transformer (rehearsal: tiny)
     ap.add_argument("--part", choices=["A", "B"], default="A")
     ap.add_argument("--configs", default=None, help="comma-separated names (default: the part's)")
-    ap.add_argument("--models", default=None, help="comma-separated zoo names (default resnet18,transformer; "
-                                                    "rehearsal: tiny)")
-    ap.add_argument("--trials", type=int, default=1024)
-    ap.add_argument("--per-iter", type=int, default=64)
-    ap.add_argument("--tuners", type=int, default=4)
-    ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--stock-window", type=float, default=360.0,
                     help="seconds of stock tuning per model (it needs ~90 s to start and commits a task's records only "
                          "when it returns to the task: a window under ~6 min leaves no equal-trials latency)")
@@ -281,10 +240,7 @@ def main(argv=None) -> int:
     ap.add_argument("--stock-from", default=None,
                     help="an earlier result JSON whose stock windows stand for the models not run here (same protocol)")
     ap.add_argument("--config-timeout", type=float, default=600.0, help="a job's limit, its final compile included")
-    ap.add_argument("--serve-rounds", type=int, default=15)
-    ap.add_argument("--work-dir", default="/tmp/scale_bench")
     ap.add_argument("--out-json", default=None, help="default: $OUT/scale_part<part>.json")
-    ap.add_argument("--rehearse", action="store_true", help="CPU lanes and llvm: the code path, on this host")
     ap.add_argument("--no-serve", dest="serve", action="store_false",
                     help="no tuned model served (the time-to-quality benchmark times the panel's)")
     ap.add_argument("--merge", nargs="*")

@@ -4,20 +4,15 @@
     python -m bench.share_matrix --models resnet18 --gpu-index 0 --out-json /tmp/x.json   # one child
     python -m bench.share_matrix --device cpu --cores 1,2 --models tiny --trials 6 --per-iter 6   # CPU rehearsal
 
-Each model: EVERY task tuned (`--tasks K` for the K heaviest), 64 candidates a round (MetaSchedule's
-default), at each share on min(4, 100 // share) MPS lanes of that share, one share after another, in one
-stack; then each tuned model served at every share in a fresh process under that MPS percentage, 30
-interleaved rounds a cell (the median, and a bootstrap 95 % interval over the rounds). Everything must fit
-one 10-minute device call, so the script keeps a deadline: a share it cannot tune in time is skipped and
-recorded, a failed cell is recorded, and the JSON under $OUT is rewritten after every job and every serving
-process (a run cut off still leaves figures).
+Each model: every task tuned (`--tasks K`: the K heaviest), 64 candidates a round, at each share on
+min(4, 100 // share) MPS lanes of that share, one share after another, in one stack; then each tuned model served
+at every share in a fresh process under that MPS percentage, 30 interleaved rounds a cell (the median, and a
+bootstrap 95 % interval). Everything must fit the deadline: a share it cannot tune in time is skipped and recorded,
+a failed cell is recorded, and the JSON under $OUT is rewritten after every job and every serving process.
 
-Budget: the per-share trials are what fits the time left (share_matrix.fit_trials: H200 estimates of
-~35 s a share for plan + compile, ~10 s a search round per client with every task getting its round,
-~0.25 s a trial for builds on 16 cores), never more than the model's default (32 a task, at least 256).
-`--shares auto` (the default) is 25,50,100, with 10 added when four shares still give every task 8 trials.
-Two GPUs (nvidia-h200-x2): one model each, in parallel, ~9 minutes. On one GPU make one call per model
-(`--models resnet18`, then `--models transformer`) and join them with `--merge A.json B.json`.
+The per-share trials are what fits the time left (sharetune.experiments.share_matrix.fit_trials), at most the
+model's default. `--shares auto` is 25,50,100, with 10 added when four shares still give every task 8 trials.
+Two GPUs: one model each, in parallel. On one GPU make one call per model and join them with `--merge A B`.
 """
 from __future__ import annotations
 

@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 from bench.harness.common import results_path, write_results
+from bench.harness.jobs import local_stack
 
 
 def main(argv=None) -> int:
@@ -32,12 +33,10 @@ def main(argv=None) -> int:
     from shared import store
     from sharetune.client import Client
     from services.measurer.agent import default_cpu_lanes
-    from sharetune.stack.local import Stack
-    from shared.settings import StackSettings
 
     rows = []
     t0 = time.time()
-    with Stack(Path(args.work_dir), lanes=default_cpu_lanes(), settings=StackSettings()) as stack:
+    with local_stack(Path(args.work_dir), default_cpu_lanes()) as stack:
         client = Client(stack.redis_url)
         r = client.redis
         aof = lambda: sum(p.stat().st_size for p in (Path(args.work_dir) / "redis").rglob("*.aof*"))  # noqa: E731

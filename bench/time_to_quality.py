@@ -21,10 +21,11 @@ import threading
 import time
 from pathlib import Path
 
-from bench.harness.common import RESULTS, child_env, module_command, out_dir
-from bench.harness.serving import export_job_records, serve
-from bench.harness.stock import make_target, tune_tasks
-from bench.panel import PANEL, build, relax as relax_of
+from bench.harness.common import RESULTS, out_dir, tuning_options
+from bench.harness.jobs import gpu_lane, gpus as find_gpus, job_records, local_stack, run_job
+from bench.harness.serving import compile_module, export_job_records, serve
+from bench.harness.stock import kill_group, spawn_tune_tasks
+from bench.panel import PANEL, build
 
 PHASES = ("stock", "cold", "warm")
 # what a step is expected to take, to leave one that cannot finish before the deadline (stock: ~40 trials a
@@ -34,9 +35,6 @@ STOCK_STARTUP_S = 90.0
 SERVICE_STEP_S = 240.0
 SERVE_S = 90.0
 WARM_STORE_S = 240.0
-
-
-# ---- the estimate users wait on ------------------------------------------------------------------------
 
 
 def latency_curve(events: list[tuple[float, str, float | None]], weights: dict[str, int],
@@ -78,26 +76,6 @@ def time_to_reach(curve: list, target: float) -> tuple[float | None, int | None]
     return None, None
 
 
-# ---- stock ------------------------------------------------------------------------------------------------
-
-
-def stock_child(args) -> int:
-    """In its own process: stock tune_tasks on every task of the model, to its budget."""
-    from tvm.s_tir import meta_schedule as ms
-
-    from services.tuner.metaschedule.extract import fuse, tvm_ffi_structural_hash
-
-    work = Path(args.stock_work)
-    target = make_target(args.rehearse)
-    extracted = ms.relax_integration.extract_tasks(fuse(relax_of(args.model)), target)
-    (work / "tasks.json").write_text(json.dumps([
-        {"name": t.task_name, "weight": int(t.weight), "shash": str(tvm_ffi_structural_hash(t.dispatched[0]))}
-        for t in extracted]))
-    contexts, weights = ms.relax_integration.extracted_tasks_to_tune_contexts(extracted, str(work), seed=0)
-    tune_tasks(contexts, weights, str(work), args.trials, args.per_iter, len(os.sched_getaffinity(0)))
-    return 0
-
-
 class FileLines:
     """When each line of a growing file appeared: polled every `every_s` from a thread."""
 
@@ -132,12 +110,14 @@ def run_stock(args, model: str, work: Path) -> dict:
     """Stock to its budget; returns its events (time each record was committed) and wall time."""
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
-    cmd = module_command("bench.time_to_quality", "--stock-child", "--model", model, "--stock-work", work, "--trials",
-                         args.trials, "--per-iter", args.per_iter) + (["--rehearse"] if args.rehearse else [])
     t0 = time.time()
     lines = FileLines(work / "database_tuning_record.json", t0)
-    with open(work / "stock.log", "w") as log:
-        proc = subprocess.run(cmd, env=child_env(), stdout=log, stderr=subprocess.STDOUT, timeout=args.stock_timeout)
+    proc = spawn_tune_tasks(model, work, args.per_iter, args.trials, None, None, args.rehearse, work / "stock.log")
+    try:
+        proc.wait(timeout=args.stock_timeout)
+    except subprocess.TimeoutExpired:
+        kill_group(proc)
+        raise
     wall = time.time() - t0
     seen = lines.stop()
     row = {"wall_s": round(wall, 1), "exit": proc.returncode, "trials_per_min": None}
@@ -159,47 +139,33 @@ def run_stock(args, model: str, work: Path) -> dict:
     return row
 
 
-# ---- this service ---------------------------------------------------------------------------------------
-
-
-def lanes_for(args) -> tuple[list[str], int, str]:
+def service_stack(args, work: Path):
+    """(a stack in `work` as the protocol has it, the share and target a job there is submitted at): rehearsal, one
+    CPU lane and one builder; else one 100 % lane of the first GPU and a builder a core."""
     if args.rehearse:
-        return ["measure.cpu.c0"], 50, "llvm"
-    from services.measurer.observers import make_observer
-
-    obs = make_observer()
-    uuid = obs.inventory()[0].uuid
-    obs.close()
-    return [f"measure.{uuid.lower().removeprefix('gpu-')[:8]}.p100"], 100, "cuda"
+        lanes, share, target, builders = ["measure.cpu.c0"], 50, "llvm", 1
+    else:
+        lanes, share, target, builders = [gpu_lane(find_gpus()[0].uuid, 100)], 100, "cuda", len(os.sched_getaffinity(0))
+    return local_stack(work, lanes, args.tuners, builders), share, target
 
 
 def run_service(args, model: str, work: Path, store_from: Path | None = None) -> dict:
     """One job of the model on a stack in `work` (its store copied from `store_from` first: warm)."""
     from shared import store
+    from shared.settings import physical_cores
     from sharetune.client import Client
-    from services.measurer.agent import BuilderSpec
-    from shared.settings import StackSettings
-    from sharetune.stack.local import Stack
 
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     if store_from is not None:
         shutil.copytree(store_from / "redis", work / "redis")
-    lanes, share, target = lanes_for(args)
+    stack_of, share, target = service_stack(args, work)
     module, inputs = build(model)
-    builders = 1 if args.rehearse else len(os.sched_getaffinity(0))
-    with Stack(work, lanes=lanes, tuners=args.tuners, builders=BuilderSpec(builders), log_level="INFO",
-               settings=StackSettings()) as stack:
-        client = Client(stack.redis_url)
-        t0 = time.time()
-        job = client.submit(module, example_inputs=inputs, name=model, target=target, share=share,
-                            trials=args.trials, trials_per_iter=args.per_iter, seed=args.seed)
-        try:
-            final = job.wait(timeout_s=args.service_timeout, on_progress=None)
-        except TimeoutError:
-            job.cancel()
-            final = {"state": "timeout"}
-        wall = time.time() - t0
+    with stack_of as stack:
+        job, final, wall = run_job(Client(stack.redis_url), args.service_timeout, cancel_on_timeout=True,
+                                   model=module, example_inputs=inputs, name=model, target=target, share=share,
+                                   trials=args.trials, trials_per_iter=args.per_iter, seed=args.seed)
+        t0 = time.time() - wall
         r = store.connect(stack.redis_url)
         tasks = store.job_tasks(r, job.job_id)
         weights = {t.name: t.weight for t in tasks}
@@ -209,22 +175,17 @@ def run_service(args, model: str, work: Path, store_from: Path | None = None) ->
             if d is not None and d.run_secs:
                 defaults[t.name] = statistics.median(d.run_secs)
         events, seeds, valid = [], 0, 0
-        for t in tasks:
-            for rec in store.records(r, t.wkey):
-                if rec.job_id != job.job_id:
-                    continue
-                seeds += bool(getattr(rec, "seeded_from", None))
-                valid += store.valid_record(rec)  # timed, briefly or fully
-                ok = store.valid_record(rec) and rec.timing == "full"  # what an export may use
-                events.append((rec.measured_at - t0, t.name, statistics.median(rec.run_secs) if ok else None))
+        for rec, t in job_records(r, job.job_id):
+            seeds += bool(getattr(rec, "seeded_from", None))
+            valid += store.valid_record(rec)  # timed, briefly or fully
+            ok = store.valid_record(rec) and rec.timing == "full"  # what an export may use
+            events.append((rec.measured_at - t0, t.name, statistics.median(rec.run_secs) if ok else None))
         row = {"state": final.get("state"), "wall_s": round(wall, 1), "trials": len(events), "weights": weights,
                "defaults": defaults, "events": events, "seeds_measured": seeds,
                "trials_per_min": round(60 * len(events) / max(wall, 1e-9), 1)}
         splits = store.splits(r, job.job_id)
         row["splits"] = splits
         row["valid_trials"], row["fully_timed_trials"] = valid, sum(1 for e in events if e[2] is not None)
-        from shared.settings import physical_cores
-
         # a stack's clients split the host's physical cores for their searches (Stack.start_tuner); the
         # sample phase is wall time, so this is its CPU only while its threads are busy
         threads = int(os.environ.get("SHARETUNE_SEARCH_THREADS") or max(1, physical_cores() // args.tuners))
@@ -246,21 +207,16 @@ def run_service(args, model: str, work: Path, store_from: Path | None = None) ->
 def prepare_warm_store(args, work: Path) -> dict:
     """A store that has tuned the zoo models (each --warm-trials), made once per work dir."""
     from sharetune.client import Client
-    from services.measurer.agent import BuilderSpec
-    from shared.settings import StackSettings
-    from sharetune.stack.local import Stack
 
     done = work / "DONE.json"
     if done.exists():
         return json.loads(done.read_text())
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
-    lanes, share, target = lanes_for(args)
-    builders = 1 if args.rehearse else len(os.sched_getaffinity(0))
+    stack_of, share, target = service_stack(args, work)
     out = {"models": {}}
     t_all = time.time()
-    with Stack(work, lanes=lanes, tuners=args.tuners, builders=BuilderSpec(builders), log_level="INFO",
-               settings=StackSettings()) as stack:
+    with stack_of as stack:
         client = Client(stack.redis_url)
         for m in args.warm_from.split(","):
             t0 = time.time()
@@ -277,49 +233,6 @@ def prepare_warm_store(args, work: Path) -> dict:
     subprocess.run(["tar", "czf", str(out_dir() / "zoo_store.tgz"), "-C", str(work), "redis", "DONE.json"],
                    check=False)
     return out
-
-
-# ---- compiling and serving -----------------------------------------------------------------------------
-
-
-def compile_child(args) -> int:
-    """In its own process: the model compiled with a JSON database (cut to its first --first trials)."""
-
-    from services.tuner.metaschedule.compile import compile_tuned, compile_untuned
-
-    if not args.db:
-        compile_untuned(relax_of(args.model), make_target(args.rehearse), args.out_module)
-        return 0
-    db_dir, cut = Path(args.db), Path(args.cut_dir)
-    cut.mkdir(parents=True, exist_ok=True)
-    (cut / "database_workload.json").write_text((db_dir / "database_workload.json").read_text())
-    lines = (db_dir / "database_tuning_record.json").read_text().splitlines()
-    valid = db_dir / "trial_valid.json"  # ours: the first N trials hold this many valid records
-    if args.first:
-        lines = lines[: sum(json.loads(valid.read_text())[: args.first]) if valid.exists() else args.first]
-    (cut / "database_tuning_record.json").write_text("\n".join(lines) + ("\n" if lines else ""))
-    compile_tuned(relax_of(args.model), make_target(args.rehearse), str(cut), args.out_module)
-    return 0
-
-
-def compile_module(args, model: str, db: Path | None, out: Path, first: int = 0) -> str | None:
-    """The model compiled in a child process with the JSON database in `db` (None: untuned, as the service
-    compiles its baseline)."""
-    cmd = module_command("bench.time_to_quality", "--compile-child", "--model", model, "--db", db or "", "--cut-dir",
-                         f"{out}.db", "--out-module", out, "--first", first) + (["--rehearse"] if args.rehearse else [])
-    with open(str(out) + ".log", "w") as log:
-        proc = subprocess.run(cmd, env=child_env(), stdout=log, stderr=subprocess.STDOUT, timeout=900)
-    return str(out) if proc.returncode == 0 and out.exists() else None
-
-
-def serve_all(args, model: str, modules: dict[str, str], work: Path) -> dict:
-    """Every module timed in one fresh process, interleaved, unshared, and checked against PyTorch."""
-    res = serve(modules, model, work, args.serve_rounds, gpu=not args.rehearse, check=True, timeout_s=600)
-    res.pop("rounds_us", None)
-    return res
-
-
-# ---- one model, start to end -----------------------------------------------------------------------------
 
 
 def fits(deadline: float | None, need_s: float) -> bool:
@@ -425,26 +338,29 @@ def serve_model(args, model: str, row: dict, mwork: Path) -> None:
     compiled.mkdir(parents=True, exist_ok=True)
     db = stock_db(model, mwork)
     if db is not None:
-        mods["stock"] = compile_module(args, model, db, compiled / "stock.so")
+        mods["stock"] = compile_module(model, db, compiled / "stock.so", args.rehearse)
     for phase in ("cold", "warm"):
         res = row.get(phase) or {}
         if res.get("tuned_module") and Path(res["tuned_module"]).exists():
             mods[phase] = res["tuned_module"]
         elif res and (kept := kept_run(model, phase, mwork / phase)) is not None:  # made in an earlier lease
-            mods[phase] = compile_module(args, model, kept / "database", compiled / f"{phase}.so")
+            mods[phase] = compile_module(model, kept / "database", compiled / f"{phase}.so", args.rehearse)
     cold = row.get("cold") or {}
     if cold.get("untuned_module") and Path(cold["untuned_module"]).exists():
         mods["untuned"] = cold["untuned_module"]
     elif cold:
-        mods["untuned"] = compile_module(args, model, None, compiled / "untuned.so")
+        mods["untuned"] = compile_module(model, None, compiled / "untuned.so", args.rehearse)
     stock_trials = (row.get("stock") or {}).get("trials")
     kept = kept_run(model, "cold", mwork / "cold") if cold else None
     if stock_trials and cold.get("trials", 0) > stock_trials and kept is not None and (kept / "records_db").exists():
-        mods["cold_at_stock_trials"] = compile_module(args, model, kept / "records_db",
-                                                      compiled / "cold_at_stock_trials.so", first=stock_trials)
+        mods["cold_at_stock_trials"] = compile_module(model, kept / "records_db",
+                                                      compiled / "cold_at_stock_trials.so", args.rehearse,
+                                                      first=stock_trials)
     failed = [k for k, v in mods.items() if not v]
     mods = {k: v for k, v in mods.items() if v}
-    row["served"] = serve_all(args, model, mods, mwork)
+    # every module timed in one fresh process, interleaved, unshared, and checked against PyTorch
+    row["served"] = serve(mods, model, mwork, args.serve_rounds, gpu=not args.rehearse, check=True, timeout_s=600)
+    row["served"].pop("rounds_us", None)
     if failed:
         row["served"].setdefault("errors", {}).update({k: "did not compile" for k in failed})
 
@@ -577,31 +493,16 @@ def plot(result: dict, path: Path) -> None:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--models", default=",".join(PANEL))
-    ap.add_argument("--trials", type=int, default=384)
-    ap.add_argument("--per-iter", type=int, default=64)
-    ap.add_argument("--tuners", type=int, default=4)
-    ap.add_argument("--seed", type=int, default=0)
+    tuning_options(ap, ",".join(PANEL), 384, 30, "/tmp/ttq/work")
     ap.add_argument("--warm-from", default="resnet18,transformer", help="zoo models the warm store tuned first")
     ap.add_argument("--warm-trials", type=int, default=512)
     ap.add_argument("--no-warm", action="store_true")
     ap.add_argument("--phases", default=",".join(PHASES), help="the steps to run now (stock,cold,warm)")
-    ap.add_argument("--serve-rounds", type=int, default=30)
-    ap.add_argument("--work-dir", default="/tmp/ttq/work")
     ap.add_argument("--resume", action="store_true", help="keep the steps the JSON already holds")
     ap.add_argument("--deadline-s", type=float, default=None, help="start no step that cannot end before this")
     ap.add_argument("--lease", default=time.strftime("%Y-%m-%d %H:%M"), help="names the lease a step ran in")
     ap.add_argument("--stock-timeout", type=float, default=3600)
     ap.add_argument("--service-timeout", type=float, default=1800)
-    ap.add_argument("--rehearse", action="store_true", help="CPU lanes (llvm) on this host, small")
-    ap.add_argument("--stock-child", action="store_true", help=argparse.SUPPRESS)
-    ap.add_argument("--compile-child", action="store_true", help=argparse.SUPPRESS)
-    ap.add_argument("--model", help=argparse.SUPPRESS)
-    ap.add_argument("--stock-work", help=argparse.SUPPRESS)
-    ap.add_argument("--db", help=argparse.SUPPRESS)
-    ap.add_argument("--cut-dir", help=argparse.SUPPRESS)
-    ap.add_argument("--out-module", help=argparse.SUPPRESS)
-    ap.add_argument("--first", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--table", metavar="JSON", help="derive a results file's summaries again, print its table (markdown), draw its PNG")
     args = ap.parse_args(argv)
     if args.table:
@@ -614,10 +515,6 @@ def main(argv=None) -> int:
         print(markdown_table(result))
         return 0
     args.phases = set(args.phases.split(","))
-    if args.stock_child:
-        return stock_child(args)
-    if args.compile_child:
-        return compile_child(args)
     deadline = time.time() + args.deadline_s if args.deadline_s else None
     work = Path(args.work_dir)
     work.mkdir(parents=True, exist_ok=True)

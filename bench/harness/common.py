@@ -1,5 +1,5 @@
-"""Where results go and what each records of its making (command, code, host, date), rounding, waiting, and the
-command lines of child processes."""
+"""Where results go and what each records of its making (command, code, host, date), the options the tuning
+benchmarks share, waiting, and the command lines of child processes."""
 from __future__ import annotations
 
 import json
@@ -19,10 +19,6 @@ def out_dir(default: str = "/tmp/out") -> Path:
     d = Path(os.environ.get("OUT", default))
     d.mkdir(parents=True, exist_ok=True)
     return d
-
-
-def rounded(x, nd: int = 3):
-    return None if x is None else round(float(x), nd)
 
 
 def git_state() -> dict:
@@ -57,6 +53,18 @@ def write_results(body: dict, path, module: str, argv=None) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(body, indent=1, default=str) + "\n")
     return path
+
+
+def tuning_options(ap, models: str | None, trials: int, serve_rounds: int, work_dir: str) -> None:
+    """The options the scale and time-to-quality benchmarks share."""
+    ap.add_argument("--models", default=models, help="comma-separated zoo or panel (bench/panel.py) names")
+    ap.add_argument("--trials", type=int, default=trials)
+    ap.add_argument("--per-iter", type=int, default=64)
+    ap.add_argument("--tuners", type=int, default=4)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--serve-rounds", type=int, default=serve_rounds)
+    ap.add_argument("--work-dir", default=work_dir)
+    ap.add_argument("--rehearse", action="store_true", help="CPU lanes (llvm) on this host, small")
 
 
 def wait_for(pred, timeout_s: float, poll_s: float = 0.1):

@@ -1,4 +1,4 @@
-"""A job on a local stack: the lanes it gets, its submit and wait, and its records afterwards."""
+"""A job on a local stack: the stack, the lanes it gets, its submit and wait, and its records afterwards."""
 from __future__ import annotations
 
 import time
@@ -16,6 +16,17 @@ def gpu_lane(uuid: str, pct: int) -> str:
     from shared.ids import gpu8
 
     return f"measure.{gpu8(uuid)}.p{pct}"
+
+
+def local_stack(work, lanes: list[str], tuners: int | None = None, builders: int = 0, builder_cores: str | None = None,
+                **kw):
+    """A local stack in `work` (not started: use it as a context), logging at INFO, settings from the environment."""
+    from services.measurer.agent import BuilderSpec
+    from shared.settings import StackSettings
+    from sharetune.stack.local import Stack
+
+    return Stack(work, lanes=lanes, tuners=tuners, builders=BuilderSpec(builders, builder_cores), log_level="INFO",
+                 settings=StackSettings(), **kw)
 
 
 def run_job(client, timeout_s: float, cancel_on_timeout: bool = False, **submit):

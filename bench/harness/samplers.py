@@ -1,78 +1,9 @@
-"""Load over a window: CPU used by processes outside a benchmark (ForeignLoad), a GPU's busy fraction (BusySampler),
-and where the host's CPU went, by the stack's roles (CpuSampler)."""
+"""Load over a window: a GPU's busy fraction (BusySampler) and where the host's CPU went, by the stack's roles
+(CpuSampler)."""
 from __future__ import annotations
 
-import os
 import re
-import threading
 import time
-
-from bench.harness.common import rounded
-
-
-class ForeignLoad:
-    """CPU seconds used, per phase, by processes OUTSIDE this benchmark's process tree (e.g. another
-    user's test run on the same 2 cores), sampled from /proc every `interval_s`. Processes that start and
-    end between two samples are missed, so this is a lower bound."""
-
-    def __init__(self, interval_s: float = 2.0):
-        self.interval_s = interval_s
-        self.tick = os.sysconf("SC_CLK_TCK")
-        self.phase = "setup"
-        self.cpu_s: dict[str, float] = {}
-        self.wall_s: dict[str, float] = {}
-        self._phase_t0 = time.time()
-        self._stop = threading.Event()
-        self._prev = self._snapshot()
-        self._thread = threading.Thread(target=self._loop, name="foreign-load", daemon=True)
-        self._thread.start()
-
-    @staticmethod
-    def _snapshot() -> dict[int, tuple[int, int]]:
-        procs = {}
-        for d in os.listdir("/proc"):
-            if not d.isdigit():
-                continue
-            try:
-                with open(f"/proc/{d}/stat") as f:
-                    text = f.read()
-            except OSError:
-                continue
-            fields = text[text.rindex(")") + 2:].split()
-            procs[int(d)] = (int(fields[1]), int(fields[11]) + int(fields[12]))  # ppid, utime + stime
-        return procs
-
-    def _sample(self) -> None:
-        now = self._snapshot()
-        mine, frontier = {os.getpid()}, [os.getpid()]
-        children: dict[int, list[int]] = {}
-        for pid, (ppid, _) in now.items():
-            children.setdefault(ppid, []).append(pid)
-        while frontier:
-            for c in children.get(frontier.pop(), []):
-                if c not in mine:
-                    mine.add(c)
-                    frontier.append(c)
-        ticks = sum(max(0, cpu - self._prev[pid][1]) for pid, (_, cpu) in now.items()
-                    if pid not in mine and pid in self._prev)
-        self.cpu_s[self.phase] = self.cpu_s.get(self.phase, 0.0) + ticks / self.tick
-        self._prev = now
-
-    def _loop(self) -> None:
-        while not self._stop.wait(self.interval_s):
-            self._sample()
-
-    def set_phase(self, name: str) -> None:
-        self._sample()
-        self.wall_s[self.phase] = self.wall_s.get(self.phase, 0.0) + time.time() - self._phase_t0
-        self.phase, self._phase_t0 = name, time.time()
-
-    def report(self) -> dict:
-        self.set_phase("done")
-        self._stop.set()
-        return {p: {"foreign_cpu_s": rounded(self.cpu_s.get(p, 0.0), 1), "wall_s": rounded(w, 1),
-                    "foreign_cores": rounded(self.cpu_s.get(p, 0.0) / w, 2) if w else None}
-                for p, w in self.wall_s.items()}
 
 
 class BusySampler:
@@ -142,3 +73,20 @@ class CpuSampler:
         cpu_s = {k: round(v - self.roles0.get(k, 0.0), 1) for k, v in sorted(roles1.items())}
         return {"host_cpu_busy_frac": round(1 - (idle(host1) - idle(self.host0)) / total, 4) if total > 0 else None,
                 "cpu_s_by_role": cpu_s, "cpu_window_s": round(time.time() - self.t0, 1)}
+
+
+class RunSamplers:
+    """A run's samplers, started together at submit: each GPU's busy fraction (`uuids`; none: a sampler that reads
+    nothing), the stack's CPU by role and its timeline."""
+
+    def __init__(self, stack, uuids: list[str]):
+        from bench.harness.timeline import Timeline
+        from shared import store
+
+        self.gpu = [BusySampler(u) for u in uuids] or [BusySampler(None)]
+        self.cpu = CpuSampler(stack.procs)
+        self.timeline = Timeline(stack.procs, store.connect(stack.redis_url))
+
+    def stop(self) -> tuple[list[dict], list, dict]:
+        """(the timeline's rows, each GPU's busy fraction, the CPU's figures)."""
+        return self.timeline.stop(), [s.stop() for s in self.gpu], self.cpu.stop()

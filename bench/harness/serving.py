@@ -1,8 +1,8 @@
 """Tuned models compiled and timed: a JSON database (cut to its first N trials) compiled into the model in a
-child process, the modules timed together in a fresh process (sharetune.experiments.model_timing) at a GPU share or on one
-core; a job's records exported as stock's JSON database.
+child process, the modules timed together in a fresh process (sharetune.experiments.model_timing) at a GPU share
+or on one core; a job's records exported as stock's JSON database.
 
-    python -m bench.harness.serving --db DIR --first N --cut-dir DIR --out-module LIB --model M [--rehearse]
+    python -m bench.harness.serving [--db DIR --first N] --cut-dir DIR --out-module LIB --model M [--rehearse]
 """
 from __future__ import annotations
 
@@ -18,25 +18,30 @@ from bench.harness.stock import make_target
 
 
 def compile_from_records(args) -> int:
-    """In its own process: compile the model with a JSON database cut to its first N records."""
-    from tvm.s_tir import meta_schedule as ms
+    """In its own process: the model (zoo or panel) compiled with a JSON database cut to its first --first trials
+    (0: all of them; no --db: untuned, as the service compiles its baseline)."""
+    from bench.panel import relax
+    from services.tuner.metaschedule.compile import compile_tuned, compile_untuned
 
-    from sharetune.intake import to_relax
-
-    db_dir = Path(args.db)
-    cut = Path(args.cut_dir)
+    if not args.db:
+        compile_untuned(relax(args.model), make_target(args.rehearse), args.out_module)
+        return 0
+    db_dir, cut = Path(args.db), Path(args.cut_dir)
     cut.mkdir(parents=True, exist_ok=True)
     (cut / "database_workload.json").write_text((db_dir / "database_workload.json").read_text())
     lines = (db_dir / "database_tuning_record.json").read_text().splitlines()
     valid = db_dir / "trial_valid.json"  # ours: N trials hold this many valid records; stock's file holds all
-    lines = lines[: sum(json.loads(valid.read_text())[: args.first]) if valid.exists() else args.first]
+    if args.first:
+        lines = lines[: sum(json.loads(valid.read_text())[: args.first]) if valid.exists() else args.first]
     (cut / "database_tuning_record.json").write_text("\n".join(lines) + ("\n" if lines else ""))
-    db = ms.database.JSONDatabase(work_dir=str(cut), module_equality="structural")
-    target = make_target(args.rehearse)
-    ex = ms.relax_integration.compile_relax(db, to_relax(args.model).mod, target, params=None)
-    ex.export_library(args.out_module)
+    compile_tuned(relax(args.model), make_target(args.rehearse), str(cut), args.out_module)
     print(json.dumps({"module": args.out_module, "records": len(lines)}), flush=True)
     return 0
+
+
+def compile_command(model: str, db, module: Path, first: int, rehearse: bool) -> list[str]:
+    return module_command("bench.harness.serving", "--db", db or "", "--first", first, "--cut-dir", f"{module}.db",
+                          "--out-module", module, "--model", model) + (["--rehearse"] if rehearse else [])
 
 
 def spawn_compile(db: Path, first: int, module: Path, cores: str, gpu_uuid: str | None, model: str,
@@ -44,11 +49,17 @@ def spawn_compile(db: Path, first: int, module: Path, cores: str, gpu_uuid: str 
     """The model compiled from the first `first` trials of the database `db` into `module`, in a child on
     `cores`; its log beside the module."""
     env = child_env(TVM_NUM_THREADS="1", **({"CUDA_VISIBLE_DEVICES": gpu_uuid} if gpu_uuid else {}))
-    cmd = ["taskset", "-c", cores] + module_command(
-        "bench.harness.serving", "--db", db, "--first", first, "--cut-dir", f"{module}.db", "--out-module", module,
-        "--model", model) + (["--rehearse"] if rehearse else [])
     with open(f"{module}.log", "w") as log:
-        return subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
+        return subprocess.Popen(["taskset", "-c", cores] + compile_command(model, db, module, first, rehearse),
+                                env=env, stdout=log, stderr=subprocess.STDOUT)
+
+
+def compile_module(model: str, db: Path | None, out: Path, rehearse: bool, first: int = 0) -> str | None:
+    """The model compiled in a child process with the JSON database in `db` (None: untuned); its path, or None."""
+    with open(f"{out}.log", "w") as log:
+        proc = subprocess.run(compile_command(model, db, out, first, rehearse), env=child_env(), stdout=log,
+                              stderr=subprocess.STDOUT, timeout=900)
+    return str(out) if proc.returncode == 0 and out.exists() else None
 
 
 def serve(modules: dict[str, str], model: str, work: Path, rounds: int, gpu_uuid: str | None = None,
@@ -134,8 +145,8 @@ def export_job_records(redis_url: str, job_id: str, out: Path) -> int:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--db", required=True)
-    ap.add_argument("--first", type=int, required=True)
+    ap.add_argument("--db", default="", help="none: untuned")
+    ap.add_argument("--first", type=int, default=0, help="0: every record")
     ap.add_argument("--cut-dir", required=True)
     ap.add_argument("--out-module", required=True)
     ap.add_argument("--model", required=True)

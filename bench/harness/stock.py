@@ -2,13 +2,12 @@
 that nothing of this service's set-up is loaded there, and what its logs and databases say afterwards.
 
     python -m bench.harness.stock tasks ...   # tune_tasks on every task, until stopped or at its budget
-
-(tune_relax to its budget, `relax`, went with the scripts that used it: git show b7de8c6:bench/harness/stock.py)
 """
 from __future__ import annotations
 
 import argparse
 import datetime as _dt
+import json
 import os
 import re
 import signal
@@ -28,23 +27,21 @@ def make_target(rehearse: bool):
     return cpu_target(1) if rehearse else gpu_target()
 
 
-# ---- tune_tasks, in the background ------------------------------------------------------------------
-
-
 def _tune_tasks(args) -> int:
-    """The child: stock tune_tasks on every task of args.model, until its parent ends it or at its budget."""
+    """The child: stock tune_tasks on every task of args.model (a zoo or panel model), until its parent ends it
+    or at its budget; tasks.json names each task's workload (its structural hash) and weight."""
     from tvm.s_tir import meta_schedule as ms
 
-    from services.tuner.metaschedule.extract import fuse
-    from sharetune.intake import to_relax
+    from bench.panel import relax
+    from services.tuner.metaschedule.extract import fuse, tvm_ffi_structural_hash
 
-    target = make_target(args.rehearse)
-    mod = to_relax(args.model).mod
-    extracted = ms.relax_integration.extract_tasks(fuse(mod), target)
-    work = str(args.stock_work)
-    contexts, weights = ms.relax_integration.extracted_tasks_to_tune_contexts(extracted, work, seed=0)
-    workers = len(os.sched_getaffinity(0))
-    tune_tasks(contexts, weights, work, args.stock_max_trials, args.per_iter, workers)
+    work = Path(args.stock_work)
+    extracted = ms.relax_integration.extract_tasks(fuse(relax(args.model)), make_target(args.rehearse))
+    (work / "tasks.json").write_text(json.dumps([
+        {"name": t.task_name, "weight": int(t.weight), "shash": str(tvm_ffi_structural_hash(t.dispatched[0]))}
+        for t in extracted]))
+    contexts, weights = ms.relax_integration.extracted_tasks_to_tune_contexts(extracted, str(work), seed=0)
+    tune_tasks(contexts, weights, str(work), args.stock_max_trials, args.per_iter, len(os.sched_getaffinity(0)))
     return 0
 
 
@@ -58,11 +55,12 @@ def tune_tasks(contexts, weights, work: str, trials: int, per_iter: int, workers
                          runner=ms.runner.LocalRunner(timeout_sec=60), database=ms.database.JSONDatabase(work_dir=work))
 
 
-def spawn_tune_tasks(model: str, work: Path, per_iter: int, max_trials: int, cores: str, gpu_uuid: str | None,
-                     rehearse: bool, log_path: Path) -> subprocess.Popen:
-    """The tune_tasks child on `cores` (and the GPU `gpu_uuid`), in a process group of its own."""
+def spawn_tune_tasks(model: str, work: Path, per_iter: int, max_trials: int, cores: str | None,
+                     gpu_uuid: str | None, rehearse: bool, log_path: Path) -> subprocess.Popen:
+    """The tune_tasks child on `cores` (None: this process's) and the GPU `gpu_uuid` (None: every GPU this
+    process sees), in a process group of its own."""
     env = child_env(CUDA_VISIBLE_DEVICES=gpu_uuid) if gpu_uuid else child_env()
-    cmd = ["taskset", "-c", cores] + module_command(
+    cmd = (["taskset", "-c", cores] if cores else []) + module_command(
         "bench.harness.stock", "tasks", "--model", model, "--stock-work", work, "--per-iter", per_iter,
         "--stock-max-trials", max_trials) + (["--rehearse"] if rehearse else [])
     with open(log_path, "w") as log:
@@ -94,7 +92,7 @@ def stock_steady_from_log(log_text: str) -> dict:
     """Stock's rate once started: from its first batch sent to the builder to its next task pick after the
     last batch it sent to the runner (that batch then timed)."""
     def at(line):
-        return _log_time(line[:19])
+        return _dt.datetime.strptime(line[:19], "%Y-%m-%d %H:%M:%S").timestamp()
 
     lines = [l for l in log_text.splitlines() if re.match(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d", l)]
     first = next((at(l) for l in lines if re.search(r"sample\(s\) to builder", l)), None)
@@ -104,18 +102,6 @@ def stock_steady_from_log(log_text: str) -> dict:
     after = next((at(l) for l in lines[runner[-1] + 1:] if "TaskScheduler picks" in l), at(lines[runner[-1]]))
     trials = stock_trials_from_log(log_text)
     return {"active_s": round(after - first, 1), "steady_trials_per_min": round(60 * trials / max(after - first, 1e-9), 1)}
-
-
-_TS = re.compile(r"(\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d(?:[.,]\d+)?)")
-
-
-def _log_time(line: str) -> float | None:
-    m = _TS.search(line)
-    if not m:
-        return None
-    s = m.group(1).replace(",", ".").replace("T", " ")
-    fmt = "%Y-%m-%d %H:%M:%S.%f" if "." in s else "%Y-%m-%d %H:%M:%S"
-    return _dt.datetime.strptime(s, fmt).timestamp()
 
 
 def main(argv=None) -> int:
