@@ -199,7 +199,9 @@ def record_stats(r, job_id: str) -> dict:
     cpu = sorted(x.build_cpu_s for x in recs if x.build_cpu_s is not None)
     out = {"records": len(recs), "brief": sum(x.timing == "brief" for x in recs),
            "full": sum(x.timing == "full" and store.valid_record(x) for x in recs),
-           "errors": sum(not store.valid_record(x) for x in recs)}
+           "errors": sum(not store.valid_record(x) for x in recs),
+           # builds the compile CPU limit stopped (LaneSettings.cuda_compile_cpu_limit_s)
+           "builds_cut": sum("CUDA compile stopped after" in (x.error or "") for x in recs)}
     if cpu:
         out.update(build_cpu_s_median=round(statistics.median(cpu), 3), build_cpu_s_mean=round(statistics.mean(cpu), 3),
                    build_cpu_s_p90=round(cpu[int(0.9 * (len(cpu) - 1))], 3), build_cpu_s_max=round(cpu[-1], 3),
