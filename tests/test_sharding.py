@@ -272,7 +272,16 @@ def test_a_job_holding_every_client_hands_a_shard_to_a_job_that_has_none(redis_c
         lease.stop()
 
 
-def test_reaper_sends_back_dead_and_stranded_shards_once(redis_conn):
+@pytest.fixture
+def idle_redis(stack):
+    """A database of the stack's Redis that no service uses, so the test's reap is the only reaper on its jobs (the
+    stack's own reaper, on database 0, acts on them between the test's calls: once it claimed the finish first)."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    return store.connect(urlunsplit(urlsplit(stack.redis_url)._replace(path="/15")))
+
+
+def test_reaper_sends_back_dead_and_stranded_shards_once(idle_redis):
     from services.tuner.reaper import reap
 
     job = "reaper-test"
@@ -283,58 +292,58 @@ def test_reaper_sends_back_dead_and_stranded_shards_once(redis_conn):
         ShardState(shard=2, task_ids=["c"], state="pending", queued_at=now - 10 * timeouts.STRANDED_AFTER_S),
         ShardState(shard=3, task_ids=["d"], state="pending", queued_at=now),  # just queued: left alone
     ]
-    _job(redis_conn, job, shards, 50)
+    _job(idle_redis, job, shards, 50)
     for i in range(4):
-        redis_conn.delete(names.shard_requeue_key(job, i), names.shard_lease_key(job, i))
-    store.claim_trials(redis_conn, job, 0, 8)  # shard 0 claimed a batch and died before recording it
-    store.take_lease(redis_conn, job, 1, "live.2", ttl_s=60)
-    redis_conn.delete(names.TUNE_QUEUE)
+        idle_redis.delete(names.shard_requeue_key(job, i), names.shard_lease_key(job, i))
+    store.claim_trials(idle_redis, job, 0, 8)  # shard 0 claimed a batch and died before recording it
+    store.take_lease(idle_redis, job, 1, "live.2", ttl_s=60)
+    idle_redis.delete(names.TUNE_QUEUE)
     sent, finished = [], []
-    reap(redis_conn, sent.append, finished.append, now=now)
+    reap(idle_redis, sent.append, finished.append, now=now)
     others = [s for s in sent if s.job_id == job]
     assert sorted(s.shard for s in others) == [0, 2]
-    after = store.shards(redis_conn, job)
+    after = store.shards(idle_redis, job)
     assert after[0].state == "pending" and after[0].refunded == 8
-    assert store.budget_left(redis_conn, job) == 50
+    assert store.budget_left(idle_redis, job) == 50
     sent.clear()
-    reap(redis_conn, sent.append, finished.append, now=now)
+    reap(idle_redis, sent.append, finished.append, now=now)
     assert not [s for s in sent if s.job_id == job]  # the guard: one reaper acts, once
-    redis_conn.srem(names.ACTIVE_JOBS_KEY, job)
+    idle_redis.srem(names.ACTIVE_JOBS_KEY, job)
 
 
-def test_reaper_resends_the_finish_of_a_job_whose_shards_are_done(redis_conn):
+def test_reaper_resends_the_finish_of_a_job_whose_shards_are_done(idle_redis):
     from services.tuner.reaper import reap
 
     job = "finish-test"
-    _job(redis_conn, job, [ShardState(shard=0, task_ids=["a"], state="done")], 10)
-    redis_conn.delete(names.job_finish_key(job))
+    _job(idle_redis, job, [ShardState(shard=0, task_ids=["a"], state="done")], 10)
+    idle_redis.delete(names.job_finish_key(job))
     finished = []
-    reap(redis_conn, lambda ref: None, finished.append)
+    reap(idle_redis, lambda ref: None, finished.append)
     assert finished.count(job) == 1
-    reap(redis_conn, lambda ref: None, finished.append)
+    reap(idle_redis, lambda ref: None, finished.append)
     assert finished.count(job) == 1
-    redis_conn.srem(names.ACTIVE_JOBS_KEY, job)
+    idle_redis.srem(names.ACTIVE_JOBS_KEY, job)
 
 
-def test_a_finish_whose_client_died_mid_step_is_sent_again_once_its_hold_lapses(redis_conn):
+def test_a_finish_whose_client_died_mid_step_is_sent_again_once_its_hold_lapses(idle_redis):
     from services.tuner.reaper import reap
 
     job = "finish-hold-test"
-    _job(redis_conn, job, [ShardState(shard=0, task_ids=["a"], state="done")], 10)
-    redis_conn.delete(names.job_finish_key(job))
-    assert store.claim_finish(redis_conn, job, "sender.1")  # sent: it may wait in the queue for minutes
+    _job(idle_redis, job, [ShardState(shard=0, task_ids=["a"], state="done")], 10)
+    idle_redis.delete(names.job_finish_key(job))
+    assert store.claim_finish(idle_redis, job, "sender.1")  # sent: it may wait in the queue for minutes
     finished = []
-    reap(redis_conn, lambda ref: None, finished.append)
+    reap(idle_redis, lambda ref: None, finished.append)
     assert finished == []
-    store.hold_finish(redis_conn, job, "client.2", ttl_s=1)  # a client runs it, then is killed: no renewal
-    reap(redis_conn, lambda ref: None, finished.append)
+    store.hold_finish(idle_redis, job, "client.2", ttl_s=1)  # a client runs it, then is killed: no renewal
+    reap(idle_redis, lambda ref: None, finished.append)
     assert finished == []  # held: a live client is not second-guessed
     time.sleep(1.2)
-    reap(redis_conn, lambda ref: None, finished.append)
+    reap(idle_redis, lambda ref: None, finished.append)
     assert finished == [job]
-    reap(redis_conn, lambda ref: None, finished.append)
+    reap(idle_redis, lambda ref: None, finished.append)
     assert finished == [job]  # once
-    redis_conn.srem(names.ACTIVE_JOBS_KEY, job)
+    idle_redis.srem(names.ACTIVE_JOBS_KEY, job)
 
 
 def test_shard_messages_are_validated():
