@@ -14,7 +14,8 @@ PLAN_LEASE_RENEW_S = PLAN_LEASE_TTL_S / 3
 FINISH_LEASE_TTL_S = 20  # a tuner client's hold on the finishing step it runs: the reaper sends it again once it lapses
 FINISH_LEASE_RENEW_S = FINISH_LEASE_TTL_S / 4
 # a finishing step sent but not yet started (it waits in the tune queue behind shards): not sent again
-# before this, unless a client took it and died
+# before this, unless a client took it and died, or the tune queue is empty past STRANDED_AFTER_S (a worker
+# took its message and was killed before it started: the message waits out Redis's visibility timeout)
 FINISH_QUEUED_S = 900
 
 # a candidate waiting on a build queue that no live builder serves (the last builder's key lapsed, or its

@@ -346,6 +346,29 @@ def test_a_finish_whose_client_died_mid_step_is_sent_again_once_its_hold_lapses(
     idle_redis.srem(names.ACTIVE_JOBS_KEY, job)
 
 
+def test_a_finish_sent_but_never_started_is_sent_again_once_nothing_queues_it(idle_redis):
+    """A worker that took the finishing step's message and was killed before it started leaves the message
+    unacknowledged for Redis's visibility timeout (an hour) and the send's guard for FINISH_QUEUED_S: with the
+    tune queue empty past STRANDED_AFTER_S, the reaper sends the step again, once; a held step is left alone."""
+    from services.tuner.reaper import reap
+
+    job, key = "finish-stranded-test", names.job_finish_key("finish-stranded-test")
+    _job(idle_redis, job, [ShardState(shard=0, task_ids=["a"], state="done")], 10)
+    assert store.queue_length(idle_redis, names.TUNE_QUEUE) == 0
+    assert store.claim_finish(idle_redis, job, "sender.1")
+    finished = []
+    reap(idle_redis, lambda ref: None, finished.append)
+    assert finished == []  # sent moments ago: it may still be on its way
+    idle_redis.expire(key, timeouts.FINISH_QUEUED_S - timeouts.STRANDED_AFTER_S - 5)  # sent past STRANDED_AFTER_S
+    reap(idle_redis, lambda ref: None, finished.append)
+    reap(idle_redis, lambda ref: None, finished.append)
+    assert finished == [job]  # again, once: the guard is the reaper's now, and young
+    store.hold_finish(idle_redis, job, "client.2", ttl_s=timeouts.FINISH_LEASE_TTL_S)  # a client runs it
+    reap(idle_redis, lambda ref: None, finished.append)
+    assert finished == [job]
+    idle_redis.srem(names.ACTIVE_JOBS_KEY, job)
+
+
 def test_shard_messages_are_validated():
     assert ShardRef.parse({"job_id": "j", "shard": 1}).shard == 1
     from shared.errors import MessageError

@@ -280,6 +280,26 @@ def claim_finish(r: redis.Redis, job_id: str, who: str, ttl_s: int = timeouts.FI
     return bool(r.set(names.job_finish_key(job_id), who, nx=True, ex=ttl_s))
 
 
+# A finishing step sent (its guard still the send's: longer-lived than a running client's hold) that has waited
+# past ARGV[3] ms is sent again by the caller: the guard is taken anew, so one caller does it, once a wait.
+_RECLAIM_FINISH = _script("""
+local left = redis.call('PTTL', KEYS[1])
+if left <= tonumber(ARGV[4]) or tonumber(ARGV[2]) * 1000 - left < tonumber(ARGV[3]) then return 0 end
+redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[2])
+return 1
+""")
+
+
+def reclaim_stranded_finish(r: redis.Redis, job_id: str, who: str, after_s: float = timeouts.STRANDED_AFTER_S) -> bool:
+    """A finishing step sent over `after_s` ago that no client has started (the guard is still the send's, not a
+    client's hold) is claimed again, for the caller to send again. The caller knows it waits in no queue: a
+    worker that took its message and was killed before it started leaves it unacknowledged for Redis's
+    visibility timeout (an hour), and its guard would hold the job for FINISH_QUEUED_S."""
+    return bool(_RECLAIM_FINISH(keys=[names.job_finish_key(job_id)],
+                                args=[who, timeouts.FINISH_QUEUED_S, int(after_s * 1000),
+                                      int(timeouts.FINISH_LEASE_TTL_S * 1000)], client=r))
+
+
 def hold_finish(r: redis.Redis, job_id: str, who: str, ttl_s: float = timeouts.FINISH_LEASE_TTL_S) -> None:
     """The client running a job's finishing step holds its guard, renewed while it runs, so that the guard
     lapses soon after the client dies (and the reaper sends the step again), not after FINISH_QUEUED_S."""
