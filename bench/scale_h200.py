@@ -540,7 +540,7 @@ def pipeline_summary(result: dict) -> dict:
     rows = [r for r in result["rows"] if r.get("timing") != "uniform" and r.get("state") == "done"]
     stocks = result.get("stocks") or {}
     vs = [(r["trials_per_min"] / stocks[r["model"]]["trials_per_min"], f"{r['config']}/{r['model']}")
-          for r in rows if r["model"] in stocks]
+          for r in rows if r["model"] in stocks and stocks[r["model"]].get("trials_per_min")]
     busy = [(r["pipeline"]["host_busy_frac"], f"{r['config']}/{r['model']}") for r in rows
             if (r.get("pipeline") or {}).get("host_busy_frac") is not None]
     cpu = [(r["cpu_s_per_trial"], f"{r['config']}/{r['model']}") for r in rows if r.get("cpu_s_per_trial")]
