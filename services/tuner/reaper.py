@@ -60,13 +60,12 @@ def reap(redis, send_shard: Callable[[ShardRef], None], send_finish: Callable[[s
             send_shard(ShardRef(job_id=job_id, shard=sh.shard))
             why = f"client {sh.owner} lost its lease" if dead else "its message was never taken"
             actions.append(f"job {job_id} shard {sh.shard} sent again ({why}; {refunded} trials refunded)")
-        if shards and all(sh.state == ShardPhase.DONE for sh in shards.values()):
-            if store.claim_finish(redis, job_id, "reaper"):
-                send_finish(job_id)
-                actions.append(f"job {job_id} finish sent again")
-            elif queue_empty and store.reclaim_stranded_finish(redis, job_id, "reaper"):
-                send_finish(job_id)
-                actions.append(f"job {job_id} finish sent again (its message was never started)")
+        # a finish nobody claimed, or one sent long ago that waits in no queue and no client started
+        if (shards and all(sh.state == ShardPhase.DONE for sh in shards.values())
+                and (store.claim_finish(redis, job_id, "reaper")
+                     or (queue_empty and store.reclaim_stranded_finish(redis, job_id, "reaper")))):
+            send_finish(job_id)
+            actions.append(f"job {job_id} finish sent again")
     for a in actions:
         log.warning("reaper: %s", a)
     return actions

@@ -185,30 +185,22 @@ class ProcessSupervisor:
             pass
 
     def stop_process(self, name: str, sig=signal.SIGTERM, timeout_s: float = 20.0) -> None:
-        proc = self.procs.pop(name, None)
-        if proc is None or proc.poll() is not None:
-            return
-        try:
-            os.killpg(proc.pid, sig)  # its own session: the group is what we started
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        self._stop([name], sig, timeout_s)
 
     def stop_all(self, timeout_s: float = 20.0) -> None:
         """SIGTERM to every process group at once, then each waited for (a Celery worker's warm shutdown takes
-        a second or two, which one after the other added up to ~10 s a stack); past `timeout_s` from the
-        signal, SIGKILL."""
+        a second or two, which one after the other added up to ~10 s a stack)."""
+        self._stop(list(self.procs), signal.SIGTERM, timeout_s)
+
+    def _stop(self, names: list[str], sig, timeout_s: float) -> None:
+        """`sig` to each named process's group, then each waited for; past `timeout_s` from the signal, SIGKILL."""
         signalled = []
-        for name in list(self.procs):
-            proc = self.procs.pop(name)
-            if proc.poll() is not None:
+        for name in names:
+            proc = self.procs.pop(name, None)
+            if proc is None or proc.poll() is not None:
                 continue
             try:
-                os.killpg(proc.pid, signal.SIGTERM)  # its own session: the group is what we started
+                os.killpg(proc.pid, sig)  # its own session: the group is what we started
             except ProcessLookupError:
                 continue
             signalled.append(proc)

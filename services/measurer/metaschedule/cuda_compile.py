@@ -18,8 +18,8 @@ mode from its settings (LaneSettings.cuda_compile) with `configure`, before its 
 
 A compile on the kernel path also stops at a CPU limit (LaneSettings.cuda_compile_cpu_limit_s; NVRTC's flow
 callback cancels it, at points NVRTC chooses: seconds past the limit in a long compile): the build fails with an
-error that says so, never a silently different kernel. Kernels that slow to compile are deep unrolls of huge tiles, no task's best in
-the panel's stock records (docs/benchmarks.md, "The build tail")."""
+error that says so, never a silently different kernel. Kernels that slow to compile are deep unrolls of huge
+tiles, no task's best in the panel's stock records (docs/benchmarks.md, "The build tail")."""
 from __future__ import annotations
 
 import functools

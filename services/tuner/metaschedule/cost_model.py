@@ -46,20 +46,19 @@ class FeatureCache:
 
         keys = [tvm_ffi.structural_hash(c.sch.mod) for c in candidates]
         with self.lock:
-            missing = [i for i, k in enumerate(keys) if k not in self.vectors]
+            found = {k: self.vectors[k] for k in keys if k in self.vectors}
+            for k in found:
+                self.vectors.move_to_end(k)
+        missing = [i for i, k in enumerate(keys) if k not in found]
         if missing:
-            fresh = _vectors(self.extractor, context, [candidates[i] for i in missing])
+            found.update(zip((keys[i] for i in missing),
+                             _vectors(self.extractor, context, [candidates[i] for i in missing])))
             with self.lock:
-                for i, vec in zip(missing, fresh):
-                    self.vectors[keys[i]] = vec
+                for i in missing:
+                    self.vectors[keys[i]] = found[keys[i]]
                 while len(self.vectors) > self.size:
                     self.vectors.popitem(last=False)
-        with self.lock:
-            known = {k: self.vectors.get(k) for k in keys}
-            for k in keys:
-                if k in self.vectors:
-                    self.vectors.move_to_end(k)
-        return _stacked([known[k] for k in keys])
+        return _stacked([found[k] for k in keys])
 
 
 @derived_object
