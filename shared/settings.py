@@ -184,6 +184,9 @@ class TunerSettings(LaneWaitSettings):
     # a task's first round starts with the best records of the nearest stored workloads of its operator kind,
     # their traces re-fitted to it (services/tuner/metaschedule/seeds.py)
     warm_seeds: bool = True
+    # while several jobs run, a job with more than an equal share of the candidates in flight sends its rounds
+    # behind the others' (a broker priority, services/tuner/allocation.py round_priority); nothing is held back
+    fair_rounds: bool = True
 
     def population(self, trials_per_iter: int) -> int:
         """Evolutionary search's population for a job measuring `trials_per_iter` a round: the setting, else

@@ -229,6 +229,61 @@ def test_jobs_share_the_clients_a_new_job_at_once_and_more_jobs_than_clients_by_
     assert turn_to_take("a", {"a": 1}, own, 31, 30, passed=True, blocked=True, owing=set()) == ("a", 1)
 
 
+def test_a_job_over_an_equal_share_of_the_candidates_in_flight_sends_its_rounds_behind():
+    from services.tuner.allocation import round_priority
+
+    assert round_priority(192, []) == 0  # alone: nothing to be fair to
+    assert round_priority(0, [0, 0]) == 0
+    assert round_priority(64, [64, 64, 64]) == 0  # an equal share
+    assert round_priority(0, [192]) == 0  # behind: first
+    assert round_priority(80, [64, 64, 48]) == 0  # 1.25x an equal share: within the slack
+    assert round_priority(192, [64]) == 3  # 1.5x
+    assert round_priority(128, [64, 64, 0]) == 6  # 2x: a job searching with nothing in flight still counts
+    assert round_priority(192, [64, 64, 0]) == 9
+    # the order among jobs follows their shares: the more over, the later
+    shares = {"a": 200, "b": 120, "c": 40, "d": 0}
+    pri = {j: round_priority(n, [m for k, m in shares.items() if k != j]) for j, n in shares.items()}
+    assert pri["d"] == pri["c"] == 0 < pri["b"] < pri["a"]
+
+
+def test_in_flight_counts_the_claims_not_yet_recorded_of_running_jobs_only(idle_redis):
+    r = idle_redis
+    for job in ("fly-a", "fly-b", "fly-c"):
+        _job(r, job, [ShardState(shard=0, task_ids=["t0"]), ShardState(shard=1, task_ids=["t1"])], 500)
+    assert store.claim_trials(r, "fly-a", 0, 64) == store.claim_trials(r, "fly-a", 1, 64) == 64
+    store.settle_claim(r, "fly-a", 1, 64)  # shard 1's round is recorded
+    assert store.claim_trials(r, "fly-c", 0, 32) == 32
+    r.hset(names.job_key("fly-c"), "state", "done")  # ended, not yet retired by the reaper
+    got = store.in_flight_by_job(r)
+    assert (got["fly-a"], got["fly-b"]) == (64, 0)
+    assert "fly-c" not in got
+
+
+def test_the_broker_serves_a_round_sent_behind_after_one_sent_first(stack):
+    """The Redis transport honours the priorities allocation.round_priority gives: a message sent at 9 waits
+    behind one sent after it at 0."""
+    import uuid
+
+    from services.celery_app import make_celery
+
+    app = make_celery("priority-test", stack.redis_url)
+    queue = f"priority-test-{uuid.uuid4().hex[:8]}"
+    app.send_task("sharetune.no_such_task", args=[{"n": "behind"}], queue=queue, priority=9)
+    app.send_task("sharetune.no_such_task", args=[{"n": "middle"}], queue=queue, priority=3)
+    app.send_task("sharetune.no_such_task", args=[{"n": "first"}], queue=queue)
+    got = []
+    with app.connection_for_read() as conn:
+        sq = conn.SimpleQueue(queue)
+        try:
+            for _ in range(3):
+                msg = sq.get(timeout=10)
+                got.append(msg.payload[0][0]["n"])
+                msg.ack()
+        finally:
+            sq.close()
+    assert got == ["first", "middle", "behind"]
+
+
 def test_the_shards_owing_first_rounds_are_those_with_a_task_without_one():
     from services.tuner.allocation import owing_first_rounds
 

@@ -183,3 +183,25 @@ def board_of(shards_by_job: dict[str, list[ShardState]], now: float, waited_s: f
     waiting = [(job, sh.shard, now - sh.queued_at) for job, shs in shards_by_job.items() for sh in shs
                if sh.state == ShardPhase.PENDING and now - sh.queued_at > waited_s]
     return running, waiting
+
+
+# The message priorities of the broker's Redis transport (kombu: 0, the default, is served first). Builders and
+# lanes take a queue's messages in order, so without priorities a job's share of them follows its share of
+# the candidates waiting, and the job whose clients send rounds fastest (more tasks a shard, quicker searches)
+# crowds out the others.
+PRIORITY_STEPS = (0, 3, 6, 9)
+FAIR_SLACK = 0.25  # a job within this of an equal share of what is in flight is not held back
+
+
+def round_priority(mine: int, others: list[int]) -> int:
+    """The broker priority of a job's next round while other jobs have candidates in flight (built or timed,
+    not yet recorded): `mine` is this job's count, `others` the other active jobs'. A job at or under an equal
+    share (with FAIR_SLACK) goes first (0); one over it, one step back per further share over (1.25x:
+    3, 1.5x: 6, more: 9), so the jobs behind catch up while nothing waits that could run (no round is held)."""
+    total = mine + sum(others)
+    if not others or total <= 0:
+        return 0
+    over = mine / (total / (len(others) + 1))
+    if over <= 1 + FAIR_SLACK:
+        return PRIORITY_STEPS[0]
+    return PRIORITY_STEPS[1] if over <= 1.5 else PRIORITY_STEPS[2] if over <= 2 else PRIORITY_STEPS[3]

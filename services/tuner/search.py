@@ -48,6 +48,8 @@ def tune_shard(send, redis, job_id: str, shard: int, settings: TunerSettings, ch
     pop = settings.population(job.spec.trials_per_iter)
     split, stash = TimeSplit(), CandidateStash()
     runner = lane_runner(send, redis, job.spec, job.target, settings, stash, split)
+    if settings.fair_rounds:
+        runner.priority = lambda: round_priority_of(redis, job_id)
     parts = search_parts(send, redis, job, settings, runner, stash, split, pop)
     t0 = time.time()
     spec = job.spec
@@ -57,6 +59,15 @@ def tune_shard(send, redis, job_id: str, shard: int, settings: TunerSettings, ch
     run = loop.run()
     store.put_split(redis, job_id, shard, shard_times(split, run, time.time() - t0, pop, parts.seeds))
     return run
+
+
+def round_priority_of(redis, job_id: str) -> int:
+    """The broker priority of the job's next round among the running jobs (allocation.round_priority)."""
+    from services.tuner.allocation import round_priority
+
+    in_flight = store.in_flight_by_job(redis)
+    mine = in_flight.pop(job_id, 0)
+    return round_priority(mine, list(in_flight.values()))
 
 
 def load_shard(redis, job_id: str, shard: int, work_dir: Path) -> ShardJob:

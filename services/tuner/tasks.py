@@ -26,12 +26,13 @@ app = make_celery("tuner")  # its broker is the worker's settings' Redis (TunerW
 SERVICE_ROLES = {names.PLAN_QUEUE: "planner", names.COSTMODEL_QUEUE: "updater"}  # roles that keep a liveness key
 
 
-def send(task_name: str, payload: dict, queue: str) -> None:
-    """Publish one message: what the search, its lanes runner and its cost model are given to send with."""
+def send(task_name: str, payload: dict, queue: str, priority: int = 0) -> None:
+    """Publish one message: what the search, its lanes runner and its cost model are given to send with.
+    `priority`: the broker's (0, served first, to 9; allocation.round_priority)."""
     from kombu.exceptions import OperationalError
 
     try:
-        app.send_task(task_name, args=[payload], queue=queue)
+        app.send_task(task_name, args=[payload], queue=queue, priority=priority or None)
     except OperationalError:
         if store.unreachable(WORKER.settings.redis_url, 1.0):  # the broker gave up on an outage, not on this message
             store.note_unreachable()

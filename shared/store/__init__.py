@@ -13,7 +13,7 @@ snapshots). Callers use this package's names: `from shared import store; store.c
 from shared.store._redis import (connect, connect_probe, masked_url, note_unreachable, outage_since,  # noqa: F401
                                  REDIS_OUTAGE_S, unreachable)
 from shared.store.jobs import (  # noqa: F401
-    active_jobs, budget_left, cancel_job, claim_finish, claim_trials, clear_job_fields, create_job,
+    active_jobs, budget_left, cancel_job, claim_finish, claim_trials, clear_job_fields, create_job, in_flight_by_job,
     deactivate_job, expire_transient, history, hold_finish, job_cancelled, job_hash, job_model, job_progress,
     job_result, job_spec, job_state, job_status, job_tasks, jobs, memory, parked_since, plan_current,
     job_bytes, plan_sent, planned, planning_jobs, prune_jobs, push_history, put_progress, put_split, put_tasks,

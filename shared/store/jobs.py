@@ -271,6 +271,19 @@ def active_jobs(r: redis.Redis) -> list[str]:
     return [_s(j) for j in r.smembers(names.ACTIVE_JOBS_KEY)]
 
 
+def in_flight_by_job(r: redis.Redis) -> dict[str, int]:
+    """The trials each running job has claimed and not yet recorded (its candidates being built or timed), by
+    job: the active jobs not yet in a final state, a job with nothing in flight at 0."""
+    jobs = active_jobs(r)
+    with r.pipeline(transaction=False) as p:
+        for job_id in jobs:
+            p.hget(names.job_key(job_id), "state")
+            p.hvals(names.job_claims_key(job_id))
+        replies = p.execute()
+    return {job_id: sum(max(0, int(v)) for v in claims) for job_id, state, claims
+            in zip(jobs, replies[::2], replies[1::2]) if state is not None and _s(state) not in FINAL_STATES}
+
+
 def deactivate_job(r: redis.Redis, job_id: str) -> None:
     r.srem(names.ACTIVE_JOBS_KEY, job_id)
 

@@ -12,6 +12,7 @@ import statistics
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from tvm.ir.utils import derived_object
@@ -245,6 +246,8 @@ class LaneRunner(PyRunner):
         # task's best so far plus shared.ranking.SCREEN_MARGIN); None: every candidate gets it
         self.full_below_s: float | None = None
         self.bar_key: str | None = None  # the round's task, whose live best the lanes keep (Candidate.bar_key)
+        # the broker priority of a round's messages (allocation.round_priority), asked once a round; None: 0
+        self.priority: Callable[[], int] | None = None
         self._rr = 0
         try:  # builders serve a family; a target with none (e.g. no explicit arch) is built by its lanes
             self.family = lane_kinds.target_family(self.target_json)
@@ -295,8 +298,9 @@ class LaneRunner(PyRunner):
         build in parallel and the lanes, fed one built candidate at a time, only time."""
         lanes = self.lanes() or self._wait_for_lanes()
         slots = sorted(l.queue for l in lanes)[: 1 if one_lane else None]
+        priority = self.priority() if self.priority is not None else 0
         if not one_lane and self.family and self.builders_live():
-            return self._dispatch_to_builders(candidates, slots)
+            return self._dispatch_to_builders(candidates, slots, priority)
         parts: list[list[Candidate]] = [[] for _ in slots]
         for i, cand in enumerate(candidates):
             parts[(self._rr + i) % len(slots)].append(cand)
@@ -308,7 +312,7 @@ class LaneRunner(PyRunner):
             batch = MeasureBatch(batch_id=uuid.uuid4().hex, job_id=self.job_id, target=self.target_json,
                                  timing=self.timing, candidates=part)
             watch = BatchWatch(self, batch, queue)
-            self.send(batch, queue)
+            self.send(batch, queue, priority=priority)
             watches.update({c.candidate_id: watch for c in part})
         return watches
 
@@ -327,7 +331,8 @@ class LaneRunner(PyRunner):
         self.builders_live()
         return self._no_builders_since
 
-    def _dispatch_to_builders(self, candidates: list[Candidate], slots: list[str]) -> dict[str, BatchWatch]:
+    def _dispatch_to_builders(self, candidates: list[Candidate], slots: list[str],
+                              priority: int = 0) -> dict[str, BatchWatch]:
         via = names.build_queue(self.family)
         watches = {}
         for i, cand in enumerate(candidates):
@@ -335,16 +340,16 @@ class LaneRunner(PyRunner):
             batch = MeasureBatch(batch_id=uuid.uuid4().hex, job_id=self.job_id, target=self.target_json,
                                  timing=self.timing, candidates=[cand])
             watches[cand.candidate_id] = BatchWatch(self, batch, queue, via=via)
-            self.send(batch, queue, via)
+            self.send(batch, queue, via, priority)
         self._rr += len(candidates)
         return watches
 
-    def send(self, batch: MeasureBatch, queue: str, via: str | None = None) -> None:
+    def send(self, batch: MeasureBatch, queue: str, via: str | None = None, priority: int = 0) -> None:
         if via is not None:
             request = BuildRequest(lane=queue, batch=batch)
-            self._send(names.BUILD_TASK, request.model_dump(mode="json"), via)
+            self._send(names.BUILD_TASK, request.model_dump(mode="json"), via, priority)
         else:
-            self._send(names.MEASURE_TASK, batch.model_dump(mode="json"), queue)
+            self._send(names.MEASURE_TASK, batch.model_dump(mode="json"), queue, priority)
 
     def live_queue(self) -> str | None:
         """A lane queue of this job's share with a live worker (the least loaded is Celery's business)."""
