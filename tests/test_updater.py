@@ -107,3 +107,25 @@ def test_the_store_keeps_the_newest_rows_and_each_workloads_fastest(fresh_redis)
     assert store.training_row_count(fresh_redis, "k") == 6
     assert [r.features[0] for r in store.newest_training_rows(fresh_redis, "k", 6)] == [4.0, 5, 6, 7, 8, 9]
     assert fastest in store.best_rows(fresh_redis, "k", "a")
+
+
+def test_a_batch_with_more_queued_behind_it_leaves_the_training_to_them_while_the_model_is_fresh(fresh_redis):
+    rng = np.random.default_rng(1)
+
+    def batch():
+        xs = rng.uniform(size=(8, 4))
+        return TrainingBatch(target_key="q", rows=[TrainingRow(group="g", features=x.tolist(), cost_s=1e-3 * (1 + x[0]))
+                                                   for x in xs])
+
+    # nothing published yet: a queue behind does not hold back the first model
+    first = updater.ingest(fresh_redis, batch(), warmup_rows=8, rounds=5, more_queued=True)
+    assert first is not None and first.version == 1
+    # a fresh model and more batches waiting: the rows are kept, the training left to the last batch
+    assert updater.ingest(fresh_redis, batch(), warmup_rows=8, rounds=5, more_queued=True) is None
+    assert updater.latest_version(fresh_redis, "q") == 1
+    last = updater.ingest(fresh_redis, batch(), warmup_rows=8, rounds=5, more_queued=False)
+    assert last.version == 2 and last.n_rows == 24  # trained on every batch's rows
+    # a queue that never empties still gets a model once the published one is older than the bound
+    later = last.trained_at + updater.DEFER_WHILE_QUEUED_S + 1
+    again = updater.ingest(fresh_redis, batch(), warmup_rows=8, rounds=5, more_queued=True, now=later)
+    assert again is not None and again.version == 3

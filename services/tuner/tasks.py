@@ -200,7 +200,8 @@ def ingest_results(payload):
         store.dead_letter(WORKER.redis, names.COSTMODEL_QUEUE, str(err), json.dumps(payload, default=str)[:4096])
         return None
     up = WORKER.updater_settings
+    queued = store.queue_length(WORKER.redis, names.COSTMODEL_QUEUE) > 0
     snap = updater.ingest(WORKER.redis, batch, up.warmup_rows, up.boost_rounds, window=up.train_window,
                           best_per_group=up.train_best_per_group, threads=up.train_threads or None,
-                          best_rows=up.train_best_rows, keep_rows=up.train_keep_rows)
-    return {"rows": len(batch.rows), "version": snap.version if snap else None}
+                          best_rows=up.train_best_rows, keep_rows=up.train_keep_rows, more_queued=queued)
+    return {"rows": len(batch.rows), "version": snap.version if snap else None, "more_queued": queued}

@@ -36,6 +36,10 @@ TRAIN_WINDOW = 1536  # newest rows a model is trained on
 BEST_PER_GROUP = 64  # each workload's fastest rows kept, however old
 BEST_ROWS = 512  # of which at most this many join a training set
 KEEP_ROWS = 20_000  # newest rows kept in the store
+# While more batches wait in the updater's queue, a batch's rows are stored and the training is left to the
+# last of them, as long as the published model is younger than this: under several jobs' rounds the updater
+# otherwise trains back to back on sets that differ by a round, each model stale before it is published.
+DEFER_WHILE_QUEUED_S = 10.0
 
 
 def normalised_targets(rows: list[TrainingRow], best: dict[str, float] | None = None) -> np.ndarray:
@@ -102,15 +106,19 @@ def training_set(redis, target_key: str, window: int, per_group: int,
 
 def ingest(redis, batch: TrainingBatch, warmup_rows: int, rounds: int, window: int = TRAIN_WINDOW,
            best_per_group: int = BEST_PER_GROUP, threads: int | None = None,
-           best_rows: int = BEST_ROWS, keep_rows: int = KEEP_ROWS) -> CostModelSnapshot | None:
+           best_rows: int = BEST_ROWS, keep_rows: int = KEEP_ROWS, more_queued: bool = False,
+           now: float | None = None) -> CostModelSnapshot | None:
     """Append the batch's rows (the newest `keep_rows` stay); retrain and publish when enough rows exist.
-    Returns the new snapshot."""
+    Returns the new snapshot; None before the warm-up, or when the training is left to a batch queued behind
+    this one (`more_queued`, while the published model is younger than DEFER_WHILE_QUEUED_S)."""
     good = [r for r in batch.rows if np.isfinite(r.cost_s) and r.cost_s > 0]
     if good:
         store.push_training_rows(redis, batch.target_key, good, keep=max(keep_rows, window))
         keep_best(redis, batch.target_key, good, best_per_group)
     stored = store.training_row_count(redis, batch.target_key)
     if stored < warmup_rows:
+        return None
+    if more_queued and _fresh(latest_snapshot(redis, batch.target_key), now or time.time()):
         return None
     rows, best = training_set(redis, batch.target_key, window, best_per_group, best_rows)
     dims = {len(r.features) for r in rows}
@@ -128,6 +136,10 @@ def ingest(redis, batch: TrainingBatch, warmup_rows: int, rounds: int, window: i
     )
     store.put_snapshot(redis, snap)
     return snap
+
+
+def _fresh(snap: CostModelSnapshot | None, now: float) -> bool:
+    return snap is not None and now - snap.trained_at < DEFER_WHILE_QUEUED_S
 
 
 def latest_version(redis, target_key: str) -> int:
