@@ -5,13 +5,15 @@ NVRTC, so a duplicate costs what its first build cost. Jobs: the H200 scale run'
 databases, which hold only the fully timed trials: screened-out and failed ones are not kept) and, as complete
 jobs, stock MetaSchedule's time-to-quality databases (kept in the repo; every trial, failures included).
 
-    python -m bench.build_duplicates --archive .dev/scale1_records.tgz   # ~12 min on 2 cores
+    python -m bench.build_duplicates --archive .dev/scale1_records.tgz   # ~20 min on 2 cores
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
+import os
 import tarfile
 import tempfile
 import time
@@ -28,8 +30,6 @@ ROUND = 64  # trials_per_iter: a task's round of candidates
 
 def job_rows(db_dir: str) -> list[dict]:
     """Each record in trial order: its trial number, task, source hash, lowering CPU and its source's NVRTC CPU."""
-    import os
-
     os.environ.setdefault("CUDA_PATH", "/usr/local/cuda")
     import tvm
     import tvm_ffi
@@ -58,10 +58,8 @@ def job_rows(db_dir: str) -> list[dict]:
         key = hashlib.sha256(source.encode()).hexdigest()[:16]
         if key not in nvrtc_of:
             c0 = time.process_time()
-            try:
+            with contextlib.suppress(RuntimeError):  # NVRTC refused it: the build still paid for trying
                 _compile_cpu(cc, source, 0.0)
-            except RuntimeError:  # NVRTC refused it: the build still paid for trying
-                pass
             nvrtc_of[key] = time.process_time() - c0
         rows.append({"trial": trials[i] if trials else i, "task": str(tvm_ffi.structural_hash(rec.workload.mod)),
                      "source": key, "lower_cpu_s": round(lower, 3), "nvrtc_cpu_s": round(nvrtc_of[key], 3)})
