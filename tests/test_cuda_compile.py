@@ -165,3 +165,68 @@ def test_a_compile_past_its_cpu_limit_stops_with_an_error_that_says_so(monkeypat
     assert cc.compile_source(_dependent_chain(150), "sm_90")[1] == "kernel"
     with pytest.raises(ValueError, match="negative"):
         cc.configure(cc.CompileOptions("kernel", -1.0))
+
+
+@pytest.fixture
+def counted_nvrtc(monkeypatch):
+    """NVRTC compiles counted through the module's own seam (its nvrtc_compile), the process's options and cache
+    restored after the test."""
+    from services.measurer.metaschedule import cuda_compile as cc
+
+    monkeypatch.setattr(cc, "_options", cc.options())
+    monkeypatch.setattr(cc, "_cache", cc.CompileCache(cc._cache.limit_bytes))
+    calls = []
+    real = cc.nvrtc_compile
+
+    def counting(source, *args, **kwargs):
+        calls.append(source)
+        return real(source, *args, **kwargs)
+
+    monkeypatch.setattr(cc, "nvrtc_compile", counting)
+    return calls
+
+
+def test_a_source_compiled_before_comes_from_the_cache(counted_nvrtc):
+    from services.measurer.metaschedule import cuda_compile as cc
+
+    cc.configure(cc.CompileOptions("kernel", 0.0, cache_mb=64))
+    first = cc.compile_source(_dependent_chain(5), "sm_90")
+    assert cc.compile_source(_dependent_chain(5), "sm_90") == first and len(counted_nvrtc) == 1
+    cc.compile_source(_dependent_chain(6), "sm_90")  # another source misses
+    cc.compile_source(_dependent_chain(5), "compute_90", "ptx")  # so does another output
+    assert len(counted_nvrtc) == 3 and (cc._cache.hits, cc._cache.misses) == (1, 3)
+
+
+def test_no_cache_at_0_and_the_bound_evicts_the_least_recently_used(counted_nvrtc):
+    from services.measurer.metaschedule import cuda_compile as cc
+
+    cc.configure(cc.CompileOptions("kernel", 0.0, cache_mb=0))
+    cc.compile_source(_dependent_chain(5), "sm_90")
+    cc.compile_source(_dependent_chain(5), "sm_90")
+    assert len(counted_nvrtc) == 2 and not cc._cache.entries
+    size = len(cc.compile_source(_dependent_chain(5), "sm_90")[0])
+    cc.configure(cc.CompileOptions("kernel", 0.0, cache_mb=2.5 * size / 2**20))  # room for two such cubins
+    for n in (5, 6, 5, 7):  # 5 used again after 6: 6 is the least recently used when 7 comes
+        cc.compile_source(_dependent_chain(n), "sm_90")
+    assert len(counted_nvrtc) == 6 and cc._cache.used <= cc._cache.limit_bytes
+    cc.compile_source(_dependent_chain(5), "sm_90")
+    assert len(counted_nvrtc) == 6
+    cc.compile_source(_dependent_chain(6), "sm_90")
+    assert len(counted_nvrtc) == 7
+    with pytest.raises(ValueError, match="negative"):
+        cc.configure(cc.CompileOptions("kernel", 0.0, cache_mb=-1))
+
+
+def test_errors_and_compiles_cut_by_the_limit_are_not_cached(cuda_path, counted_nvrtc):
+    from services.measurer.metaschedule import cuda_compile as cc
+
+    cc.configure(cc.CompileOptions("kernel", 0.1, cache_mb=64))
+    cc.compile_source(_dependent_chain(5), "sm_90")  # NVRTC's start-up (no limit), if it is still to come
+    for _ in range(2):
+        with pytest.raises(cc.CompileLimitExceeded):
+            cc.compile_source(_dependent_chain(1000), "sm_90")
+    bad = "#ifdef __CUDACC_RTC__\n#else\n#endif\n" + 'extern "C" __global__ void k(float* a) { a[0] = nope; }\n'
+    for _ in range(2):
+        with pytest.raises(RuntimeError, match="nope"):
+            cc.compile_source(bad, "sm_90")
+    assert len(counted_nvrtc) == 5 and len(cc._cache.entries) == 1

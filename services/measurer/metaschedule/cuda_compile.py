@@ -19,10 +19,16 @@ mode from its settings (LaneSettings.cuda_compile) with `configure`, before its 
 A compile on the kernel path also stops at a CPU limit (LaneSettings.cuda_compile_cpu_limit_s; NVRTC's flow
 callback cancels it, at points NVRTC chooses: seconds past the limit in a long compile): the build fails with an
 error that says so, never a silently different kernel. Kernels that slow to compile are deep unrolls of huge
-tiles, no task's best in the panel's stock records (docs/benchmarks.md, "The build tail")."""
+tiles, no task's best in the panel's stock records (docs/benchmarks.md, "The build tail").
+
+Different traces can lower to the same source (~12 % of a job's fully timed builds on the H200, docs/benchmarks.md,
+"Duplicate sources"): a process keeps the binaries it compiled, by a hash of the source, its architecture, output
+kind, path and NVRTC options, up to LaneSettings.cuda_compile_cache_mb (least recently used first out; 0: none).
+Only successful compiles are kept: an error or a compile cut by the CPU limit is met again."""
 from __future__ import annotations
 
 import functools
+import hashlib
 import logging
 import os
 import platform
@@ -30,6 +36,7 @@ import re
 import shlex
 import threading
 import time
+from collections import OrderedDict
 from typing import NamedTuple
 
 log = logging.getLogger("sharetune.cuda_compile")
@@ -76,23 +83,63 @@ STATS = {"kernel": 0, "tvm": 0, "fallback_errors": 0}
 
 
 class CompileOptions(NamedTuple):
-    """How a process compiles CUDA (from LaneSettings.cuda_compile and cuda_compile_cpu_limit_s): the path, one
-    of MODES, and the CPU seconds a kernel-path compile may take (0: no limit)."""
+    """How a process compiles CUDA (from LaneSettings.cuda_compile, cuda_compile_cpu_limit_s and
+    cuda_compile_cache_mb): the path, one of MODES, the CPU seconds a kernel-path compile may take (0: no limit)
+    and the MiB of compiled binaries the process keeps (0: none)."""
 
     mode: str = "kernel"
     cpu_limit_s: float = 0.0
+    cache_mb: float = 64.0
 
 
 def options_from(settings) -> CompileOptions:
     """A process's options from its LaneSettings."""
-    return CompileOptions(settings.cuda_compile, settings.cuda_compile_cpu_limit_s)
+    return CompileOptions(settings.cuda_compile, settings.cuda_compile_cpu_limit_s, settings.cuda_compile_cache_mb)
 
 
 class CompileLimitExceeded(Exception):
     """A compile stopped at the process's CPU limit. Not a RuntimeError: TVM's path must not compile it again."""
 
 
+class CompileCache:
+    """Compiled binaries by key, least recently used dropped once they pass `limit_bytes` (0: keeps nothing)."""
+
+    def __init__(self, limit_bytes: int):
+        self.limit_bytes, self.used = limit_bytes, 0
+        self.entries: OrderedDict[str, tuple[bytes, str]] = OrderedDict()
+        self.hits = self.misses = 0
+        self.lock = threading.Lock()  # TVM may build from several threads of one process
+
+    def get(self, key: str) -> tuple[bytes, str] | None:
+        with self.lock:
+            found = self.entries.get(key)
+            if found is None:
+                self.misses += 1
+                return None
+            self.entries.move_to_end(key)
+            self.hits += 1
+            return found
+
+    def put(self, key: str, binary: bytes, path: str) -> None:
+        with self.lock:
+            if key in self.entries or len(binary) > self.limit_bytes:
+                return
+            self.entries[key] = (binary, path)
+            self.used += len(binary)
+            while self.used > self.limit_bytes:
+                _, (old, _) = self.entries.popitem(last=False)
+                self.used -= len(old)
+
+    def resize(self, limit_bytes: int) -> None:
+        with self.lock:
+            self.limit_bytes = limit_bytes
+            while self.entries and self.used > limit_bytes:
+                _, (old, _) = self.entries.popitem(last=False)
+                self.used -= len(old)
+
+
 _options = CompileOptions()
+_cache = CompileCache(int(_options.cache_mb * 2**20))
 # a process's first NVRTC compile loads NVRTC's built-ins (~4 s of CPU on a 2-core host, then ~0.05 s for a small
 # kernel): the CPU limit holds from the second on, so a warm-up build is never cut
 _warm = threading.Event()
@@ -105,7 +152,10 @@ def configure(options: CompileOptions) -> None:
         raise ValueError(f"CUDA compile mode {options.mode!r} is not one of {', '.join(MODES)}")
     if options.cpu_limit_s < 0:
         raise ValueError(f"CUDA compile CPU limit {options.cpu_limit_s} s is negative (0 turns it off)")
+    if options.cache_mb < 0:
+        raise ValueError(f"CUDA compile cache of {options.cache_mb} MiB is negative (0 turns it off)")
     _options = options
+    _cache.resize(int(options.cache_mb * 2**20))
 
 
 def mode() -> str:
@@ -229,9 +279,28 @@ def tvm_compile(code: str, arch: str, output: str = "cubin") -> bytes:
     return bytes(_compile_cuda_nvrtc(code, output, arch))
 
 
+def cache_key(code: str, arch: str, output: str) -> str:
+    """What decides the binary: the source, where and what it compiles to, the path and every NVRTC option
+    (TVM's ptxas flags and extra options come from the environment)."""
+    parts = [code, arch, output, mode(), *(o.decode() for o in nvrtc_options(arch))]
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()
+
+
 def compile_source(code: str, arch: str | None = None, output: str = "cubin") -> tuple[bytes, str]:
-    """One CUDA source to a cubin (or PTX): (binary, path), path "kernel" or "tvm"."""
+    """One CUDA source to a cubin (or PTX): (binary, path), path "kernel" or "tvm"; a source this process
+    compiled before comes from its cache."""
     arch = arch or target_arch(output)
+    key = cache_key(code, arch, output) if _cache.limit_bytes else None
+    cached = _cache.get(key) if key else None
+    if cached is not None:
+        return cached
+    binary, path = _compile_uncached(code, arch, output)
+    if key:  # reached only by a compile that succeeded: errors and cut compiles raised
+        _cache.put(key, binary, path)
+    return binary, path
+
+
+def _compile_uncached(code: str, arch: str, output: str) -> tuple[bytes, str]:
     source = kernel_source(code) if mode() == "kernel" else None
     if source is not None:
         try:

@@ -1,0 +1,123 @@
+"""Duplicate CUDA sources among a tuning job's builds: different traces can lower to the same kernel (an unroll
+annotation on a loop it does not change, an equivalent split), and each such build pays NVRTC again. Every record
+of each job is lowered again here (no GPU), its CUDA source hashed; each distinct source is compiled once with
+NVRTC, so a duplicate costs what its first build cost. Jobs: the H200 scale run's (an archive of their records
+databases, which hold only the fully timed trials: screened-out and failed ones are not kept) and, as complete
+jobs, stock MetaSchedule's time-to-quality databases (kept in the repo; every trial, failures included).
+
+    python -m bench.build_duplicates --archive .dev/scale1_records.tgz   # ~20 min on 2 cores
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import hashlib
+import json
+import os
+import tarfile
+import tempfile
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from statistics import median
+
+from bench.build_tail import H200, WARM_UP, _compile_cpu
+from bench.harness.common import results_path, write_results
+
+BUILDERS = 16  # builder processes per family in the scale run: each takes a job's next candidate from one queue
+ROUND = 64  # trials_per_iter: a task's round of candidates
+
+
+def job_rows(db_dir: str) -> list[dict]:
+    """Each record in trial order: its trial number, task, source hash, lowering CPU and its source's NVRTC CPU."""
+    os.environ.setdefault("CUDA_PATH", "/usr/local/cuda")
+    import tvm
+    import tvm_ffi
+    from tvm.s_tir import meta_schedule as ms
+
+    from services.measurer.metaschedule import cuda_compile as cc
+    from services.measurer.metaschedule.build import build
+    from services.tuner.metaschedule.intrinsics import load_tensor_intrinsics
+
+    load_tensor_intrinsics("cuda")
+    target = tvm.target.Target(H200)
+    valid = Path(db_dir) / "trial_valid.json"  # ours: which of the job's trials the database kept
+    trials = ([i for i, ok in enumerate(json.loads(valid.read_text())) if ok] if valid.exists() else None)
+    db = ms.database.JSONDatabase(work_dir=db_dir, module_equality="structural")
+    _compile_cpu(cc, WARM_UP, 0.0)  # NVRTC's start-up, before anything is counted
+    rows, nvrtc_of = [], {}
+    for i, rec in enumerate(db.get_all_tuning_records()):
+        sch = tvm.s_tir.Schedule(rec.workload.mod)
+        t0 = time.process_time()
+        try:
+            rec.trace.apply_to_schedule(sch, remove_postproc=False)
+            source = build(sch.mod, target).imports[0].inspect_source()  # no libcuda here: no NVRTC either
+        except Exception:  # noqa: BLE001 - a trial whose build failed: no source to share
+            continue
+        lower = time.process_time() - t0
+        key = hashlib.sha256(source.encode()).hexdigest()[:16]
+        if key not in nvrtc_of:
+            c0 = time.process_time()
+            with contextlib.suppress(RuntimeError):  # NVRTC refused it: the build still paid for trying
+                _compile_cpu(cc, source, 0.0)
+            nvrtc_of[key] = time.process_time() - c0
+        rows.append({"trial": trials[i] if trials else i, "task": str(tvm_ffi.structural_hash(rec.workload.mod)),
+                     "source": key, "lower_cpu_s": round(lower, 3), "nvrtc_cpu_s": round(nvrtc_of[key], 3)})
+    return rows
+
+
+def summarise(rows: list[dict], other_jobs_sources: set[str]) -> dict:
+    first: dict[str, dict] = {}
+    dups, gaps, seen_by = [], [], {}
+    for r in sorted(rows, key=lambda r: r["trial"]):
+        if r["source"] in first:
+            dups.append(r)
+            gaps.append(r["trial"] - first[r["source"]]["trial"])
+        first.setdefault(r["source"], r)
+        seen_by[r["source"]] = seen_by.get(r["source"], 0) + 1
+    # builders take candidates from one queue: the k-th build of a source finds it in its builder's cache when
+    # one of the k-1 before it went to the same builder (taken as uniform)
+    per_process = sum(1 - (1 - 1 / BUILDERS) ** (k - 1) for n in seen_by.values() for k in range(2, n + 1))
+    total = sum(r["lower_cpu_s"] + r["nvrtc_cpu_s"] for r in rows)
+    dup_nvrtc = sum(r["nvrtc_cpu_s"] for r in dups)
+    return {"records": len(rows), "distinct_sources": len(first), "duplicates": len(dups),
+            "duplicate_frac": round(len(dups) / max(len(rows), 1), 4),
+            "duplicates_other_task": sum(r["task"] != first[r["source"]]["task"] for r in dups),
+            "build_cpu_s": round(total, 1), "duplicate_nvrtc_cpu_s": round(dup_nvrtc, 1),
+            "duplicate_nvrtc_frac_of_build_cpu": round(dup_nvrtc / total if total else 0.0, 4),
+            "trial_gap_median": median(gaps) if gaps else None, "trial_gap_max": max(gaps, default=None),
+            f"within_{ROUND}_trials": sum(g < ROUND for g in gaps),
+            f"expected_hits_per_builder_of_{BUILDERS}": round(per_process, 1),
+            "sources_built_by_another_job": sum(r["source"] in other_jobs_sources for r in rows)}
+
+
+def jobs(archive: str, work: Path) -> dict[str, str]:
+    from bench.time_to_quality import kept_in_repo
+
+    with tarfile.open(archive) as tar:
+        tar.extractall(work, filter="data")
+    ours = {f"{p.parts[-3]}/{p.parts[-2].split('-')[1]}": str(p) for p in sorted(work.glob("*/*/*/records_db"))}
+    stock = kept_in_repo("time_to_quality_stock")
+    return {**ours, **{f"{p.name}/stock": str(p) for p in sorted(stock.iterdir()) if p.is_dir()}}
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--archive", default=".dev/scale1_records.tgz", help="the scale run's records databases")
+    ap.add_argument("--workers", type=int, default=2, help="processes, a job each at a time")
+    args = ap.parse_args(argv)
+    with tempfile.TemporaryDirectory() as work, ProcessPoolExecutor(args.workers) as pool:
+        found = jobs(args.archive, Path(work))
+        rows = dict(zip(found, pool.map(job_rows, found.values())))
+    per_job = {}
+    for name, job in rows.items():  # sources the same model's other jobs built: what a builder kept across jobs
+        others = {r["source"] for n, rs in rows.items() if n != name and n.split("/")[0] == name.split("/")[0]
+                  and n.endswith("/stock") == name.endswith("/stock") for r in rs}
+        per_job[name] = summarise(job, others)
+    print(json.dumps(per_job, indent=1))
+    write_results({"per_job": per_job, "rows": rows}, results_path("build_duplicates.json"),
+                  "bench.build_duplicates", argv)
+
+
+if __name__ == "__main__":
+    main()
