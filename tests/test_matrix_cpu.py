@@ -9,6 +9,7 @@ import pytest
 
 from shared import lanes
 from shared.errors import ShareError
+from sharetune.experiments.share_stats import NOISE
 
 pytestmark = pytest.mark.e2e
 
@@ -37,6 +38,7 @@ def cpu_matrix(stack, client, tmp_path_factory):
         kept = KeptTunings(work / "tunings")
         shutil.rmtree(kept.database(tuning_key("tiny", shares[1], 1, 4)))
         os.remove(kept.get(tuning_key("tiny", shares[0], 1, 4)).module)
+        RESUMED["work"] = work
         RESUMED["tiny"] = run_matrix(client, "tiny", shares, Placement("cpu"), tmp_path_factory.mktemp("again"),
                                      trials=4, trials_per_iter=4, replicates=Replicates(2, 0, work / "tunings", True),
                                      serving=Serving(rounds=3), job_timeout_s=600)
@@ -54,6 +56,32 @@ def test_a_resumed_run_tunes_only_the_missing_tunings(cpu_matrix):
     assert {k: j["job_id"] for k, j in again.info["jobs"].items() if k != lost} == \
         {k: j["job_id"] for k, j in cpu_matrix.info["jobs"].items() if k != lost}
     assert again.info["jobs"][lost]["job_id"] != cpu_matrix.info["jobs"][lost]["job_id"]
+
+
+def test_where_a_verdict_is_beyond_noise_each_task_is_timed_at_each_share_and_its_schedules_compared(cpu_matrix):
+    """The per-task picture on CPU lanes, from the kept tunings: a verdict set beyond noise (the tiny model's are
+    noise), the kernels of the tunings that stand for both shares built and timed in processes pinned to 1 and
+    2 cores."""
+    from sharetune.experiments.share_matrix import Placement, why_it_differs
+    from sharetune.experiments.share_tunings import KeptTunings, ShareTuning, TuningRun, tuning_key
+
+    work, m = RESUMED["work"], cpu_matrix.model_copy(deep=True)
+    a, b = m.shares
+    m.verdicts = [{**m.verdicts[0], "verdict": "wins", "against_tuned_share": b}, {**m.verdicts[1], "verdict": NOISE}]
+    run = TuningRun(ShareTuning("tiny", None, 4, "", 0.0, None, print), KeptTunings(work / "tunings"))
+    run.tuned = {(p, seed): run.kept.get(tuning_key("tiny", p, seed, 4)) for p in m.shares for seed in (0, 1)}
+    samples = [[dict(enumerate(cell)) for cell in row] for row in m.rounds_us]  # every cell has seeds 0 and 1
+    why = why_it_differs(m, samples, run, Placement("cpu"), (work, work / "inputs.npz"), kernel_rounds=3)
+    assert len(why) == 1 and why[0]["served_share"] == a and set(why[0]["seeds"]) == {str(a), str(b)}
+    assert not why[0]["errors"] and len(why[0]["tasks"]) == m.info["tasks"]
+    for task in why[0]["tasks"]:
+        assert all(task["us"][str(p)][str(s)] > 0 for p in (a, b) for s in (a, b))
+        gap = task["weight"] * (task["us"][str(a)][str(a)] - task["us"][str(b)][str(a)])
+        assert task["weighted_gap_us"][str(a)] == pytest.approx(gap)
+        assert set(task["schedule"].values()) <= {"tuned", "default"}
+        assert isinstance(task["differs"], list)
+    gaps = [abs(t["weighted_gap_us"][str(a)]) for t in why[0]["tasks"]]
+    assert gaps == sorted(gaps, reverse=True)  # the task that explains the most first
 
 
 def test_matrix_is_complete_and_normalised(cpu_matrix):

@@ -358,3 +358,80 @@ def test_a_kept_database_holds_each_workloads_best_record():
     lines = [line(0, [3e-5, 3e-5], "a"), line(1, [9e-6], "b"), line(0, [2e-5, 2.2e-5], "c"), line(1, [9e-6], "d"),
              line(2, None, "e"), ""]
     assert [json.loads(x)[1][0][0][0] for x in best_record_lines(lines)] == ["c", "b", "e"]
+
+
+# ---- why, where it differs: each task's schedule (the pure part of task_timing) ----------------------
+
+CUDA_SCRIPT = '''
+    for ax0_ax1_fused_0 in T.thread_binding(T.int64(196), thread="blockIdx.x"):
+        for ax0_ax1_fused_1 in T.thread_binding(T.int64(128), thread="threadIdx.x"):
+            for k in T.serial(64, annotations={"pragma_auto_unroll_max_step": 512, "pragma_unroll_explicit": 1}):
+    for b in T.thread_binding(49, thread="blockIdx.x"):
+        for ty in T.thread_binding(4, thread="threadIdx.y"):
+            for tx in T.thread_binding(T.int64(32), thread="threadIdx.x"):
+                for v in T.vectorized(T.int64(4)):
+'''
+
+
+def test_launch_facts_read_threads_blocks_vectors_and_unroll_from_the_scheduled_code():
+    from sharetune.experiments.task_timing import launch_facts
+
+    facts = launch_facts(CUDA_SCRIPT)
+    assert facts == {"blockIdx.x": 196, "threadIdx.x": 128, "threadIdx.y": 4, "vector": 4, "unroll": 512,
+                     "threads": 512, "blocks": 196}
+    cpu = launch_facts('for i in T.parallel(T.int64(2), annotations={"pragma_auto_unroll_max_step": 64}):\n'
+                       '  for j in T.vectorized(T.int64(5)):\n  for k in T.parallel(16):')
+    assert cpu == {"parallel": 16, "vector": 5, "unroll": 64}
+
+
+def trace(tiles, unroll_choice, sketch_extra=()):
+    insts = [["GetSBlock", [], ["matmul", "main"], ["b0"]]]
+    decisions = []
+    for factors in tiles:
+        decisions.append([len(insts), factors])
+        insts.append(["SamplePerfectTile", ["l"], [len(factors), 64], ["v"] * len(factors)])
+    decisions.append([len(insts), unroll_choice])
+    insts.append(["SampleCategorical", [], [[0, 16, 64, 512], [0.25] * 4], ["v"]])
+    for kind in sketch_extra:
+        decisions.append([len(insts), -1])
+        insts.append([kind, ["b0"], [], ["v"]])
+    return [insts, decisions]
+
+
+def test_two_schedules_of_a_task_are_compared_by_their_decisions_and_launch():
+    from sharetune.experiments.task_timing import schedule_differences, trace_decisions
+
+    a = trace_decisions(trace([[1, 2, 1, 5], [2048, 1]], 2))
+    assert a == {"sketch": ["SamplePerfectTile", "SamplePerfectTile", "SampleCategorical"],
+                 "tiles": [[1, 2, 1, 5], [2048, 1]], "choices": [64], "locations": []}
+    b = trace_decisions(trace([[1, 2, 1, 5], [1024, 2]], 3))
+    ka = {"launch": {"threads": 128, "blocks": 196}, "decisions": a, "schedule": "tuned"}
+    kb = {"launch": {"threads": 256, "blocks": 196}, "decisions": b, "schedule": "tuned"}
+    assert schedule_differences(ka, kb) == ["threads 128 vs 256", "tile 1 [2048, 1] vs [1024, 2]", "choice 0 64 vs 512"]
+    assert schedule_differences(ka, ka) == []
+    other = {"launch": {"threads": 128, "blocks": 196},
+             "decisions": trace_decisions(trace([[1, 2, 1, 5]], 2, ["SampleComputeLocation"]))}
+    assert schedule_differences(ka, other) == ["another sketch (sampling steps differ)"]
+    default = {"launch": {"threads": 64, "blocks": 196}, "decisions": None, "schedule": "default"}
+    assert schedule_differences(default, kb) == ["threads 64 vs 256", "default schedule vs tuned"]
+    assert schedule_differences(ka, None) == ["not built on one side"]
+
+
+def test_the_task_picture_ranks_tasks_by_their_weighted_gap_at_the_serving_share():
+    from sharetune.experiments.task_timing import nearest_tuning, task_picture
+
+    assert nearest_tuning([[10.0, 11.0], [20.0], [14.0, 15.0]], [0, 1, 2]) == 2  # median of 10.5, 20, 14.5
+    assert nearest_tuning([[], []], [0, 1]) is None
+    tasks = [{"name": "conv", "weight": 4, "default_us": 90.0}, {"name": "dense", "weight": 1, "default_us": 9.0}]
+    kernels = {25: {"kernels": {"0": {"launch": {"threads": 64}, "decisions": None, "schedule": "default"},
+                                "1": {"launch": {}, "decisions": None, "schedule": "default"}}},
+               100: {"kernels": {"0": {"launch": {"threads": 256}, "decisions": None, "schedule": "default"},
+                                 "1": {"launch": {}, "decisions": None, "schedule": "default"}}}}
+    timed = {25: {25: {"0": 50.0, "1": 8.0}, 100: {"0": 60.0, "1": 5.0}},
+             100: {25: {"0": 30.0, "1": 4.0}, 100: {"0": 20.0, "1": 4.0}}}
+    rows = task_picture(tasks, [25, 100], kernels, timed)
+    assert [r["task"] for r in rows] == ["conv", "dense"]  # 4 x -10 us outweighs 1 x 3 us at 25 %
+    conv = rows[0]
+    assert conv["us"] == {"25": {"25": 50.0, "100": 30.0}, "100": {"25": 60.0, "100": 20.0}}
+    assert conv["weighted_gap_us"] == {"25": -40.0, "100": 40.0} and conv["differs"] == ["threads 64 vs 256"]
+    assert rows[1]["weighted_gap_us"]["25"] == 3.0 and rows[1]["schedule"] == {"25": "default", "100": "default"}

@@ -471,29 +471,35 @@ class ServeOutput(BaseModel):
     errors: dict[str, str]
     max_abs_err: dict[str, float] = {}
     rounds_us: dict[str, list[float]] = {}
+    kernel_us: dict[str, dict[str, float]] = {}  # task kernels (task_timing): label -> workload index -> µs
+    kernel_errors: dict[str, str] = {}
 
 
 def serve_at(share: int, modules: dict[str, str], inputs_path: Path, placement: Placement, rounds: int = 10,
-             timeout_s: float = 300.0, reference_path: Path | None = None) -> ServeOutput:
+             timeout_s: float = 300.0, reference_path: Path | None = None,
+             kernels: dict[str, Path] | None = None) -> ServeOutput:
     """Time every module in one fresh process placed at `share`: latency_us, errors (and max abs error
-    against the reference output when given), by label."""
+    against the reference output when given), by label; then every task kernel of `kernels` (label -> a
+    task_timing.build_kernels folder): kernel_us."""
     extra, env = placement.serve_args(share)
     argv = [sys.executable, "-m", "sharetune.experiments.model_timing", "--inputs", str(inputs_path), "--rounds", str(rounds), *extra]
     if reference_path is not None:
         argv += ["--reference", str(reference_path)]
-    for label, path in modules.items():
-        argv += ["--module", f"{label}={path}"]
+    for name, path in modules.items():
+        argv += ["--module", f"{name}={path}"]
+    for name, folder in (kernels or {}).items():
+        argv += ["--kernels", f"{name}={folder}"]
     full_env = {**os.environ, **env, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     try:
         proc = subprocess.run(argv, env=full_env, cwd=REPO, capture_output=True, text=True, timeout=timeout_s)
     except subprocess.TimeoutExpired:
-        return ServeOutput(latency_us={}, errors={label: f"serving at {share} % timed out after {timeout_s:.0f} s"
-                                                  for label in modules})
+        return ServeOutput(latency_us={}, errors={name: f"serving at {share} % timed out after {timeout_s:.0f} s"
+                                                  for name in modules})
     lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
     if proc.returncode != 0 or not lines:
         tail = (proc.stderr.strip().splitlines() or ["no output"])[-1][:400]
-        return ServeOutput(latency_us={}, errors={label: f"serving process at {share} % exited {proc.returncode}: {tail}"
-                                                  for label in modules})
+        return ServeOutput(latency_us={}, errors={name: f"serving process at {share} % exited {proc.returncode}: {tail}"
+                                                  for name in modules} or {"kernels": f"exited {proc.returncode}: {tail}"})
     return ServeOutput.model_validate_json(lines[-1])
 
 
@@ -566,6 +572,7 @@ class Serving:
     timeout_s: float = 300.0
     before: Callable[[], None] | None = None
     only_complete: bool = False
+    why: bool = True  # where a verdict is beyond noise, the per-task picture (why_it_differs)
 
 
 def run_matrix(client, model: Any, shares: list[int], placement: Placement, work_dir: Path, *,
@@ -583,11 +590,10 @@ def run_matrix(client, model: Any, shares: list[int], placement: Placement, work
     some; `trials` per tuning defaults to default_trials(tasks) and `n_tasks` (the model's task count, when the
     caller knows it) saves an extraction. Each finished tuning is kept (replicates.kept_dir, default
     work_dir/tunings); with `replicates.resume` a kept one is served without tuning again."""
-    device = placement.device
+    device, work_dir = placement.device, Path(work_dir)
     shares = parse_shares(shares, device, placement.host_cores)
     _require_live_lanes(client, device, shares)
     name = name or (model if isinstance(model, str) else type(model).__name__)
-    work_dir = Path(work_dir)
     inputs_path, reference_path = _write_inputs(model, example_inputs, work_dir)
     if only_tasks or n_tasks is None:
         n_tasks = len(only_tasks) if only_tasks else len(model_tasks(model, device, example_inputs))
@@ -605,9 +611,9 @@ def run_matrix(client, model: Any, shares: list[int], placement: Placement, work
     submit = functools.partial(client.submit, relax_mod, target=placement.kind.target_kind, trials=trials,
                                trials_per_iter=trials_per_iter, only_tasks=only_tasks, untuned_baseline=False,
                                isolated=True)
-    kept = KeptTunings(replicates.kept_dir or work_dir / "tunings")
     tunings = TuningRun(ShareTuning(name, submit, trials, f"{trials} trials over {n_tasks} tasks", job_timeout_s,
-                                    on_job_timeout, log), kept, only_tasks)
+                                    on_job_timeout, log), KeptTunings(replicates.kept_dir or work_dir / "tunings"),
+                        only_tasks)
     info = {"trials_per_iter": trials_per_iter, "tasks": n_tasks, "only_tasks": only_tasks, "seeds": replicates.seeds,
             "target": placement.kind.target_kind, "serve_rounds": serving.rounds}
 
@@ -625,7 +631,10 @@ def run_matrix(client, model: Any, shares: list[int], placement: Placement, work
     modules = served_modules(tunings, relax_mod, work_dir / "compiled")
     serve_every_share(cells, modules, placement, (inputs_path, reference_path), serving, tunings.tuning.say,
                       report_partial)
-    return snapshot()
+    report = snapshot()
+    if serving.why and modules:
+        report.why = why_it_differs(report, cells.samples, tunings, placement, (work_dir, inputs_path))
+    return report
 
 
 def serve_every_share(cells: MatrixCells, modules: dict[str, str], placement: Placement,
@@ -646,15 +655,60 @@ def serve_every_share(cells: MatrixCells, modules: dict[str, str], placement: Pl
 
 
 def served_modules(tunings: TuningRun, relax_mod, compiled_dir: Path) -> dict[str, str]:
-    """Each finished tuning's module by its label, compiled again from its kept database where it is gone; one
-    that fails to compile is recorded and left out."""
-    modules = {}
-    for (share, seed), kept in sorted(tunings.tuned.items()):
-        try:
-            modules[label(share, seed)] = tunings.kept.module(kept, relax_mod, compiled_dir)
-        except Exception as err:  # noqa: BLE001 - one tuning's module lost must not lose the others
-            tunings.errors[f"{share}:{seed}@*"] = f"its kept database did not compile: {type(err).__name__}: {err}"[:400]
-    return modules
+    """Each finished tuning's module by its label, compiled again from its kept database where it is gone (in
+    parallel); one that fails to compile is recorded and left out."""
+    t0 = time.time()
+    by_key, errors = tunings.kept.modules(list(tunings.tuned.values()), relax_mod, compiled_dir)
+    gone = [k for k in tunings.tuned.values() if k.module != by_key.get(k.key)]
+    if gone:
+        tunings.tuning.say(f"{len(gone)} kept tuning(s) compiled again in {time.time() - t0:.0f} s")
+    for (share, seed), kept in tunings.tuned.items():
+        if kept.key in errors:
+            tunings.errors[f"{share}:{seed}@*"] = errors[kept.key]
+    return {label(share, seed): by_key[kept.key] for (share, seed), kept in sorted(tunings.tuned.items())
+            if kept.key in by_key}
+
+
+def why_it_differs(report: ShareMatrix, samples: list[list[dict[int, list[float]]]], tunings: TuningRun,
+                   placement: Placement, where: tuple[Path, Path], kernel_rounds: int = 10) -> list[dict]:
+    """For each serving share whose verdict is beyond noise: the tuning there and the one it is against, each
+    share stood for by its tuning nearest the cell's figure (`samples[t][s]`: each seed's rounds); their task
+    kernels built (once a tuning, a child process each) and timed at every share in a fresh process there; each
+    task's figures and what differs between the two schedules (task_timing.task_picture). `where`: the work
+    dir and the inputs file."""
+    from sharetune.experiments.task_timing import build_all, nearest_tuning, task_picture
+
+    beyond = [v for v in report.verdicts if v["verdict"] in ("wins", "loses")]
+    sides = {}  # served share -> {tuning share: the seed that stands for it}
+    for v in beyond:
+        s = report.shares.index(v["served_share"])
+        sides[v["served_share"]] = {p: nearest_tuning(list(samples[t][s].values()), list(samples[t][s]))
+                                    for p in (v["served_share"], v["against_tuned_share"])
+                                    for t in [report.shares.index(p)]}
+    tuned = tunings.tuned
+    needed = {(p, seed) for pair in sides.values() for p, seed in pair.items() if (p, seed) in tuned}
+    if not needed:
+        return []
+    t0 = time.time()
+    folders, errors = build_all({label(*k): (tunings.kept.database(tuned[k].key), tuned[k].target) for k in needed},
+                                where[0] / "kernels")
+    timed: dict[int, dict[str, dict[str, float]]] = {}
+    for served in report.shares:
+        got = serve_at(served, {}, where[1], placement, kernel_rounds, 600.0, kernels=folders)
+        timed[served], errors = got.kernel_us, {**errors, **got.kernel_errors}
+    tunings.tuning.say(f"task kernels of {len(needed)} tuning(s) built and timed in {time.time() - t0:.0f} s")
+    out = []
+    for v in beyond:
+        pair = sides[v["served_share"]]
+        if not all((p, seed) in tuned and label(p, seed) in folders for p, seed in pair.items()):
+            continue
+        manifests = {p: json.loads((folders[label(p, seed)] / "kernels.json").read_text()) for p, seed in pair.items()}
+        served = [v["served_share"]] + [p for p in report.shares if p != v["served_share"]]
+        picture = task_picture(tuned[next(iter(pair.items()))].tasks, served, manifests,
+                               {s: {p: timed[s].get(label(p, seed), {}) for p, seed in pair.items()} for s in served})
+        out.append({k: v[k] for k in ("served_share", "verdict", "margin", "margin_ci95", "against_tuned_share")}
+                   | {"seeds": {str(p): seed for p, seed in pair.items()}, "tasks": picture, "errors": errors})
+    return out
 
 
 def _require_live_lanes(client, device: str, shares: list[int]) -> None:

@@ -11,9 +11,12 @@ so the tunings of a share are replicates of its search, and no share's tuning st
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import statistics
+import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -124,17 +127,34 @@ class KeptTunings:
         part.rename(final)
         return kept
 
-    def module(self, kept: KeptTuning, relax_mod, out_dir: Path) -> str:
-        """The tuning's module: where it was compiled when still there, else compiled again from its kept
-        database (a run resumed on another machine)."""
-        if kept.module and Path(kept.module).is_file():
-            return kept.module
-        from services.tuner.metaschedule.compile import compile_tuned
-        from services.tuner.metaschedule.ir_codec import target_from_json
+    def modules(self, kept: list[KeptTuning], relax_mod, out_dir: Path,
+                parallel: int | None = None) -> tuple[dict[str, str], dict[str, str]]:
+        """Each tuning's module by key: where it was compiled when still there, else compiled again from its kept
+        database (a run resumed on another machine), `parallel` child processes at a time (default a quarter of
+        the cores); and why a tuning has none, by key."""
+        have = {k.key: k.module for k in kept if k.module and Path(k.module).is_file()}
+        todo = [k for k in kept if k.key not in have]
+        errors: dict[str, str] = {}
+        if not todo:
+            return have, errors
+        from services.tuner.metaschedule.ir_codec import dump_ir
 
         out_dir.mkdir(parents=True, exist_ok=True)
-        return compile_tuned(relax_mod, target_from_json(kept.target), str(self.database(kept.key)),
-                             str(out_dir / f"{kept.key}.so"))
+        ir = out_dir / "model.ir.json"
+        ir.write_text(dump_ir(relax_mod))
+        width = parallel or max(1, (os.cpu_count() or 1) // 4)
+        for i in range(0, len(todo), width):
+            running = [(k, out_dir / f"{k.key}.so", subprocess.Popen(
+                [sys.executable, "-m", __name__, "--ir", str(ir), "--db", str(self.database(k.key)), "--target",
+                 k.target, "--out", str(out_dir / f"{k.key}.so")], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                text=True)) for k in todo[i:i + width]]
+            for k, path, proc in running:
+                output, _ = proc.communicate()
+                if proc.returncode == 0 and path.is_file():
+                    have[k.key] = str(path)
+                else:
+                    errors[k.key] = f"its kept database did not compile: {(output.strip().splitlines() or ['?'])[-1]}"[:400]
+        return have, errors
 
 
 # ---- running them ---------------------------------------------------------------------------------------
@@ -241,3 +261,23 @@ class TuningRun:
         tuning.say(f"share {share} %, seed {seed}: tuned, {res.trials} trials in {wall:.0f} s "
                    f"(median tuning {statistics.median(self.walls):.0f} s)")
         return kept
+
+
+def _compile_main(argv=None) -> int:
+    """`python -m sharetune.experiments.share_tunings --ir MODEL.json --db DIR --target JSON --out LIB`: the model
+    (ir_codec's JSON) compiled with a kept tuning's database (KeptTunings.modules runs it, one a child)."""
+    import argparse
+
+    from services.tuner.metaschedule.compile import compile_tuned
+    from services.tuner.metaschedule.ir_codec import load_ir, target_from_json
+
+    ap = argparse.ArgumentParser()
+    for flag in ("--ir", "--db", "--target", "--out"):
+        ap.add_argument(flag, required=True)
+    args = ap.parse_args(argv)
+    compile_tuned(load_ir(Path(args.ir).read_text()), target_from_json(args.target), args.db, args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_compile_main())
