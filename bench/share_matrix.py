@@ -62,6 +62,8 @@ def write_and_print(reports: list, out_json: Path, png: Path | None, tables: boo
 
 STACK_S = 45.0  # stack start with up to 11 lanes, H200 (bench/results: 23-40 s with 4-8 lanes)
 SERVE_S = 20.0  # one serving process: start, load, 30 rounds of every tuned model
+WHY_S = 120.0  # where a verdict is beyond noise: two tunings' task kernels built and timed at each share
+COMPILE_S = 40.0  # a kept tuning's module compiled again on a later machine (four at once)
 MIN_PER_TASK_FOR_10 = 8  # trials a task that four shares must still give before 10 % is added
 
 
@@ -95,6 +97,7 @@ def run_models(args, models: list[str], deadline: float) -> list:
     from bench.panel import PANEL, build
     from sharetune.experiments.share_matrix import (MatrixStack, Placement, Replicates, Serving, model_tasks,
                                                     run_matrix, write_outputs)
+    from sharetune.experiments.share_tunings import KeptTunings, tuning_key, tuning_plan
     from shared.settings import StackSettings
 
     if args.device == "cpu":  # a rehearsal of this flow on a CPU host (lanes of whole cores)
@@ -152,12 +155,14 @@ def run_models(args, models: list[str], deadline: float) -> list:
             # the time left, split over the models still to run (resumed: in turn, the first model's tunings
             # first, so that it is served the soonest); serving reserve ~15 s per share
             my_deadline = time.time() + (deadline - time.time()) / (1 if args.resume else len(models) - i)
+            replicates = Replicates(args.tunings, 0, Path(args.kept or Path(args.work_dir) / "tunings"), args.resume)
+            keys = [tuning_key(model, p, seed, trials) for p, seed in tuning_plan(my_shares, replicates.seeds)]
+            gone = KeptTunings(replicates.kept_dir).modules_gone(keys, chosen[model]) if args.resume else 0
             report = run_matrix(client, built[model][0], my_shares, placement, work / model, trials=trials,
                                 trials_per_iter=args.per_iter, only_tasks=chosen[model], n_tasks=len(all_tasks[model]),
-                                replicates=Replicates(args.tunings, 0, Path(args.kept or Path(args.work_dir) / "tunings"),
-                                                      resume=args.resume),
-                                example_inputs=built[model][1], name=model, deadline=my_deadline,
-                                serve_reserve_s=SERVE_S * len(my_shares) + 10, log=log, on_partial=save,
+                                replicates=replicates, example_inputs=built[model][1], name=model, deadline=my_deadline,
+                                serve_reserve_s=SERVE_S * len(my_shares) + 10 + WHY_S + COMPILE_S * -(-gone // 4),
+                                log=log, on_partial=save,
                                 serving=Serving(args.rounds, 120, stack.stop_lanes if i == len(models) - 1 else None,
                                                 only_complete=args.serve_when_complete),
                                 on_job_timeout=stop_tuning)

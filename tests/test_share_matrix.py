@@ -435,3 +435,14 @@ def test_the_task_picture_ranks_tasks_by_their_weighted_gap_at_the_serving_share
     assert conv["us"] == {"25": {"25": 50.0, "100": 30.0}, "100": {"25": 60.0, "100": 20.0}}
     assert conv["weighted_gap_us"] == {"25": -40.0, "100": 40.0} and conv["differs"] == ["threads 64 vs 256"]
     assert rows[1]["weighted_gap_us"]["25"] == 3.0 and rows[1]["schedule"] == {"25": "default", "100": "default"}
+
+
+def test_the_table_names_the_tasks_that_make_the_gap():
+    cells = two_share_cells([1000.0, 1004.0], [1100.0, 1104.0])
+    m = ShareMatrix.build("resnet18", "gpu", [25, 100], rounds_us=cells)
+    m.why = [{"served_share": 25, "against_tuned_share": 100, "tasks": [
+        {"task": "fused_conv2d_add_relu", "weight": 4, "weighted_gap_us": {"25": -60.0},
+         "differs": ["threads 128 vs 256", "tile 2 [1, 4] vs [2, 2]"]},
+        {"task": "dense", "weight": 1, "weighted_gap_us": {"25": 1.5}, "differs": []}]}]
+    assert ("served at 25 %, tuned here vs at 100 %, heaviest gaps: fused_conv2d_add_relu x4 -60.0 us (threads 128 "
+            "vs 256; tile 2 [1, 4] vs [2, 2]), dense x1 +1.5 us (same schedule facts)") in m.table()

@@ -393,9 +393,23 @@ class ShareMatrix(BaseModel):
                 n = f" n{self.tunings[t][s]}" if self.tunings and self.tunings[t][s] > 1 else ""
                 cells.append(f"{v:.1f}{band} ({self.normalised[t][s]:4.2f}){n}" if v is not None else "failed")
             lines.append(f"{label[t]:<16}" + "".join(f"{c:>{width}}" for c in cells))
-        lines += self.advice_lines() + self.verdict_lines()
+        lines += self.advice_lines() + self.verdict_lines() + self.why_lines()
         lines += [f"failed {key}: {err}" for key, err in self.errors.items()]
         return "\n".join(lines)
+
+    def why_lines(self, top: int = 3) -> list[str]:
+        """Where a verdict is beyond noise, the tasks that make most of the gap, with what differs."""
+        lines = []
+        for w in self.why:
+            s, other = w["served_share"], w["against_tuned_share"]
+            parts = []
+            for task in w["tasks"][:top]:
+                gap = task["weighted_gap_us"].get(str(s))
+                if gap is not None:
+                    differs = "; ".join(task["differs"][:3]) or "same schedule facts"
+                    parts.append(f"{task['task']} x{task['weight']} {gap:+.1f} us ({differs})")
+            lines.append(f"served at {s} %, tuned here vs at {other} %, heaviest gaps: " + ", ".join(parts))
+        return lines
 
     def verdict_lines(self) -> list[str]:
         """Per serving share: the verdict with its margin and interval; from the cells alone where the rounds

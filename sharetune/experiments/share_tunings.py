@@ -112,6 +112,11 @@ class KeptTunings:
     def finished(self, only_tasks: list[str] | None = None) -> set[str]:
         return {d.name for d in self.root.glob("*") if self.get(d.name, only_tasks) is not None}
 
+    def modules_gone(self, keys: list[str], only_tasks: list[str] | None = None) -> int:
+        """How many of these kept tunings have to be compiled again (their module is not on this machine)."""
+        kept = [self.get(key, only_tasks) for key in keys]
+        return sum(1 for k in kept if k is not None and not (k.module and Path(k.module).is_file()))
+
     def keep(self, kept: KeptTuning, database_dir: str | Path) -> KeptTuning:
         """Keep a finished tuning: its facts, and its exported database cut to each workload's best record
         (written beside, then moved in: a folder is whole or absent)."""
