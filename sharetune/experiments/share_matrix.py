@@ -268,6 +268,11 @@ def cross_costs(shares: list[int], latency_us: Matrix, ci95_us: list[list[Interv
 TuningRounds = list[list[list[list[float]]]]  # [tuned][served][tuning]: each serving round's figure
 
 
+def _us(x: float) -> str:
+    """A latency as the table shows it: whole µs, three figures under 100 µs."""
+    return f"{x:.0f}" if x >= 100 else f"{x:.3g}"
+
+
 def as_tuning_rounds(rounds: list | None) -> TuningRounds | None:
     """Serving rounds as [tuned][served][tuning][round]; a matrix of one tuning a cell, as earlier files hold it
     ([tuned][served][round]), lifted to that shape."""
@@ -389,7 +394,7 @@ class ShareMatrix(BaseModel):
             cells = []
             for s, v in enumerate(row):
                 ci = self.ci95_us[t][s] if self.ci95_us else None
-                band = f" [{ci[0]:.0f}-{ci[1]:.0f}]" if ci else ""
+                band = f" [{_us(ci[0])}-{_us(ci[1])}]" if ci else ""
                 n = f" n{self.tunings[t][s]}" if self.tunings and self.tunings[t][s] > 1 else ""
                 cells.append(f"{v:.1f}{band} ({self.normalised[t][s]:4.2f}){n}" if v is not None else "failed")
             lines.append(f"{label[t]:<16}" + "".join(f"{c:>{width}}" for c in cells))
@@ -833,7 +838,7 @@ def heatmap(reports: list[ShareMatrix], path: Path) -> str:
             for s, v in enumerate(row):
                 ci = r.ci95_us[t][s] if r.ci95_us else None
                 n = r.tunings[t][s] if r.tunings else 1
-                text = "failed" if v is None else (f"{v:.0f} us\n" + (f"[{ci[0]:.0f}, {ci[1]:.0f}]\n" if ci else "")
+                text = "failed" if v is None else (f"{_us(v)} us\n" + (f"[{_us(ci[0])}, {_us(ci[1])}]\n" if ci else "")
                                                    + f"x{r.normalised[t][s]:.2f}" + (f" n{n}" if n > 1 else ""))
                 if v is not None and t == s and r.diagonal_wins.get(str(r.shares[s])) in verdict:
                     text += f" {verdict[r.diagonal_wins[str(r.shares[s])]]}"
