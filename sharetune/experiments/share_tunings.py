@@ -229,7 +229,8 @@ class TuningRun:
             left = None if until is None else until - serve_reserve_s - time.time()
             need = max([MIN_TUNING_S] + self.walls)
             if left is not None and left < need:
-                self.errors[f"{share}:{seed}@*"] = f"not tuned: {left + serve_reserve_s:.0f} s left before the deadline"
+                self.errors[f"{share}:{seed}@*"] = (f"not tuned: {left + serve_reserve_s:.0f} s left before the deadline, "
+                                                    f"{serve_reserve_s:.0f} s of them kept for serving")
                 self.tuning.say(f"share {share} %, seed {seed}: skipped, out of time (a tuning takes ~{need:.0f} s)")
                 continue
             self.tune(share, seed, None if left is None else max(MIN_TUNING_S, min(self.tuning.timeout_s, left)))
