@@ -3,8 +3,8 @@
     python -m bench.share_matrix                      # both models; one per GPU when the host has two
     python -m bench.share_matrix --models resnet18 --gpu-index 0 --out-json /tmp/x.json   # one child
     python -m bench.share_matrix --rehearse           # the same flow on this CPU: tiny, lanes of 1 and 2 cores
-    python -m bench.share_matrix --models resnet18,regnety-stage --shares 25,50,100 --trials 1024 --tunings 3 \
-        --resume --serve-when-complete --deadline-s 1380       # replicates, one session's part (see below)
+    python -m bench.share_matrix --models resnet18,regnety-stage --shares 25,50,100 --trials 1024 --tunings 3
+        --resume --serve-when-complete --deadline-s 1080       # (one line) replicates, a session's part: below
 
 Replicates (`--tunings N`, seeds 0..N-1): each share is tuned N times, each an isolated job of its own seed; a
 cell's interval covers the tunings and the serving rounds. 3 shares x 3 seeds at 1024 trials on one H200 + 16
@@ -17,8 +17,8 @@ is served once all its tunings are kept, on that session's machine.
 
 Each model: every task tuned (`--tasks K`: the K heaviest), 64 candidates a round, at each share on
 min(4, 100 // share) MPS lanes of that share, one share after another, in one stack; then each tuned model served
-at every share in a fresh process under that MPS percentage, 30 interleaved rounds a cell (the median, and a
-bootstrap 95 % interval). Everything must fit the deadline: a share it cannot tune in time is skipped and recorded,
+at every share in a fresh process under that MPS percentage, 30 interleaved rounds a cell (the median over
+tunings of each one's median, and a 95 % interval over tunings and rounds). Everything must fit the deadline: a share it cannot tune in time is skipped and recorded,
 a failed cell is recorded, and the JSON under $OUT is rewritten after every job and every serving process.
 
 The per-share trials are what fits the time left (sharetune.experiments.share_matrix.fit_trials), at most the
@@ -250,7 +250,7 @@ def rehearsal(args, ap) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", default="resnet18,transformer")
     ap.add_argument("--shares", default="auto", help="percentages, or auto: 25,50,100 (+10 when it fits the time)")
     ap.add_argument("--cores", default=None, help="--device cpu: core counts of the lanes instead of --shares, e.g. 1,2")
