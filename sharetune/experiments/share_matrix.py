@@ -5,29 +5,33 @@ processes; the first half, tested on recorded matrices) and the run that fills i
     from sharetune.experiments.share_matrix import matrix
     report = matrix("tiny", [50, 100], device="cpu", trials=8, trials_per_iter=4)  # starts its own local stack
     report = matrix("resnet18", [25, 50, 100], device="gpu")  # every task, 32 trials a task, 64 a round
+    report = matrix("resnet18", [25, 50, 100], device="gpu", trials=1024, replicates=Replicates(tunings=3))
 
-The matrix: a model tuned at one share of a device is served at every share; ``latency_us[t][s]`` is the
-latency of the model tuned at ``shares[t]`` served at ``shares[s]`` (None where the cell failed). From that:
+The matrix: a model tuned at one share of a device (once, or several times with other search seeds) is
+served at every share; ``latency_us[t][s]`` is the latency of the model tuned at ``shares[t]`` served at
+``shares[s]`` (the median over its tunings; None where the cell failed). From that:
 
 * each column normalised to its best (1.0 = the best tuned model for that serving share);
 * the robust share: the tuning share whose model stays within ``tolerance`` (5 %) of each column's best
   over the widest contiguous range of serving shares;
 * the knee: the smallest serving share past which serving latency stops improving by more than
   ``tolerance``;
-* a 95 % interval on each cell, bootstrapped over its serving rounds: the diagonal (tuned at the share it
-  is served at) is said to win or lose only where the intervals separate, else it is "within noise";
+* a 95 % interval on each cell over its tunings and serving rounds (share_stats): the diagonal (tuned at the
+  share it is served at) is said to win or lose only where the interval of its margin excludes 0, else it is
+  "within noise"; advice per serving share from that verdict;
 * the cross costs users ask about: serving at the full share a model tuned at a smaller one, and the
   other way round.
 
 Shares are whole percentages of a device, as a job's ``share``. On a CPU a share must be a whole number of
 the host's cores, with the rounding of a CPU lane's share (shared.lanes.cpu).
 
-The run: one job per share on lanes of that share, one share after another (so a share's measurements
-never overlap another share's), every task of the model unless told otherwise, records of identical
-workloads reused from the store. Serving: for each share one fresh process placed at that share (CPU:
-affinity to that many cores + TVM_NUM_THREADS; GPU: CUDA_VISIBLE_DEVICES + CUDA_MPS_ACTIVE_THREAD_PERCENTAGE
-set before CUDA starts) times every tuned model, warm, interleaved, median of rounds; the rounds give each
-cell a bootstrap interval. A failed job or cell is recorded, never fatal."""
+The run: one isolated job per share and seed on lanes of that share, one after another (so a share's
+measurements never overlap another share's, and no tuning starts from another's records), every task of the
+model unless told otherwise; each finished tuning kept on disk for a resumed run (share_tunings). Serving:
+for each share one fresh process placed at that share (CPU: affinity to that many cores + TVM_NUM_THREADS;
+GPU: CUDA_VISIBLE_DEVICES + CUDA_MPS_ACTIVE_THREAD_PERCENTAGE set before CUDA starts) times every tuned model,
+warm, interleaved, median of rounds. Where a verdict is beyond noise, each task's schedules are built and
+timed at every share (why_it_differs, task_timing). A failed job or cell is recorded, never fatal."""
 from __future__ import annotations
 
 import functools
