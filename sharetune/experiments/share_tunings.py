@@ -215,8 +215,8 @@ class TuningRun:
     def run(self, plan: list[tuple[int, int]], resume: bool, deadline: tuple[float | None, float],
             after_each: Callable[[], None]) -> None:
         """Tune each planned (share, seed) in turn, a kept one used when `resume`; one is skipped when `deadline`
-        (time.time(), and the seconds kept for serving) leaves less than earlier tunings took (MIN_TUNING_S
-        before the first)."""
+        (time.time(), and the seconds kept for serving) leaves less than the longest earlier tuning took, kept
+        ones included (MIN_TUNING_S before the first)."""
         until, serve_reserve_s = deadline
         for share, seed in plan:
             key = self.key(share, seed)
@@ -224,6 +224,7 @@ class TuningRun:
             if kept is not None:
                 self.tuned[(share, seed)] = kept
                 self.jobs[key] = dict(kept.job, resumed=True)
+                self.walls.append(float(kept.job.get("wall_s") or 0.0))  # how long the next one may take
                 self.tuning.say(f"share {share} %, seed {seed}: tuned by an earlier run (job {kept.job.get('job_id')}), kept")
                 continue
             left = None if until is None else until - serve_reserve_s - time.time()
