@@ -57,12 +57,14 @@ PY
               --exclude='*.npz' --exclude=ms 2>/dev/null ;;
   # issue 23, one GPU, the full matrix (> one call): in the background from a copy outside the working tree;
   # `matrix-wait` (the next calls, back to back) waits and collects. Issue 40, a run over several sessions: what an
-  # earlier session left in $OUT, carried in under .dev/ (matrix_kept.tgz: its finished tunings; share_matrix_*.json:
-  # its models served), is put back first; run with --resume to tune only the missing tunings
-  matrix-bg) M=${MATRIX_DIR:-/tmp/matrix}; mkdir -p "$M" && rm -rf "$M/repo" "$M/DONE" && cp -r . "$M/repo"
-          [ -f .dev/matrix_kept.tgz ] && mkdir -p "$M/work/tunings" \
-              && tar xzf .dev/matrix_kept.tgz --skip-old-files -C "$M/work/tunings"
-          for f in .dev/share_matrix_*.json; do [ -f "$f" ] && [ ! -e "$M/$(basename "$f")" ] && cp "$f" "$M/"; done
+  # earlier session left in $OUT, carried in as runs/matrix_carry/ (matrix_kept.tgz: its finished tunings;
+  # share_matrix_*.json: its models served; runs/ is ignored and stage.sh leaves it alone), is put back first;
+  # run with --resume to tune only the missing tunings
+  matrix-bg) M=${MATRIX_DIR:-/tmp/matrix}; C=${MATRIX_CARRY:-runs/matrix_carry}
+          mkdir -p "$M" && rm -rf "$M/repo" "$M/DONE" && cp -r . "$M/repo"
+          [ -f "$C/matrix_kept.tgz" ] && mkdir -p "$M/work/tunings" \
+              && tar xzf "$C/matrix_kept.tgz" --skip-old-files -C "$M/work/tunings"
+          for f in "$C"/share_matrix_*.json; do [ -f "$f" ] && [ ! -e "$M/$(basename "$f")" ] && cp "$f" "$M/"; done
           nvidia-smi --query-gpu=index,uuid,name --format=csv,noheader
           (cd "$M/repo" && PYTHONPATH="/tmp/site:$M/repo" OUT="$M" setsid nohup bash -c \
               "python3 -m bench.share_matrix --work-dir $M/work $(printf '%q ' "${@:2}"); touch $M/DONE" \

@@ -12,8 +12,8 @@ builders: ResNet-18 (27 tasks) ~3 min a tuning, 9 tunings ~27 min; regnety-stage
 cold) ~3 min a tuning, ~27 min; then per model ~25 s a tuning to compile it again on a later machine and ~2 min of
 serving. More than one session's ~23 minutes: run the same command with `--resume` in each session (matrix-bg, then
 matrix-wait); each finished tuning is kept (--kept, by model, share, seed and trials) and leaves in
-$OUT/matrix_kept.tgz, which the next session carries in as .dev/matrix_kept.tgz; with --serve-when-complete a model
-is served once all its tunings are kept, on that session's machine.
+$OUT/matrix_kept.tgz, which the next session carries in as runs/matrix_carry/ with the JSON; with
+--serve-when-complete a model is served once all its tunings are kept, on that session's machine.
 
 Each model: every task tuned (`--tasks K`: the K heaviest), 64 candidates a round, at each share on
 min(4, 100 // share) MPS lanes of that share, one share after another, in one stack; then each tuned model served

@@ -415,7 +415,8 @@ class ShareMatrix(BaseModel):
             for task in w["tasks"][:top]:
                 gap = task["weighted_gap_us"].get(str(s))
                 if gap is not None:
-                    differs = "; ".join(task["differs"][:3]) or "same schedule facts"
+                    same = "the same default kernel" if set(task["schedule"].values()) == {"default"} else None
+                    differs = "; ".join(task["differs"][:3]) or same or "same schedule facts"
                     parts.append(f"{task['task']} x{task['weight']} {gap:+.1f} us ({differs})")
             lines.append(f"served at {s} %, tuned here vs at {other} %, heaviest gaps: " + ", ".join(parts))
         return lines
