@@ -56,24 +56,32 @@ PY
           tar czf "$OUT/matrix_logs.tgz" -C /tmp/share_matrix . --exclude='*.so' --exclude=redis --exclude=database \
               --exclude='*.npz' --exclude=ms 2>/dev/null ;;
   # issue 23, one GPU, the full matrix (> one call): in the background from a copy outside the working tree;
-  # `matrix-wait` (the next calls, back to back) waits and collects. Run again with --resume to keep what a
-  # stopped run finished (complete models, shares whose tuned module is still on disk)
-  matrix-bg) mkdir -p /tmp/matrix && rm -rf /tmp/matrix/repo /tmp/matrix/DONE && cp -r . /tmp/matrix/repo
+  # `matrix-wait` (the next calls, back to back) waits and collects. Issue 40, a run over several sessions: what an
+  # earlier session left in $OUT, carried in as runs/matrix_carry/ (matrix_kept.tgz: its finished tunings;
+  # share_matrix_*.json: its models served; runs/ is ignored and stage.sh leaves it alone), is put back first;
+  # run with --resume to tune only the missing tunings
+  matrix-bg) M=${MATRIX_DIR:-/tmp/matrix}; C=${MATRIX_CARRY:-runs/matrix_carry}
+          mkdir -p "$M" && rm -rf "$M/repo" "$M/DONE" && cp -r . "$M/repo"
+          [ -f "$C/matrix_kept.tgz" ] && mkdir -p "$M/work/tunings" \
+              && tar xzf "$C/matrix_kept.tgz" --skip-old-files -C "$M/work/tunings"
+          for f in "$C"/share_matrix_*.json; do [ -f "$f" ] && [ ! -e "$M/$(basename "$f")" ] && cp "$f" "$M/"; done
           nvidia-smi --query-gpu=index,uuid,name --format=csv,noheader
-          (cd /tmp/matrix/repo && PYTHONPATH=/tmp/site:/tmp/matrix/repo OUT=/tmp/matrix setsid nohup bash -c \
-              "python3 -m bench.share_matrix --work-dir /tmp/matrix/work $(printf '%q ' "${@:2}"); touch /tmp/matrix/DONE" \
-              > /tmp/matrix/driver.log 2>&1 < /dev/null &)
+          (cd "$M/repo" && PYTHONPATH="/tmp/site:$M/repo" OUT="$M" setsid nohup bash -c \
+              "python3 -m bench.share_matrix --work-dir $M/work $(printf '%q ' "${@:2}"); touch $M/DONE" \
+              > "$M/driver.log" 2>&1 < /dev/null &)
           bash "$0" matrix-wait ;;
-  matrix-wait)
+  matrix-wait) M=${MATRIX_DIR:-/tmp/matrix}
     t0=$(date +%s)
-    while [ $(( $(date +%s) - t0 )) -lt "${MATRIX_WAIT_S:-560}" ] && [ ! -e /tmp/matrix/DONE ]; do
-      grep -q '^Traceback' /tmp/matrix/driver.log 2>/dev/null && { echo "driver error: stopped waiting"; break; }
+    while [ $(( $(date +%s) - t0 )) -lt "${MATRIX_WAIT_S:-560}" ] && [ ! -e "$M/DONE" ]; do
+      grep -q '^Traceback' "$M/driver.log" 2>/dev/null && { echo "driver error: stopped waiting"; break; }
       sleep 5
     done
-    [ -e /tmp/matrix/DONE ] && echo "matrix run finished"
-    cp /tmp/matrix/share_matrix_*.json /tmp/matrix/share_matrix_*.png "$OUT/" 2>/dev/null
-    tail -c 20000 /tmp/matrix/driver.log
-    keep_logs /tmp/matrix/work matrix_logs ;;
+    [ -e "$M/DONE" ] && echo "matrix run finished"
+    cp "$M"/share_matrix_*.json "$M"/share_matrix_*.png "$OUT/" 2>/dev/null
+    tail -c 20000 "$M/driver.log"
+    # the finished tunings (each one's best records and facts, ~1 MB): the next session carries them back in
+    [ -d "$M/work/tunings" ] && tar czf "$OUT/matrix_kept.tgz" -C "$M/work/tunings" --exclude='.*.part' .
+    keep_logs "$M/work" matrix_logs ;;
   # issue 22, one GPU: 4x25 % lanes (job A; illegal-address, hung-kernel and launch-failure culprits) and a
   # CPU lane (the bystander job): rows in $OUT/gpu_fault_h200.json (<= 340 s; the script stops waiting at 300 s)
   # issue 12: stock's window beside the 16-core configurations (A), the 32-core and two-GPU ones (B)

@@ -2,12 +2,23 @@
 
     python -m bench.share_matrix                      # both models; one per GPU when the host has two
     python -m bench.share_matrix --models resnet18 --gpu-index 0 --out-json /tmp/x.json   # one child
-    python -m bench.share_matrix --device cpu --cores 1,2 --models tiny --trials 6 --per-iter 6   # CPU rehearsal
+    python -m bench.share_matrix --rehearse           # the same flow on this CPU: tiny, lanes of 1 and 2 cores
+    python -m bench.share_matrix --models resnet18,regnety-stage --shares 25,50,100 --trials 1024 --tunings 3
+        --resume --serve-when-complete --deadline-s 1080       # (one line) replicates, a session's part: below
+
+Replicates (`--tunings N`, seeds 0..N-1): each share is tuned N times, each an isolated job of its own seed; a
+cell's interval covers the tunings and the serving rounds. 3 shares x 3 seeds at 1024 trials on one H200 + 16
+builders: ResNet-18 (27 tasks) ~3 min a tuning, 9 tunings ~27 min; regnety-stage (panel, 14 tasks, ~350 trials/min
+cold) ~3 min a tuning, ~27 min; then per model ~25 s a tuning to compile it again on a later machine and ~2 min of
+serving. More than one session's ~23 minutes: run the same command with `--resume` in each session (matrix-bg, then
+matrix-wait); each finished tuning is kept (--kept, by model, share, seed and trials) and leaves in
+$OUT/matrix_kept.tgz, which the next session carries in as runs/matrix_carry/ with the JSON; with
+--serve-when-complete a model is served once all its tunings are kept, on that session's machine.
 
 Each model: every task tuned (`--tasks K`: the K heaviest), 64 candidates a round, at each share on
 min(4, 100 // share) MPS lanes of that share, one share after another, in one stack; then each tuned model served
-at every share in a fresh process under that MPS percentage, 30 interleaved rounds a cell (the median, and a
-bootstrap 95 % interval). Everything must fit the deadline: a share it cannot tune in time is skipped and recorded,
+at every share in a fresh process under that MPS percentage, 30 interleaved rounds a cell (the median over
+tunings of each one's median, and a 95 % interval over tunings and rounds). Everything must fit the deadline: a share it cannot tune in time is skipped and recorded,
 a failed cell is recorded, and the JSON under $OUT is rewritten after every job and every serving process.
 
 The per-share trials are what fits the time left (sharetune.experiments.share_matrix.fit_trials), at most the
@@ -51,11 +62,13 @@ def write_and_print(reports: list, out_json: Path, png: Path | None, tables: boo
 
 STACK_S = 45.0  # stack start with up to 11 lanes, H200 (bench/results: 23-40 s with 4-8 lanes)
 SERVE_S = 20.0  # one serving process: start, load, 30 rounds of every tuned model
+WHY_S = 120.0  # where a verdict is beyond noise: two tunings' task kernels built and timed at each share
+COMPILE_S = 40.0  # a kept tuning's module compiled again on a later machine (four at once)
 MIN_PER_TASK_FOR_10 = 8  # trials a task that four shares must still give before 10 % is added
 
 
 def plan(args, n_tasks: int, n_models_here: int, seconds: float) -> tuple[list[int], int]:
-    """Shares and per-share trials for one model with `seconds` of this process's time."""
+    """Shares and trials a tuning for one model with `seconds` of this process's time (`args.tunings` a share)."""
     from sharetune.experiments.share_matrix import default_trials, fit_trials, parse_shares, shares_from_cores
 
     host = os.cpu_count() or 1
@@ -65,13 +78,13 @@ def plan(args, n_tasks: int, n_models_here: int, seconds: float) -> tuple[list[i
     elif args.shares == "auto" and args.device == "cpu":  # one core and the whole host
         shares = shares_from_cores([1, host], host)
     elif args.shares == "auto":
-        four = fit_trials(n_tasks, 4, per_model - SERVE_S * 4 - 10, per_iter=args.per_iter)
+        four = fit_trials(n_tasks, 4 * args.tunings, per_model - SERVE_S * 4 - 10, per_iter=args.per_iter)
         shares = [10, 25, 50, 100] if four >= MIN_PER_TASK_FOR_10 * n_tasks else [25, 50, 100]
     else:
         shares = parse_shares(args.shares, args.device, host)
     if args.trials:
         return shares, args.trials
-    fit = fit_trials(n_tasks, len(shares), per_model - SERVE_S * len(shares) - 10, per_iter=args.per_iter)
+    fit = fit_trials(n_tasks, len(shares) * args.tunings, per_model - SERVE_S * len(shares) - 10, per_iter=args.per_iter)
     # not even one trial a task fits: still try with that much; the deadline records what was skipped
     return shares, min(default_trials(n_tasks), max(fit, n_tasks))
 
@@ -81,7 +94,10 @@ def run_models(args, models: list[str], deadline: float) -> list:
     from shared import store
     from sharetune.client import Client
     from services.measurer.agent import BuilderSpec
-    from sharetune.experiments.share_matrix import MatrixStack, Placement, model_tasks, run_matrix, write_outputs
+    from bench.panel import PANEL, build
+    from sharetune.experiments.share_matrix import (MatrixStack, Placement, Replicates, Serving, model_tasks,
+                                                    run_matrix, write_outputs)
+    from sharetune.experiments.share_tunings import KeptTunings, tuning_key, tuning_plan
     from shared.settings import StackSettings
 
     if args.device == "cpu":  # a rehearsal of this flow on a CPU host (lanes of whole cores)
@@ -90,7 +106,8 @@ def run_models(args, models: list[str], deadline: float) -> list:
     else:
         gpu = next(g for g in gpus() if g.index == args.gpu_index)
         placement = Placement("gpu", gpu_uuid=gpu.uuid)
-    all_tasks = {m: model_tasks(m, args.device) for m in models}
+    built = {m: build(m) if m in PANEL else (m, None) for m in models}  # a panel model: torch module and inputs
+    all_tasks = {m: model_tasks(built[m][0], args.device, built[m][1]) for m in models}
     chosen = {m: (all_tasks[m][:args.tasks] if args.tasks else None) for m in models}
     plans = {m: plan(args, len(chosen[m] or all_tasks[m]), len(models), deadline - time.time()) for m in models}
     shares = sorted({p for m in models for p in plans[m][0]})
@@ -130,19 +147,25 @@ def run_models(args, models: list[str], deadline: float) -> list:
         for i, model in enumerate(models):
             my_shares, trials = plans[model]
             done = earlier.get(model)
-            if done is not None and done.complete and done.shares == my_shares and done.trials_per_share == trials:
+            if (done is not None and done.complete and done.shares == my_shares and done.trials_per_share == trials
+                    and min(n for row in done.tunings or [[1]] for n in row) >= args.tunings):
                 log(f"[matrix {model}] complete in an earlier run: kept")
                 save(done)
                 continue
-            # the time left, split over the models still to run; serving reserve ~15 s per share
-            my_deadline = time.time() + (deadline - time.time()) / (len(models) - i)
-            report = run_matrix(client, model, my_shares, placement, work / model, trials=trials,
+            # the time left, split over the models still to run (resumed: in turn, the first model's tunings
+            # first, so that it is served the soonest); serving reserve ~15 s per share
+            my_deadline = time.time() + (deadline - time.time()) / (1 if args.resume else len(models) - i)
+            replicates = Replicates(args.tunings, 0, Path(args.kept or Path(args.work_dir) / "tunings"), args.resume)
+            keys = [tuning_key(model, p, seed, trials) for p, seed in tuning_plan(my_shares, replicates.seeds)]
+            gone = KeptTunings(replicates.kept_dir).modules_gone(keys, chosen[model]) if args.resume else 0
+            report = run_matrix(client, built[model][0], my_shares, placement, work / model, trials=trials,
                                 trials_per_iter=args.per_iter, only_tasks=chosen[model], n_tasks=len(all_tasks[model]),
-                                seed=0, name=model, deadline=my_deadline,
-                                serve_reserve_s=SERVE_S * len(my_shares) + 10, rounds=args.rounds,
-                                serve_timeout_s=120, log=log, on_partial=save, on_job_timeout=stop_tuning,
-                                before_serving=stack.stop_lanes if i == len(models) - 1 else None,
-                                resume_jobs=done.info.get("jobs") if done is not None else None)
+                                replicates=replicates, example_inputs=built[model][1], name=model, deadline=my_deadline,
+                                serve_reserve_s=SERVE_S * len(my_shares) + 10 + WHY_S + COMPILE_S * -(-gone // 4),
+                                log=log, on_partial=save,
+                                serving=Serving(args.rounds, 120, stack.stop_lanes if i == len(models) - 1 else None,
+                                                only_complete=args.serve_when_complete),
+                                on_job_timeout=stop_tuning)
             report.info.update({"gpu": gpu.name if gpu else None, "gpu_uuid8": gpu.uuid8 if gpu else None,
                                 "task_names": chosen[model] or all_tasks[model],
                                 "lanes": sorted(set(stack.lanes)), "host_cores": os.cpu_count()})
@@ -152,8 +175,8 @@ def run_models(args, models: list[str], deadline: float) -> list:
 
 
 def earlier_reports(path: Path) -> dict:
-    """The matrices an earlier run of this command wrote (by model): complete ones are kept, and a model's shares
-    already tuned are served without tuning again (a background run that was stopped, run again)."""
+    """The matrices an earlier run of this command wrote (by model): complete ones are kept (a background run that
+    was stopped, run again; its finished tunings are found in --kept)."""
     return {m.model: m for m in read_matrices(path)} if path.exists() else {}
 
 
@@ -182,6 +205,8 @@ def launch(args) -> None:
                     "--deadline-s", str(args.deadline_s - 5), "--work-dir", args.work_dir, "--out-json", str(part)]
             argv += ["--trials", str(args.trials)] if args.trials else []
             argv += ["--tasks", str(args.tasks)] if args.tasks else []
+            argv += ["--tunings", str(args.tunings)] + (["--kept", args.kept] if args.kept else [])
+            argv += (["--resume"] if args.resume else []) + (["--serve-when-complete"] if args.serve_when_complete else [])
             logf = open(out / f"share_matrix_{model}.log", "w")
             children.append((model, part, subprocess.Popen(argv, env=env, stdout=logf, stderr=subprocess.STDOUT)))
         for model, part, proc in children:
@@ -214,8 +239,18 @@ def launch(args) -> None:
     log(f"{time.time() - t0:.0f} s in all")
 
 
+def rehearsal(args, ap) -> None:
+    """--rehearse: the defaults of a CPU rehearsal wherever the command line left an option at its default."""
+    default = ap.parse_args([])
+    tiny = {"device": "cpu", "cores": "1,2", "models": "tiny", "trials": 8, "per_iter": 4, "rounds": 10, "tunings": 2,
+            "stem": "share_matrix_rehearsal"}
+    for key, value in tiny.items():
+        if getattr(args, key) == getattr(default, key):
+            setattr(args, key, value)
+
+
 def main() -> None:
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", default="resnet18,transformer")
     ap.add_argument("--shares", default="auto", help="percentages, or auto: 25,50,100 (+10 when it fits the time)")
     ap.add_argument("--cores", default=None, help="--device cpu: core counts of the lanes instead of --shares, e.g. 1,2")
@@ -231,9 +266,18 @@ def main() -> None:
     ap.add_argument("--work-dir", default="/tmp/share_matrix")
     ap.add_argument("--out-json", default=None)
     ap.add_argument("--merge", nargs="*", help="join these JSON files into --out-json (+ PNG) and stop")
+    ap.add_argument("--tunings", type=int, default=3, help="tunings a share, seeds 0..N-1 (intervals cover them)")
+    ap.add_argument("--kept", default=None, help="finished tunings, by model, share, seed, trials (WORK_DIR/tunings)")
     ap.add_argument("--resume", action="store_true",
-                    help="keep what the result JSON already holds: complete models, and shares tuned (module on disk)")
+                    help="tune only what --kept lacks; keep complete models of the result JSON")
+    ap.add_argument("--serve-when-complete", action="store_true",
+                    help="serve a model only once all its tunings are kept (a run split across sessions)")
+    ap.add_argument("--rehearse", action="store_true",
+                    help="this flow on this CPU: --device cpu, lanes of 1 and 2 cores, tiny, 8 trials, 4 a round, "
+                         "10 rounds, 2 tunings, unless given; results under $OUT (default /tmp/out)")
     args = ap.parse_args()
+    if args.rehearse:
+        rehearsal(args, ap)
     if args.merge:  # the JSON of separate runs (e.g. one call per model on one GPU) joined, with a heatmap
         out_json = Path(args.out_json or "bench/results/share_matrix_h200.json")
         write_and_print([m for p in args.merge for m in read_matrices(p)], out_json, out_json.with_suffix(".png"))

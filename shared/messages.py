@@ -137,6 +137,8 @@ class JobOptions(Contract):
                                  "near its task's best; uniform: every candidate fully")
     wait_for_lanes: bool = Field(default=False, description="a share no live lane serves yet: wait for its lanes "
                                  "(until cancelled) instead of refusing")
+    isolated: bool = Field(default=False, description="tune as on an empty store: its workloads, records, default "
+                           "timings, warm seeds and cost model are its own, no other job's (replicates of a search)")
     name: str | None = Field(default=None, description="the job's name (default: the model's)")
 
     @field_validator("share")

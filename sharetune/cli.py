@@ -467,7 +467,7 @@ def cmd_matrix(args) -> int:
     from pathlib import Path
 
     from shared.errors import SharetuneError
-    from sharetune.experiments.share_matrix import matrix, shares_from_cores
+    from sharetune.experiments.share_matrix import Replicates, matrix, shares_from_cores
 
     try:
         if (args.shares is None) == (args.cores is None):
@@ -480,9 +480,12 @@ def cmd_matrix(args) -> int:
             shares = shares_from_cores(args.cores, os.cpu_count() or 1)
         else:
             shares = args.shares
+        if args.tunings < 1:
+            raise SharetuneError(f"--tunings must be at least 1, got {args.tunings}")
         out = Path(args.out or Path(args.work_dir) / "share_matrix.json")
         report = matrix(args.model, shares, device=args.device, trials=args.trials, trials_per_iter=args.per_iter,
                         tasks=args.tasks, gpu_index=args.gpu_index, rounds=args.rounds, work_dir=args.work_dir,
+                        replicates=Replicates(args.tunings, args.seed, resume=args.resume),
                         redis_url=os.environ.get("REDIS_URL"), out_json=out, out_png=out.with_suffix(".png"),
                         settings=args.settings)
     except SharetuneError as err:
@@ -617,14 +620,22 @@ command("api", "serve the HTTP API (submit, status, results, cancel; /docs, /ope
                      help="serve without a token when SHARETUNE_API_TOKEN is unset (loopback only); by default "
                           "a new token is made and written to SHARETUNE_WORK_DIR/api_token"))(cmd_api)
 command("matrix", "tune at each share, serve at every share: the latency matrix\n\n"
-        "Tune at each share, serve each tuned model at every share, print the tuned-at x served-at table (with 95 % "
-        "intervals), the recommended share, the knee and what a share mismatch costs; write JSON + heatmap. Every "
+        "Tune at each share (--tunings times, one search seed each), serve each tuned model at every share, print the "
+        "tuned-at x served-at table (with 95 % intervals over tunings and serving rounds), the verdict and advice per "
+        "serving share, the recommended share, the knee and what a share mismatch costs; write JSON + heatmap. Every "
         "task of the model by default.",
         click.argument("model"),
         click.option("--shares", help="percentages, e.g. 10,25,50,100 (CPU: whole cores of this host)"),
         click.option("--cores", help="CPU only, instead of --shares: core counts, e.g. 1,2"),
         click.option("--device", type=click.Choice(["cpu", "gpu"]), default="cpu", show_default=True),
-        click.option("--trials", type=int, help="trial budget of each share's tuning job (default 32 x tasks, at least 256)"),
+        click.option("--trials", type=int, help="trial budget of each tuning job (default 32 x tasks, at least 256)"),
+        click.option("--tunings", type=int, default=1, show_default=True,
+                     help="tunings a share, each an isolated job of its own search seed: the intervals cover the "
+                          "spread between them (3 or more for a verdict that holds beyond one search)"),
+        click.option("--seed", type=int, default=0, show_default=True, help="the first tuning's seed (then +1, +2, ...)"),
+        click.option("--resume", is_flag=True,
+                     help="keep the tunings an earlier run finished (WORK_DIR/serve/tunings, by model, share, seed "
+                          "and trials) and tune only the missing ones"),
         click.option("--per-iter", type=int, default=64, show_default=True,
                      help="candidates a search round (MetaSchedule's default)"),
         click.option("--tasks", type=int, help="tune only the model's k heaviest tasks (default: all)"),

@@ -98,7 +98,7 @@ def test_table_names_the_recommendation_the_diagonal_and_the_intervals():
                           trials_per_share=704)
     text = m.table()
     assert "recommended tuning share: 25 %" in text and "knee of serving latency: 50 %" in text
-    assert "served at 10 %: tuned-at-same-share wins, 3.8% faster" in text
+    assert "served at 10 %: tuning here wins by 3.9 % [3.7, 4.1] % over tuning at 25 %" in text
     assert "tasks tuned: all, 704 trials a share" in text
     lo, hi = m.ci95_us[0][0]
     assert f"[{lo:.0f}-{hi:.0f}]" in text
@@ -246,3 +246,205 @@ def test_lanes_and_serving_placement_per_share():
     args, env = gpu.serve_args(25)
     assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "25" and env["CUDA_VISIBLE_DEVICES"].startswith("GPU-3f2a1c9b")
     assert env["CUDA_MPS_PIPE_DIRECTORY"] == "/p" and args == ["--device", "gpu"]
+
+
+# ---- replicates: several tunings a share ------------------------------------------------------------
+
+def quiet_rounds(value, n=30, spread=0.003, seed=0):
+    import numpy as np
+
+    return list(value * (1 + np.random.default_rng(seed).uniform(-spread, spread, n)))
+
+
+def two_share_cells(diag_tunings, other_tunings):
+    """Served at 25 %: the model tuned at 25 % (diagonal) against the one tuned at 100 %; the 100 % column
+    plain. Each argument: each tuning's median latency (µs); its rounds are quiet around it."""
+    col25 = [[quiet_rounds(v, seed=i) for i, v in enumerate(diag_tunings)],
+             [quiet_rounds(v, seed=10 + i) for i, v in enumerate(other_tunings)]]
+    col100 = [[quiet_rounds(500.0, seed=20 + i) for i in range(len(diag_tunings))],
+              [quiet_rounds(480.0, seed=30 + i) for i in range(len(other_tunings))]]
+    return [[col25[0], col100[0]], [col25[1], col100[1]]]
+
+
+def test_tunings_that_disagree_turn_a_single_tunings_win_into_noise():
+    from sharetune.experiments.share_stats import serving_verdict
+
+    one = two_share_cells([1000.0], [1050.0])  # one tuning each: 1000 against 1050, quiet rounds
+    assert serving_verdict([25, 100], one, 0)["verdict"] == "wins"
+    # the same first tunings, and two more of each share that land on the other side: a search's spread
+    many = two_share_cells([1000.0, 1120.0, 1060.0], [1050.0, 980.0, 1010.0])
+    v = serving_verdict([25, 100], many, 0)
+    assert v["verdict"] == NOISE and v["tunings"] == 3
+    lo, hi = v["margin_ci95"]
+    assert lo < 0 < hi and "within noise" in v["says"]
+
+
+def test_the_hierarchical_interval_covers_the_spread_between_tunings():
+    from sharetune.experiments.share_stats import cell_figure, hierarchical_ci
+
+    tunings = [quiet_rounds(v, seed=i) for i, v in enumerate([1000.0, 1100.0, 1050.0])]
+    rounds_only = bootstrap_ci(tunings[0])
+    both = hierarchical_ci(tunings)
+    assert both == hierarchical_ci(tunings)  # fixed seed: the same data, the same interval
+    assert both[1] - both[0] > 20 * (rounds_only[1] - rounds_only[0])
+    assert both[0] <= 1010 and both[1] >= 1090  # it reaches towards the outer tunings
+    assert both[0] <= cell_figure(tunings) <= both[1] and abs(cell_figure(tunings) - 1050) < 5
+    same = [quiet_rounds(1000.0, seed=i) for i in range(3)]  # tunings that agree: as narrow as serving noise
+    assert hierarchical_ci(same)[1] - hierarchical_ci(same)[0] < 10
+    assert hierarchical_ci([tunings[0]]) == rounds_only  # one tuning: the rounds' bootstrap, as before
+    assert hierarchical_ci([[5.0], [7.0]]) is not None and hierarchical_ci([[5.0]]) is None
+
+
+def test_a_loss_names_the_faster_share_and_the_advice_its_margin_with_interval():
+    from sharetune.experiments.share_stats import serving_advice, serving_verdicts
+
+    cells = two_share_cells([1100.0, 1110.0, 1105.0], [1000.0, 1004.0, 998.0])
+    verdicts = serving_verdicts([25, 100], cells)
+    at25, at100 = verdicts
+    assert at25["verdict"] == "loses" and at25["against_tuned_share"] == 100 and at25["margin"] < -0.09
+    assert at100["verdict"] == "wins" and at100["against_tuned_share"] == 25
+    advice = serving_advice(verdicts, recommended_share=100)
+    assert [a["tune_at"] for a in advice] == [100, 100]
+    lo, hi = sorted(-x for x in at25["margin_ci95"])
+    assert advice[0]["says"] == (f"serving at 25 %: tune at 100 %: it beats tuning at 25 % by "
+                                 f"{-100 * at25['margin']:.1f} % [{100 * lo:.1f}, {100 * hi:.1f}] %")
+    assert advice[1]["says"].startswith("serving at 100 %: tune at 100 %: it beats tuning at 25 % by 4.0 % [")
+    noise = serving_advice(serving_verdicts([25, 100], two_share_cells([1000.0, 1120.0], [1050.0, 980.0])), 25)
+    assert noise[0]["tune_at"] == 25 and "within noise: any share does" in noise[0]["says"]
+
+
+def test_a_matrix_of_tunings_reports_their_count_figure_interval_and_verdicts():
+    cells = two_share_cells([1000.0, 1120.0, 1060.0], [1050.0, 980.0, 1010.0])
+    cells[1][1] = cells[1][1][:2]  # one tuning at 100 % failed to serve at 100 %
+    m = ShareMatrix.build("resnet18", "gpu", [25, 100], rounds_us=cells, trials_per_share=1024)
+    assert m.tunings == [[3, 3], [3, 2]]
+    assert m.latency_us[0][0] == pytest.approx(1060.0, rel=0.01)  # the median of the tunings' medians
+    assert m.diagonal_wins == {"25": NOISE, "100": True} and m.verdicts[0]["verdict"] == NOISE
+    assert "tunings (search seeds) resampled" in m.intervals and "n3" in m.table()
+    assert ShareMatrix.model_validate_json(m.model_dump_json()) == m
+    assert "tuning here wins by" in m.table() and "within noise (tuning here vs at 100 %" in m.table()
+
+
+def test_earlier_files_of_one_tuning_a_cell_still_read():
+    from pathlib import Path
+
+    body = json.loads((Path(__file__).parents[1] / "bench/results/share_matrix_h200.json").read_text())
+    m = ShareMatrix.model_validate(body["matrices"][0])
+    assert len(m.rounds_us[0][0]) == 1 and len(m.rounds_us[0][0][0]) == m.info["serve_rounds"]
+    again = ShareMatrix.build(m.model, m.device, m.shares, m.latency_us, rounds_us=body["matrices"][0]["rounds_us"])
+    assert again.ci95_us == m.ci95_us  # the same intervals from the same rounds
+    assert again.tunings == [[1] * 3] * 3 and "not sampled" in again.intervals
+
+
+def test_the_resume_key_skips_finished_tunings():
+    from sharetune.experiments.share_tunings import missing_tunings, tuning_key, tuning_plan
+
+    plan = tuning_plan([25, 50, 100], [0, 1, 2])
+    assert plan[:4] == [(25, 0), (50, 0), (100, 0), (25, 1)]  # every share's first seed first
+    assert tuning_key("resnet18", 25, 1, 1024) == "resnet18-p25-s1-t1024"
+    assert tuning_key("my model/v2", 25, 0, 8) == "my_model_v2-p25-s0-t8"
+    finished = {tuning_key("resnet18", p, seed, 1024) for p, seed in plan[:5]} | {tuning_key("resnet18", 100, 2, 512)}
+    assert missing_tunings(plan, "resnet18", 1024, finished) == plan[5:]
+    assert missing_tunings(plan, "resnet18", 512, finished) == [p for p in plan if p != (100, 2)]
+    assert missing_tunings(plan, "regnety-stage", 1024, finished) == plan
+
+
+def test_a_kept_database_holds_each_workloads_best_record():
+    from sharetune.experiments.share_tunings import best_record_lines
+
+    def line(workload, secs, tag):
+        return json.dumps([workload, [[[tag], []], secs, {"kind": "cuda"}, []]])
+
+    lines = [line(0, [3e-5, 3e-5], "a"), line(1, [9e-6], "b"), line(0, [2e-5, 2.2e-5], "c"), line(1, [9e-6], "d"),
+             line(2, None, "e"), ""]
+    assert [json.loads(x)[1][0][0][0] for x in best_record_lines(lines)] == ["c", "b", "e"]
+
+
+# ---- why, where it differs: each task's schedule (the pure part of task_timing) ----------------------
+
+CUDA_SCRIPT = '''
+    for ax0_ax1_fused_0 in T.thread_binding(T.int64(196), thread="blockIdx.x"):
+        for ax0_ax1_fused_1 in T.thread_binding(T.int64(128), thread="threadIdx.x"):
+            for k in T.serial(64, annotations={"pragma_auto_unroll_max_step": 512, "pragma_unroll_explicit": 1}):
+    for b in T.thread_binding(49, thread="blockIdx.x"):
+        for ty in T.thread_binding(4, thread="threadIdx.y"):
+            for tx in T.thread_binding(T.int64(32), thread="threadIdx.x"):
+                for v in T.vectorized(T.int64(4)):
+'''
+
+
+def test_launch_facts_read_threads_blocks_vectors_and_unroll_from_the_scheduled_code():
+    from sharetune.experiments.task_timing import launch_facts
+
+    facts = launch_facts(CUDA_SCRIPT)
+    assert facts == {"blockIdx.x": 196, "threadIdx.x": 128, "threadIdx.y": 4, "vector": 4, "unroll": 512,
+                     "threads": 512, "blocks": 196}
+    cpu = launch_facts('for i in T.parallel(T.int64(2), annotations={"pragma_auto_unroll_max_step": 64}):\n'
+                       '  for j in T.vectorized(T.int64(5)):\n  for k in T.parallel(16):')
+    assert cpu == {"parallel": 16, "vector": 5, "unroll": 64}
+
+
+def trace(tiles, unroll_choice, sketch_extra=()):
+    insts = [["GetSBlock", [], ["matmul", "main"], ["b0"]]]
+    decisions = []
+    for factors in tiles:
+        decisions.append([len(insts), factors])
+        insts.append(["SamplePerfectTile", ["l"], [len(factors), 64], ["v"] * len(factors)])
+    decisions.append([len(insts), unroll_choice])
+    insts.append(["SampleCategorical", [], [[0, 16, 64, 512], [0.25] * 4], ["v"]])
+    for kind in sketch_extra:
+        decisions.append([len(insts), -1])
+        insts.append([kind, ["b0"], [], ["v"]])
+    return [insts, decisions]
+
+
+def test_two_schedules_of_a_task_are_compared_by_their_decisions_and_launch():
+    from sharetune.experiments.task_timing import schedule_differences, trace_decisions
+
+    a = trace_decisions(trace([[1, 2, 1, 5], [2048, 1]], 2))
+    assert a == {"sketch": ["SamplePerfectTile", "SamplePerfectTile", "SampleCategorical"],
+                 "tiles": [[1, 2, 1, 5], [2048, 1]], "choices": [64], "locations": []}
+    b = trace_decisions(trace([[1, 2, 1, 5], [1024, 2]], 3))
+    ka = {"launch": {"threads": 128, "blocks": 196}, "decisions": a, "schedule": "tuned"}
+    kb = {"launch": {"threads": 256, "blocks": 196}, "decisions": b, "schedule": "tuned"}
+    assert schedule_differences(ka, kb) == ["threads 128 vs 256", "tile 1 [2048, 1] vs [1024, 2]", "choice 0 64 vs 512"]
+    assert schedule_differences(ka, ka) == []
+    other = {"launch": {"threads": 128, "blocks": 196},
+             "decisions": trace_decisions(trace([[1, 2, 1, 5]], 2, ["SampleComputeLocation"]))}
+    assert schedule_differences(ka, other) == ["another sketch (sampling steps differ)"]
+    default = {"launch": {"threads": 64, "blocks": 196}, "decisions": None, "schedule": "default"}
+    assert schedule_differences(default, kb) == ["threads 64 vs 256", "default schedule vs tuned"]
+    assert schedule_differences(ka, None) == ["not built on one side"]
+
+
+def test_the_task_picture_ranks_tasks_by_their_weighted_gap_at_the_serving_share():
+    from sharetune.experiments.task_timing import nearest_tuning, task_picture
+
+    assert nearest_tuning([[10.0, 11.0], [20.0], [14.0, 15.0]], [0, 1, 2]) == 2  # median of 10.5, 20, 14.5
+    assert nearest_tuning([[], []], [0, 1]) is None
+    tasks = [{"name": "conv", "weight": 4, "default_us": 90.0}, {"name": "dense", "weight": 1, "default_us": 9.0}]
+    kernels = {25: {"kernels": {"0": {"launch": {"threads": 64}, "decisions": None, "schedule": "default"},
+                                "1": {"launch": {}, "decisions": None, "schedule": "default"}}},
+               100: {"kernels": {"0": {"launch": {"threads": 256}, "decisions": None, "schedule": "default"},
+                                 "1": {"launch": {}, "decisions": None, "schedule": "default"}}}}
+    timed = {25: {25: {"0": 50.0, "1": 8.0}, 100: {"0": 60.0, "1": 5.0}},
+             100: {25: {"0": 30.0, "1": 4.0}, 100: {"0": 20.0, "1": 4.0}}}
+    rows = task_picture(tasks, [25, 100], kernels, timed)
+    assert [r["task"] for r in rows] == ["conv", "dense"]  # 4 x -10 us outweighs 1 x 3 us at 25 %
+    conv = rows[0]
+    assert conv["us"] == {"25": {"25": 50.0, "100": 30.0}, "100": {"25": 60.0, "100": 20.0}}
+    assert conv["weighted_gap_us"] == {"25": -40.0, "100": 40.0} and conv["differs"] == ["threads 64 vs 256"]
+    assert rows[1]["weighted_gap_us"]["25"] == 3.0 and rows[1]["schedule"] == {"25": "default", "100": "default"}
+
+
+def test_the_table_names_the_tasks_that_make_the_gap():
+    cells = two_share_cells([1000.0, 1004.0], [1100.0, 1104.0])
+    m = ShareMatrix.build("resnet18", "gpu", [25, 100], rounds_us=cells)
+    m.why = [{"served_share": 25, "against_tuned_share": 100, "tasks": [
+        {"task": "fused_conv2d_add_relu", "weight": 4, "weighted_gap_us": {"25": -60.0},
+         "differs": ["threads 128 vs 256", "tile 2 [1, 4] vs [2, 2]"],
+         "schedule": {"25": "tuned", "100": "tuned"}},
+        {"task": "dense", "weight": 1, "weighted_gap_us": {"25": 1.5}, "differs": [],
+         "schedule": {"25": "default", "100": "default"}}]}]
+    assert ("served at 25 %, tuned here vs at 100 %, heaviest gaps: fused_conv2d_add_relu x4 -60.0 us (threads 128 "
+            "vs 256; tile 2 [1, 4] vs [2, 2]), dense x1 +1.5 us (the same default kernel)") in m.table()

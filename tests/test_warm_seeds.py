@@ -176,3 +176,38 @@ def test_a_first_round_evolves_only_on_a_model_that_knows_the_workload(tmp_path)
         r.delete(names.similar_key("llvm", "conv2d"))
         new.launched(1, claimed=1)  # its own first round has been sent
         assert new.may_evolve()
+
+
+def test_an_isolated_job_is_seeded_only_from_its_own_workloads(tmp_path):
+    """An isolated job (a replicate of a search) tunes as on an empty store: a near workload of another job does
+    not seed it, nor count as known; one of its own tasks does."""
+    from services.broker.server import EmbeddedRedis
+    from services.tuner.metaschedule.seeds import SeedSource
+    from shared import names
+    from shared.messages import JobTask
+
+    with EmbeddedRedis(tmp_path / "redis") as srv:
+        r = store.connect(srv.url)
+        near = _shape("other-job", params=((1, 3, 16, 16), (12, 3, 3, 3), (1, 12, 16, 16)))
+        r.hset(names.similar_key("llvm", "conv2d"), "other-job", near.model_dump_json())
+        task = JobTask(task_id="mine", name="fused_conv2d_add", weight=1, wkey="mine", flops=1.0)
+        shapes = {"mine": _shape("mine")}
+        assert SeedSource(r, "llvm", "t", 100, shapes=shapes).knows(task)
+        isolated = SeedSource(r, "llvm", "t", 100, shapes=shapes, within={"mine", "my-other-task"})
+        assert not isolated.knows(task) and isolated.stored("conv2d") == []
+        own = _shape("my-other-task", params=((1, 3, 16, 16), (12, 3, 3, 3), (1, 12, 16, 16)))
+        r.hset(names.similar_key("llvm", "conv2d"), "my-other-task", own.model_dump_json())
+        assert isolated.knows(task) and [s.wkey for s in isolated.stored("conv2d")] == ["my-other-task"]
+
+
+def test_an_isolated_jobs_workload_keys_are_its_own():
+    from services.tuner.metaschedule.extract import extract, workload_key
+    from services.measurer.metaschedule.targets import cpu_target
+    from sharetune.intake import to_relax
+    from sharetune.zoo import get
+
+    target = cpu_target(1)
+    task = extract(to_relax(*get("tiny").build()).mod, target)[0]
+    common = workload_key(task.mod, target, 50)
+    assert common == workload_key(task.mod, target, 50, scope=None)  # keys of earlier jobs unchanged
+    assert len({common, workload_key(task.mod, target, 50, "job-a"), workload_key(task.mod, target, 50, "job-b")}) == 3

@@ -83,7 +83,7 @@ def plan(redis, job_id: str, policy: lanes.LiveLanePolicy) -> list[ShardState]:
         if missing:
             raise ModelError(f"the model has no task named {', '.join(sorted(missing))}")
     for t in extracted:
-        wkey = workload_key(t.mod, target, spec.share)
+        wkey = workload_key(t.mod, target, spec.share, scope=spec.job_id if spec.isolated else None)
         store.put_workload(
             redis, Workload(wkey=wkey, name=t.name, target=str(target), share=spec.share, mod=dump_ir(t.mod))
         )

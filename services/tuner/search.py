@@ -111,6 +111,8 @@ def search_parts(send, redis, job: ShardJob, settings: TunerSettings, runner, st
                             num_threads=settings.search_threads, valid_sampling=settings.valid_sampling)
 
     family = _target_family(target, spec.share)
+    if spec.isolated:  # a central model of its own, trained on this job's rows only
+        family += f"-{job.job_id}"
     if spec.cost_model == "per_client":
         family += f"-{job.job_id}-s{job.shard}"
     cost_model = SnapshotCostModel(send, redis, family, wkeys, spec.seed)
@@ -118,8 +120,9 @@ def search_parts(send, redis, job: ShardJob, settings: TunerSettings, runner, st
     shard_tasks = ShardTasks(wkeys, {t.name: t.task_id for t in tasks},
                              {n: (job.kind, sh) for n, sh in shapes.items() if sh is not None})
     records = StoreRecords(redis, job.job_id, spec.share, shard_tasks, runner, database, job.shard)
-    seeds = (SeedSource(redis, job.kind, str(target), spec.share, shapes={t.task_id: shapes[t.name] for t in tasks})
-             if settings.warm_seeds else None)
+    within = {t.wkey for t in store.job_tasks(redis, job.job_id)} if spec.isolated else None
+    seeds = (SeedSource(redis, job.kind, str(target), spec.share, shapes={t.task_id: shapes[t.name] for t in tasks},
+                        within=within) if settings.warm_seeds else None)
     return SearchParts(make_context, DeferredBuilder(stash, split), runner, database, cost_model, records,
                        defaults=lambda ts: measure_defaults(redis, runner, ts, mods, target), seeds=seeds)
 

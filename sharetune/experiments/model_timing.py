@@ -103,8 +103,9 @@ def serve_latencies_us(paths: dict[str, str], inputs: list[np.ndarray], device: 
 
 
 def _serve_main(argv=None) -> int:
-    """`python -m sharetune.experiments.model_timing --device cpu|gpu [--cores 0,1] --inputs x.npz --module LABEL=PATH ...`:
-    prints one JSON line, {"latency_us": {...}, "errors": {...}, "max_abs_err": {...}, "rounds_us": {...}}. The caller sets the environment
+    """`python -m sharetune.experiments.model_timing --device cpu|gpu [--cores 0,1] --inputs x.npz --module LABEL=PATH ...
+    [--kernels LABEL=DIR ...]`: prints one JSON line, {"latency_us": {...}, "errors": {...}, "max_abs_err": {...},
+    "rounds_us": {...}[, "kernel_us": {...}, "kernel_errors": {...}]}. The caller sets the environment
     (TVM_NUM_THREADS; CUDA_VISIBLE_DEVICES and CUDA_MPS_ACTIVE_THREAD_PERCENTAGE)."""
     import argparse
     import json
@@ -118,6 +119,8 @@ def _serve_main(argv=None) -> int:
     ap.add_argument("--module", action="append", default=[], help="LABEL=PATH of a compiled model")
     ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--min-repeat-ms", type=int, default=50)
+    ap.add_argument("--kernels", action="append", default=[],
+                    help="LABEL=DIR of a tuning's task kernels (task_timing.build_kernels), timed after the modules")
     args = ap.parse_args(argv)
     if args.cores:
         os.sched_setaffinity(0, {int(c) for c in args.cores.split(",")})
@@ -126,7 +129,13 @@ def _serve_main(argv=None) -> int:
     paths = dict(m.split("=", 1) for m in args.module)
     ref = np.load(args.reference, allow_pickle=False) if args.reference else None
     lat, errors, max_err, rounds = serve_latencies_us(paths, inputs, args.device, args.rounds, args.min_repeat_ms, ref)
-    print(json.dumps({"latency_us": lat, "errors": errors, "max_abs_err": max_err, "rounds_us": rounds}), flush=True)
+    answer = {"latency_us": lat, "errors": errors, "max_abs_err": max_err, "rounds_us": rounds}
+    if args.kernels:
+        from sharetune.experiments.task_timing import time_kernels
+
+        answer["kernel_us"], answer["kernel_errors"] = time_kernels(dict(k.split("=", 1) for k in args.kernels),
+                                                                    args.device, args.rounds)
+    print(json.dumps(answer), flush=True)
     return 0
 
 

@@ -5,29 +5,33 @@ processes; the first half, tested on recorded matrices) and the run that fills i
     from sharetune.experiments.share_matrix import matrix
     report = matrix("tiny", [50, 100], device="cpu", trials=8, trials_per_iter=4)  # starts its own local stack
     report = matrix("resnet18", [25, 50, 100], device="gpu")  # every task, 32 trials a task, 64 a round
+    report = matrix("resnet18", [25, 50, 100], device="gpu", trials=1024, replicates=Replicates(tunings=3))
 
-The matrix: a model tuned at one share of a device is served at every share; ``latency_us[t][s]`` is the
-latency of the model tuned at ``shares[t]`` served at ``shares[s]`` (None where the cell failed). From that:
+The matrix: a model tuned at one share of a device (once, or several times with other search seeds) is
+served at every share; ``latency_us[t][s]`` is the latency of the model tuned at ``shares[t]`` served at
+``shares[s]`` (the median over its tunings; None where the cell failed). From that:
 
 * each column normalised to its best (1.0 = the best tuned model for that serving share);
 * the robust share: the tuning share whose model stays within ``tolerance`` (5 %) of each column's best
   over the widest contiguous range of serving shares;
 * the knee: the smallest serving share past which serving latency stops improving by more than
   ``tolerance``;
-* a 95 % interval on each cell, bootstrapped over its serving rounds: the diagonal (tuned at the share it
-  is served at) is said to win or lose only where the intervals separate, else it is "within noise";
+* a 95 % interval on each cell over its tunings and serving rounds (share_stats): the diagonal (tuned at the
+  share it is served at) is said to win or lose only where the interval of its margin excludes 0, else it is
+  "within noise"; advice per serving share from that verdict;
 * the cross costs users ask about: serving at the full share a model tuned at a smaller one, and the
   other way round.
 
 Shares are whole percentages of a device, as a job's ``share``. On a CPU a share must be a whole number of
 the host's cores, with the rounding of a CPU lane's share (shared.lanes.cpu).
 
-The run: one job per share on lanes of that share, one share after another (so a share's measurements
-never overlap another share's), every task of the model unless told otherwise, records of identical
-workloads reused from the store. Serving: for each share one fresh process placed at that share (CPU:
-affinity to that many cores + TVM_NUM_THREADS; GPU: CUDA_VISIBLE_DEVICES + CUDA_MPS_ACTIVE_THREAD_PERCENTAGE
-set before CUDA starts) times every tuned model, warm, interleaved, median of rounds; the rounds give each
-cell a bootstrap interval. A failed job or cell is recorded, never fatal."""
+The run: one isolated job per share and seed on lanes of that share, one after another (so a share's
+measurements never overlap another share's, and no tuning starts from another's records), every task of the
+model unless told otherwise; each finished tuning kept on disk for a resumed run (share_tunings). Serving:
+for each share one fresh process placed at that share (CPU: affinity to that many cores + TVM_NUM_THREADS;
+GPU: CUDA_VISIBLE_DEVICES + CUDA_MPS_ACTIVE_THREAD_PERCENTAGE set before CUDA starts) times every tuned model,
+warm, interleaved, median of rounds. Where a verdict is beyond noise, each task's schedules are built and
+timed at every share (why_it_differs, task_timing). A failed job or cell is recorded, never fatal."""
 from __future__ import annotations
 
 import functools
@@ -47,14 +51,15 @@ from shared import lanes
 from shared import lanes as lane_kinds
 from shared.errors import ShareError
 from shared.lanes.cpu import cores_for_share, share_of_cores  # noqa: F401 - cores_for_share: for callers
-from shared.messages import JobState
 from shared.settings import StackSettings
+from sharetune.experiments.share_stats import (NOISE, WINS, Verdict, bootstrap_ci, cell_figure,  # noqa: F401 - callers
+                                               compare, hierarchical_ci, intervals_statement, serving_advice,
+                                               serving_verdicts, tunings_of)
+from sharetune.experiments.share_tunings import (KeptTunings, Replicates, ShareTuning, TuningRun, label,
+                                                 tuning_plan)
 from sharetune.stack.local import Stack
 
 TOLERANCE = 0.05
-BOOT_SEED = 0  # fixed: the same rounds always give the same interval
-BOOT_RESAMPLES = 2000
-NOISE = "within noise"
 
 
 # ---- the share list ------------------------------------------------------------------------------
@@ -225,43 +230,14 @@ def diagonal_report(shares: list[int], latency_us: Matrix) -> list[dict]:
     return out
 
 
-# ---- noise: bootstrap intervals over the serving rounds ------------------------------------------
+# ---- noise: intervals over tunings and serving rounds (sharetune.experiments.share_stats) -----------
 
 Interval = list[float]  # [low, high] in µs
 
 
-def bootstrap_ci(samples: Sequence[float], level: float = 0.95, resamples: int = BOOT_RESAMPLES,
-                 seed: int = BOOT_SEED) -> Interval | None:
-    """The `level` percentile interval of the median, bootstrapped over `samples` (one per serving
-    round); None with fewer than two samples (no spread to resample)."""
-    import numpy as np
-
-    x = np.asarray([v for v in samples if v is not None and math.isfinite(v)], dtype=float)
-    if x.size < 2:
-        return None
-    rng = np.random.default_rng(seed)
-    medians = np.median(x[rng.integers(0, x.size, size=(resamples, x.size))], axis=1)
-    lo, hi = np.quantile(medians, [(1 - level) / 2, (1 + level) / 2])
-    return [float(lo), float(hi)]
-
-
-Verdict = bool | Literal["within noise"] | None
-
-
-def compare(a: Interval | None, b: Interval | None) -> Verdict:
-    """a against b, lower is better: True when a's interval lies wholly below b's, False when wholly
-    above, "within noise" when they overlap or either is missing (no claim without an interval)."""
-    if not a or not b:
-        return NOISE
-    if a[1] < b[0]:
-        return True
-    if a[0] > b[1]:
-        return False
-    return NOISE
-
-
 def diagonal_wins(shares: list[int], latency_us: Matrix, ci95_us: list[list[Interval | None]]) -> dict[str, Verdict]:
-    """Per serving share: True when the model tuned at that share is faster than every other tuning with
+    """From the cells' intervals alone (a matrix recorded without its rounds; with rounds the verdicts decide):
+    per serving share, True when the model tuned at that share is faster than every other tuning with
     separated intervals, False when some other tuning is faster with separated intervals, else
     "within noise"; None when the diagonal cell failed or nothing else was served there."""
     out: dict[str, Verdict] = {}
@@ -293,6 +269,23 @@ def cross_costs(shares: list[int], latency_us: Matrix, ci95_us: list[list[Interv
             "tuned_full": [cost(full, s, s) for s in range(full)]}
 
 
+TuningRounds = list[list[list[list[float]]]]  # [tuned][served][tuning]: each serving round's figure
+
+
+def _us(x: float) -> str:
+    """A latency as the table shows it: whole µs, three figures under 100 µs."""
+    return f"{x:.0f}" if x >= 100 else f"{x:.3g}"
+
+
+def as_tuning_rounds(rounds: list | None) -> TuningRounds | None:
+    """Serving rounds as [tuned][served][tuning][round]; a matrix of one tuning a cell, as earlier files hold it
+    ([tuned][served][round]), lifted to that shape."""
+    cells = [cell for row in rounds or [] for cell in row if cell]
+    if cells and not isinstance(cells[0][0], list):
+        return [[[cell] if cell else [] for cell in row] for row in rounds or []]
+    return rounds
+
+
 class ShareMatrix(BaseModel):
     """One model's matrix and what it recommends; JSON written and read through this model."""
 
@@ -303,10 +296,12 @@ class ShareMatrix(BaseModel):
     shares: list[int]
     cores: list[int] | None = None  # CPU only: the core count of each share
     tasks_tuned: int | Literal["all"] = "all"  # every task of the model, or its k heaviest
-    trials_per_share: int | None = None
-    latency_us: Matrix  # [tuned][served]: the median of the serving rounds
-    ci95_us: list[list[Interval | None]] = []  # [tuned][served]: bootstrap 95 % interval of that median
-    rounds_us: list[list[list[float]]] | None = None  # [tuned][served]: each serving round's figure
+    trials_per_share: int | None = None  # of each tuning
+    latency_us: Matrix  # [tuned][served]: the median over the cell's tunings of each one's median round
+    ci95_us: list[list[Interval | None]] = []  # [tuned][served]: 95 % interval of that figure (`intervals`)
+    intervals: str | None = None  # what ci95_us covers, in words
+    tunings: list[list[int]] = []  # [tuned][served]: how many tunings (search seeds) the cell's figure has
+    rounds_us: TuningRounds | None = None  # [tuned][served][tuning]: each serving round's figure
     normalised: Matrix = []
     tolerance: float = TOLERANCE
     recommended_share: int | None = None
@@ -314,9 +309,18 @@ class ShareMatrix(BaseModel):
     rows: list[dict[str, Any]] = []  # per tuned share: its good range and figures
     diagonal: list[dict[str, Any]] = []
     diagonal_wins: dict[str, Verdict] = {}  # served share -> True | False | "within noise" | None
-    advice: dict[str, Any] = {}  # recommended share, knee, cross costs (cross_costs)
+    verdicts: list[dict[str, Any]] = []  # per served share: share_stats.serving_verdict
+    advice: dict[str, Any] = {}  # recommended share, knee, cross costs (cross_costs), per serving share (serving)
+    why: list[dict[str, Any]] = []  # per served share beyond noise: each task's kernels (task_timing.task_picture)
     errors: dict[str, str] = {}  # "tuned@served" or "tuned@*" -> why the cell is empty
     info: dict[str, Any] = Field(default_factory=dict)  # jobs, trials, timings, device facts
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_tuning_files(cls, data):
+        if isinstance(data, dict) and data.get("rounds_us"):
+            data = {**data, "rounds_us": as_tuning_rounds(data["rounds_us"])}
+        return data
 
     @model_validator(mode="after")
     def _square(self):
@@ -326,22 +330,33 @@ class ShareMatrix(BaseModel):
         return self
 
     @classmethod
-    def build(cls, model: str, device: str, shares: list[int], latency_us: Matrix, tolerance: float = TOLERANCE,
-              rounds_us: list[list[list[float]]] | None = None, ci95_us: list[list[Interval | None]] | None = None,
-              **extra) -> "ShareMatrix":
-        """Everything derived from the latencies; intervals from `rounds_us` unless given."""
+    def build(cls, model: str, device: str, shares: list[int], latency_us: Matrix | None = None,
+              tolerance: float = TOLERANCE, rounds_us: list | None = None,
+              ci95_us: list[list[Interval | None]] | None = None, **extra) -> "ShareMatrix":
+        """Everything derived from the latencies (None: each cell's figure from `rounds_us`); intervals and
+        verdicts from `rounds_us` ([tuned][served][tuning][round], or one tuning's [tuned][served][round])
+        unless intervals are given."""
+        rounds = as_tuning_rounds(rounds_us)
+        if latency_us is None:
+            latency_us = [[cell_figure(cell) for cell in row] for row in rounds or []]
         latency_us = [[float(v) if _ok(v) else None for v in row] for row in latency_us]
         if ci95_us is None:
-            ci95_us = [[bootstrap_ci(rounds_us[t][s]) if rounds_us and _ok(v) else None for s, v in enumerate(row)]
+            ci95_us = [[hierarchical_ci(rounds[t][s]) if rounds and _ok(v) else None for s, v in enumerate(row)]
                        for t, row in enumerate(latency_us)]
+        tunings = [[tunings_of(rounds[t][s]) if rounds else int(_ok(v)) for s, v in enumerate(row)]
+                   for t, row in enumerate(latency_us)]
         recommended, rows = robust_choice(shares, latency_us, tolerance)
         knee_share = knee(shares, latency_us, tolerance)
+        verdicts = serving_verdicts(shares, rounds) if rounds else []
+        wins = ({str(v["served_share"]): WINS[v["verdict"]] for v in verdicts} if verdicts
+                else diagonal_wins(shares, latency_us, ci95_us))
         advice = {"recommended_share": recommended, "knee_share": knee_share,
-                  **cross_costs(shares, latency_us, ci95_us)}
+                  **cross_costs(shares, latency_us, ci95_us), "serving": serving_advice(verdicts, recommended)}
         return cls(model=model, device=device, shares=shares, latency_us=latency_us, ci95_us=ci95_us,
-                   rounds_us=rounds_us, normalised=normalise(latency_us), tolerance=tolerance,
+                   intervals=intervals_statement(max((n for row in tunings for n in row), default=0)),
+                   tunings=tunings, rounds_us=rounds, normalised=normalise(latency_us), tolerance=tolerance,
                    recommended_share=recommended, knee_share=knee_share, rows=rows,
-                   diagonal=diagonal_report(shares, latency_us), diagonal_wins=diagonal_wins(shares, latency_us, ci95_us),
+                   diagonal=diagonal_report(shares, latency_us), diagonal_wins=wins, verdicts=verdicts,
                    advice=advice, **extra)
 
     @property
@@ -357,8 +372,8 @@ class ShareMatrix(BaseModel):
         rng = (f" (within {self.tolerance:.0%} of each column's best served at {rec['range'][0]}..{rec['range'][1]} %)"
                if rec and rec["range"] else "")
         lines = [f"recommended tuning share: {self.recommended_share} %{rng}; knee of serving latency: {self.knee_share} %"]
-        for key, what in (("serve_full", "served at {s} %, the model tuned at {t} % is {how} the one tuned at {r} %"),
-                          ("tuned_full", "served at {s} %, the model tuned at {t} % is {how} the one tuned at {r} %")):
+        what = "served at {s} %, the model tuned at {t} % is {how} the one tuned at {r} %"
+        for key in ("serve_full", "tuned_full"):
             for c in self.advice.get(key, []):
                 if c["slowdown"] is None:
                     continue
@@ -367,23 +382,51 @@ class ShareMatrix(BaseModel):
                 noise = "" if c["separated"] else " (within noise)"
                 lines.append(what.format(s=c["served_share"], t=c["tuned_share"], r=c["reference_tuned_share"], how=how)
                              + noise)
-        return lines
+        # where tuning at the serving share wins, its verdict line says all
+        return lines + [a["says"] for a in self.advice.get("serving", []) if a["verdict"] not in ("wins", None)]
 
     def table(self) -> str:
-        """The matrix as text: median latency in µs, its 95 % interval, and over the column's best."""
+        """The matrix as text: the cell's figure in µs, its 95 % interval, its tunings, and over the column's best."""
         label = self.labels()
-        width = 30
-        lines = [f"{self.model} ({self.device}, tasks tuned: {self.tasks_tuned}, {self.trials_per_share} trials a share): "
-                 "rows tuned at, columns served at; median us [95 % CI] (x column best)",
+        width = 34
+        most = max((n for row in self.tunings for n in row), default=1)
+        lines = [f"{self.model} ({self.device}, tasks tuned: {self.tasks_tuned}, {self.trials_per_share} trials a share, "
+                 f"up to {most} tuning(s) a share): rows tuned at, columns served at; median us [95 % CI] "
+                 "(x column best) nN: over N tunings",
                  "tuned \\ served".ljust(16) + "".join(f"{lab:>{width}}" for lab in label)]
         for t, row in enumerate(self.latency_us):
             cells = []
             for s, v in enumerate(row):
                 ci = self.ci95_us[t][s] if self.ci95_us else None
-                band = f" [{ci[0]:.0f}-{ci[1]:.0f}]" if ci else ""
-                cells.append(f"{v:.1f}{band} ({self.normalised[t][s]:4.2f})" if v is not None else "failed")
+                band = f" [{_us(ci[0])}-{_us(ci[1])}]" if ci else ""
+                n = f" n{self.tunings[t][s]}" if self.tunings and self.tunings[t][s] > 1 else ""
+                cells.append(f"{v:.1f}{band} ({self.normalised[t][s]:4.2f}){n}" if v is not None else "failed")
             lines.append(f"{label[t]:<16}" + "".join(f"{c:>{width}}" for c in cells))
-        lines += self.advice_lines()
+        lines += self.advice_lines() + self.verdict_lines() + self.why_lines()
+        lines += [f"failed {key}: {err}" for key, err in self.errors.items()]
+        return "\n".join(lines)
+
+    def why_lines(self, top: int = 3) -> list[str]:
+        """Where a verdict is beyond noise, the tasks that make most of the gap, with what differs."""
+        lines = []
+        for w in self.why:
+            s, other = w["served_share"], w["against_tuned_share"]
+            parts = []
+            for task in w["tasks"][:top]:
+                gap = task["weighted_gap_us"].get(str(s))
+                if gap is not None:
+                    same = "the same default kernel" if set(task["schedule"].values()) == {"default"} else None
+                    differs = "; ".join(task["differs"][:3]) or same or "same schedule facts"
+                    parts.append(f"{task['task']} x{task['weight']} {gap:+.1f} us ({differs})")
+            lines.append(f"served at {s} %, tuned here vs at {other} %, heaviest gaps: " + ", ".join(parts))
+        return lines
+
+    def verdict_lines(self) -> list[str]:
+        """Per serving share: the verdict with its margin and interval; from the cells alone where the rounds
+        are not kept."""
+        if self.verdicts:
+            return [v["says"] for v in self.verdicts if v["verdict"] is not None]
+        lines = []
         for d in self.diagonal:
             if d["diagonal_wins"] is None:
                 continue
@@ -394,9 +437,7 @@ class ShareMatrix(BaseModel):
                 else f"{-m:.1%} slower than tuning at {d['best_tuned_share']} %")
             word = {True: "wins", False: "loses"}.get(verdict, "is within noise")
             lines.append(f"served at {d['served_share']} %: tuned-at-same-share {word}, {how}")
-        for key, err in self.errors.items():
-            lines.append(f"failed {key}: {err}")
-        return "\n".join(lines)
+        return lines
 
 
 
@@ -454,29 +495,35 @@ class ServeOutput(BaseModel):
     errors: dict[str, str]
     max_abs_err: dict[str, float] = {}
     rounds_us: dict[str, list[float]] = {}
+    kernel_us: dict[str, dict[str, float]] = {}  # task kernels (task_timing): label -> workload index -> µs
+    kernel_errors: dict[str, str] = {}
 
 
 def serve_at(share: int, modules: dict[str, str], inputs_path: Path, placement: Placement, rounds: int = 10,
-             timeout_s: float = 300.0, reference_path: Path | None = None) -> ServeOutput:
+             timeout_s: float = 300.0, reference_path: Path | None = None,
+             kernels: dict[str, Path] | None = None) -> ServeOutput:
     """Time every module in one fresh process placed at `share`: latency_us, errors (and max abs error
-    against the reference output when given), by label."""
+    against the reference output when given), by label; then every task kernel of `kernels` (label -> a
+    task_timing.build_kernels folder): kernel_us."""
     extra, env = placement.serve_args(share)
     argv = [sys.executable, "-m", "sharetune.experiments.model_timing", "--inputs", str(inputs_path), "--rounds", str(rounds), *extra]
     if reference_path is not None:
         argv += ["--reference", str(reference_path)]
-    for label, path in modules.items():
-        argv += ["--module", f"{label}={path}"]
+    for name, path in modules.items():
+        argv += ["--module", f"{name}={path}"]
+    for name, folder in (kernels or {}).items():
+        argv += ["--kernels", f"{name}={folder}"]
     full_env = {**os.environ, **env, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     try:
         proc = subprocess.run(argv, env=full_env, cwd=REPO, capture_output=True, text=True, timeout=timeout_s)
     except subprocess.TimeoutExpired:
-        return ServeOutput(latency_us={}, errors={label: f"serving at {share} % timed out after {timeout_s:.0f} s"
-                                                  for label in modules})
+        return ServeOutput(latency_us={}, errors={name: f"serving at {share} % timed out after {timeout_s:.0f} s"
+                                                  for name in modules})
     lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
     if proc.returncode != 0 or not lines:
         tail = (proc.stderr.strip().splitlines() or ["no output"])[-1][:400]
-        return ServeOutput(latency_us={}, errors={label: f"serving process at {share} % exited {proc.returncode}: {tail}"
-                                                  for label in modules})
+        return ServeOutput(latency_us={}, errors={name: f"serving process at {share} % exited {proc.returncode}: {tail}"
+                                                  for name in modules} or {"kernels": f"exited {proc.returncode}: {tail}"})
     return ServeOutput.model_validate_json(lines[-1])
 
 
@@ -504,98 +551,188 @@ def model_inputs(model: Any, example_inputs=None) -> list:
 
 
 class MatrixCells:
-    """The matrix as it fills, by tuned-at row and served-at column: each cell's median latency, serving rounds
-    and largest error against PyTorch; why a cell (or a whole row, "<share>@*") has no figure; each share's
-    tuning job."""
+    """The matrix as it fills, by tuned-at row and served-at column: each cell's serving rounds for each of the
+    row's tunings (by seed) and largest error against PyTorch; why a cell has no figure."""
 
-    def __init__(self, shares: list[int]):
+    def __init__(self, shares: list[int], seeds: list[int]):
         n = len(shares)
-        self.shares = shares
-        self.latency: list[list[float | None]] = [[None] * n for _ in range(n)]
-        self.samples: list[list[list[float]]] = [[[] for _ in range(n)] for _ in range(n)]
+        self.shares, self.seeds = shares, seeds
+        self.samples: list[list[dict[int, list[float]]]] = [[{} for _ in range(n)] for _ in range(n)]
         self.max_err: list[list[float | None]] = [[None] * n for _ in range(n)]
         self.errors: dict[str, str] = {}
-        self.jobs: dict[str, dict] = {}
+
+    def rounds(self) -> list[list[list[list[float]]]]:
+        """[tuned][served][tuning]: each served tuning's rounds, by seed."""
+        return [[[cell[seed] for seed in sorted(cell)] for cell in row] for row in self.samples]
 
     def matrix(self, model: str, device: str, about: dict, info: dict, checked_against_torch: bool) -> ShareMatrix:
-        """The matrix so far; `about`: ShareMatrix's other fields, `info`: the run's facts beside its jobs."""
-        return ShareMatrix.build(model, device, self.shares, self.latency, rounds_us=self.samples,
-                                 errors=dict(self.errors), **about,
-                                 info={"jobs": dict(self.jobs), **info,
-                                       "max_abs_err_vs_torch": self.max_err if checked_against_torch else None})
+        """The matrix so far; `about`: ShareMatrix's other fields, `info`: the run's facts."""
+        return ShareMatrix.build(model, device, self.shares, rounds_us=self.rounds(), errors=dict(self.errors),
+                                 **about, info={**info, "max_abs_err_vs_torch": self.max_err if checked_against_torch
+                                                else None})
 
     def served(self, column: int, got: ServeOutput) -> None:
-        """Column `column` from one serving process's output (every tuned model served at that share)."""
+        """Column `column` from one serving process's output (every tuned module served at that share)."""
         for t, p in enumerate(self.shares):
-            if str(p) in got.max_abs_err:
-                self.max_err[t][column] = got.max_abs_err[str(p)]
-            if str(p) in got.latency_us:
-                self.latency[t][column] = got.latency_us[str(p)]
-                self.samples[t][column] = got.rounds_us.get(str(p), [])
-            elif str(p) in got.errors:
-                self.errors[f"{p}@{self.shares[column]}"] = got.errors[str(p)]
+            for seed in self.seeds:
+                name = label(p, seed)
+                if name in got.max_abs_err:
+                    self.max_err[t][column] = max(self.max_err[t][column] or 0.0, got.max_abs_err[name])
+                if name in got.latency_us:
+                    self.samples[t][column][seed] = got.rounds_us.get(name) or [got.latency_us[name]]
+                elif name in got.errors:
+                    self.errors[f"{p}:{seed}@{self.shares[column]}"] = got.errors[name]
+
+
+@dataclass(frozen=True)
+class Serving:
+    """How each tuned model is served: `rounds` interleaved timing rounds a cell in a fresh process per serving
+    share, each process given `timeout_s`; `before(...)` is called once before the first (e.g. to stop the lanes:
+    a served model has the device, at its share, to itself). `only_complete`: not before every planned tuning is
+    finished (a run split across sessions serves all its modules on one machine, in the session that finishes
+    them)."""
+
+    rounds: int = 30
+    timeout_s: float = 300.0
+    before: Callable[[], None] | None = None
+    only_complete: bool = False
+    why: bool = True  # where a verdict is beyond noise, the per-task picture (why_it_differs)
 
 
 def run_matrix(client, model: Any, shares: list[int], placement: Placement, work_dir: Path, *,
                trials: int | None = None, trials_per_iter: int = PER_ITER, only_tasks: list[str] | None = None,
-               n_tasks: int | None = None, seed: int | None = 0,
-               example_inputs=None, name: str | None = None, job_timeout_s: float = 1800.0,
-               deadline: float | None = None, serve_reserve_s: float = 0.0, rounds: int = SERVE_ROUNDS,
-               before_serving=None,
-               serve_timeout_s: float = 300.0, log: Callable[[str], None] = print,
+               n_tasks: int | None = None, replicates: Replicates = Replicates(), example_inputs=None,
+               name: str | None = None, job_timeout_s: float = 1800.0, deadline: float | None = None,
+               serve_reserve_s: float = 0.0, serving: Serving = Serving(), log: Callable[[str], None] = print,
                on_partial: Callable[[ShareMatrix], None] | None = None,
-               on_job_timeout: Callable[[Any], None] | None = None,
-               resume_jobs: dict[str, dict] | None = None) -> ShareMatrix:
-    """Tune at each share (lanes of that share must be live in `client`'s stack), then serve every tuned
-    model at every share. `deadline` (time.time()) with `serve_reserve_s` kept for serving: a share
-    whose tuning would start past it is skipped and recorded as such. A job still running at its
-    timeout cannot be cancelled: `on_job_timeout(job)` may stop it (e.g. stop the tuner processes) so
-    that it does not disturb what is measured next. Every task is tuned unless `only_tasks` names some;
-    `trials` per share defaults to default_trials(tasks) and `n_tasks` (the model's task count, when the
-    caller knows it) saves an extraction. `resume_jobs` (an earlier run's `info["jobs"]`, by share): a share
-    whose job is done and whose tuned module is still on disk is not tuned again."""
-    device = placement.device
+               on_job_timeout: Callable[[Any], None] | None = None) -> ShareMatrix:
+    """Tune at each share `replicates.tunings` times (lanes of that share must be live in `client`'s stack), each
+    an isolated job of its own seed, then serve every tuned model at every share. `deadline` (time.time()) with
+    `serve_reserve_s` kept for serving: a tuning that would start past it is skipped and recorded as such. A job
+    still running at its timeout cannot be cancelled: `on_job_timeout(job)` may stop it (e.g. stop the tuner
+    processes) so that it does not disturb what is measured next. Every task is tuned unless `only_tasks` names
+    some; `trials` per tuning defaults to default_trials(tasks) and `n_tasks` (the model's task count, when the
+    caller knows it) saves an extraction. Each finished tuning is kept (replicates.kept_dir, default
+    work_dir/tunings); with `replicates.resume` a kept one is served without tuning again."""
+    device, work_dir = placement.device, Path(work_dir)
     shares = parse_shares(shares, device, placement.host_cores)
     _require_live_lanes(client, device, shares)
     name = name or (model if isinstance(model, str) else type(model).__name__)
-    inputs_path, reference_path = _write_inputs(model, example_inputs, Path(work_dir))
+    inputs_path, reference_path = _write_inputs(model, example_inputs, work_dir)
     if only_tasks or n_tasks is None:
         n_tasks = len(only_tasks) if only_tasks else len(model_tasks(model, device, example_inputs))
     # a budget too small for a full round of every task is shared evenly by the first rounds (the service's
     # allocation rule, services/tuner/allocation.py): no task is left untuned
     trials = trials or default_trials(n_tasks)
-    cells = MatrixCells(shares)
+    cells = MatrixCells(shares, replicates.seeds)
     about = {"tasks_tuned": len(only_tasks) if only_tasks else "all", "trials_per_share": trials,
              "cores": [len(placement.lane(p).cores) for p in shares] if placement.kind.runs_on_host_cores else None}
-    info = {"trials_per_iter": trials_per_iter, "tasks": n_tasks, "only_tasks": only_tasks,
-            "target": placement.kind.target_kind, "serve_rounds": rounds}
-
-    def snapshot() -> ShareMatrix:
-        return cells.matrix(name, device, about, info, checked_against_torch=reference_path is not None)
-
-    report_partial = (lambda: on_partial(snapshot())) if on_partial else (lambda: None)
     from sharetune.intake import to_relax
 
-    relax_mod = to_relax(model, example_inputs).mod  # once, not once per share (torch.export takes seconds)
-    # no untuned baseline: the matrix compares tuned models only, and each compile costs ~20 s on a GPU host
+    relax_mod = to_relax(model, example_inputs).mod  # once, not once per tuning (torch.export takes seconds)
+    # no untuned baseline: the matrix compares tuned models only, and each compile costs ~20 s on a GPU host;
+    # isolated: each tuning searches from an empty store, so tunings are replicates, not a search continued
     submit = functools.partial(client.submit, relax_mod, target=placement.kind.target_kind, trials=trials,
-                               trials_per_iter=trials_per_iter, seed=seed, only_tasks=only_tasks, untuned_baseline=False)
-    tuning = ShareTuning(name, submit, f"{trials} trials over {n_tasks} tasks", job_timeout_s, on_job_timeout, log)
-    tuned = tune_every_share(tuning, cells, resume_jobs or {}, (deadline, serve_reserve_s), report_partial)
-    modules = {str(p): path for p, path in tuned.items()}
-    if before_serving is not None and modules:
-        before_serving()  # e.g. stop the lanes: a served model has the device (at its share) to itself
-    for s, served in enumerate(shares):
-        if not modules:
-            break
+                               trials_per_iter=trials_per_iter, only_tasks=only_tasks, untuned_baseline=False,
+                               isolated=True)
+    tunings = TuningRun(ShareTuning(name, submit, trials, f"{trials} trials over {n_tasks} tasks", job_timeout_s,
+                                    on_job_timeout, log), KeptTunings(replicates.kept_dir or work_dir / "tunings"),
+                        only_tasks)
+    info = {"trials_per_iter": trials_per_iter, "tasks": n_tasks, "only_tasks": only_tasks, "seeds": replicates.seeds,
+            "target": placement.kind.target_kind, "serve_rounds": serving.rounds}
+
+    def snapshot() -> ShareMatrix:
+        report = cells.matrix(name, device, about, {"jobs": dict(tunings.jobs), **info}, reference_path is not None)
+        report.errors.update(tunings.errors)
+        return report
+
+    report_partial = (lambda: on_partial(snapshot())) if on_partial else (lambda: None)
+    plan = tuning_plan(shares, replicates.seeds)
+    tunings.run(plan, replicates.resume, (deadline, serve_reserve_s), report_partial)
+    if serving.only_complete and len(tunings.tuned) < len(plan):
+        tunings.tuning.say(f"{len(tunings.tuned)} of {len(plan)} tunings kept: served once the rest are (--resume)")
+        return snapshot()
+    modules = served_modules(tunings, relax_mod, work_dir / "compiled")
+    serve_every_share(cells, modules, placement, (inputs_path, reference_path), serving, tunings.tuning.say,
+                      report_partial)
+    report = snapshot()
+    if serving.why and modules:
+        report.why = why_it_differs(report, cells.samples, tunings, placement, (work_dir, inputs_path))
+    return report
+
+
+def serve_every_share(cells: MatrixCells, modules: dict[str, str], placement: Placement,
+                      inputs: tuple[Path, Path | None], serving: Serving, say: Callable[[str], None],
+                      after_each: Callable[[], None]) -> None:
+    """Every module served at each share of `cells` in a fresh process there, interleaved; `inputs`: the inputs
+    file and PyTorch's output for them (None: not checked)."""
+    if serving.before is not None and modules:
+        serving.before()
+    for s, served in enumerate(cells.shares if modules else []):
         t0 = time.time()
-        got = serve_at(served, modules, inputs_path, placement, rounds, serve_timeout_s, reference_path)
+        got = serve_at(served, modules, inputs[0], placement, serving.rounds, serving.timeout_s, inputs[1])
         cells.served(s, got)
-        tuning.say(f"served at {served} % in {time.time() - t0:.0f} s: "
-                   + ", ".join(f"tuned@{k} {v:.1f} us" for k, v in got.latency_us.items())
-                   + (f"; errors {got.errors}" if got.errors else ""))
-        report_partial()
-    return snapshot()
+        say(f"served at {served} % in {time.time() - t0:.0f} s: "
+            + ", ".join(f"{k} {v:.1f} us" for k, v in got.latency_us.items())
+            + (f"; errors {got.errors}" if got.errors else ""))
+        after_each()
+
+
+def served_modules(tunings: TuningRun, relax_mod, compiled_dir: Path) -> dict[str, str]:
+    """Each finished tuning's module by its label, compiled again from its kept database where it is gone (in
+    parallel); one that fails to compile is recorded and left out."""
+    t0 = time.time()
+    by_key, errors = tunings.kept.modules(list(tunings.tuned.values()), relax_mod, compiled_dir)
+    gone = [k for k in tunings.tuned.values() if k.module != by_key.get(k.key)]
+    if gone:
+        tunings.tuning.say(f"{len(gone)} kept tuning(s) compiled again in {time.time() - t0:.0f} s")
+    for (share, seed), kept in tunings.tuned.items():
+        if kept.key in errors:
+            tunings.errors[f"{share}:{seed}@*"] = errors[kept.key]
+    return {label(share, seed): by_key[kept.key] for (share, seed), kept in sorted(tunings.tuned.items())
+            if kept.key in by_key}
+
+
+def why_it_differs(report: ShareMatrix, samples: list[list[dict[int, list[float]]]], tunings: TuningRun,
+                   placement: Placement, where: tuple[Path, Path], kernel_rounds: int = 10) -> list[dict]:
+    """For each serving share whose verdict is beyond noise: the tuning there and the one it is against, each
+    share stood for by its tuning nearest the cell's figure (`samples[t][s]`: each seed's rounds); their task
+    kernels built (once a tuning, a child process each) and timed at every share in a fresh process there; each
+    task's figures and what differs between the two schedules (task_timing.task_picture). `where`: the work
+    dir and the inputs file."""
+    from sharetune.experiments.task_timing import build_all, nearest_tuning, task_picture
+
+    beyond = [v for v in report.verdicts if v["verdict"] in ("wins", "loses")]
+    sides = {}  # served share -> {tuning share: the seed that stands for it}
+    for v in beyond:
+        s = report.shares.index(v["served_share"])
+        sides[v["served_share"]] = {p: nearest_tuning(list(samples[t][s].values()), list(samples[t][s]))
+                                    for p in (v["served_share"], v["against_tuned_share"])
+                                    for t in [report.shares.index(p)]}
+    tuned = tunings.tuned
+    needed = {(p, seed) for pair in sides.values() for p, seed in pair.items() if (p, seed) in tuned}
+    if not needed:
+        return []
+    t0 = time.time()
+    folders, errors = build_all({label(*k): (tunings.kept.database(tuned[k].key), tuned[k].target) for k in needed},
+                                where[0] / "kernels")
+    timed: dict[int, dict[str, dict[str, float]]] = {}
+    for served in report.shares:
+        got = serve_at(served, {}, where[1], placement, kernel_rounds, 600.0, kernels=folders)
+        timed[served], errors = got.kernel_us, {**errors, **got.kernel_errors}
+    tunings.tuning.say(f"task kernels of {len(needed)} tuning(s) built and timed in {time.time() - t0:.0f} s")
+    out = []
+    for v in beyond:
+        pair = sides[v["served_share"]]
+        if not all((p, seed) in tuned and label(p, seed) in folders for p, seed in pair.items()):
+            continue
+        manifests = {p: json.loads((folders[label(p, seed)] / "kernels.json").read_text()) for p, seed in pair.items()}
+        served = [v["served_share"]] + [p for p in report.shares if p != v["served_share"]]
+        picture = task_picture(tuned[next(iter(pair.items()))].tasks, served, manifests,
+                               {s: {p: timed[s].get(label(p, seed), {}) for p, seed in pair.items()} for s in served})
+        out.append({k: v[k] for k in ("served_share", "verdict", "margin", "margin_ci95", "against_tuned_share")}
+                   | {"seeds": {str(p): seed for p, seed in pair.items()}, "tasks": picture, "errors": errors})
+    return out
 
 
 def _require_live_lanes(client, device: str, shares: list[int]) -> None:
@@ -614,77 +751,6 @@ def _write_inputs(model: Any, example_inputs, work_dir: Path) -> tuple[Path, Pat
     inputs_path = work_dir / "inputs.npz"
     np.savez(inputs_path, **{f"arg{i}": x for i, x in enumerate(model_inputs(model, example_inputs))})
     return inputs_path, _write_reference(model, example_inputs, work_dir / "reference.npy")
-
-
-@dataclass(frozen=True)
-class ShareTuning:
-    """How the model's job at each share is run: `submit(share=, name=)` submits it, `budget` says its trials
-    for the log, it is waited for `timeout_s` at most (`on_timeout(job)` may stop one still running), and what
-    happens is told to `log`, each line naming the model."""
-
-    model: str
-    submit: Callable[..., Any]
-    budget: str
-    timeout_s: float
-    on_timeout: Callable[[Any], None] | None
-    log: Callable[[str], None]
-
-    def say(self, message: str) -> None:
-        self.log(f"[matrix {self.model}] {message}")
-
-
-def tune_every_share(tuning: ShareTuning, cells: MatrixCells, resume_jobs: dict[str, dict],
-                     deadline: tuple[float | None, float], report_partial: Callable[[], None]) -> dict[int, str]:
-    """Tune at each share in turn, the tuned module of an earlier run kept, a share skipped when `deadline`
-    (time.time(), and the seconds kept for serving) leaves it under 30 s. Returns each tuned share's module."""
-    until, serve_reserve_s = deadline
-    tuned: dict[int, str] = {}
-    for p in cells.shares:
-        earlier = resume_jobs.get(str(p)) or {}
-        if earlier.get("state") == JobState.DONE and Path(earlier.get("tuned_module_path") or "").is_file():
-            tuned[p] = earlier["tuned_module_path"]
-            cells.jobs[str(p)] = dict(earlier, resumed=True)
-            tuning.say(f"share {p} %: tuned by an earlier run (job {earlier.get('job_id')}), kept")
-            continue
-        left = None if until is None else until - serve_reserve_s - time.time()
-        if left is not None and left < 30:
-            cells.errors[f"{p}@*"] = f"not tuned: {left + serve_reserve_s:.0f} s left before the deadline"
-            tuning.say(f"share {p} %: skipped, out of time")
-            continue
-        path = tune_share(tuning, p, cells, None if left is None else max(30.0, min(tuning.timeout_s, left)))
-        if path is not None:
-            tuned[p] = path
-        report_partial()
-    return tuned
-
-
-def tune_share(tuning: ShareTuning, share: int, cells: MatrixCells, timeout_s: float | None) -> str | None:
-    """One share's job, submitted and waited for (`timeout_s`, else the tuning's); its record goes in
-    `cells.jobs`, its failure in `cells.errors`. Returns its tuned module, or None."""
-    t0 = time.time()
-    job = tuning.submit(share=share, name=f"{tuning.model}@{share}")
-    tuning.say(f"tuning at {share} %: job {job.job_id}, {tuning.budget}")
-    try:
-        final = job.wait(timeout_s=tuning.timeout_s if timeout_s is None else timeout_s, poll_s=1.0)
-    except TimeoutError as err:
-        final = {"state": "timeout", "error": str(err)}
-        if tuning.on_timeout:
-            tuning.on_timeout(job)
-    wall = time.time() - t0
-    if final["state"] != JobState.DONE:
-        cells.errors[f"{share}@*"] = f"tuning job {job.job_id} {final['state']}: {final.get('error')}"
-        cells.jobs[str(share)] = {"job_id": job.job_id, "state": final["state"], "wall_s": round(wall, 1)}
-        tuning.say(f"share {share} %: {cells.errors[f'{share}@*']}")
-        return None
-    res = job.result()
-    st = job.status()
-    cells.jobs[str(share)] = {"job_id": job.job_id, "state": JobState.DONE.value, "wall_s": round(wall, 1),
-                              "trials": res.trials,
-                              "reused_trials": sum(t["reused_trials"] for t in st["tasks"]),
-                              "errors": sum(t["errors"] for t in st["tasks"]), "time_split_s": res.time_split_s,
-                              "tuned_module_path": res.tuned_module_path}
-    tuning.say(f"share {share} %: tuned, {res.trials} trials in {wall:.0f} s")
-    return res.tuned_module_path
 
 
 def _write_reference(model: Any, example_inputs, path: Path) -> Path | None:
@@ -723,11 +789,6 @@ def model_tasks(model: Any, device: str, example_inputs=None) -> list[str]:
 # ---- outputs ----------------------------------------------------------------------------------------
 
 
-# What `ci95_us` covers, said in the file so that nobody reads more into a verdict than it holds.
-INTERVALS = ("95 % bootstrap interval of each cell's median over its serving rounds: serving noise of one tuned "
-             "module per cell; the spread between tuning runs (search seed) is not sampled")
-
-
 def write_outputs(reports: list[ShareMatrix], json_path: Path, png_path: Path | None = None) -> str | None:
     """Write the JSON (one matrix, or {"matrices": [...]} for several) and the heatmap; returns the
     heatmap's path, or None when matplotlib is missing (the JSON and the table still tell all)."""
@@ -740,7 +801,7 @@ def write_outputs(reports: list[ShareMatrix], json_path: Path, png_path: Path | 
         body = {"tasks_tuned": tuned.pop() if len(tuned) == 1 else None,
                 "trials_per_share": {r.model: r.trials_per_share for r in reports},
                 "diagonal_wins": {r.model: r.diagonal_wins for r in reports},
-                "intervals": INTERVALS,
+                "verdicts": {r.model: [v.get("says") for v in r.verdicts] for r in reports},
                 "matrices": [r.model_dump(mode="json") for r in reports]}
     tmp = json_path.with_suffix(".tmp")
     tmp.write_text(json.dumps(body, indent=1))
@@ -777,12 +838,13 @@ def heatmap(reports: list[ShareMatrix], path: Path) -> str:
         title = (f"{r.model} ({r.device}; tasks: {r.tasks_tuned}, {r.trials_per_share} trials a share)\n"
                  f"recommended tuning at {named(r.recommended_share)}, knee {named(r.knee_share)}")
         ax.set_title(title, fontsize=9)
-        verdict = {True: "wins", False: "loses", "within noise": "noise"}
+        verdict = {True: "wins", False: "loses", "within noise": "noise"}  # the diagonal's, per column
         for t, row in enumerate(r.latency_us):
             for s, v in enumerate(row):
                 ci = r.ci95_us[t][s] if r.ci95_us else None
-                text = "failed" if v is None else (f"{v:.0f} us\n" + (f"[{ci[0]:.0f}, {ci[1]:.0f}]\n" if ci else "")
-                                                   + f"x{r.normalised[t][s]:.2f}")
+                n = r.tunings[t][s] if r.tunings else 1
+                text = "failed" if v is None else (f"{_us(v)} us\n" + (f"[{_us(ci[0])}, {_us(ci[1])}]\n" if ci else "")
+                                                   + f"x{r.normalised[t][s]:.2f}" + (f" n{n}" if n > 1 else ""))
                 if v is not None and t == s and r.diagonal_wins.get(str(r.shares[s])) in verdict:
                     text += f" {verdict[r.diagonal_wins[str(r.shares[s])]]}"
                 bold = r.recommended_share == r.shares[t]
@@ -803,14 +865,15 @@ def heatmap(reports: list[ShareMatrix], path: Path) -> str:
 def matrix(model: Any, shares, *, device: str = "cpu", trials: int | None = None, trials_per_iter: int = PER_ITER,
            work_dir: str | Path = "runs/matrix", only_tasks: list[str] | None = None, tasks: int | None = None,
            redis_url: str | None = None, gpu_index: int = 0, max_lanes_per_share: int = 4, example_inputs=None,
-           name: str | None = None, seed: int | None = 0, job_timeout_s: float = 1800.0, deadline: float | None = None,
-           serve_reserve_s: float = 0.0, rounds: int = SERVE_ROUNDS, out_json: str | Path | None = None,
-           out_png: str | Path | None = None, log: Callable[[str], None] = print,
+           name: str | None = None, replicates: Replicates = Replicates(), job_timeout_s: float = 1800.0,
+           deadline: float | None = None, serve_reserve_s: float = 0.0, rounds: int = SERVE_ROUNDS,
+           out_json: str | Path | None = None, out_png: str | Path | None = None, log: Callable[[str], None] = print,
            settings: StackSettings | None = None) -> ShareMatrix:
     """Start a local stack with lanes of every share (or use the running one at `redis_url`, whose lanes
     must serve them), build the matrix, write JSON + heatmap when asked. Every task is tuned unless
-    `tasks` (the k heaviest) or `only_tasks` says otherwise; `trials` per share defaults to 32 a task, at
-    least 256. Bad shares raise ShareError before anything starts. `settings`: the process's, for its stack
+    `tasks` (the k heaviest) or `only_tasks` says otherwise; `trials` per tuning defaults to 32 a task, at
+    least 256; `replicates`: tunings a share, their first seed, where they are kept and whether kept ones are
+    used. Bad shares raise ShareError before anything starts. `settings`: the process's, for its stack
     (None: their defaults)."""
     from sharetune.client import Client
 
@@ -837,11 +900,11 @@ def matrix(model: Any, shares, *, device: str = "cpu", trials: int | None = None
         if stack is not None:
             redis_url = start_stack(stack, placement, f"[matrix {name}]", log)
         report = run_matrix(Client(redis_url), model, shares, placement, work_dir / "serve", trials=trials,
-                            trials_per_iter=trials_per_iter, only_tasks=only_tasks, seed=seed,
+                            trials_per_iter=trials_per_iter, only_tasks=only_tasks, replicates=replicates,
                             n_tasks=len(all_tasks), example_inputs=example_inputs, name=name,
-                            job_timeout_s=job_timeout_s, deadline=deadline,
-                            serve_reserve_s=serve_reserve_s, rounds=rounds, log=log, on_partial=partial,
-                            before_serving=stack.stop_lanes if stack is not None else None)
+                            job_timeout_s=job_timeout_s, deadline=deadline, serve_reserve_s=serve_reserve_s,
+                            serving=Serving(rounds, before=stack.stop_lanes if stack is not None else None),
+                            log=log, on_partial=partial)
     finally:
         if stack is not None:
             stack.stop()
@@ -886,11 +949,16 @@ def start_stack(stack: Stack, placement: Placement, label: str, log: Callable[[s
 
 class MatrixStack(Stack):
     """A stack whose lanes of different shares work one share at a time: a GPU lane's warm build pool
-    gets the host's cores split among the lanes of its own share, not among every lane."""
+    gets the host's cores split among the lanes of its own share, not among every lane; CPU lanes of different
+    shares may name the same cores (the core lock warns instead of refusing: they never time at once)."""
 
     def __init__(self, *args, **kwargs):
+        settings = kwargs.get("settings") or StackSettings.model_construct()
+        kwargs["settings"] = settings.model_copy(update={"core_overlap": "warn"})
         super().__init__(*args, **kwargs)
         self.agent.lane_build_workers = self._build_workers_of_share
+        environment = self.agent.environment
+        self.agent.environment = lambda: {**environment(), "SHARETUNE_CORE_OVERLAP": "warn"}  # the lanes' setting
 
     def _build_workers_of_share(self, queue: str) -> int | None:
         if self.settings.given("build_workers") is not None:

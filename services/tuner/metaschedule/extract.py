@@ -58,11 +58,12 @@ def _flops(mod) -> float:
         return 0.0
 
 
-def workload_key(mod: tvm.IRModule, target: tvm.target.Target, share: int) -> str:
-    """Tasks with equal structure at the same target and share are the same workload, across jobs."""
+def workload_key(mod: tvm.IRModule, target: tvm.target.Target, share: int, scope: str | None = None) -> str:
+    """Tasks with equal structure at the same target and share are the same workload, across jobs; `scope` (an
+    isolated job's id) makes them a workload of that job alone."""
     shash = tvm_ffi_structural_hash(mod)
     canon = json.dumps(json.loads(str(target)), sort_keys=True)
-    return hashlib.sha1(f"{canon}|{share}|{shash}".encode()).hexdigest()[:20]
+    return hashlib.sha1(f"{canon}|{share}|{shash}{f'|{scope}' if scope else ''}".encode()).hexdigest()[:20]
 
 
 def tvm_ffi_structural_hash(mod) -> int:

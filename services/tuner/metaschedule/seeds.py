@@ -114,10 +114,12 @@ class SeedSource:
     """Seeds for the first rounds of one shard's tasks, from the store's index of similar workloads."""
 
     def __init__(self, redis, target_kind: str, target: str, share: int, nearest_k: int = NEAREST,
-                 per_workload: int = PER_WORKLOAD, shapes: dict[str, WorkloadShape | None] | None = None):
+                 per_workload: int = PER_WORKLOAD, shapes: dict[str, WorkloadShape | None] | None = None,
+                 within: set[str] | None = None):
         self.redis, self.kind, self.target, self.share = redis, target_kind, target, share
         self.nearest_k, self.per_workload = nearest_k, per_workload
         self.shapes = shapes or {}  # task_id -> its workload's shape (workload_shape), for `knows`
+        self.within = within  # an isolated job's workload keys: seeds only from these (None: the whole store)
         self.applied = 0  # traces that applied to the new task's workload
         self.skipped = 0  # traces that did not
 
@@ -131,8 +133,13 @@ class SeedSource:
         shape = self.shapes.get(task.task_id)
         if shape is None:
             return False
-        near = nearest(shape, store.similar_workloads(self.redis, self.kind, shape.op), 1)
+        near = nearest(shape, self.stored(shape.op), 1)
         return bool(near) and near[0][0] <= NEAR_DISTANCE
+
+    def stored(self, op: str) -> list[WorkloadShape]:
+        """The store's workloads of this operator kind with valid records that may seed this job."""
+        shapes = store.similar_workloads(self.redis, self.kind, op)
+        return shapes if self.within is None else [s for s in shapes if s.wkey in self.within]
 
     def candidates(self, ctx: ms.TuneContext, task: JobTask) -> Iterator[tuple[ms.MeasureCandidate, str]]:
         """(candidate, source workload key), the best record of each of the nearest workloads first, then each
@@ -140,7 +147,7 @@ class SeedSource:
         shape = workload_shape(ctx.mod, task.wkey, task.name, self.target, self.share)
         if shape is None:
             return
-        near = nearest(shape, store.similar_workloads(self.redis, self.kind, shape.op), self.nearest_k)
+        near = nearest(shape, self.stored(shape.op), self.nearest_k)
         sources = []
         for _, src in near:
             recs = ranked(store.records(self.redis, src.wkey), full_only=True)[:self.per_workload]

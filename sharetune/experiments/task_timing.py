@@ -1,0 +1,283 @@
+"""Why two shares' tunings differ, task by task: each tuned task's best schedule (its tuning's kept record)
+built on its own, timed in the serving processes placed at each share, and what differs between the two tunings'
+schedules (tile sizes and choices from the record's trace; threads, blocks, parallel and vector extents, unroll
+from the scheduled code).
+
+    build_kernels(db_dir, out_dir)          # once per tuning (TVM): every workload's best record, kernels.json
+    time_kernels({label: dir}, device, rounds)  # in a process placed at a share (model_timing --kernels)
+    task_picture(...)                       # pure: per task, its figures and what differs
+
+Generic over lane kinds: a kernel is built for its record's own target (llvm or cuda) and timed on the device its
+serving process is placed on. A task whose tuning kept its default schedule (no record beat it) gets that default
+built and timed (the tuned model runs it too)."""
+from __future__ import annotations
+
+import json
+import math
+import re
+from pathlib import Path
+
+KERNELS = "kernels.json"
+
+
+# ---- a schedule's facts (pure) ----------------------------------------------------------------------------
+
+
+def _extent(text: str) -> int:
+    """A loop extent as TVMScript writes it: 64, or T.int64(64)."""
+    found = re.findall(r"\d+", text)
+    return int(found[-1]) if found else 0
+
+
+def launch_facts(script: str) -> dict[str, int]:
+    """From a scheduled PrimFunc's TVMScript: each thread tag's largest extent (threadIdx.x, blockIdx.x,
+    vthread...), `threads` and `blocks` (their products per block and grid), `parallel` (the largest parallel
+    loop), `vector` (the longest vectorised loop), `unroll` (the largest auto-unroll step)."""
+    facts: dict[str, int] = {}
+    for extent, tag in re.findall(r"T\.thread_binding\(([^,]+),\s*thread=\"([\w.]+)\"", script):
+        facts[tag] = max(facts.get(tag, 0), _extent(extent))
+    for kind, name in (("parallel", "parallel"), ("vectorized", "vector")):
+        found = [_extent(e) for e in re.findall(rf"T\.{kind}\(([^,)]+(?:\))?)", script)]
+        if found:
+            facts[name] = max(found)
+    unroll = [int(v) for v in re.findall(r"\"pragma_auto_unroll_max_step\":\s*(\d+)", script)]
+    if unroll:
+        facts["unroll"] = max(unroll)
+    threads = [v for k, v in facts.items() if k.startswith("threadIdx.")]
+    blocks = [v for k, v in facts.items() if k.startswith("blockIdx.")]
+    if threads:
+        facts["threads"] = math.prod(threads)
+    if blocks:
+        facts["blocks"] = math.prod(blocks)
+    return facts
+
+
+def trace_decisions(trace: list) -> dict:
+    """A record's trace (TVM's JSON: [instructions, decisions]) as what its search chose: `sketch` (the sampling
+    instructions in order), `tiles` (each SamplePerfectTile's factors), `choices` (each SampleCategorical's chosen
+    value, e.g. an unroll step), `locations` (each SampleComputeLocation's)."""
+    insts, decisions = trace
+    chosen = dict((int(i), d) for i, d in decisions)
+    out: dict = {"sketch": [], "tiles": [], "choices": [], "locations": []}
+    for i, (kind, _inputs, attrs, _outputs) in enumerate(insts):
+        if not kind.startswith("Sample") or i not in chosen:
+            continue
+        out["sketch"].append(kind)
+        if kind == "SamplePerfectTile":
+            out["tiles"].append([int(f) for f in chosen[i]])
+        elif kind == "SampleCategorical":
+            values = attrs[0] if attrs else []
+            out["choices"].append(values[chosen[i]] if isinstance(chosen[i], int) and chosen[i] < len(values)
+                                  else chosen[i])
+        elif kind == "SampleComputeLocation":
+            out["locations"].append(chosen[i])
+    return out
+
+
+def schedule_differences(a: dict | None, b: dict | None) -> list[str]:
+    """What differs between two kernels' facts ({"launch": launch_facts, "decisions": trace_decisions, or None
+    for a default schedule}), in words; ["not built on one side"] when one is missing."""
+    if a is None or b is None:
+        return [] if a is b else ["not built on one side"]
+    out = []
+    la, lb = a.get("launch") or {}, b.get("launch") or {}
+    for key in sorted(set(la) | set(lb)):
+        if la.get(key) != lb.get(key):
+            out.append(f"{key} {la.get(key)} vs {lb.get(key)}")
+    da, db = a.get("decisions"), b.get("decisions")
+    if da is None or db is None:
+        return out + (["default schedule vs tuned" if da is None else "tuned vs default schedule"]
+                      if da is not db else [])
+    if da.get("sketch") != db.get("sketch"):
+        out.append("another sketch (sampling steps differ)")
+        return out
+    for i, (ta, tb) in enumerate(zip(da.get("tiles", []), db.get("tiles", []))):
+        if ta != tb:
+            out.append(f"tile {i} {ta} vs {tb}")
+    for what in ("choices", "locations"):
+        for i, (ca, cb) in enumerate(zip(da.get(what, []), db.get(what, []))):
+            if ca != cb:
+                out.append(f"{what[:-1]} {i} {ca} vs {cb}")
+    return out
+
+
+# ---- the picture (pure) -----------------------------------------------------------------------------------
+
+
+def nearest_tuning(cell: list[list[float]], seeds: list[int]) -> int | None:
+    """The seed of the cell's tuning whose median is nearest the cell's figure (the median over its tunings):
+    the tuning that stands for its share in the per-task picture."""
+    import statistics
+
+    meds = [(statistics.median(r), seed) for r, seed in zip(cell, seeds) if r]
+    if not meds:
+        return None
+    figure = statistics.median(m for m, _ in meds)
+    return min(meds, key=lambda m: abs(m[0] - figure))[1]
+
+
+def task_picture(tasks: list[dict], served: list[int], sides: dict[int, dict], timed: dict[int, dict]) -> list[dict]:
+    """Per task of the model, heaviest gap first: for each tuning share (`sides`: share -> {"kernels": its
+    kernels.json entries by workload index}) its best schedule's median µs at each served share (`timed`: served
+    share -> {tuning share: {workload index: µs}}), the weighted gap between the first two sides at each served
+    share (weight x (first - second): > 0 where the first is slower), and what differs between their schedules.
+    `tasks`: the first side's tasks (TaskBest dicts) in workload order; workload indices are strings, as in JSON."""
+    first, second = list(sides)[:2]
+    rows = []
+    for i, task in enumerate(tasks):
+        kernels = {p: sides[p]["kernels"].get(str(i)) for p in sides}
+        us = {str(p): {str(s): timed.get(s, {}).get(p, {}).get(str(i)) for s in served} for p in sides}
+        gap = {}
+        for s in served:
+            a, b = us[str(first)][str(s)], us[str(second)][str(s)]
+            gap[str(s)] = task["weight"] * (a - b) if a is not None and b is not None else None
+        rows.append({"task": task["name"], "weight": task["weight"], "us": us, "weighted_gap_us": gap,
+                     "default_us": task.get("default_us"),
+                     "schedule": {str(p): (kernels[p] or {}).get("schedule") for p in sides},
+                     "launch": {str(p): (kernels[p] or {}).get("launch") for p in sides},
+                     "differs": schedule_differences(kernels[first], kernels[second])})
+    key = str(served[0])
+    return sorted(rows, key=lambda r: -abs(r["weighted_gap_us"].get(key) or 0.0))
+
+
+# ---- building and timing kernels (TVM) ----------------------------------------------------------------------
+
+
+def build_kernels(db_dir: str | Path, out_dir: str | Path, target_json: str) -> dict:
+    """Each workload of the JSON database `db_dir` (a kept tuning's: at most one record a workload) built into
+    out_dir/w<index>.so for `target_json`: its record's schedule, or its default where it has none (the tuned model
+    runs that one too); writes and returns kernels.json: {"kernels": {index: {file, args_info, schedule ("tuned" |
+    "default"), launch, decisions}}, "errors": {index: why}}."""
+    import tvm
+    from tvm.s_tir import meta_schedule as ms
+
+    from services.tuner.metaschedule.defaults import default_module
+    from services.tuner.metaschedule.ir_codec import target_from_json
+
+    db_dir, out_dir, target = Path(db_dir), Path(out_dir), target_from_json(target_json)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    records = {}
+    for line in (db_dir / "database_tuning_record.json").read_text().splitlines():
+        if line.strip():
+            index, record = json.loads(line)
+            records[index] = record
+    out: dict = {"kernels": {}, "errors": {}}
+    for index, line in enumerate((db_dir / "database_workload.json").read_text().splitlines()):
+        try:
+            workload = ms.database.Workload.from_json(json.loads(line))
+            if index in records:
+                sch = tvm.s_tir.Schedule(workload.mod)
+                ms.database.TuningRecord.from_json(records[index], workload).trace.apply_to_schedule(sch, False)
+                mod, args, decisions = sch.mod, records[index][3], trace_decisions(records[index][0])
+            else:
+                mod, decisions = default_module(workload.mod, target), None
+                args = [a.as_json() for a in ms.arg_info.ArgInfo.from_entry_func(workload.mod, remove_preproc=True)]
+            _build(mod, target, out_dir / f"w{index}.so")
+            out["kernels"][str(index)] = {"file": f"w{index}.so", "args_info": args, "decisions": decisions,
+                                          "schedule": "tuned" if decisions else "default",
+                                          "launch": launch_facts(mod.script())}
+        except Exception as err:  # noqa: BLE001 - one task's kernel lost must not lose the others
+            out["errors"][str(index)] = f"{type(err).__name__}: {str(err).strip()[-300:]}"
+    (out_dir / KERNELS).write_text(json.dumps(out))
+    return out
+
+
+def _build(mod, target, path: Path) -> None:
+    """A scheduled workload built as the measurer builds a candidate, exported to `path`."""
+    import tvm
+    from tvm.s_tir.transform import RemoveWeightLayoutRewriteBlock
+
+    with target:  # CUDA codegen reads the current target
+        built = tvm.build(RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True)(mod), target=target)
+    built.export_library(str(path))
+
+
+def build_all(databases: dict[str, tuple[Path, str]], out_root: Path) -> tuple[dict[str, Path], dict[str, str]]:
+    """Each tuning's kernels (label -> its kept database and target JSON) built in a child process of its own, all
+    at once: ({label: kernels folder}, {label: why it has none}). A folder built before is used as it is."""
+    import subprocess
+    import sys
+
+    running, folders, errors = [], {}, {}
+    for name, (db, target) in databases.items():
+        folder = out_root / Path(db).name
+        if (folder / KERNELS).is_file():
+            folders[name] = folder
+            continue
+        running.append((name, folder, subprocess.Popen([sys.executable, "-m", __name__, "--db", str(db), "--target",
+                                                        target, "--out", str(folder)], stdout=subprocess.PIPE,
+                                                       stderr=subprocess.STDOUT, text=True)))
+    for name, folder, proc in running:
+        output, _ = proc.communicate()
+        if proc.returncode == 0 and (folder / KERNELS).is_file():
+            folders[name] = folder
+        else:
+            errors[name] = f"kernels not built: {(output.strip().splitlines() or ['?'])[-1]}"[:400]
+    return folders, errors
+
+
+def _argument(info: list, dev):
+    """An argument of a kernel (["TENSOR", dtype, shape]): floats uniform in [-1, 1), integers zero (an index
+    read far out of bounds would end the process's CUDA context)."""
+    import numpy as np
+    import tvm
+
+    _, dtype, shape = info
+    data = (np.random.default_rng(0).uniform(-1, 1, shape).astype(dtype) if dtype.startswith(("float", "bfloat"))
+            else np.zeros(shape, dtype=dtype))
+    return tvm.runtime.tensor(data, dev)
+
+
+def time_kernels(sets: dict[str, str], device: str = "cpu", rounds: int = 10,
+                 min_repeat_ms: int = 20) -> tuple[dict[str, dict[str, float]], dict[str, str]]:
+    """Every kernel of every set (label -> a build_kernels folder) timed `rounds` times, interleaved, on this
+    process's device: ({label: {workload index: median µs}}, {"label/index": error})."""
+    import statistics
+
+    import tvm
+
+    dev = tvm.cuda(0) if device == "gpu" else tvm.cpu(0)
+    timers, errors = {}, {}
+    for label, folder in sets.items():
+        manifest = json.loads((Path(folder) / KERNELS).read_text())
+        for index, kernel in manifest["kernels"].items():
+            try:
+                mod = tvm.runtime.load_module(str(Path(folder) / kernel["file"]))
+                args = [_argument(info, dev) for info in kernel["args_info"]]
+                timer = mod.time_evaluator(mod.entry_name, dev, number=1, repeat=1, min_repeat_ms=min_repeat_ms)
+                timer(*args)  # warm
+                timers[(label, index)] = (timer, args, [])
+            except Exception as err:  # noqa: BLE001
+                errors[f"{label}/{index}"] = f"{type(err).__name__}: {str(err).strip()[-300:]}"
+    for _ in range(rounds):
+        for (label, index), (timer, args, times) in list(timers.items()):
+            try:
+                times.append(float(timer(*args).mean) * 1e6)
+            except Exception as err:  # noqa: BLE001
+                errors[f"{label}/{index}"] = f"{type(err).__name__}: {str(err).strip()[-300:]}"
+                del timers[(label, index)]
+    out: dict[str, dict[str, float]] = {label: {} for label in sets}
+    for (label, index), (_, _, times) in timers.items():
+        out[label][index] = statistics.median(times)
+    return out, errors
+
+
+def _build_main(argv=None) -> int:
+    """`python -m sharetune.experiments.task_timing --db DIR --target JSON --out DIR`: build_kernels in a process of
+    its own."""
+    import argparse
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--db", required=True, help="a kept tuning's JSON database (one record a workload)")
+    ap.add_argument("--target", required=True, help="the TVM target JSON it was tuned for")
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args(argv)
+    built = build_kernels(args.db, args.out, args.target)
+    print(json.dumps({"kernels": len(built["kernels"]), "errors": built["errors"]}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(_build_main())
