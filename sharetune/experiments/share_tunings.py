@@ -15,7 +15,6 @@ import os
 import re
 import shutil
 import statistics
-import subprocess
 import sys
 import time
 from dataclasses import dataclass
@@ -147,18 +146,16 @@ class KeptTunings:
         out_dir.mkdir(parents=True, exist_ok=True)
         ir = out_dir / "model.ir.json"
         ir.write_text(dump_ir(relax_mod))
+        from sharetune.experiments.children import run_modules
+
         width = parallel or max(1, (os.cpu_count() or 1) // 4)
-        for i in range(0, len(todo), width):
-            running = [(k, out_dir / f"{k.key}.so", subprocess.Popen(
-                [sys.executable, "-m", __name__, "--ir", str(ir), "--db", str(self.database(k.key)), "--target",
-                 k.target, "--out", str(out_dir / f"{k.key}.so")], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                text=True)) for k in todo[i:i + width]]
-            for k, path, proc in running:
-                output, _ = proc.communicate()
-                if proc.returncode == 0 and path.is_file():
-                    have[k.key] = str(path)
-                else:
-                    errors[k.key] = f"its kept database did not compile: {(output.strip().splitlines() or ['?'])[-1]}"[:400]
+        ran = run_modules({k.key: [__name__, "--ir", str(ir), "--db", str(self.database(k.key)), "--target", k.target,
+                                   "--out", str(out_dir / f"{k.key}.so")] for k in todo}, width)
+        for key, (code, last) in ran.items():
+            if code == 0 and (out_dir / f"{key}.so").is_file():
+                have[key] = str(out_dir / f"{key}.so")
+            else:
+                errors[key] = f"its kept database did not compile: {last}"[:400]
         return have, errors
 
 

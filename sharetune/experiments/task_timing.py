@@ -184,35 +184,30 @@ def build_kernels(db_dir: str | Path, out_dir: str | Path, target_json: str) -> 
 
 def _build(mod, target, path: Path) -> None:
     """A scheduled workload built as the measurer builds a candidate, exported to `path`."""
-    import tvm
-    from tvm.s_tir.transform import RemoveWeightLayoutRewriteBlock
+    from services.measurer.metaschedule.build import build
 
-    with target:  # CUDA codegen reads the current target
-        built = tvm.build(RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True)(mod), target=target)
-    built.export_library(str(path))
+    build(mod, target).export_library(str(path))
 
 
 def build_all(databases: dict[str, tuple[Path, str]], out_root: Path) -> tuple[dict[str, Path], dict[str, str]]:
     """Each tuning's kernels (label -> its kept database and target JSON) built in a child process of its own, all
     at once: ({label: kernels folder}, {label: why it has none}). A folder built before is used as it is."""
-    import subprocess
-    import sys
+    from sharetune.experiments.children import run_modules
 
-    running, folders, errors = [], {}, {}
+    folders, todo, errors = {}, {}, {}
     for name, (db, target) in databases.items():
         folder = out_root / Path(db).name
         if (folder / KERNELS).is_file():
             folders[name] = folder
-            continue
-        running.append((name, folder, subprocess.Popen([sys.executable, "-m", __name__, "--db", str(db), "--target",
-                                                        target, "--out", str(folder)], stdout=subprocess.PIPE,
-                                                       stderr=subprocess.STDOUT, text=True)))
-    for name, folder, proc in running:
-        output, _ = proc.communicate()
-        if proc.returncode == 0 and (folder / KERNELS).is_file():
-            folders[name] = folder
         else:
-            errors[name] = f"kernels not built: {(output.strip().splitlines() or ['?'])[-1]}"[:400]
+            todo[name] = folder
+    ran = run_modules({name: [__name__, "--db", str(databases[name][0]), "--target", databases[name][1],
+                              "--out", str(folder)] for name, folder in todo.items()}, width=len(todo))
+    for name, (code, last) in ran.items():
+        if code == 0 and (todo[name] / KERNELS).is_file():
+            folders[name] = todo[name]
+        else:
+            errors[name] = f"kernels not built: {last}"[:400]
     return folders, errors
 
 

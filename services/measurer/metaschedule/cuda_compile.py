@@ -126,16 +126,17 @@ class CompileCache:
                 return
             self.entries[key] = (binary, path)
             self.used += len(binary)
-            while self.used > self.limit_bytes:
-                _, (old, _) = self.entries.popitem(last=False)
-                self.used -= len(old)
+            self._evict()
 
     def resize(self, limit_bytes: int) -> None:
         with self.lock:
             self.limit_bytes = limit_bytes
-            while self.entries and self.used > limit_bytes:
-                _, (old, _) = self.entries.popitem(last=False)
-                self.used -= len(old)
+            self._evict()
+
+    def _evict(self) -> None:
+        while self.entries and self.used > self.limit_bytes:
+            _, (old, _) = self.entries.popitem(last=False)
+            self.used -= len(old)
 
 
 _options = CompileOptions()
