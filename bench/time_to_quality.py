@@ -32,9 +32,9 @@ PHASES = ("stock", "cold", "warm")
 # minute on one H200 at 64 a round, plus its start-up)
 STOCK_TRIALS_PER_MIN = 31.0  # the slowest panel model so far (vit-s-encoder, 31.4 a minute)
 STOCK_STARTUP_S = 90.0
-SERVICE_STEP_S = 240.0
+SERVICE_STEP_S = 150.0  # a 384-trial job ~60-90 s on the H200, its stack ~20 s
 SERVE_S = 90.0
-WARM_STORE_S = 240.0
+WARM_STORE_S = 360.0  # three zoo models at 384 trials
 
 
 def latency_curve(events: list[tuple[float, str, float | None]], weights: dict[str, int],

@@ -297,3 +297,51 @@ def test_a_tasks_search_moves_through_its_states():
     assert limited.room() == 0
     limited.finish()
     assert limited.state == SearchState.AT_LIMIT and limited.done
+
+
+def test_a_task_near_a_launchs_floor_gets_a_small_first_round_and_the_costliest_goes_first():
+    from services.tuner.allocation import LIGHT_FIRST_ROUND, first_round_order, first_round_sizes, first_rounds_reserve
+
+    # a depthwise conv at 31 us, two convs, four normalisation kernels at ~3.5 us, one default not timed
+    costs = {"dw": 31e-6, "conv": 13e-6, "conv_b": 6e-6, "bn": 3.5e-6, "bn1": 3.4e-6, "bn2": 3.2e-6, "mean": 3.6e-6,
+             "odd": None}
+    sizes = first_round_sizes(costs, 42)
+    # equal share: 63.7 us / 8 tasks = 8 us; under half of it (4 us) is light
+    assert {t for t, n in sizes.items() if n == LIGHT_FIRST_ROUND} == {"bn", "bn1", "bn2", "mean"}
+    assert sizes["dw"] == sizes["conv"] == sizes["conv_b"] == sizes["odd"] == 42
+    assert first_round_sizes(costs, 5)["bn"] == 5  # never more than the even share
+    assert first_round_sizes({"a": None, "b": None}, 42) == {"a": 42, "b": 42}  # nothing timed: even shares
+    assert first_round_sizes({"a": 4e-6, "b": 4.1e-6}, 42) == {"a": 42, "b": 42}  # equal tasks: none is light
+    # the reserve counts each task's own first round
+    assert first_rounds_reserve(list(costs), {"dw", "conv"}, sizes) == 42 * 2 + 8 * 4
+    # first rounds: the costliest to the untuned model first, an untimed one before all, ties in the given order
+    order = ["conv", "bn", "odd", "dw", "mean", "conv_b", "bn1", "bn2"]
+    assert first_round_order(costs, order) == ["odd", "dw", "conv", "conv_b", "mean", "bn", "bn1", "bn2"]
+    assert first_round_order({}, ["b", "a"]) == ["b", "a"]
+
+
+def test_first_round_sizes_wait_for_every_tasks_default_in_the_store(redis_conn):
+    """Each client times its own shard's defaults: until the store holds them all, every first round is the
+    even share; then a light task's is small, the same for every client."""
+    import uuid
+
+    from shared import store
+    from shared.messages import DefaultTiming
+    from services.tuner.allocation import LIGHT_FIRST_ROUND
+    from services.tuner.metaschedule.job_wide import FirstRounds
+    from services.tuner.metaschedule.loop_parts import Shard
+    from shared.messages import JobTask
+
+    job = "firstrounds-" + uuid.uuid4().hex[:8]
+    tasks = [JobTask(task_id=f"t{i}", name=f"task{i}", weight=w, wkey=f"{job}-w{i}", flops=1.0)
+             for i, w in enumerate((1, 1, 3))]
+    store.put_tasks(redis_conn, job, tasks, {})
+    shard = Shard(redis=redis_conn, job_id=job, shard=0, tasks=tasks, trials_per_iter=64, max_trials_per_task=1000,
+                  first_round=40)
+    rounds = FirstRounds(shard)
+    store.put_default(redis_conn, DefaultTiming(wkey=tasks[0].wkey, run_secs=[30e-6]))
+    store.put_default(redis_conn, DefaultTiming(wkey=tasks[1].wkey, run_secs=[3e-6]))
+    assert rounds.sizes() is None and rounds.size("t1") == 40  # t2's default is not timed yet
+    # t2 weighs 3 x 3 us: 9 of 42 us, not under half an equal share (7 us); t1's 3 us is
+    store.put_default(redis_conn, DefaultTiming(wkey=tasks[2].wkey, run_secs=[3e-6]))
+    assert rounds.sizes() == {"t0": 40, "t1": LIGHT_FIRST_ROUND, "t2": 40}

@@ -2,9 +2,11 @@
 job's trials are allocated, and when a client should let other shards' tasks go first.
 
 The allocation rule, job-wide across shards and clients (docs/sharding.md, "How trials are allocated"):
-1. every task gets its first round before any task gets a second; a budget too small for a full round of
-   every task is shared evenly by the first rounds (`first_round_size`), and a second round leaves in the
-   budget what the job's remaining first rounds need (`first_rounds_reserve`);
+1. every task gets its first round before any task gets a second, the task that costs the untuned model the
+   most first (`first_round_order`); a budget too small for a full round of every task is shared evenly by
+   the first rounds (`first_round_size`), except that a task costing the untuned model under half an equal
+   share gets a small one (`first_round_sizes`); a second round leaves in the budget what the job's
+   remaining first rounds need (`first_rounds_reserve`);
 2. then rounds go by MetaSchedule's task gradient (`gradient`), computed from every shard's history in the
    store, a task's latency being its default schedule's until a candidate beats it
    (metaschedule/defaults.py);
@@ -59,11 +61,39 @@ def first_round_size(trials: int, n_tasks: int, per_iter: int) -> int:
     return max(1, min(per_iter, trials // n_tasks))
 
 
-def first_rounds_reserve(job_task_ids: list[str], had_round: set[str], first_round: int) -> int:
+# a light task's first round: enough to see whether a sampled schedule beats its default at all
+LIGHT_FIRST_ROUND = 8
+LIGHT_SHARE = 0.5  # of an equal share of the untuned model's latency
+
+
+def first_round_sizes(costs: dict[str, float | None], uniform: int) -> dict[str, int]:
+    """Each task's first round, once every task's default schedule has been timed. `costs`: task -> weight x
+    its default schedule's seconds (None where the default could not be timed); `uniform`: first_round_size.
+    A task costing the untuned model under LIGHT_SHARE of an equal share gets at most LIGHT_FIRST_ROUND: layout
+    and normalisation kernels near a launch's floor (3-5 us on a GPU) have little to gain, and an even share of
+    a few hundred trials spent on each leaves the heavy tasks nothing but their random first rounds. The trials
+    saved go by the gradient. A task whose default was not timed keeps `uniform`."""
+    known = [c for c in costs.values() if c]
+    if not known:
+        return {t: uniform for t in costs}
+    bar = LIGHT_SHARE * sum(known) / len(costs)
+    return {t: min(uniform, LIGHT_FIRST_ROUND) if c and c < bar else uniform for t, c in costs.items()}
+
+
+def first_round_order(costs: dict[str, float | None], order: list[str]) -> list[str]:
+    """A shard's tasks in the order their first rounds go: the largest cost to the untuned model first (weight x
+    default seconds), so the tasks the user waits on are measured first; a task whose default was not timed
+    goes first (nothing is known of it); ties keep `order` (the partition's FLOPs order)."""
+    rank = {t: i for i, t in enumerate(order)}
+    return sorted(order, key=lambda t: (-(costs.get(t) or math.inf), rank[t]))
+
+
+def first_rounds_reserve(job_task_ids: list[str], had_round: set[str], first_round: int | dict[str, int]) -> int:
     """Trials a second round must leave in the budget: a first round for every task of the job that has
     not had one yet, in any shard (rule 1 across clients: a client done with its first rounds must not spend
-    what another client's first rounds still need)."""
-    return first_round * sum(1 for tid in job_task_ids if tid not in had_round)
+    what another client's first rounds still need). `first_round`: one size for all, or each task's."""
+    size = first_round.get if isinstance(first_round, dict) else (lambda tid: first_round)
+    return sum(size(tid) or 0 for tid in job_task_ids if tid not in had_round)
 
 
 def gradient(history: list[float], weight: float, alpha: float = ALPHA, window: int = WINDOW) -> float:

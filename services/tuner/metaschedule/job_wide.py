@@ -9,7 +9,9 @@ from shared import store
 from shared.messages import ShardPhase
 from services.tuner.metaschedule.loop_parts import Shard, ShardRun
 from services.tuner.metaschedule.task_search import TaskSearch
-from services.tuner.allocation import Steering, behind, first_rounds_reserve, flops_shares, next_task, priority
+from shared.ranking import default_secs
+from services.tuner.allocation import (Steering, behind, first_round_sizes, first_rounds_reserve, flops_shares,
+                                       next_task, priority)
 
 # how long a client's second rounds wait for other clients' first rounds before they stop leaving them budget
 # (a shard nobody runs must not hold the job back for good)
@@ -18,13 +20,39 @@ RESERVE_WAIT_S = 300.0
 LANDING_POLL_S = 0.05
 
 
+class FirstRounds:
+    """Each task's first-round size, job-wide (allocation.first_round_sizes): the even share until the store
+    holds every task's default timing (other clients time their own shards' defaults), then fixed."""
+
+    def __init__(self, shard: Shard):
+        self.redis, self.job_id = shard.redis, shard.job_id
+        self.uniform = shard.first_round or shard.trials_per_iter
+        self._sizes: dict[str, int] | None = None
+
+    def sizes(self) -> dict[str, int] | None:
+        """task_id -> its first round's size; None while a default is still untimed."""
+        if self._sizes is None:
+            tasks = store.job_tasks(self.redis, self.job_id)
+            timings = store.default_timings(self.redis, [t.wkey for t in tasks])
+            if tasks and all(timings[t.wkey] is not None for t in tasks):
+                costs = {}
+                for t in tasks:
+                    d = default_secs(timings[t.wkey])
+                    costs[t.task_id] = d * t.weight if d else None
+                self._sizes = first_round_sizes(costs, self.uniform)
+        return self._sizes
+
+    def size(self, task_id: str) -> int:
+        return (self.sizes() or {}).get(task_id, self.uniform)
+
+
 class JobBudget:
     """The job's trials, claimed atomically before each batch is sent, so N clients together spend exactly what
     the job was given; a later round leaves what the job's remaining first rounds need."""
 
-    def __init__(self, shard: Shard):
+    def __init__(self, shard: Shard, first_rounds: FirstRounds | None = None):
         self.redis, self.job_id, self.shard = shard.redis, shard.job_id, shard.shard
-        self.first_round = shard.first_round or shard.trials_per_iter
+        self.first_rounds = first_rounds or FirstRounds(shard)
         self._reserve_since: float | None = None
 
     def left(self) -> int:
@@ -43,7 +71,7 @@ class JobBudget:
             return 0
         had = set(store.history(self.redis, self.job_id)) | {t.task_id for t in tasks if t.started or t.done or t.dry}
         reserve = first_rounds_reserve([t.task_id for t in store.job_tasks(self.redis, self.job_id)], had,
-                                       self.first_round)
+                                       self.first_rounds.sizes() or self.first_rounds.uniform)
         if reserve == 0:
             self._reserve_since = time.time()  # the wait clock starts again at the next shortfall
         return reserve

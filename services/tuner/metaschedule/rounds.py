@@ -21,10 +21,10 @@ from tvm.s_tir.meta_schedule.runner import RunnerInput, RunnerResult
 
 from shared import store
 from shared.ranking import screen_bar
-from services.tuner.metaschedule.job_wide import RESERVE_WAIT_S, JobBudget, RoundPicker
+from services.tuner.metaschedule.job_wide import RESERVE_WAIT_S, FirstRounds, JobBudget, RoundPicker
 from services.tuner.metaschedule.loop_parts import PHASES, SearchParts, Shard, ShardRun, Stopped
 from services.tuner.metaschedule.task_search import EMPTY_ROUNDS, SEARCH_ROOM, SearchState, TaskSearch
-from services.tuner.allocation import Steering
+from services.tuner.allocation import Steering, first_round_order
 
 # what other modules import from here; the parts live in loop_parts, task_search and job_wide
 __all__ = ["EMPTY_ROUNDS", "PHASES", "RESERVE_WAIT_S", "SEARCH_ROOM", "InFlight", "JobBudget", "RoundPicker",
@@ -61,15 +61,19 @@ class ShardLoop:
         self.check = check or (lambda passed, blocked=False: None)
         self.run_stats = ShardRun()
         self.tasks = [TaskSearch(t, shard, parts, self.run_stats) for t in shard.tasks]
-        self.budget = JobBudget(shard)
+        self.first_rounds = FirstRounds(shard)
+        self.budget = JobBudget(shard, self.first_rounds)
+        self.untuned_cost: dict[str, float | None] = {}  # task id -> weight x default seconds
         self.picker = RoundPicker(shard, steering or Steering(), self.check, self.run_stats)
         self.flights: dict[str, InFlight] = {}  # task id -> its batch being measured
 
     def run(self) -> ShardRun:
         self._begin()
         try:
-            # first every task once (MetaSchedule's round-robin start; allocation.first_round_size), heaviest first
-            for t in self.tasks:
+            # first every task once (MetaSchedule's round-robin start), the costliest to the untuned model first
+            by_id = {t.task_id: t for t in self.tasks}
+            for tid in first_round_order(self.untuned_cost, list(by_id)):
+                t = by_id[tid]
                 self.check(False)
                 if not self._round(t):
                     return self.run_stats
@@ -95,6 +99,8 @@ class ShardLoop:
         self.run_stats.clock("defaults", t0)
         for t in self.tasks:
             t.begin(hist.get(t.task_id) or [], default.get(t.task_id), self.cold_start)
+            d = default.get(t.task_id)
+            self.untuned_cost[t.task_id] = d * t.job_task.weight if d else None
 
     def _touch(self) -> None:
         """Join the tasks whose batches have all come back (so their gradients are current)."""
@@ -109,6 +115,8 @@ class ShardLoop:
             self._join(t)
         if t.done:
             return True
+        if not t.started:
+            t.first_round = self.first_rounds.size(t.task_id)
         room = t.room()
         if room <= 0:
             t.finish()
