@@ -494,8 +494,8 @@ def plot(result: dict, path: Path) -> None:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     tuning_options(ap, ",".join(PANEL), 384, 30, "/tmp/ttq/work")
-    ap.add_argument("--warm-from", default="resnet18,transformer", help="zoo models the warm store tuned first")
-    ap.add_argument("--warm-trials", type=int, default=512)
+    ap.add_argument("--warm-from", default="resnet18,transformer,mobilenetv2", help="zoo models the warm store tuned first")
+    ap.add_argument("--warm-trials", type=int, default=384)
     ap.add_argument("--no-warm", action="store_true")
     ap.add_argument("--phases", default=",".join(PHASES), help="the steps to run now (stock,cold,warm)")
     ap.add_argument("--resume", action="store_true", help="keep the steps the JSON already holds")
