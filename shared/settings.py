@@ -94,6 +94,12 @@ class LaneSettings(HostSettings):
     # H200 lowered to a source the job had built already; a process sees only the candidates it builds itself
     # (docs/benchmarks.md, "Duplicate sources")
     cuda_compile_cache_mb: float = Field(64.0, ge=0)
+    # where every build process of a host keeps compiled CUDA binaries by source, shared ("": a folder under the
+    # system's temporary directory, one per user), and how many MiB (0: no shared cache). The per-process cache
+    # above meets ~0.4 % of the builds' CPU in duplicates with 16 builders; one shared by the host's processes can
+    # meet the 5 % that duplicate sources cost (docs/benchmarks.md, "Duplicate sources")
+    cuda_compile_cache_dir: str = ""
+    cuda_compile_cache_disk_mb: float = Field(512.0, ge=0)
 
     @field_validator("cuda_compile", mode="before")
     @classmethod

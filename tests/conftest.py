@@ -29,6 +29,8 @@ os.environ.setdefault("SHARETUNE_SHARD_QUANTUM_S", "5")
 # tests/test_hostcores.py checks the refusal itself
 os.environ["SHARETUNE_CORE_OVERLAP"] = "warn"
 os.environ["SHARETUNE_CORE_LOCK_DIR"] = f"/tmp/sharetune-cores-tests-{os.getpid()}"
+# the shared CUDA compile cache of this run only: a binary kept by an earlier run never answers a test
+os.environ["SHARETUNE_CUDA_COMPILE_CACHE_DIR"] = f"/tmp/sharetune-cuda-tests-{os.getpid()}"
 
 LANES = ["measure.cpu.c0", "measure.cpu.c1"] if (os.cpu_count() or 1) >= 2 else ["measure.cpu.c0"]
 

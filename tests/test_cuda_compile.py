@@ -175,6 +175,7 @@ def counted_nvrtc(monkeypatch):
 
     monkeypatch.setattr(cc, "_options", cc.options())
     monkeypatch.setattr(cc, "_cache", cc.CompileCache(cc._cache.limit_bytes))
+    monkeypatch.setattr(cc, "_shared", cc._shared)
     calls = []
     real = cc.nvrtc_compile
 
@@ -230,3 +231,42 @@ def test_errors_and_compiles_cut_by_the_limit_are_not_cached(cuda_path, counted_
         with pytest.raises(RuntimeError, match="nope"):
             cc.compile_source(bad, "sm_90")
     assert len(counted_nvrtc) == 5 and len(cc._cache.entries) == 1
+
+
+def test_build_processes_of_a_host_share_what_they_compiled(counted_nvrtc, monkeypatch, tmp_path):
+    """One process compiles; another (its own empty memory cache) finds the binary in the shared folder; a file
+    cut short is dropped and compiled again, never loaded."""
+    from services.measurer.metaschedule import cuda_compile as cc
+
+    shared = cc.CompileOptions("kernel", 0.0, cache_mb=64, cache_dir=str(tmp_path), cache_disk_mb=64)
+    cc.configure(shared)
+    first = cc.compile_source(_dependent_chain(5), "sm_90")
+    monkeypatch.setattr(cc, "_cache", cc.CompileCache(cc._cache.limit_bytes))  # another process
+    cc.configure(shared)
+    assert cc.compile_source(_dependent_chain(5), "sm_90") == first and len(counted_nvrtc) == 1
+    assert cc._shared.hits == 1
+    (kept,) = [p for p in tmp_path.rglob("*") if p.is_file()]
+    kept.write_bytes(kept.read_bytes()[:-16])  # a write cut short
+    monkeypatch.setattr(cc, "_cache", cc.CompileCache(cc._cache.limit_bytes))  # a third process
+    cc.configure(shared)
+    assert cc.compile_source(_dependent_chain(5), "sm_90") == first and len(counted_nvrtc) == 2
+    assert cc._shared.misses == 1 and kept.read_bytes().endswith(first[0])  # compiled again and kept whole
+    with pytest.raises(ValueError, match="negative"):
+        cc.configure(shared._replace(cache_disk_mb=-1))
+
+
+def test_the_shared_folder_keeps_within_its_bound_oldest_out(tmp_path):
+    import os
+
+    from services.measurer.metaschedule.cuda_compile import SharedCache
+
+    cache = SharedCache(str(tmp_path), limit_bytes=10_000)
+    for i in range(8):  # 8 x ~2 kB: over the bound
+        cache.put(f"{i:02d}" + "k" * 62, bytes([i]) * 2000, "kernel")
+        path = tmp_path / f"{i:02d}" / (f"{i:02d}" + "k" * 62)
+        os.utime(path, (1000 + i, 1000 + i))  # written in this order
+    cache.trim()
+    left = sorted(p.name[:2] for p in tmp_path.rglob("*") if p.is_file())
+    assert left == ["05", "06", "07"]  # the newest, within three quarters of the bound
+    assert cache.get("07" + "k" * 62) == (bytes([7]) * 2000, "kernel") and cache.get("00" + "k" * 62) is None
+    assert SharedCache(str(tmp_path / "none"), 10).get("x" * 64) is None  # an empty folder: a miss, no error

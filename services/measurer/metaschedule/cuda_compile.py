@@ -24,6 +24,10 @@ tiles, no task's best in the panel's stock records (docs/benchmarks.md, "The bui
 Different traces can lower to the same source (~12 % of a job's fully timed builds on the H200, docs/benchmarks.md,
 "Duplicate sources"): a process keeps the binaries it compiled, by a hash of the source, its architecture, output
 kind, path and NVRTC options, up to LaneSettings.cuda_compile_cache_mb (least recently used first out; 0: none).
+A process sees only the candidates it builds (a sixteenth of a job's with 16 builders), so the binaries are also
+kept in a folder every build process of the host shares (LaneSettings.cuda_compile_cache_dir, up to
+cuda_compile_cache_disk_mb, oldest first out), keyed as above plus NVRTC's version; each file carries its
+binary's hash, and one that does not match is dropped, never loaded.
 Only successful compiles are kept: an error or a compile cut by the CPU limit is met again."""
 from __future__ import annotations
 
@@ -34,6 +38,7 @@ import os
 import platform
 import re
 import shlex
+import tempfile
 import threading
 import time
 from collections import OrderedDict
@@ -83,18 +88,26 @@ STATS = {"kernel": 0, "tvm": 0, "fallback_errors": 0}
 
 
 class CompileOptions(NamedTuple):
-    """How a process compiles CUDA (from LaneSettings.cuda_compile, cuda_compile_cpu_limit_s and
-    cuda_compile_cache_mb): the path, one of MODES, the CPU seconds a kernel-path compile may take (0: no limit)
-    and the MiB of compiled binaries the process keeps (0: none)."""
+    """How a process compiles CUDA (from LaneSettings.cuda_compile, cuda_compile_cpu_limit_s and the
+    cuda_compile_cache_* settings): the path, one of MODES, the CPU seconds a kernel-path compile may take (0: no
+    limit), the MiB of compiled binaries the process keeps (0: none), and the folder and MiB of the host's shared
+    cache ("" or 0: none)."""
 
     mode: str = "kernel"
     cpu_limit_s: float = 0.0
     cache_mb: float = 64.0
+    cache_dir: str = ""
+    cache_disk_mb: float = 0.0
+
+
+def default_cache_dir() -> str:
+    return os.path.join(tempfile.gettempdir(), f"sharetune-cuda-{os.getuid()}")
 
 
 def options_from(settings) -> CompileOptions:
     """A process's options from its LaneSettings."""
-    return CompileOptions(settings.cuda_compile, settings.cuda_compile_cpu_limit_s, settings.cuda_compile_cache_mb)
+    return CompileOptions(settings.cuda_compile, settings.cuda_compile_cpu_limit_s, settings.cuda_compile_cache_mb,
+                          settings.cuda_compile_cache_dir or default_cache_dir(), settings.cuda_compile_cache_disk_mb)
 
 
 class CompileLimitExceeded(Exception):
@@ -139,8 +152,84 @@ class CompileCache:
             self.used -= len(old)
 
 
+class SharedCache:
+    """Compiled binaries in a folder that several processes share: one file a key (written whole, then renamed
+    into place), holding the binary's SHA-256, its path and the binary. A file whose hash does not match (cut
+    short, or written by something else) is removed and counts as a miss. Past `limit_bytes` the oldest files
+    go, looked at every CHECK_EVERY writes of this process."""
+
+    CHECK_EVERY = 64
+
+    def __init__(self, folder: str, limit_bytes: int):
+        self.folder, self.limit_bytes = folder, limit_bytes
+        self.hits = self.misses = self.writes = 0
+
+    def _file(self, key: str) -> str:
+        return os.path.join(self.folder, key[:2], key)
+
+    def get(self, key: str) -> tuple[bytes, str] | None:
+        try:
+            with open(self._file(key), "rb") as f:
+                blob = f.read()
+        except OSError:
+            self.misses += 1
+            return None
+        digest, path, binary = blob[:64], *blob[65:].partition(b"\n")[::2]
+        if blob[64:65] != b"\n" or path not in (b"kernel", b"tvm") or hashlib.sha256(binary).hexdigest().encode() != digest:
+            self._remove(self._file(key))
+            self.misses += 1
+            return None
+        self.hits += 1
+        return binary, path.decode()
+
+    def put(self, key: str, binary: bytes, path: str) -> None:
+        if len(binary) > self.limit_bytes:
+            return
+        target = self._file(key)
+        try:
+            os.makedirs(os.path.dirname(target), exist_ok=True)
+            fd, part = tempfile.mkstemp(dir=os.path.dirname(target), prefix=".part-")
+            with os.fdopen(fd, "wb") as f:
+                f.write(hashlib.sha256(binary).hexdigest().encode() + b"\n" + path.encode() + b"\n" + binary)
+            os.replace(part, target)
+        except OSError as err:  # a full or read-only disk costs the cache, never the build
+            log.warning("shared CUDA compile cache: could not keep a binary in %s: %s", self.folder, err)
+            return
+        self.writes += 1
+        if self.writes % self.CHECK_EVERY == 0:
+            self.trim()
+
+    def trim(self) -> None:
+        """Oldest files out until the folder is within three quarters of its limit, once it is over."""
+        files = []
+        for root, _, names in os.walk(self.folder):
+            for name in names:
+                full = os.path.join(root, name)
+                try:
+                    st = os.stat(full)
+                except OSError:
+                    continue
+                files.append((st.st_mtime, st.st_size, full))
+        used = sum(size for _, size, _ in files)
+        if used <= self.limit_bytes:
+            return
+        for _, size, full in sorted(files):
+            if used <= 0.75 * self.limit_bytes:
+                break
+            self._remove(full)
+            used -= size
+
+    @staticmethod
+    def _remove(full: str) -> None:
+        try:
+            os.remove(full)
+        except OSError:
+            pass
+
+
 _options = CompileOptions()
 _cache = CompileCache(int(_options.cache_mb * 2**20))
+_shared: SharedCache | None = None
 # a process's first NVRTC compile loads NVRTC's built-ins (~4 s of CPU on a 2-core host, then ~0.05 s for a small
 # kernel): the CPU limit holds from the second on, so a warm-up build is never cut
 _warm = threading.Event()
@@ -153,10 +242,14 @@ def configure(options: CompileOptions) -> None:
         raise ValueError(f"CUDA compile mode {options.mode!r} is not one of {', '.join(MODES)}")
     if options.cpu_limit_s < 0:
         raise ValueError(f"CUDA compile CPU limit {options.cpu_limit_s} s is negative (0 turns it off)")
-    if options.cache_mb < 0:
-        raise ValueError(f"CUDA compile cache of {options.cache_mb} MiB is negative (0 turns it off)")
+    if options.cache_mb < 0 or options.cache_disk_mb < 0:
+        raise ValueError(f"CUDA compile cache of {min(options.cache_mb, options.cache_disk_mb)} MiB is negative "
+                         f"(0 turns it off)")
+    global _shared
     _options = options
     _cache.resize(int(options.cache_mb * 2**20))
+    _shared = SharedCache(options.cache_dir, int(options.cache_disk_mb * 2**20)) \
+        if options.cache_dir and options.cache_disk_mb > 0 else None
 
 
 def mode() -> str:
@@ -280,24 +373,43 @@ def tvm_compile(code: str, arch: str, output: str = "cubin") -> bytes:
     return bytes(_compile_cuda_nvrtc(code, output, arch))
 
 
+@functools.cache
+def nvrtc_version() -> str:
+    try:
+        from cuda.bindings import nvrtc
+
+        _, major, minor = nvrtc.nvrtcVersion()
+        return f"{major}.{minor}"
+    except Exception:  # noqa: BLE001 - no NVRTC here: TVM's path compiles, and its version is in the key anyway
+        return "none"
+
+
 def cache_key(code: str, arch: str, output: str) -> str:
-    """What decides the binary: the source, where and what it compiles to, the path and every NVRTC option
-    (TVM's ptxas flags and extra options come from the environment)."""
-    parts = [code, arch, output, mode(), *(o.decode() for o in nvrtc_options(arch))]
+    """What decides the binary: the source, where and what it compiles to, the path, every NVRTC option (TVM's
+    ptxas flags and extra options come from the environment) and NVRTC's version (the shared cache outlives a
+    process)."""
+    parts = [code, arch, output, mode(), nvrtc_version(), *(o.decode() for o in nvrtc_options(arch))]
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()
 
 
 def compile_source(code: str, arch: str | None = None, output: str = "cubin") -> tuple[bytes, str]:
-    """One CUDA source to a cubin (or PTX): (binary, path), path "kernel" or "tvm"; a source this process
-    compiled before comes from its cache."""
+    """One CUDA source to a cubin (or PTX): (binary, path), path "kernel" or "tvm"; a source this process, or
+    another build process of the host, compiled before comes from the cache."""
     arch = arch or target_arch(output)
-    key = cache_key(code, arch, output) if _cache.limit_bytes else None
-    cached = _cache.get(key) if key else None
+    key = cache_key(code, arch, output) if _cache.limit_bytes or _shared is not None else None
+    cached = _cache.get(key) if key and _cache.limit_bytes else None
+    if cached is None and key and _shared is not None:
+        cached = _shared.get(key)
+        if cached is not None and _cache.limit_bytes:
+            _cache.put(key, *cached)
     if cached is not None:
         return cached
     binary, path = _compile_uncached(code, arch, output)
     if key:  # reached only by a compile that succeeded: errors and cut compiles raised
-        _cache.put(key, binary, path)
+        if _cache.limit_bytes:
+            _cache.put(key, binary, path)
+        if _shared is not None:
+            _shared.put(key, binary, path)
     return binary, path
 
 
