@@ -97,7 +97,9 @@ class ShardLoop:
         t0 = time.perf_counter()
         default = self.defaults([t.job_task for t in self.tasks]) if self.defaults else {}
         self.run_stats.clock("defaults", t0)
+        known = self.first_rounds.sizes() or {}  # every default timed already: each search drawn at its size
         for t in self.tasks:
+            t.first_round = known.get(t.task_id, t.first_round)
             t.begin(hist.get(t.task_id) or [], default.get(t.task_id), self.cold_start)
             d = default.get(t.task_id)
             self.untuned_cost[t.task_id] = d * t.job_task.weight if d else None
