@@ -10,7 +10,7 @@ import time
 import pytest
 
 from shared import names, store, timeouts
-from shared.messages import JobTask, ShardRef, ShardState
+from shared.messages import JobTask, ShardPhase, ShardRef, ShardState
 from services.tuner.allocation import (Steering, behind, expected_cost, flops_shares, gradient, next_task, partition,
                                        priority)
 
@@ -190,14 +190,14 @@ def test_a_blocked_shard_takes_turns_at_once_and_a_busy_one_after_its_quantum(re
 
     job = "turns-test"
     waiting = ShardState(shard=1, task_ids=["t1"], queued_at=time.time() - 5)
-    _job(redis_conn, job, [ShardState(shard=0, task_ids=["t0"], state="running"), waiting], 100)
+    _job(redis_conn, job, [ShardState(shard=0, task_ids=["t0"], state=ShardPhase.RUNNING), waiting], 100)
     lease = Lease(redis_conn, job, 0, "me", threading.Event(), quantum_s=3600)
     try:
         lease.check(True)  # within its quantum a shard keeps its client
         with pytest.raises(Stopped, match="taking turns with shard 1"):
             lease.check(True, blocked=True)  # it can measure nothing until shard 1 has had its first rounds
         lease.check(False, blocked=True)  # its own first rounds come first
-        store.update_shard(redis_conn, job, 1, lambda sh: setattr(sh, "state", "running"))
+        store.update_shard(redis_conn, job, 1, lambda sh: setattr(sh, "state", ShardPhase.RUNNING))
         lease.check(True, blocked=True)  # no shard waits for a client: it waits on
     finally:
         lease.stop()
@@ -298,7 +298,7 @@ def test_the_board_counts_running_and_waiting_shards():
     from services.tuner.allocation import board_of
 
     now = time.time()
-    board = {"a": [ShardState(shard=0, task_ids=["t0"], state="running"),
+    board = {"a": [ShardState(shard=0, task_ids=["t0"], state=ShardPhase.RUNNING),
                    ShardState(shard=1, task_ids=["t1"], queued_at=now - 5),
                    ShardState(shard=2, task_ids=["t2"], queued_at=now - 1),
                    ShardState(shard=3, task_ids=["t3"], state="done")],
@@ -314,7 +314,7 @@ def test_a_job_holding_every_client_hands_a_shard_to_a_job_that_has_none(redis_c
     from services.tuner.shard_runner import Lease
 
     mine, theirs = "turns-mine", "turns-theirs"
-    _job(redis_conn, mine, [ShardState(shard=i, task_ids=[f"t{i}"], state="running") for i in range(3)], 100)
+    _job(redis_conn, mine, [ShardState(shard=i, task_ids=[f"t{i}"], state=ShardPhase.RUNNING) for i in range(3)], 100)
     _job(redis_conn, theirs, [ShardState(shard=0, task_ids=["t9"], queued_at=time.time() - 5)], 100)
     lease = Lease(redis_conn, mine, 0, "me", threading.Event(), quantum_s=3600)
     try:
@@ -342,8 +342,8 @@ def test_reaper_sends_back_dead_and_stranded_shards_once(idle_redis):
     job = "reaper-test"
     now = time.time()
     shards = [
-        ShardState(shard=0, task_ids=["a"], state="running", owner="dead.1"),  # no lease: its client died
-        ShardState(shard=1, task_ids=["b"], state="running", owner="live.2"),  # leased: left alone
+        ShardState(shard=0, task_ids=["a"], state=ShardPhase.RUNNING, owner="dead.1"),  # no lease: its client died
+        ShardState(shard=1, task_ids=["b"], state=ShardPhase.RUNNING, owner="live.2"),  # leased: left alone
         ShardState(shard=2, task_ids=["c"], state="pending", queued_at=now - 10 * timeouts.STRANDED_AFTER_S),
         ShardState(shard=3, task_ids=["d"], state="pending", queued_at=now),  # just queued: left alone
     ]
