@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import shutil
 import statistics
@@ -26,6 +25,7 @@ from bench.harness.jobs import gpu_lane, gpus as find_gpus, job_records, local_s
 from bench.harness.serving import compile_module, export_job_records, serve
 from bench.harness.stock import kill_group, spawn_tune_tasks
 from bench.panel import PANEL, build
+from sharetune.experiments.time_to_quality import markdown_table, plot, summarise, summarise_model
 
 PHASES = ("stock", "cold", "warm")
 # what a step is expected to take, to leave one that cannot finish before the deadline (stock: ~40 trials a
@@ -35,45 +35,6 @@ STOCK_STARTUP_S = 90.0
 SERVICE_STEP_S = 150.0  # a 384-trial job ~60-90 s on the H200, its stack ~20 s
 SERVE_S = 90.0
 WARM_STORE_S = 360.0  # three zoo models at 384 trials
-
-
-def latency_curve(events: list[tuple[float, str, float | None]], weights: dict[str, int],
-                  defaults: dict[str, float], keeps_default: bool = True) -> list[tuple[float, int, float]]:
-    """(seconds, trials so far, estimated model seconds) after each measured trial. `events`: (seconds from
-    submit, task name, the trial's seconds or None for a failed trial), in any order; `defaults`: each task's
-    default schedule's seconds (a task without one counts at its first valid trial until then).
-    `keeps_default`: the run compiles a task's default schedule where it beats the task's best trial (the
-    service's guard); stock does not: a task it measured compiles its best trial, slower or not."""
-    events = sorted(events, key=lambda e: e[0])  # a failed trial's None never compares
-    first = {}
-    for _, task, secs in events:
-        if secs is not None and task not in first:
-            first[task] = secs
-    best: dict[str, float] = {}
-    out = []
-    for n, (t, task, secs) in enumerate(events, start=1):
-        if secs is not None and secs < best.get(task, math.inf):
-            best[task] = secs
-        def cost(name: str) -> float:
-            tuned, default = best.get(name), defaults.get(name)
-            if tuned is None:
-                return default if default is not None else first.get(name, 0.0)
-            return min(tuned, default) if keeps_default and default is not None else tuned
-        total = sum(w * cost(name) for name, w in weights.items())
-        out.append((round(t, 2), n, total))
-    return out
-
-
-def untuned_estimate(weights: dict[str, int], defaults: dict[str, float]) -> float:
-    return sum(w * defaults.get(name, 0.0) for name, w in weights.items())
-
-
-def time_to_reach(curve: list, target: float) -> tuple[float | None, int | None]:
-    """(seconds, trials) at which the curve first is at or below `target` (None: never)."""
-    for t, n, est in curve:
-        if est <= target * (1 + 1e-9):
-            return t, n
-    return None, None
 
 
 class FileLines:
@@ -363,132 +324,6 @@ def serve_model(args, model: str, row: dict, mwork: Path) -> None:
     row["served"].pop("rounds_us", None)
     if failed:
         row["served"].setdefault("errors", {}).update({k: "did not compile" for k in failed})
-
-
-def summarise_model(row: dict) -> None:
-    """The curves from the events, and the figures the issue asks for."""
-    cold, warm, stock = row.get("cold"), row.get("warm"), row.get("stock")
-    defaults = (cold or warm or {}).get("defaults") or {}
-    weights = (cold or warm or stock or {}).get("weights") or {}
-    curves = {}
-    for name, res in (("stock", stock), ("cold", cold), ("warm", warm)):
-        if res and res.get("events"):
-            curves[name] = latency_curve([tuple(e) for e in res["events"]], weights, defaults,
-                                         keeps_default=name != "stock")
-    row["curves"] = {k: [[t, n, round(e * 1e6, 3)] for t, n, e in v] for k, v in curves.items()}
-    s = {"untuned_estimate_us": round(untuned_estimate(weights, defaults) * 1e6, 3) if defaults else None}
-    for k, v in curves.items():
-        s[f"{k}_final_estimate_us"] = round(v[-1][2] * 1e6, 3)
-    if "stock" in curves and stock.get("wall_s"):
-        stock_final = curves["stock"][-1][2]
-        for k in ("cold", "warm"):
-            if k in curves:
-                t, n = time_to_reach(curves[k], stock_final)
-                s[f"{k}_time_to_stock_latency_s"] = t
-                s[f"{k}_trials_to_stock_latency"] = n
-                s[f"{k}_time_to_stock_latency_ratio"] = round(t / stock["wall_s"], 4) if t is not None else None
-    if "cold" in curves and "warm" in curves:
-        t, n = time_to_reach(curves["warm"], curves["cold"][-1][2])
-        s["warm_time_to_cold_latency_s"] = t
-        s["warm_trials_ratio"] = round(n / len(curves["cold"]), 4) if n is not None else None
-    lat = (row.get("served") or {}).get("latency_us") or {}
-    if "stock" in lat:
-        for k in ("cold", "warm", "cold_at_stock_trials"):
-            if k in lat:
-                s[f"{k}_vs_stock_latency"] = round(lat[k] / lat["stock"], 4)
-        equal = lat.get("cold_at_stock_trials", lat.get("cold"))
-        if equal is not None:
-            s["latency_vs_stock_equal_trials"] = round(equal / lat["stock"], 4)
-    if "untuned" in lat:
-        s["never_slower_than_untuned"] = all(v <= lat["untuned"] * 1.02 for k, v in lat.items() if k in ("cold", "warm"))
-    if cold:
-        s["search_cpu_s_per_valid_candidate"] = cold.get("search_cpu_s_per_valid_candidate")
-    row["summary"] = s
-
-
-def summarise(result: dict) -> dict:
-    """The worst panel model's figure for each goal."""
-    rows = [r for r in result["models"].values() if r.get("summary")]
-    def worst(key, pick=max):
-        vals = [(r["summary"][key], m) for m, r in result["models"].items()
-                if r.get("summary") and r["summary"].get(key) is not None]
-        if not vals:
-            return None, None
-        return pick(vals)
-    out = {"models": sum(1 for r in rows if r["summary"].get("latency_vs_stock_equal_trials") is not None),
-           "models_started": len(result["models"])}
-    for key, src in (("time_to_stock_latency_ratio", "cold_time_to_stock_latency_ratio"),
-                     ("latency_vs_stock_equal_trials", "latency_vs_stock_equal_trials"),
-                     ("warm_trials_ratio", "warm_trials_ratio"),
-                     ("search_cpu_s_per_valid_candidate", "search_cpu_s_per_valid_candidate")):
-        v, m = worst(src)
-        out[key], out[f"{key}_model"] = v, m
-    unreached = [m for m, r in result["models"].items() if r.get("summary") and "stock" in r.get("curves", {})
-                 and "cold" in r.get("curves", {}) and r["summary"].get("cold_time_to_stock_latency_s") is None]
-    if unreached:
-        out["never_reached_stock_latency"] = unreached
-    # a warm run that never reached the cold run's final latency has no trials ratio: it is over 1, not unknown
-    warm_short = [m for m, r in result["models"].items() if "warm" in r.get("curves", {}) and "cold" in r.get("curves", {})
-                  and r["summary"].get("warm_time_to_cold_latency_s") is None]
-    if warm_short:
-        out["warm_never_reached_cold_latency"] = warm_short
-    return out
-
-
-def markdown_table(result: dict) -> str:
-    """One row a model and run, as docs/time_to_quality.md shows it."""
-    lines = ["| model | run | trials | wall s | time to stock's final (s, ratio to stock's wall) | final estimate us | "
-             "served us (x stock) |", "|---|---|---|---|---|---|---|"]
-    for m, row in result["models"].items():
-        s, lat = row.get("summary") or {}, (row.get("served") or {}).get("latency_us") or {}
-        for run in ("stock", "cold", "warm"):
-            res = row.get(run)
-            if not res or res.get("error"):
-                continue
-            reach = "-" if run == "stock" else (
-                f"{s.get(f'{run}_time_to_stock_latency_s')} ({s.get(f'{run}_time_to_stock_latency_ratio')})"
-                if s.get(f"{run}_time_to_stock_latency_s") is not None else "never")
-            served = f"{lat[run]:.1f}" + (f" ({lat[run] / lat['stock']:.2f}x)" if "stock" in lat and run != "stock" else "") \
-                if run in lat else "-"
-            lines.append(f"| {m} | {run} | {res.get('trials')} | {res.get('wall_s')} | {reach} | "
-                         f"{s.get(f'{run}_final_estimate_us')} | {served} |")
-        if "untuned" in lat:
-            lines.append(f"| {m} | untuned | 0 | - | - | {s.get('untuned_estimate_us')} | {lat['untuned']:.1f} |")
-    return "\n".join(lines)
-
-
-def plot(result: dict, path: Path) -> None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return
-    models = [m for m, r in result["models"].items() if r.get("curves")]
-    if not models:
-        return
-    fig, axes = plt.subplots(1, len(models), figsize=(5 * len(models), 4.2), squeeze=False)
-    for ax, m in zip(axes[0], models):
-        row = result["models"][m]
-        u = (row.get("summary") or {}).get("untuned_estimate_us")
-        for name, style in (("stock", "k-"), ("cold", "b-"), ("warm", "g-")):
-            c = row["curves"].get(name)
-            if c:  # from submit at the untuned estimate; stock's end marked where its run ended
-                xs, ys = [0.5] + [max(p[0], 0.5) for p in c], [u or c[0][2]] + [p[2] for p in c]
-                wall = (row.get(name) or {}).get("wall_s")
-                if wall and wall > xs[-1]:
-                    xs, ys = xs + [wall], ys + [ys[-1]]
-                ax.step(xs, ys, style, where="post", label=name)
-        if u:
-            ax.axhline(u, color="grey", ls=":", label="untuned")
-        ax.set_xscale("log")
-        ax.set_title(m)
-        ax.set_xlabel("seconds from submit")
-        ax.set_ylabel("estimated model latency (us)")
-        ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
 
 
 def main(argv=None) -> int:
