@@ -13,7 +13,6 @@ import argparse
 import contextlib
 import hashlib
 import json
-import os
 import tarfile
 import tempfile
 import time
@@ -21,8 +20,8 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from statistics import median
 
-from bench.build_tail import H200, WARM_UP, _compile_cpu
-from bench.harness.common import results_path, write_results
+from bench.build_tail import _compile_cpu, lowered, nvrtc_setup
+from bench.harness.common import kept_in_repo, results_path, write_results
 
 BUILDERS = 16  # builder processes per family in the scale run: each takes a job's next candidate from one queue
 ROUND = 64  # trials_per_iter: a task's round of candidates
@@ -30,31 +29,19 @@ ROUND = 64  # trials_per_iter: a task's round of candidates
 
 def job_rows(db_dir: str) -> list[dict]:
     """Each record in trial order: its trial number, task, source hash, lowering CPU and its source's NVRTC CPU."""
-    os.environ.setdefault("CUDA_PATH", "/usr/local/cuda")
-    import tvm
     import tvm_ffi
     from tvm.s_tir import meta_schedule as ms
 
-    from services.measurer.metaschedule import cuda_compile as cc
-    from services.measurer.metaschedule.build import build
-    from services.tuner.metaschedule.intrinsics import load_tensor_intrinsics
-
-    load_tensor_intrinsics("cuda")
-    target = tvm.target.Target(H200)
+    target, cc, build = nvrtc_setup()
     valid = Path(db_dir) / "trial_valid.json"  # ours: which of the job's trials the database kept
     trials = ([i for i, ok in enumerate(json.loads(valid.read_text())) if ok] if valid.exists() else None)
     db = ms.database.JSONDatabase(work_dir=db_dir, module_equality="structural")
-    _compile_cpu(cc, WARM_UP, 0.0)  # NVRTC's start-up, before anything is counted
     rows, nvrtc_of = [], {}
     for i, rec in enumerate(db.get_all_tuning_records()):
-        sch = tvm.s_tir.Schedule(rec.workload.mod)
-        t0 = time.process_time()
         try:
-            rec.trace.apply_to_schedule(sch, remove_postproc=False)
-            source = build(sch.mod, target).imports[0].inspect_source()  # no libcuda here: no NVRTC either
+            source, lower = lowered(rec, target, build, count_trace=True)
         except Exception:  # noqa: BLE001 - a trial whose build failed: no source to share
             continue
-        lower = time.process_time() - t0
         key = hashlib.sha256(source.encode()).hexdigest()[:16]
         if key not in nvrtc_of:
             c0 = time.process_time()
@@ -92,8 +79,6 @@ def summarise(rows: list[dict], other_jobs_sources: set[str]) -> dict:
 
 
 def jobs(archive: str, work: Path) -> dict[str, str]:
-    from bench.time_to_quality import kept_in_repo
-
     with tarfile.open(archive) as tar:
         tar.extractall(work, filter="data")
     ours = {f"{p.parts[-3]}/{p.parts[-2].split('-')[1]}": str(p) for p in sorted(work.glob("*/*/*/records_db"))}

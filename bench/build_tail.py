@@ -14,7 +14,7 @@ import time
 from collections import defaultdict
 from concurrent.futures import ProcessPoolExecutor
 
-from bench.harness.common import results_path, write_results
+from bench.harness.common import kept_in_repo, results_path, write_results
 from bench.panel import PANEL
 
 H200 = {"kind": "cuda", "arch": "sm_90", "max_threads_per_block": 1024, "max_shared_memory_per_block": 49152,
@@ -32,36 +32,51 @@ def _compile_cpu(cc, source: str, limit: float) -> tuple[float, bool]:
         return time.process_time() - t0, True
 
 
-def model_rows(model: str, limits: list[float]) -> list[dict]:
-    """Each valid stock record of the model: its kernel source's size, lowering and NVRTC CPU (no limit, and
-    under each limit it exceeds), its H200 time."""
+
+
+def nvrtc_setup():
+    """(the H200's target, the lanes' CUDA compile module, their build), NVRTC's start-up (~4 s of CPU) paid
+    before anything is counted."""
     import os
 
     os.environ.setdefault("CUDA_PATH", "/usr/local/cuda")
     import tvm
-    import tvm_ffi
-    from tvm.s_tir import meta_schedule as ms
 
-    from bench.time_to_quality import kept_in_repo
     from services.measurer.metaschedule import cuda_compile as cc
     from services.measurer.metaschedule.build import build
     from services.tuner.metaschedule.intrinsics import load_tensor_intrinsics
 
     load_tensor_intrinsics("cuda")
-    target = tvm.target.Target(H200)
+    _compile_cpu(cc, WARM_UP, 0.0)
+    return tvm.target.Target(H200), cc, build
+
+
+def lowered(rec, target, build, count_trace: bool) -> tuple[str, float]:
+    """A record's CUDA source (no libcuda here: lowering and codegen only) and the CPU seconds it took (the
+    trace's replay counted with `count_trace`)."""
+    import tvm
+
+    sch = tvm.s_tir.Schedule(rec.workload.mod)
+    t0 = time.process_time()
+    rec.trace.apply_to_schedule(sch, remove_postproc=False)
+    t1 = time.process_time()
+    source = build(sch.mod, target).imports[0].inspect_source()
+    return source, time.process_time() - (t0 if count_trace else t1)
+def model_rows(model: str, limits: list[float]) -> list[dict]:
+    """Each valid stock record of the model: its kernel source's size, lowering and NVRTC CPU (no limit, and
+    under each limit it exceeds), its H200 time."""
+    import tvm_ffi
+    from tvm.s_tir import meta_schedule as ms
+
+    target, cc, build = nvrtc_setup()
     db = ms.database.JSONDatabase(work_dir=str(kept_in_repo("time_to_quality_stock") / model),
                                   module_equality="structural")
-    _compile_cpu(cc, WARM_UP, 0.0)  # NVRTC's start-up (~4 s of CPU), before anything is counted
     rows = []
     for rec in db.get_all_tuning_records():
         secs = [float(x) for x in rec.run_secs or []]
         if not secs or max(secs) > 1e9:
             continue
-        sch = tvm.s_tir.Schedule(rec.workload.mod)
-        rec.trace.apply_to_schedule(sch, remove_postproc=False)
-        t0 = time.process_time()
-        source = build(sch.mod, target).imports[0].inspect_source()  # no libcuda here: lowering and codegen only
-        lower = time.process_time() - t0
+        source, lower = lowered(rec, target, build, count_trace=False)
         nvrtc, _ = _compile_cpu(cc, source, 0.0)
         row = {"model": model, "workload": str(tvm_ffi.structural_hash(rec.workload.mod)),
                "us": 1e6 * sum(secs) / len(secs), "source_kb": round(len(source) / 1e3, 1),

@@ -20,7 +20,7 @@ import threading
 import time
 from pathlib import Path
 
-from bench.harness.common import RESULTS, out_dir, tuning_options
+from bench.harness.common import kept_in_repo, out_dir, tuning_options
 from bench.harness.jobs import gpu_lane, gpus as find_gpus, job_records, local_stack, run_job
 from bench.harness.serving import compile_module, export_job_records, serve
 from bench.harness.stock import kill_group, spawn_tune_tasks
@@ -246,24 +246,6 @@ def run_model(args, model: str, row: dict, work: Path, warm_store, save, deadlin
         row["skipped"] = skipped
     summarise_model(row)
     save()
-
-
-KEPT_DBS = RESULTS / "time_to_quality_dbs.tar.xz"
-
-
-def kept_in_repo(name: str) -> Path:
-    """A folder of databases kept in the repo. They are kept as one xz archive (~50x smaller: the raw JSON would not
-    fit a device call beside the staged wheels), unpacked on first use beside this process's work."""
-    unpacked = Path(os.environ.get("TMPDIR", "/tmp")) / f"sharetune-kept-{KEPT_DBS.stat().st_mtime_ns}"
-    if not unpacked.is_dir() and KEPT_DBS.exists():
-        part = unpacked.with_suffix(f".{os.getpid()}")
-        part.mkdir(parents=True, exist_ok=True)
-        subprocess.run(["tar", "xJf", str(KEPT_DBS), "-C", str(part)], check=True)
-        try:
-            part.rename(unpacked)
-        except OSError:  # another process unpacked it first
-            shutil.rmtree(part, ignore_errors=True)
-    return unpacked / name
 
 
 def stock_db(model: str, mwork: Path) -> Path | None:
