@@ -13,7 +13,6 @@ import argparse
 import json
 import os
 import shutil
-import statistics
 import subprocess
 import sys
 import threading
@@ -21,11 +20,13 @@ import time
 from pathlib import Path
 
 from bench.harness.common import kept_in_repo, out_dir, tuning_options
-from bench.harness.jobs import gpu_lane, gpus as find_gpus, job_records, local_stack, run_job
+from bench.harness.jobs import gpu_lane, gpus as find_gpus, local_stack, run_job
 from bench.harness.serving import compile_module, export_job_records, serve
 from bench.harness.stock import kill_group, spawn_tune_tasks
 from bench.panel import PANEL, build
-from sharetune.experiments.time_to_quality import markdown_table, plot, summarise, summarise_model
+from sharetune.experiments.time_to_quality import (
+    job_events, markdown_table, plot, stock_events, summarise, summarise_model,
+)
 
 PHASES = ("stock", "cold", "warm")
 # what a step is expected to take, to leave one that cannot finish before the deadline (stock: ~40 trials a
@@ -85,18 +86,8 @@ def run_stock(args, model: str, work: Path) -> dict:
     if proc.returncode != 0:
         row["error"] = (work / "stock.log").read_text()[-1500:]
         return row
-    tasks = json.loads((work / "tasks.json").read_text())
-    by_hash = {t["shash"]: t["name"] for t in tasks}
-    wl_names = [by_hash.get(json.loads(line)[0], f"?{i}") for i, line in
-                enumerate((work / "database_workload.json").read_text().splitlines())]
-    events = []
-    for t, line in zip(seen, (work / "database_tuning_record.json").read_text().splitlines()):
-        wl, rec = json.loads(line)
-        secs = rec[1]
-        ok = secs and all(s < 1e9 for s in secs)
-        events.append((t, wl_names[wl], statistics.median(secs) if ok else None))
-    row.update(trials=len(events), trials_per_min=round(60 * len(events) / wall, 1), events=events,
-               weights={t["name"]: t["weight"] for t in tasks})
+    events, weights = stock_events(work, seen)
+    row.update(trials=len(events), trials_per_min=round(60 * len(events) / wall, 1), events=events, weights=weights)
     return row
 
 
@@ -128,35 +119,10 @@ def run_service(args, model: str, work: Path, store_from: Path | None = None) ->
                                    trials=args.trials, trials_per_iter=args.per_iter, seed=args.seed)
         t0 = time.time() - wall
         r = store.connect(stack.redis_url)
-        tasks = store.job_tasks(r, job.job_id)
-        weights = {t.name: t.weight for t in tasks}
-        defaults = {}
-        for t in tasks:
-            d = store.default_timing(r, t.wkey)
-            if d is not None and d.run_secs:
-                defaults[t.name] = statistics.median(d.run_secs)
-        events, seeds, valid = [], 0, 0
-        for rec, t in job_records(r, job.job_id):
-            seeds += bool(getattr(rec, "seeded_from", None))
-            valid += store.valid_record(rec)  # timed, briefly or fully
-            ok = store.valid_record(rec) and rec.timing == "full"  # what an export may use
-            events.append((rec.measured_at - t0, t.name, statistics.median(rec.run_secs) if ok else None))
-        row = {"state": final.get("state"), "wall_s": round(wall, 1), "trials": len(events), "weights": weights,
-               "defaults": defaults, "events": events, "seeds_measured": seeds,
-               "trials_per_min": round(60 * len(events) / max(wall, 1e-9), 1)}
-        splits = store.splits(r, job.job_id)
-        row["splits"] = splits
-        row["valid_trials"], row["fully_timed_trials"] = valid, sum(1 for e in events if e[2] is not None)
-        # a stack's clients split the host's physical cores for their searches (Stack.start_tuner); the
-        # sample phase is wall time, so this is its CPU only while its threads are busy
+        # a stack's clients split the host's physical cores for their searches (Stack.start_tuner)
         threads = int(os.environ.get("SHARETUNE_SEARCH_THREADS") or max(1, physical_cores() // args.tuners))
-        sample_s = sum(s.get("sample", 0.0) for s in splits)
-        sample_cpu = sum(s.get("sample_cpu", 0.0) for s in splits)
-        if sample_cpu:  # measured: the CPU of every search thread while it sampled
-            row["search_cpu_s_per_valid_candidate"] = round(sample_cpu / max(1, valid), 3)
-            row["search_cpu_s_per_valid_candidate_bound"] = round(sample_s * threads / max(1, valid), 3)
-        else:  # an upper bound: the sample phase's wall time with every search thread busy
-            row["search_cpu_s_per_valid_candidate"] = round(sample_s * threads / max(1, valid), 3)
+        row = {"state": final.get("state"), "wall_s": round(wall, 1),
+               **job_events(r, job.job_id, t0, wall, threads)}
         if final.get("state") == "done":
             res = job.result()
             row.update(tuned_module=res.tuned_module_path, untuned_module=res.untuned_module_path,

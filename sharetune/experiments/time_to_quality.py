@@ -4,7 +4,9 @@ per model and over the panel, its markdown table and its plot (bench/time_to_qua
 docs/time_to_quality.md has the protocol)."""
 from __future__ import annotations
 
+import json
 import math
+import statistics
 from pathlib import Path
 
 
@@ -171,3 +173,54 @@ def plot(result: dict, path: Path) -> None:
         ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=110)
+
+
+def stock_events(work: Path, seen: list[float]) -> tuple[list[tuple], dict[str, int]]:
+    """Stock's run in `work` as (events, each task's weight): its JSON database's records in the order they were
+    committed, each at its time in `seen`, named by the task its workload belongs to (tasks.json)."""
+    tasks = json.loads((work / "tasks.json").read_text())
+    by_hash = {t["shash"]: t["name"] for t in tasks}
+    wl_names = [by_hash.get(json.loads(line)[0], f"?{i}") for i, line in
+                enumerate((work / "database_workload.json").read_text().splitlines())]
+    events = []
+    for t, line in zip(seen, (work / "database_tuning_record.json").read_text().splitlines()):
+        wl, rec = json.loads(line)
+        secs = rec[1]
+        ok = secs and all(s < 1e9 for s in secs)
+        events.append((t, wl_names[wl], statistics.median(secs) if ok else None))
+    return events, {t["name"]: t["weight"] for t in tasks}
+
+
+def job_events(r, job_id: str, t0: float, wall: float, threads: int) -> dict:
+    """A service job's part of a time-to-quality row, from the store: its tasks' weights and default schedules'
+    seconds, its events (seconds from `t0`; a trial not fully timed counts as failed: an export leaves it out),
+    its phase splits and the search CPU a valid candidate took (`threads`: each client's search threads)."""
+    from shared import store
+
+    tasks = store.job_tasks(r, job_id)
+    defaults = {}
+    for t in tasks:
+        d = store.default_timing(r, t.wkey)
+        if d is not None and d.run_secs:
+            defaults[t.name] = statistics.median(d.run_secs)
+    recs = sorted(((x, t) for t in tasks for x in store.records(r, t.wkey) if x.job_id == job_id),
+                  key=lambda p: p[0].measured_at)
+    events, seeds, valid = [], 0, 0
+    for rec, t in recs:
+        seeds += bool(getattr(rec, "seeded_from", None))
+        valid += store.valid_record(rec)  # timed, briefly or fully
+        ok = store.valid_record(rec) and rec.timing == "full"  # what an export may use
+        events.append((rec.measured_at - t0, t.name, statistics.median(rec.run_secs) if ok else None))
+    splits = store.splits(r, job_id)
+    row = {"trials": len(events), "weights": {t.name: t.weight for t in tasks}, "defaults": defaults,
+           "events": events, "seeds_measured": seeds, "trials_per_min": round(60 * len(events) / max(wall, 1e-9), 1),
+           "splits": splits, "valid_trials": valid, "fully_timed_trials": sum(1 for e in events if e[2] is not None)}
+    # the sample phase is wall time, so this is its CPU only while its threads are busy
+    sample_s = sum(s.get("sample", 0.0) for s in splits)
+    sample_cpu = sum(s.get("sample_cpu", 0.0) for s in splits)
+    if sample_cpu:  # measured: the CPU of every search thread while it sampled
+        row["search_cpu_s_per_valid_candidate"] = round(sample_cpu / max(1, valid), 3)
+        row["search_cpu_s_per_valid_candidate_bound"] = round(sample_s * threads / max(1, valid), 3)
+    else:  # an upper bound: the sample phase's wall time with every search thread busy
+        row["search_cpu_s_per_valid_candidate"] = round(sample_s * threads / max(1, valid), 3)
+    return row
