@@ -18,10 +18,10 @@ import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
-from statistics import median
 
 from bench.build_tail import _compile_cpu, lowered, nvrtc_setup
 from bench.harness.common import kept_in_repo, results_path, write_results
+from sharetune.experiments.throughput import duplicate_source_figures
 
 BUILDERS = 16  # builder processes per family in the scale run: each takes a job's next candidate from one queue
 ROUND = 64  # trials_per_iter: a task's round of candidates
@@ -53,31 +53,6 @@ def job_rows(db_dir: str) -> list[dict]:
     return rows
 
 
-def summarise(rows: list[dict], other_jobs_sources: set[str]) -> dict:
-    first: dict[str, dict] = {}
-    dups, gaps, seen_by = [], [], {}
-    for r in sorted(rows, key=lambda r: r["trial"]):
-        if r["source"] in first:
-            dups.append(r)
-            gaps.append(r["trial"] - first[r["source"]]["trial"])
-        first.setdefault(r["source"], r)
-        seen_by[r["source"]] = seen_by.get(r["source"], 0) + 1
-    # builders take candidates from one queue: the k-th build of a source finds it in its builder's cache when
-    # one of the k-1 before it went to the same builder (taken as uniform)
-    per_process = sum(1 - (1 - 1 / BUILDERS) ** (k - 1) for n in seen_by.values() for k in range(2, n + 1))
-    total = sum(r["lower_cpu_s"] + r["nvrtc_cpu_s"] for r in rows)
-    dup_nvrtc = sum(r["nvrtc_cpu_s"] for r in dups)
-    return {"records": len(rows), "distinct_sources": len(first), "duplicates": len(dups),
-            "duplicate_frac": round(len(dups) / max(len(rows), 1), 4),
-            "duplicates_other_task": sum(r["task"] != first[r["source"]]["task"] for r in dups),
-            "build_cpu_s": round(total, 1), "duplicate_nvrtc_cpu_s": round(dup_nvrtc, 1),
-            "duplicate_nvrtc_frac_of_build_cpu": round(dup_nvrtc / total if total else 0.0, 4),
-            "trial_gap_median": median(gaps) if gaps else None, "trial_gap_max": max(gaps, default=None),
-            f"within_{ROUND}_trials": sum(g < ROUND for g in gaps),
-            f"expected_hits_per_builder_of_{BUILDERS}": round(per_process, 1),
-            "sources_built_by_another_job": sum(r["source"] in other_jobs_sources for r in rows)}
-
-
 def jobs(archive: str, work: Path) -> dict[str, str]:
     with tarfile.open(archive) as tar:
         tar.extractall(work, filter="data")
@@ -98,7 +73,7 @@ def main(argv=None) -> None:
     for name, job in rows.items():  # sources the same model's other jobs built: what a builder kept across jobs
         others = {r["source"] for n, rs in rows.items() if n != name and n.split("/")[0] == name.split("/")[0]
                   and n.endswith("/stock") == name.endswith("/stock") for r in rs}
-        per_job[name] = summarise(job, others)
+        per_job[name] = duplicate_source_figures(job, others, BUILDERS, ROUND)
     print(json.dumps(per_job, indent=1))
     write_results({"per_job": per_job, "rows": rows}, results_path("build_duplicates.json"),
                   "bench.build_duplicates", argv)

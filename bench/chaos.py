@@ -25,9 +25,10 @@ import time
 from pathlib import Path
 
 from bench.harness.common import results_path, wait_for, write_results
-from bench.harness.jobs import job_records, local_stack
+from bench.harness.jobs import local_stack
 from services.measurer.agent import MAX_RESTARTS, RESTART_WINDOW_S
 from shared import names, store
+from sharetune.testing.faults import job_audit
 
 FINAL = ("done", "failed", "cancelled")
 JUNK = [b"\x00\xffnot an envelope", b"[1, 2, 3]", b'{"hello": "world"}', b'{"properties": {}}',
@@ -92,20 +93,6 @@ def rss_mib(stack) -> float:
         except psutil.Error:
             pass
     return total / 2**20
-
-
-def job_audit(r, job_id: str) -> dict:
-    """One job's end, from the store: its state and reason, and where its trials went."""
-    st = store.job_state(r, job_id)
-    acc = store.trial_accounting(r, job_id) or {}
-    recs = [rec for rec, _ in job_records(r, job_id)]
-    keys = [(rec.wkey, rec.candidate_key) for rec in recs]
-    # a record twice (the store keys them by candidate, so only a second key could) or more records than
-    # trials claimed (a trial counted twice)
-    duplicated = len(keys) - len(set(keys)) + max(0, len(recs) - (acc.get("claimed") or len(recs)))
-    return {"job_id": job_id, "state": st.get("state"), "error": st.get("error"),
-            "claimed": acc.get("claimed"), "recorded": acc.get("recorded"), "lost": acc.get("lost"),
-            "resends": acc.get("resends"), "records": len(recs), "duplicated": duplicated}
 
 
 def all_final(r, jobs: list[str]) -> bool:

@@ -30,7 +30,7 @@ from bench.harness.jobs import gpu_lane, gpus as find_gpus, job_records, local_s
 from bench.harness.samplers import BusySampler, CpuSampler, RunSamplers
 from bench.harness.serving import export_job_records, serve, serving_mps, spawn_compile
 from bench.panel import model_arg as panel_model
-from sharetune.experiments.throughput import pipeline, print_table, record_stats, summarise
+from sharetune.experiments.throughput import batch_figures, pipeline, print_table, record_stats, summarise
 from bench.harness.stock import (
     kill_group, spawn_tune_tasks, stock_records, stock_steady_from_log, stock_trials_from_log,
 )
@@ -113,14 +113,7 @@ def run_config(args, name: str, spec: tuple, gpus: list, work: Path, model: str)
         lanes = lane_utilisation(batches, t0, t0 + wall)  # each lane's own busy clock, as the job result has it
         row.update(lane_busy_frac=lanes.get("mean_busy_frac"),
                    lane_busy_per_lane={k: v["busy_frac"] for k, v in lanes.get("per_lane", {}).items()})
-        if batches:  # from the first candidate measured to the last: the rate once planning is done
-            active = max(b.finished_at for b in batches) - min(b.started_at for b in batches)
-            row["active_s"] = round(active, 1)
-            row["steady_trials_per_min"] = round(60 * status["trials"] / max(active, 1e-9), 1)
-            # builders feed a lane one candidate a batch: a batch's time is that candidate's lane time
-            per = [(b.finished_at - b.started_at) / b.candidates for b in batches if b.candidates]
-            row["lane_s_per_candidate"] = round(statistics.median(per), 4)
-            row["lane_s_per_candidate_mean"] = round(statistics.mean(per), 4)
+        row.update(batch_figures(batches, status["trials"]))
         row.update(record_stats([x for x, _ in job_records(r, job.job_id)]))
         row["pipeline"] = pipeline(rows, samplers.timeline.t0, batches, samplers.gpu[0].samples,
                                    host_cores(spec), args.tuners, args.png_dir / f"timeline-{key}.png", key)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import statistics
+from collections import defaultdict
 from pathlib import Path
 
 ROLES = ("tuner", "builder", "lane", "updater", "other")  # a stack's processes, as the timeline groups them
@@ -113,6 +114,19 @@ def plot(rows: list[dict], path, title: str, cores: int) -> str | None:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return str(path)
+
+
+def batch_figures(batches, trials: int) -> dict:
+    """From the first candidate measured to the last (the rate once planning is done), and the lane time a
+    candidate took; empty without batches."""
+    if not batches:
+        return {}
+    active = max(b.finished_at for b in batches) - min(b.started_at for b in batches)
+    # builders feed a lane one candidate a batch: a batch's time is that candidate's lane time
+    per = [(b.finished_at - b.started_at) / b.candidates for b in batches if b.candidates]
+    return {"active_s": round(active, 1), "steady_trials_per_min": round(60 * trials / max(active, 1e-9), 1),
+            "lane_s_per_candidate": round(statistics.median(per), 4),
+            "lane_s_per_candidate_mean": round(statistics.mean(per), 4)}
 
 
 def record_stats(recs: list) -> dict:
@@ -261,3 +275,53 @@ def print_table(result: dict) -> None:
 
 def _f(v) -> str:
     return "-" if v is None else f"{v:.3g}" if isinstance(v, float) else str(v)
+
+
+def compile_limit_figures(rows: list[dict], limits: list[float]) -> dict:
+    """What each compile CPU limit would cut (bench/build_tail.py's rows: each record's NVRTC CPU, unlimited and
+    under each limit it exceeds, and its time): builds cut, CPU saved, how close the cut came to their task's best."""
+    best: dict[str, float] = defaultdict(lambda: float("inf"))
+    for r in rows:
+        best[r["workload"]] = min(best[r["workload"]], r["us"])
+    total = sum(r["lower_cpu_s"] + r["nvrtc_cpu_s"] for r in rows)
+    out = {"records": len(rows), "build_cpu_s_total": round(total, 1),
+           "build_cpu_s_mean": round(total / max(len(rows), 1), 3), "limits": {}}
+    for limit in limits:
+        cut = [r for r in rows if str(limit) in r["limited"]]
+        ratios = sorted(r["us"] / best[r["workload"]] for r in cut)
+        saved = sum(r["nvrtc_cpu_s"] - r["limited"][str(limit)]["cpu_s"] for r in cut)
+        out["limits"][str(limit)] = {
+            "cut": len(cut), "cut_frac": round(len(cut) / max(len(rows), 1), 4),
+            "stopped": sum(r["limited"][str(limit)]["stopped"] for r in cut),
+            "build_cpu_saved_frac": round(saved / total if total else 0.0, 3),
+            "closest_cut_vs_task_best": round(ratios[0], 3) if ratios else None,
+            "cut_within_1_5x_of_task_best": sum(x < 1.5 for x in ratios),
+            "task_bests_cut": sum(x <= 1.0 for x in ratios)}
+    return out
+
+
+def duplicate_source_figures(rows: list[dict], other_jobs_sources: set[str], builders: int, per_round: int) -> dict:
+    """Duplicate CUDA sources among a job's builds (bench/build_duplicates.py's rows, in trial order): how many,
+    the NVRTC CPU they paid again, how far apart, and what `builders` per-process caches would have caught."""
+    first: dict[str, dict] = {}
+    dups, gaps, seen_by = [], [], {}
+    for r in sorted(rows, key=lambda r: r["trial"]):
+        if r["source"] in first:
+            dups.append(r)
+            gaps.append(r["trial"] - first[r["source"]]["trial"])
+        first.setdefault(r["source"], r)
+        seen_by[r["source"]] = seen_by.get(r["source"], 0) + 1
+    # builders take candidates from one queue: the k-th build of a source finds it in its builder's cache when
+    # one of the k-1 before it went to the same builder (taken as uniform)
+    per_process = sum(1 - (1 - 1 / builders) ** (k - 1) for n in seen_by.values() for k in range(2, n + 1))
+    total = sum(r["lower_cpu_s"] + r["nvrtc_cpu_s"] for r in rows)
+    dup_nvrtc = sum(r["nvrtc_cpu_s"] for r in dups)
+    return {"records": len(rows), "distinct_sources": len(first), "duplicates": len(dups),
+            "duplicate_frac": round(len(dups) / max(len(rows), 1), 4),
+            "duplicates_other_task": sum(r["task"] != first[r["source"]]["task"] for r in dups),
+            "build_cpu_s": round(total, 1), "duplicate_nvrtc_cpu_s": round(dup_nvrtc, 1),
+            "duplicate_nvrtc_frac_of_build_cpu": round(dup_nvrtc / total if total else 0.0, 4),
+            "trial_gap_median": statistics.median(gaps) if gaps else None, "trial_gap_max": max(gaps, default=None),
+            f"within_{per_round}_trials": sum(g < per_round for g in gaps),
+            f"expected_hits_per_builder_of_{builders}": round(per_process, 1),
+            "sources_built_by_another_job": sum(r["source"] in other_jobs_sources for r in rows)}

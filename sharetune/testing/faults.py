@@ -144,6 +144,20 @@ def job_figures(redis_conn, job, budget: int) -> dict:
             "trials_respent": max(0, started - trials), "trials": trials}
 
 
+def job_audit(r, job_id: str) -> dict:
+    """One job's end, from the store: its state and reason, and where its trials went (the chaos soak's audit)."""
+    st = store.job_state(r, job_id)
+    acc = store.trial_accounting(r, job_id) or {}
+    recs = [x for t in store.job_tasks(r, job_id) for x in store.records(r, t.wkey) if x.job_id == job_id]
+    keys = [(rec.wkey, rec.candidate_key) for rec in recs]
+    # a record twice (the store keys them by candidate, so only a second key could) or more records than
+    # trials claimed (a trial counted twice)
+    duplicated = len(keys) - len(set(keys)) + max(0, len(recs) - (acc.get("claimed") or len(recs)))
+    return {"job_id": job_id, "state": st.get("state"), "error": st.get("error"),
+            "claimed": acc.get("claimed"), "recorded": acc.get("recorded"), "lost": acc.get("lost"),
+            "resends": acc.get("resends"), "records": len(recs), "duplicated": duplicated}
+
+
 def record_row(path: str | None, row: dict) -> None:
     """Append a figures row for bench/faults.py to `path`, the file it asks for (FaultFiguresSettings.faults_out,
     SHARETUNE_FAULTS_OUT; None: not asked, nothing written)."""
