@@ -29,11 +29,9 @@ from bench.harness.common import child_env, cores_of, last_json_line, out_dir, t
 from bench.harness.jobs import gpu_lane, gpus as find_gpus, job_records, local_stack, run_job
 from bench.harness.samplers import BusySampler, CpuSampler, RunSamplers
 from bench.harness.serving import export_job_records, serve, serving_mps, spawn_compile
+from bench.harness.stock import kill_group, spawn_tune_tasks, stock_log_figures, stock_records
 from bench.panel import model_arg as panel_model
 from sharetune.experiments.throughput import batch_figures, pipeline, print_table, record_stats, summarise
-from bench.harness.stock import (
-    kill_group, spawn_tune_tasks, stock_records, stock_steady_from_log, stock_trials_from_log,
-)
 
 CONFIGS = {  # name -> (lanes per GPU "NxPCT", GPUs, builders, builder cores, tuner-side cores, timing)
     "1gpu-1x100": ("1x100", 1, 16, "0-15", "0-15", "screen"),
@@ -340,12 +338,12 @@ def stop_stock(stock: dict, args) -> dict:
     committed = len(stock_records(stock["work"]))
     log = stock["work"].parent / "stock.log"
     text = log.read_text() if log.exists() else ""
-    trials = max(committed, stock_trials_from_log(text))
+    figures = stock_log_figures(committed, wall, text)
+    trials = figures.pop("trials")
     row = {"config": "stock", "model": stock["model"], "gpus": 1, "lanes": 0, "builders": len(cores_of(stock["cores"])),
            "per_iter": args.per_iter, "window_s": round(wall, 1), "trials": trials, "committed_records": committed,
-           "trials_per_min": round(60 * trials / wall, 1), "gpu_busy_frac": busy, "work": str(stock["work"]),
-           "note": "LocalBuilder(max_workers=its cores, timeout_sec=120) + LocalRunner, stopped at the window"}
-    row.update(stock_steady_from_log(text))
+           "trials_per_min": figures.pop("trials_per_min"), "gpu_busy_frac": busy, "work": str(stock["work"]),
+           "note": "LocalBuilder(max_workers=its cores, timeout_sec=120) + LocalRunner, stopped at the window", **figures}
     row.update(cpu, cpu_s_per_trial=round(sum(cpu["cpu_s_by_role"].values()) / trials, 2) if trials else None)
     return row
 
@@ -429,10 +427,7 @@ def merge(paths: list[str], out_path: str, stock_log: str | None = None) -> int:
         stocks.update(p.get("stocks") or ({p["model"]: p["stock"]} if p.get("stock") else {}))
     if stock_log and Path(stock_log).exists() and len(stocks) == 1:  # trials from stock's own log
         stock = next(iter(stocks.values()))
-        text = Path(stock_log).read_text()
-        stock["trials"] = max(stock["trials"], stock_trials_from_log(text))
-        stock["trials_per_min"] = round(60 * stock["trials"] / stock["window_s"], 1)
-        stock.update(stock_steady_from_log(text))
+        stock.update(stock_log_figures(stock["trials"], stock["window_s"], Path(stock_log).read_text()))
     result = {k: v for k, v in parts[0].items() if k not in ("rows", "stock", "stocks", "part", "summary")}
     result.update(rows=rows, stocks=stocks, stock=next(iter(stocks.values()), None))
     result["summary"] = summarise(result)

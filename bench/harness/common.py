@@ -23,13 +23,16 @@ def out_dir(default: str = "/tmp/out") -> Path:
     return d
 
 
+def git(*args: str) -> str:
+    """A git command's output in the repository ("" when git cannot answer)."""
+    try:
+        return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
 def git_state() -> dict:
     """The code that ran: HEAD, its branch, and the tracked files that differed from it (the tree may be shared)."""
-    def git(*a):
-        try:
-            return subprocess.run(["git", *a], cwd=REPO, capture_output=True, text=True, timeout=30).stdout
-        except (OSError, subprocess.SubprocessError):
-            return ""
     return {"head": git("rev-parse", "HEAD").strip(), "branch": git("rev-parse", "--abbrev-ref", "HEAD").strip(),
             "modified": [line[3:] for line in git("status", "--porcelain", "--untracked-files=no").splitlines()]}
 

@@ -104,6 +104,13 @@ def stock_steady_from_log(log_text: str) -> dict:
     return {"active_s": round(after - first, 1), "steady_trials_per_min": round(60 * trials / max(after - first, 1e-9), 1)}
 
 
+def stock_log_figures(committed: int, wall_s: float, log_text: str) -> dict:
+    """Stock's trials over a window (its database's records, or its log's count when that is more), its rate, and
+    its rate once started."""
+    trials = max(committed, stock_trials_from_log(log_text))
+    return {"trials": trials, "trials_per_min": round(60 * trials / wall_s, 1), **stock_steady_from_log(log_text)}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("how", choices=["tasks"])
