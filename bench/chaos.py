@@ -1,16 +1,12 @@
-"""A chaos soak: a local stack (CPU lanes, a builder, two tuner clients, the planner, the updater, its
-embedded Redis) runs a stream of jobs while a driver kills a random service process with SIGKILL every
-5-30 s and pushes junk on random queues. At the end every job must be done (or failed with a reason),
-each done job's claimed trials equal its records, no trial lost, no record counted twice, and memory
-bounded. Writes `$OUT/chaos.json` (default bench/results/chaos.json) with the kill log and a `summary`.
+"""A chaos soak: a local stack (CPU lanes, builders, tuner clients, the planner, the updater, its embedded Redis)
+runs a stream of jobs while a driver kills a random service process with SIGKILL every 5-30 s and pushes junk on
+random queues; at the end every job must be done (or failed with a reason), with claimed trials = records, none
+lost or counted twice, and memory bounded. Kills stay within the supervisor's restart budget (a process killed more
+often is given up by design: tests/test_supervisor.py). Writes `$OUT/chaos.json` (default
+bench/results/chaos.json). Protocol and results: docs/hardening.md (The chaos soak).
 
     python -m bench.chaos --duration-s 2100                   # the soak (~40 min on a 2-core host)
     python -m bench.chaos --duration-s 120 --out /tmp/c.json  # a short one (tests/test_chaos.py runs this)
-
-Kills stay within the supervisor's restart budget (MAX_RESTARTS within RESTART_WINDOW_S per process,
-services.measurer.agent.processes): a process killed more often is given up by design, which
-tests/test_supervisor.py checks on its own; the soak asks whether the stack loses anything while it
-recovers, not whether it gives up on a process that keeps dying.
 """
 from __future__ import annotations
 

@@ -1,13 +1,11 @@
 """Throughput at the scale users tune, against stock MetaSchedule on the same machine (DESIGN.md section 4).
 
-Part A, one H200 and its 16 cores: for each model (every task, 64 candidates a round) stock `tune_tasks` runs for
-a fixed window and is stopped (judged by its trials/min and its tuned latency at the trials it reached); then this
-service, configuration after configuration (CONFIGS), each in a fresh stack. Part B, two GPUs: stock on GPU 1 /
-cores 16-31 beside the service on GPU 0 / cores 0-15, and the 32-core and two-GPU configurations.
-
-Tuned latency at equal trials: the service's first N records (N = stock's) are compiled into the model as stock's
-are, and both timed in one fresh process at the configuration's share. The JSON is written after every step; a
-run started again with the same --work-dir and output resumes after the last finished step.
+Part A, one H200 and its 16 cores: stock `tune_tasks` on each model for a fixed window, then this service,
+configuration after configuration (CONFIGS), each in a fresh stack. Part B, two GPUs: stock on GPU 1 / cores 16-31
+beside the service on GPU 0 / cores 0-15. Tuned latency at equal trials: the service's first N records (N =
+stock's) compiled as stock's are and both timed in one fresh process at the configuration's share. The JSON is
+written after every step; a run started again with the same --work-dir and output resumes after the last finished
+step. Protocol and results: docs/benchmarks.md (Throughput at the scale users tune).
 
     python -m bench.scale_h200 --part A --models resnet18,transformer     # one GPU, ~20 min: background it
     python -m bench.scale_h200 --rehearse     # the same code on CPU lanes (llvm), small, on this host
