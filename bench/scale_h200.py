@@ -27,9 +27,11 @@ from bench.harness.common import child_env, cores_of, last_json_line, out_dir, t
 from bench.harness.jobs import gpu_lane, gpus as find_gpus, job_records, local_stack, run_job
 from bench.harness.samplers import BusySampler, CpuSampler, RunSamplers
 from bench.harness.serving import export_job_records, serve, serving_mps, spawn_compile
-from bench.harness.stock import kill_group, spawn_tune_tasks, stock_log_figures, stock_records
+from bench.harness.stock import kill_group, spawn_tune_tasks, stock_records
 from bench.panel import model_arg as panel_model
-from sharetune.experiments.throughput import batch_figures, pipeline, print_table, record_stats, summarise
+from sharetune.experiments.throughput import (
+    batch_figures, merged, pipeline, print_table, record_stats, stock_log_figures, stocks_of, summarise,
+)
 
 CONFIGS = {  # name -> (lanes per GPU "NxPCT", GPUs, builders, builder cores, tuner-side cores, timing)
     "1gpu-1x100": ("1x100", 1, 16, "0-15", "0-15", "screen"),
@@ -281,21 +283,6 @@ def run_part(args) -> int:
     return 0
 
 
-def stocks_of(result: dict) -> dict:
-    """Stock's rows of an earlier result: this benchmark's, or the time-to-quality benchmark's (stock run to
-    its budget, each model in its own lease)."""
-    if result.get("stocks"):
-        return result["stocks"]
-    out = {}
-    for model, row in (result.get("models") or {}).items():
-        stock = row.get("stock") or {}
-        if stock.get("trials_per_min"):
-            out[model] = {"config": "stock", "model": model, "trials": stock["trials"], "window_s": stock["wall_s"],
-                          "trials_per_min": stock["trials_per_min"], "lease": row.get("stock_lease"),
-                          "note": "tune_tasks run to its budget (time_to_quality), 16 builders + LocalRunner"}
-    return out
-
-
 PROBE = """
 import json, tvm
 from services.measurer.metaschedule.build import build, trivial_kernel
@@ -418,20 +405,8 @@ def screened_against_uniform(args, result: dict, gpus, work: Path) -> None:
 
 
 def merge(paths: list[str], out_path: str, stock_log: str | None = None) -> int:
-    parts = [json.loads(Path(p).read_text()) for p in paths]
-    rows = [r for p in parts for r in p["rows"]]
-    stocks = {}
-    for p in parts:
-        stocks.update(p.get("stocks") or ({p["model"]: p["stock"]} if p.get("stock") else {}))
-    if stock_log and Path(stock_log).exists() and len(stocks) == 1:  # trials from stock's own log
-        stock = next(iter(stocks.values()))
-        stock.update(stock_log_figures(stock["trials"], stock["window_s"], Path(stock_log).read_text()))
-    result = {k: v for k, v in parts[0].items() if k not in ("rows", "stock", "stocks", "part", "summary")}
-    result.update(rows=rows, stocks=stocks, stock=next(iter(stocks.values()), None))
-    result["summary"] = summarise(result)
-    two, one = (next((r for r in rows if r["config"] == c), None) for c in ("2gpu-4x25-b32", "1gpu-4x25-b32"))
-    if two and one:
-        result["summary"]["scaling_efficiency_2gpu"] = round(two["trials_per_min"] / (2 * one["trials_per_min"]), 3)
+    log = Path(stock_log).read_text() if stock_log and Path(stock_log).exists() else None
+    result = merged([json.loads(Path(p).read_text()) for p in paths], log)
     Path(out_path).parent.mkdir(parents=True, exist_ok=True)
     Path(out_path).write_text(json.dumps(result, indent=1))
     print_table(result)

@@ -1,10 +1,13 @@
 """A tuning run's throughput figures, as the scale benchmark (bench/scale_h200.py) records them: its timeline
 second by second (lanes and GPU busy added to the sampled CPU and queues), where its idle core-seconds went,
-its build CPU per candidate and what the slowest builds bought, and a results file's summary against stock
-MetaSchedule with its table."""
+its build CPU per candidate and what the slowest builds bought (and, for the build benchmarks, what a compile CPU
+limit would cut and how many builds repeat a source), stock MetaSchedule's rate read from its log, and a results
+file's parts joined and summarised against stock, with its table."""
 from __future__ import annotations
 
+import datetime as _dt
 import json
+import re
 import statistics
 from collections import defaultdict
 from pathlib import Path
@@ -325,3 +328,67 @@ def duplicate_source_figures(rows: list[dict], other_jobs_sources: set[str], bui
             f"within_{per_round}_trials": sum(g < per_round for g in gaps),
             f"expected_hits_per_builder_of_{builders}": round(per_process, 1),
             "sources_built_by_another_job": sum(r["source"] in other_jobs_sources for r in rows)}
+
+
+def merged(parts: list[dict], stock_log: str | None = None) -> dict:
+    """Results files of parts of a run joined, summarised again; with one stock row, its trials read again from
+    stock's own `stock_log` (its text)."""
+    rows = [r for p in parts for r in p["rows"]]
+    stocks = {}
+    for p in parts:
+        stocks.update(p.get("stocks") or ({p["model"]: p["stock"]} if p.get("stock") else {}))
+    if stock_log is not None and len(stocks) == 1:  # trials from stock's own log
+        stock = next(iter(stocks.values()))
+        stock.update(stock_log_figures(stock["trials"], stock["window_s"], stock_log))
+    result = {k: v for k, v in parts[0].items() if k not in ("rows", "stock", "stocks", "part", "summary")}
+    result.update(rows=rows, stocks=stocks, stock=next(iter(stocks.values()), None))
+    result["summary"] = summarise(result)
+    two, one = (next((r for r in rows if r["config"] == c), None) for c in ("2gpu-4x25-b32", "1gpu-4x25-b32"))
+    if two and one:
+        result["summary"]["scaling_efficiency_2gpu"] = round(two["trials_per_min"] / (2 * one["trials_per_min"]), 3)
+    return result
+
+
+def stocks_of(result: dict) -> dict:
+    """Stock's rows of an earlier result: this benchmark's, or the time-to-quality benchmark's (stock run to
+    its budget, each model in its own lease)."""
+    if result.get("stocks"):
+        return result["stocks"]
+    out = {}
+    for model, row in (result.get("models") or {}).items():
+        stock = row.get("stock") or {}
+        if stock.get("trials_per_min"):
+            out[model] = {"config": "stock", "model": model, "trials": stock["trials"], "window_s": stock["wall_s"],
+                          "trials_per_min": stock["trials_per_min"], "lease": row.get("stock_lease"),
+                          "note": "tune_tasks run to its budget (time_to_quality), 16 builders + LocalRunner"}
+    return out
+
+
+def stock_trials_from_log(log_text: str) -> int:
+    """Candidates stock sent to its runner (timed right away by LocalRunner). Its task scheduler commits a
+    task's records to the database only when it comes back to that task, so over a short window on a model
+    with many tasks the database holds none of them: its own log is what counts."""
+    return sum(int(m) for m in re.findall(r"Sending (\d+) valid sample\(s\) to runner", log_text))
+
+
+def stock_steady_from_log(log_text: str) -> dict:
+    """Stock's rate once started: from its first batch sent to the builder to its next task pick after the
+    last batch it sent to the runner (that batch then timed)."""
+    def at(line):
+        return _dt.datetime.strptime(line[:19], "%Y-%m-%d %H:%M:%S").timestamp()
+
+    lines = [l for l in log_text.splitlines() if re.match(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d", l)]
+    first = next((at(l) for l in lines if re.search(r"sample\(s\) to builder", l)), None)
+    runner = [i for i, l in enumerate(lines) if re.search(r"valid sample\(s\) to runner", l)]
+    if first is None or not runner:
+        return {}
+    after = next((at(l) for l in lines[runner[-1] + 1:] if "TaskScheduler picks" in l), at(lines[runner[-1]]))
+    trials = stock_trials_from_log(log_text)
+    return {"active_s": round(after - first, 1), "steady_trials_per_min": round(60 * trials / max(after - first, 1e-9), 1)}
+
+
+def stock_log_figures(committed: int, wall_s: float, log_text: str) -> dict:
+    """Stock's trials over a window (its database's records, or its log's count when that is more), its rate, and
+    its rate once started."""
+    trials = max(committed, stock_trials_from_log(log_text))
+    return {"trials": trials, "trials_per_min": round(60 * trials / wall_s, 1), **stock_steady_from_log(log_text)}
