@@ -13,16 +13,15 @@ import argparse
 import contextlib
 import hashlib
 import json
-import os
 import tarfile
 import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
-from statistics import median
 
-from bench.build_tail import H200, WARM_UP, _compile_cpu
-from bench.harness.common import results_path, write_results
+from bench.build_tail import _compile_cpu, lowered, nvrtc_setup
+from bench.harness.common import kept_in_repo, results_path, write_results
+from sharetune.experiments.throughput import duplicate_source_figures
 
 BUILDERS = 16  # builder processes per family in the scale run: each takes a job's next candidate from one queue
 ROUND = 64  # trials_per_iter: a task's round of candidates
@@ -30,31 +29,19 @@ ROUND = 64  # trials_per_iter: a task's round of candidates
 
 def job_rows(db_dir: str) -> list[dict]:
     """Each record in trial order: its trial number, task, source hash, lowering CPU and its source's NVRTC CPU."""
-    os.environ.setdefault("CUDA_PATH", "/usr/local/cuda")
-    import tvm
     import tvm_ffi
     from tvm.s_tir import meta_schedule as ms
 
-    from services.measurer.metaschedule import cuda_compile as cc
-    from services.measurer.metaschedule.build import build
-    from services.tuner.metaschedule.intrinsics import load_tensor_intrinsics
-
-    load_tensor_intrinsics("cuda")
-    target = tvm.target.Target(H200)
+    target, cc, build = nvrtc_setup()
     valid = Path(db_dir) / "trial_valid.json"  # ours: which of the job's trials the database kept
     trials = ([i for i, ok in enumerate(json.loads(valid.read_text())) if ok] if valid.exists() else None)
     db = ms.database.JSONDatabase(work_dir=db_dir, module_equality="structural")
-    _compile_cpu(cc, WARM_UP, 0.0)  # NVRTC's start-up, before anything is counted
     rows, nvrtc_of = [], {}
     for i, rec in enumerate(db.get_all_tuning_records()):
-        sch = tvm.s_tir.Schedule(rec.workload.mod)
-        t0 = time.process_time()
         try:
-            rec.trace.apply_to_schedule(sch, remove_postproc=False)
-            source = build(sch.mod, target).imports[0].inspect_source()  # no libcuda here: no NVRTC either
+            source, lower = lowered(rec, target, build, count_trace=True)
         except Exception:  # noqa: BLE001 - a trial whose build failed: no source to share
             continue
-        lower = time.process_time() - t0
         key = hashlib.sha256(source.encode()).hexdigest()[:16]
         if key not in nvrtc_of:
             c0 = time.process_time()
@@ -66,34 +53,7 @@ def job_rows(db_dir: str) -> list[dict]:
     return rows
 
 
-def summarise(rows: list[dict], other_jobs_sources: set[str]) -> dict:
-    first: dict[str, dict] = {}
-    dups, gaps, seen_by = [], [], {}
-    for r in sorted(rows, key=lambda r: r["trial"]):
-        if r["source"] in first:
-            dups.append(r)
-            gaps.append(r["trial"] - first[r["source"]]["trial"])
-        first.setdefault(r["source"], r)
-        seen_by[r["source"]] = seen_by.get(r["source"], 0) + 1
-    # builders take candidates from one queue: the k-th build of a source finds it in its builder's cache when
-    # one of the k-1 before it went to the same builder (taken as uniform)
-    per_process = sum(1 - (1 - 1 / BUILDERS) ** (k - 1) for n in seen_by.values() for k in range(2, n + 1))
-    total = sum(r["lower_cpu_s"] + r["nvrtc_cpu_s"] for r in rows)
-    dup_nvrtc = sum(r["nvrtc_cpu_s"] for r in dups)
-    return {"records": len(rows), "distinct_sources": len(first), "duplicates": len(dups),
-            "duplicate_frac": round(len(dups) / max(len(rows), 1), 4),
-            "duplicates_other_task": sum(r["task"] != first[r["source"]]["task"] for r in dups),
-            "build_cpu_s": round(total, 1), "duplicate_nvrtc_cpu_s": round(dup_nvrtc, 1),
-            "duplicate_nvrtc_frac_of_build_cpu": round(dup_nvrtc / total if total else 0.0, 4),
-            "trial_gap_median": median(gaps) if gaps else None, "trial_gap_max": max(gaps, default=None),
-            f"within_{ROUND}_trials": sum(g < ROUND for g in gaps),
-            f"expected_hits_per_builder_of_{BUILDERS}": round(per_process, 1),
-            "sources_built_by_another_job": sum(r["source"] in other_jobs_sources for r in rows)}
-
-
 def jobs(archive: str, work: Path) -> dict[str, str]:
-    from bench.time_to_quality import kept_in_repo
-
     with tarfile.open(archive) as tar:
         tar.extractall(work, filter="data")
     ours = {f"{p.parts[-3]}/{p.parts[-2].split('-')[1]}": str(p) for p in sorted(work.glob("*/*/*/records_db"))}
@@ -113,7 +73,7 @@ def main(argv=None) -> None:
     for name, job in rows.items():  # sources the same model's other jobs built: what a builder kept across jobs
         others = {r["source"] for n, rs in rows.items() if n != name and n.split("/")[0] == name.split("/")[0]
                   and n.endswith("/stock") == name.endswith("/stock") for r in rs}
-        per_job[name] = summarise(job, others)
+        per_job[name] = duplicate_source_figures(job, others, BUILDERS, ROUND)
     print(json.dumps(per_job, indent=1))
     write_results({"per_job": per_job, "rows": rows}, results_path("build_duplicates.json"),
                   "bench.build_duplicates", argv)

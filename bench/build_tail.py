@@ -11,11 +11,11 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from collections import defaultdict
 from concurrent.futures import ProcessPoolExecutor
 
-from bench.harness.common import results_path, write_results
+from bench.harness.common import kept_in_repo, results_path, write_results
 from bench.panel import PANEL
+from sharetune.experiments.throughput import compile_limit_figures
 
 H200 = {"kind": "cuda", "arch": "sm_90", "max_threads_per_block": 1024, "max_shared_memory_per_block": 49152,
         "thread_warp_size": 32}
@@ -32,36 +32,49 @@ def _compile_cpu(cc, source: str, limit: float) -> tuple[float, bool]:
         return time.process_time() - t0, True
 
 
-def model_rows(model: str, limits: list[float]) -> list[dict]:
-    """Each valid stock record of the model: its kernel source's size, lowering and NVRTC CPU (no limit, and
-    under each limit it exceeds), its H200 time."""
+def nvrtc_setup():
+    """(the H200's target, the lanes' CUDA compile module, their build), NVRTC's start-up (~4 s of CPU) paid
+    before anything is counted."""
     import os
 
     os.environ.setdefault("CUDA_PATH", "/usr/local/cuda")
     import tvm
-    import tvm_ffi
-    from tvm.s_tir import meta_schedule as ms
 
-    from bench.time_to_quality import kept_in_repo
     from services.measurer.metaschedule import cuda_compile as cc
     from services.measurer.metaschedule.build import build
     from services.tuner.metaschedule.intrinsics import load_tensor_intrinsics
 
     load_tensor_intrinsics("cuda")
-    target = tvm.target.Target(H200)
+    _compile_cpu(cc, WARM_UP, 0.0)
+    return tvm.target.Target(H200), cc, build
+
+
+def lowered(rec, target, build, count_trace: bool) -> tuple[str, float]:
+    """A record's CUDA source (no libcuda here: lowering and codegen only) and the CPU seconds it took (the
+    trace's replay counted with `count_trace`)."""
+    import tvm
+
+    sch = tvm.s_tir.Schedule(rec.workload.mod)
+    t0 = time.process_time()
+    rec.trace.apply_to_schedule(sch, remove_postproc=False)
+    t1 = time.process_time()
+    source = build(sch.mod, target).imports[0].inspect_source()
+    return source, time.process_time() - (t0 if count_trace else t1)
+def model_rows(model: str, limits: list[float]) -> list[dict]:
+    """Each valid stock record of the model: its kernel source's size, lowering and NVRTC CPU (no limit, and
+    under each limit it exceeds), its H200 time."""
+    import tvm_ffi
+    from tvm.s_tir import meta_schedule as ms
+
+    target, cc, build = nvrtc_setup()
     db = ms.database.JSONDatabase(work_dir=str(kept_in_repo("time_to_quality_stock") / model),
                                   module_equality="structural")
-    _compile_cpu(cc, WARM_UP, 0.0)  # NVRTC's start-up (~4 s of CPU), before anything is counted
     rows = []
     for rec in db.get_all_tuning_records():
         secs = [float(x) for x in rec.run_secs or []]
         if not secs or max(secs) > 1e9:
             continue
-        sch = tvm.s_tir.Schedule(rec.workload.mod)
-        rec.trace.apply_to_schedule(sch, remove_postproc=False)
-        t0 = time.process_time()
-        source = build(sch.mod, target).imports[0].inspect_source()  # no libcuda here: lowering and codegen only
-        lower = time.process_time() - t0
+        source, lower = lowered(rec, target, build, count_trace=False)
         nvrtc, _ = _compile_cpu(cc, source, 0.0)
         row = {"model": model, "workload": str(tvm_ffi.structural_hash(rec.workload.mod)),
                "us": 1e6 * sum(secs) / len(secs), "source_kb": round(len(source) / 1e3, 1),
@@ -74,27 +87,6 @@ def model_rows(model: str, limits: list[float]) -> list[dict]:
     return rows
 
 
-def summarise(rows: list[dict], limits: list[float]) -> dict:
-    best: dict[str, float] = defaultdict(lambda: float("inf"))
-    for r in rows:
-        best[r["workload"]] = min(best[r["workload"]], r["us"])
-    total = sum(r["lower_cpu_s"] + r["nvrtc_cpu_s"] for r in rows)
-    out = {"records": len(rows), "build_cpu_s_total": round(total, 1),
-           "build_cpu_s_mean": round(total / max(len(rows), 1), 3), "limits": {}}
-    for limit in limits:
-        cut = [r for r in rows if str(limit) in r["limited"]]
-        ratios = sorted(r["us"] / best[r["workload"]] for r in cut)
-        saved = sum(r["nvrtc_cpu_s"] - r["limited"][str(limit)]["cpu_s"] for r in cut)
-        out["limits"][str(limit)] = {
-            "cut": len(cut), "cut_frac": round(len(cut) / max(len(rows), 1), 4),
-            "stopped": sum(r["limited"][str(limit)]["stopped"] for r in cut),
-            "build_cpu_saved_frac": round(saved / total if total else 0.0, 3),
-            "closest_cut_vs_task_best": round(ratios[0], 3) if ratios else None,
-            "cut_within_1_5x_of_task_best": sum(x < 1.5 for x in ratios),
-            "task_bests_cut": sum(x <= 1.0 for x in ratios)}
-    return out
-
-
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", default=",".join(PANEL))
@@ -104,8 +96,8 @@ def main(argv=None) -> None:
     models, limits = args.models.split(","), [float(x) for x in args.limits.split(",")]
     with ProcessPoolExecutor(args.workers) as pool:
         rows = [r for part in pool.map(model_rows, models, [limits] * len(models)) for r in part]
-    body = {"summary": summarise(rows, limits),
-            "per_model": {m: summarise([r for r in rows if r["model"] == m], limits) for m in models}, "rows": rows}
+    body = {"summary": compile_limit_figures(rows, limits),
+            "per_model": {m: compile_limit_figures([r for r in rows if r["model"] == m], limits) for m in models}, "rows": rows}
     print(json.dumps(body["summary"], indent=1))
     write_results(body, results_path("build_tail.json"), "bench.build_tail", argv)
 

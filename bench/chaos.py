@@ -1,16 +1,12 @@
-"""A chaos soak: a local stack (CPU lanes, a builder, two tuner clients, the planner, the updater, its
-embedded Redis) runs a stream of jobs while a driver kills a random service process with SIGKILL every
-5-30 s and pushes junk on random queues. At the end every job must be done (or failed with a reason),
-each done job's claimed trials equal its records, no trial lost, no record counted twice, and memory
-bounded. Writes `$OUT/chaos.json` (default bench/results/chaos.json) with the kill log and a `summary`.
+"""A chaos soak: a local stack (CPU lanes, builders, tuner clients, the planner, the updater, its embedded Redis)
+runs a stream of jobs while a driver kills a random service process with SIGKILL every 5-30 s and pushes junk on
+random queues; at the end every job must be done (or failed with a reason), with claimed trials = records, none
+lost or counted twice, and memory bounded. Kills stay within the supervisor's restart budget (a process killed more
+often is given up by design: tests/test_supervisor.py). Writes `$OUT/chaos.json` (default
+bench/results/chaos.json). Protocol and results: docs/hardening.md (The chaos soak).
 
     python -m bench.chaos --duration-s 2100                   # the soak (~40 min on a 2-core host)
     python -m bench.chaos --duration-s 120 --out /tmp/c.json  # a short one (tests/test_chaos.py runs this)
-
-Kills stay within the supervisor's restart budget (MAX_RESTARTS within RESTART_WINDOW_S per process,
-services.measurer.agent.processes): a process killed more often is given up by design, which
-tests/test_supervisor.py checks on its own; the soak asks whether the stack loses anything while it
-recovers, not whether it gives up on a process that keeps dying.
 """
 from __future__ import annotations
 
@@ -25,9 +21,10 @@ import time
 from pathlib import Path
 
 from bench.harness.common import results_path, wait_for, write_results
-from bench.harness.jobs import job_records, local_stack
+from bench.harness.jobs import local_stack
 from services.measurer.agent import MAX_RESTARTS, RESTART_WINDOW_S
 from shared import names, store
+from sharetune.testing.faults import job_audit
 
 FINAL = ("done", "failed", "cancelled")
 JUNK = [b"\x00\xffnot an envelope", b"[1, 2, 3]", b'{"hello": "world"}', b'{"properties": {}}',
@@ -92,20 +89,6 @@ def rss_mib(stack) -> float:
         except psutil.Error:
             pass
     return total / 2**20
-
-
-def job_audit(r, job_id: str) -> dict:
-    """One job's end, from the store: its state and reason, and where its trials went."""
-    st = store.job_state(r, job_id)
-    acc = store.trial_accounting(r, job_id) or {}
-    recs = [rec for rec, _ in job_records(r, job_id)]
-    keys = [(rec.wkey, rec.candidate_key) for rec in recs]
-    # a record twice (the store keys them by candidate, so only a second key could) or more records than
-    # trials claimed (a trial counted twice)
-    duplicated = len(keys) - len(set(keys)) + max(0, len(recs) - (acc.get("claimed") or len(recs)))
-    return {"job_id": job_id, "state": st.get("state"), "error": st.get("error"),
-            "claimed": acc.get("claimed"), "recorded": acc.get("recorded"), "lost": acc.get("lost"),
-            "resends": acc.get("resends"), "records": len(recs), "duplicated": duplicated}
 
 
 def all_final(r, jobs: list[str]) -> bool:

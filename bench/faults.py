@@ -9,6 +9,7 @@ The tests compute the figures themselves (sharetune.testing.faults.record_row); 
 """
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
@@ -19,6 +20,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 from bench.harness.common import REPO, child_env, results_path, write_results
+
 TESTS = ["tests/test_faults.py", "tests/test_poison.py", "tests/test_bad_input.py", "tests/test_security.py",
          "tests/test_sharding.py"]
 
@@ -38,7 +40,8 @@ BAD_INPUTS = {
 }
 
 
-def main() -> int:
+def main(argv=None) -> int:
+    argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args(argv)
     tmp = Path(tempfile.mkdtemp(prefix="sharetune-faults-"))
     rows_path, junit = tmp / "rows.jsonl", tmp / "junit.xml"
     env = child_env(SHARETUNE_FAULTS_OUT=str(rows_path))

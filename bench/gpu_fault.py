@@ -38,8 +38,8 @@ MAX_SENDS = 4
 @dataclass(frozen=True)
 class Scenario:
     name: str
-    gpu_maker: str  # function of this module
-    cpu_maker: str  # function of sharetune.testing.faults (the rehearsal)
+    gpu_maker: str  # functions of sharetune.testing.faults: on the GPU, and in the rehearsal
+    cpu_maker: str
     poison_on_gpu: bool  # whether its candidate must end quarantined on the GPU
     weight: float  # its part of the time budget: two GPU recoveries, a watchdog's wait on top, none
 
@@ -68,92 +68,6 @@ def plan_lanes(uuids: list[str], cores: int) -> dict:
     u8 = gpu8(uuids[0])
     gpu, cpu = queue(f"measure.{u8}.p25"), queue(f"measure.cpu.c{cores - 1}")
     return {"faulted": gpu, "faulted_gpu8": u8, "lanes": [gpu] * 4 + [cpu], "bystander": cpu}
-
-
-def phase_times(phases: dict) -> dict:
-    """A recovery's phase times as seconds after its fault (or after its detection, with no report)."""
-    t0 = phases.get("fault_at") or phases.get("detected_at")
-    keys = ("detected_at", "clients_ended_at", "mps_restarted_at", "lanes_started_at", "lanes_live_at",
-            "first_batch_at")
-    return {k.removesuffix("_at") + "_s": (round(phases[k] - t0, 2) if phases.get(k) and t0 else None) for k in keys}
-
-
-def recovery_s(phases: dict) -> float | None:
-    """First fault -> the GPU's lanes measuring again (a batch answered, else all lanes live again)."""
-    t0 = phases.get("fault_at") or phases.get("detected_at")
-    back = phases.get("first_batch_at") or phases.get("lanes_live_at")
-    return round(back - t0, 2) if t0 and back else None
-
-
-def row_figures(row: dict, quarantined: list[dict], recoveries: list[dict], gpu8: str | None) -> dict:
-    """A row's figures from what the store and the supervisor saw during it: quarantine entries other than
-    the culprit's are innocents; the recoveries of the faulted GPU that began inside the row."""
-    start, end = row["started_at"], row.get("ended_at", float("inf"))
-    in_row = [q for q in quarantined if start <= q["at"] <= end]
-    row["culprit_quarantined"] = any(q["candidate_hash"] == row["culprit"] for q in quarantined)
-    row["innocents_quarantined"] = sum(1 for q in in_row if q["candidate_hash"] != row["culprit"])
-    phases = [e["phases"][gpu8] for e in recoveries
-              if gpu8 and gpu8 in e.get("phases", {}) and start <= e["detected_at"] <= end]
-    row["recoveries"] = [phase_times(p) for p in phases]
-    row["recovery_s"] = recovery_s(phases[0]) if phases else None
-    return row
-
-
-def bystander_figures(batches, start: float, end: float) -> dict:
-    """The bystander's trials measured while a row ran, and its longest wait for an answered batch inside the
-    row (from the row's start, between batches, to the row's end while it still had work): a stall shows."""
-    done = sorted(b.finished_at for b in batches)
-    inside = [b for b in batches if start <= b.finished_at <= end]
-    marks = [start] + [t for t in done if start <= t <= end] + ([end] if done and done[-1] > end else [])
-    return {"bystander_trials": sum(b.candidates - b.errors for b in inside),
-            "bystander_max_gap_s": round(max((b - a for a, b in zip(marks, marks[1:])), default=0.0), 2)
-            if done and done[-1] > start else None}
-
-
-GPU_ARGS = [["TENSOR", "float32", [1024]]] * 2
-
-
-def faulting_candidate(cid: str):
-    from tvm.script import tirx as T
-
-    @T.prim_func
-    def f(A: T.Buffer((1024,), "float32"), B: T.Buffer((1024,), "float32")):
-        for bx in T.thread_binding(8, thread="blockIdx.x"):
-            for tx in T.thread_binding(128, thread="threadIdx.x"):
-                B[T.Cast("int64", bx * 128 + tx) + T.int64(1099511627776)] = A[bx * 128 + tx]
-
-    return fault_kit.candidate(f, cid, args_info=GPU_ARGS)
-
-
-def hanging_candidate(cid: str):
-    """2^40 dependent multiply-adds per thread (~40 min on an H200): it spins past any timeout. A finite
-    loop whose result is stored, so the CUDA compiler may not delete it as an infinite loop without effects."""
-    from tvm.script import tirx as T
-
-    @T.prim_func
-    def f(A: T.Buffer((1024,), "float32"), B: T.Buffer((1024,), "float32")):
-        for bx in T.thread_binding(8, thread="blockIdx.x"):
-            for tx in T.thread_binding(128, thread="threadIdx.x"):
-                for i in T.serial(T.int64(1099511627776)):
-                    B[bx * 128 + tx] = B[bx * 128 + tx] * A[bx * 128 + tx] + T.float32(1)
-
-    return fault_kit.candidate(f, cid, args_info=GPU_ARGS)
-
-
-def oversized_launch_candidate(cid: str):
-    """256 KiB of dynamic shared memory per block, past the H200's 227 KiB: the launch is refused (an
-    ordinary, non-sticky error; the context lives on)."""
-    from tvm.script import tirx as T
-
-    @T.prim_func
-    def f(A: T.Buffer((1024,), "float32"), B: T.Buffer((1024,), "float32")):
-        for bx in T.thread_binding(8, thread="blockIdx.x"):
-            for tx in T.thread_binding(128, thread="threadIdx.x"):
-                S = T.alloc_buffer((65536,), "float32", scope="shared.dyn")
-                S[tx * 512] = A[bx * 128 + tx]
-                B[bx * 128 + tx] = S[tx * 512]
-
-    return fault_kit.candidate(f, cid, args_info=GPU_ARGS)
 
 
 def run_row(sc: Scenario, make, stack, client, plan: dict, deadline: float, rehearse: bool) -> dict:
@@ -255,7 +169,7 @@ def main(argv=None) -> int:
         return 2
     plan = plan_lanes([g.uuid for g in gpus], os.cpu_count() or 1)
     wanted = [s for s in SCENARIOS if s.name in {k.strip() for k in args.rows.split(",")}]
-    makers = {s.name: getattr(fault_kit, s.cpu_maker) if rehearse else globals()[s.gpu_maker] for s in wanted}
+    makers = {s.name: getattr(fault_kit, s.cpu_maker if rehearse else s.gpu_maker) for s in wanted}
     result: dict = {"rehearsal": rehearse, "gpus": [g.name for g in gpus], "lanes": plan["lanes"], "rows": []}
     with local_stack(work, plan["lanes"]) as stack:
         result["stack_up_s"] = round(time.time() - t_begin, 1)
@@ -280,11 +194,11 @@ def main(argv=None) -> int:
         quarantined = [q.model_dump() for q in store.quarantined_all(r)]
         by_batches = store.lane_batches(r, bystander.job_id)
         for row in result["rows"]:
-            row_figures(row, quarantined, stack.recoveries, plan["faulted_gpu8"])
+            fault_kit.row_figures(row, quarantined, stack.recoveries, plan["faulted_gpu8"])
             row["jobs_completed"] = sum(1 for s in states.values() if s.get("state") == "done")
             row["lost_candidates"] = sum(a["lost"] for a in accounting.values())  # both jobs, whole run
             # the bystander's trials measured while the row ran: it must not stall
-            row.update(bystander_figures(by_batches, row["started_at"], row["ended_at"]))
+            row.update(fault_kit.bystander_figures(by_batches, row["started_at"], row["ended_at"]))
         result["jobs"] = {j: {"state": s.get("state"), "error": s.get("error"), "gpu_error": s.get("gpu_error"),
                               **accounting[j]} for j, s in states.items()}
         result["job_a"] = fault_kit.job_figures(r, job_a, trials)

@@ -15,11 +15,10 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import subprocess
 import sys
 from pathlib import Path
 
-from bench.harness.common import REPO, RESULTS
+from bench.harness.common import REPO, RESULTS, git
 
 MANIFEST = RESULTS / "MANIFEST.json"
 FIELDS = ("script", "host", "command", "commit", "date")
@@ -31,10 +30,7 @@ def results_entries() -> list[str]:
 
 
 def _git(*args: str) -> str:
-    try:
-        return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, timeout=30).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return ""
+    return git(*args).strip()
 
 
 def _docs() -> dict[str, str]:

@@ -19,17 +19,10 @@ import time
 import urllib.request
 from pathlib import Path
 
-from bench.harness.common import REPO, child_env, module_command, results_path, wait_for, write_results
+from bench.harness.common import REPO, child_env, module_command, results_path, write_results
 from bench.harness.jobs import local_stack
 from shared import names, store
-
-
-def batch_in_flight(r, before: set, job_id: str) -> bool:
-    for key in set(r.scan_iter(match=f"{names.PREFIX}:batch:*")) - before:
-        started = r.hget(key, "_started")
-        if started and json.loads(started).get("job_id") == job_id:
-            return True
-    return False
+from sharetune.testing.faults import batch_in_flight
 
 
 def ask_health(url: str, stop: threading.Event, answers: list) -> None:
@@ -71,8 +64,7 @@ def main(argv=None) -> int:
             t0 = time.time()
             job = client.submit("tiny", target="llvm", share=client.lanes()[0].share, trials=args.trials,
                                 trials_per_iter=4, seed=21, untuned_baseline=False)
-            if not wait_for(lambda: batch_in_flight(r, before, job.job_id), 300, 0.01):
-                raise RuntimeError("no batch of the job was seen in flight")
+            batch_in_flight(r, before, job.job_id, 300)
             answers: list = []
             stop = threading.Event()
             asker = threading.Thread(target=ask_health, args=(f"http://127.0.0.1:{args.api_port}/health", stop,

@@ -1,13 +1,11 @@
 """Throughput at the scale users tune, against stock MetaSchedule on the same machine (DESIGN.md section 4).
 
-Part A, one H200 and its 16 cores: for each model (every task, 64 candidates a round) stock `tune_tasks` runs for
-a fixed window and is stopped (judged by its trials/min and its tuned latency at the trials it reached); then this
-service, configuration after configuration (CONFIGS), each in a fresh stack. Part B, two GPUs: stock on GPU 1 /
-cores 16-31 beside the service on GPU 0 / cores 0-15, and the 32-core and two-GPU configurations.
-
-Tuned latency at equal trials: the service's first N records (N = stock's) are compiled into the model as stock's
-are, and both timed in one fresh process at the configuration's share. The JSON is written after every step; a
-run started again with the same --work-dir and output resumes after the last finished step.
+Part A, one H200 and its 16 cores: stock `tune_tasks` on each model for a fixed window, then this service,
+configuration after configuration (CONFIGS), each in a fresh stack. Part B, two GPUs: stock on GPU 1 / cores 16-31
+beside the service on GPU 0 / cores 0-15. Tuned latency at equal trials: the service's first N records (N =
+stock's) compiled as stock's are and both timed in one fresh process at the configuration's share. The JSON is
+written after every step; a run started again with the same --work-dir and output resumes after the last finished
+step. Protocol and results: docs/benchmarks.md (Throughput at the scale users tune).
 
     python -m bench.scale_h200 --part A --models resnet18,transformer     # one GPU, ~20 min: background it
     python -m bench.scale_h200 --rehearse     # the same code on CPU lanes (llvm), small, on this host
@@ -29,10 +27,10 @@ from bench.harness.common import child_env, cores_of, last_json_line, out_dir, t
 from bench.harness.jobs import gpu_lane, gpus as find_gpus, job_records, local_stack, run_job
 from bench.harness.samplers import BusySampler, CpuSampler, RunSamplers
 from bench.harness.serving import export_job_records, serve, serving_mps, spawn_compile
+from bench.harness.stock import kill_group, spawn_tune_tasks, stock_records
 from bench.panel import model_arg as panel_model
-from bench.harness.timeline import add_gpu_busy, add_lane_busy, idle_attribution, plot
-from bench.harness.stock import (
-    kill_group, spawn_tune_tasks, stock_records, stock_steady_from_log, stock_trials_from_log,
+from sharetune.experiments.throughput import (
+    batch_figures, merged, pipeline, print_table, record_stats, stock_log_figures, stocks_of, summarise,
 )
 
 CONFIGS = {  # name -> (lanes per GPU "NxPCT", GPUs, builders, builder cores, tuner-side cores, timing)
@@ -113,15 +111,8 @@ def run_config(args, name: str, spec: tuple, gpus: list, work: Path, model: str)
         lanes = lane_utilisation(batches, t0, t0 + wall)  # each lane's own busy clock, as the job result has it
         row.update(lane_busy_frac=lanes.get("mean_busy_frac"),
                    lane_busy_per_lane={k: v["busy_frac"] for k, v in lanes.get("per_lane", {}).items()})
-        if batches:  # from the first candidate measured to the last: the rate once planning is done
-            active = max(b.finished_at for b in batches) - min(b.started_at for b in batches)
-            row["active_s"] = round(active, 1)
-            row["steady_trials_per_min"] = round(60 * status["trials"] / max(active, 1e-9), 1)
-            # builders feed a lane one candidate a batch: a batch's time is that candidate's lane time
-            per = [(b.finished_at - b.started_at) / b.candidates for b in batches if b.candidates]
-            row["lane_s_per_candidate"] = round(statistics.median(per), 4)
-            row["lane_s_per_candidate_mean"] = round(statistics.mean(per), 4)
-        row.update(record_stats(r, job.job_id))
+        row.update(batch_figures(batches, status["trials"]))
+        row.update(record_stats([x for x, _ in job_records(r, job.job_id)]))
         row["pipeline"] = pipeline(rows, samplers.timeline.t0, batches, samplers.gpu[0].samples,
                                    host_cores(spec), args.tuners, args.png_dir / f"timeline-{key}.png", key)
         if final.get("state") == "done":
@@ -175,58 +166,6 @@ def run_multi(args, name: str, spec: tuple, gpus: list, work: Path, models: list
                                    samplers.gpu[0].samples, host_cores(spec), args.tuners,
                                    args.png_dir / f"timeline-{name}.png", f"{name}: {', '.join(models)}")
     return row
-
-
-def pipeline(rows: list[dict], t0: float, batches, gpu_samples, cores: int, tuners: int, png: Path, title: str) -> dict:
-    """The run's timeline (one row a second), where its idle core-seconds went from the first candidate
-    measured to the last, and its PNG."""
-    add_lane_busy(rows, batches, t0)
-    add_gpu_busy(rows, gpu_samples, t0)
-    out = {"timeline": rows, "png": plot(rows, png, title, cores)}
-    if batches:
-        first, last = min(b.started_at for b in batches) - t0, max(b.finished_at for b in batches) - t0
-        out.update(first_measured_s=round(first, 1), last_measured_s=round(last, 1),
-                   **idle_attribution(rows, cores, first, last, tuners))
-    return out
-
-
-def record_stats(r, job_id: str) -> dict:
-    """Per candidate of the job, from its records: build CPU seconds (median, mean, the share of the
-    slowest builds), which timing each got."""
-    from shared import store
-
-    recs = [x for x, _ in job_records(r, job_id)]
-    cpu = sorted(x.build_cpu_s for x in recs if x.build_cpu_s is not None)
-    out = {"records": len(recs), "brief": sum(x.timing == "brief" for x in recs),
-           "full": sum(x.timing == "full" and store.valid_record(x) for x in recs),
-           "errors": sum(not store.valid_record(x) for x in recs),
-           # builds the compile CPU limit stopped (LaneSettings.cuda_compile_cpu_limit_s)
-           "builds_cut": sum("CUDA compile stopped after" in (x.error or "") for x in recs)}
-    if cpu:
-        out.update(build_cpu_s_median=round(statistics.median(cpu), 3), build_cpu_s_mean=round(statistics.mean(cpu), 3),
-                   build_cpu_s_p90=round(cpu[int(0.9 * (len(cpu) - 1))], 3), build_cpu_s_max=round(cpu[-1], 3),
-                   build_cpu_s_total=round(sum(cpu), 1), built=len(cpu),
-                   build_cpu_share_over_4s=round(sum(c for c in cpu if c > 4) / max(sum(cpu), 1e-9), 3))
-        out.update(slow_build_worth(recs))
-    return out
-
-
-def slow_build_worth(recs, over_s: float = 4.0, near: float = 1.25) -> dict:
-    """What the builds over `over_s` CPU seconds bought: how many there were, how many ran within `near` of
-    their task's best, and how many tasks' bests they are (a build cap would have lost those)."""
-    from shared import store
-    from shared.ranking import rank_secs
-
-    best: dict[str, float] = {}
-    for x in recs:
-        if store.valid_record(x):
-            best[x.wkey] = min(best.get(x.wkey, float("inf")), rank_secs(x.run_secs))
-    slow = [x for x in recs if x.build_cpu_s is not None and x.build_cpu_s > over_s]
-    ran = [x for x in slow if store.valid_record(x)]
-    return {"slow_builds": len(slow),
-            "slow_builds_near_best": sum(rank_secs(x.run_secs) <= near * best[x.wkey] for x in ran),
-            "slow_builds_task_bests": sum(rank_secs(x.run_secs) == best[x.wkey] for x in ran),
-            "tasks": len(best)}
 
 
 def main(argv=None) -> int:
@@ -344,21 +283,6 @@ def run_part(args) -> int:
     return 0
 
 
-def stocks_of(result: dict) -> dict:
-    """Stock's rows of an earlier result: this benchmark's, or the time-to-quality benchmark's (stock run to
-    its budget, each model in its own lease)."""
-    if result.get("stocks"):
-        return result["stocks"]
-    out = {}
-    for model, row in (result.get("models") or {}).items():
-        stock = row.get("stock") or {}
-        if stock.get("trials_per_min"):
-            out[model] = {"config": "stock", "model": model, "trials": stock["trials"], "window_s": stock["wall_s"],
-                          "trials_per_min": stock["trials_per_min"], "lease": row.get("stock_lease"),
-                          "note": "tune_tasks run to its budget (time_to_quality), 16 builders + LocalRunner"}
-    return out
-
-
 PROBE = """
 import json, tvm
 from services.measurer.metaschedule.build import build, trivial_kernel
@@ -399,12 +323,12 @@ def stop_stock(stock: dict, args) -> dict:
     committed = len(stock_records(stock["work"]))
     log = stock["work"].parent / "stock.log"
     text = log.read_text() if log.exists() else ""
-    trials = max(committed, stock_trials_from_log(text))
+    figures = stock_log_figures(committed, wall, text)
+    trials = figures.pop("trials")
     row = {"config": "stock", "model": stock["model"], "gpus": 1, "lanes": 0, "builders": len(cores_of(stock["cores"])),
            "per_iter": args.per_iter, "window_s": round(wall, 1), "trials": trials, "committed_records": committed,
-           "trials_per_min": round(60 * trials / wall, 1), "gpu_busy_frac": busy, "work": str(stock["work"]),
-           "note": "LocalBuilder(max_workers=its cores, timeout_sec=120) + LocalRunner, stopped at the window"}
-    row.update(stock_steady_from_log(text))
+           "trials_per_min": figures.pop("trials_per_min"), "gpu_busy_frac": busy, "work": str(stock["work"]),
+           "note": "LocalBuilder(max_workers=its cores, timeout_sec=120) + LocalRunner, stopped at the window", **figures}
     row.update(cpu, cpu_s_per_trial=round(sum(cpu["cpu_s_by_role"].values()) / trials, 2) if trials else None)
     return row
 
@@ -480,138 +404,13 @@ def screened_against_uniform(args, result: dict, gpus, work: Path) -> None:
     print(json.dumps({"screened_vs_uniform": out}), flush=True)
 
 
-def summarise(result: dict) -> dict:
-    """The issue's figures: throughput against stock (per model, then the worst model's), latency at equal
-    trials, GPU busy, build CPU and lane time per candidate, screened against uniform timing."""
-    rows, stocks = result["rows"], result.get("stocks") or {}
-    summary: dict = {"per_model": {}}
-    ratios: dict[str, list[float]] = {}
-    for model, stock in stocks.items():
-        mine = {r["config"]: r for r in rows if r["model"] == model}
-        per = {"stock_trials_per_min": stock["trials_per_min"],
-               "throughput_vs_stock": {c: round(r["trials_per_min"] / max(stock["trials_per_min"], 1e-9), 2)
-                                       for c, r in mine.items()},
-               "latency_vs_stock": {c: r.get("latency_vs_stock") for c, r in mine.items()}}
-        summary["per_model"][model] = per
-        for c, v in per["throughput_vs_stock"].items():
-            ratios.setdefault(c, []).append(v)
-    screened = {c: v for c, v in ratios.items() if "uniform" not in c}
-    if screened:  # a configuration's ratio is its worst model's: every model must reach it
-        best = max(screened, key=lambda c: min(screened[c]))
-        summary["throughput_vs_stock"] = min(screened[best])
-        summary["throughput_vs_stock_config"] = best
-        one = next((c for c in screened if c.endswith("1x100")), None)
-        summary["throughput_vs_stock_1x100"] = min(screened[one]) if one else None
-        summary["throughput_vs_stock_per_config"] = {c: min(v) for c, v in ratios.items()}
-    lat = [r["latency_vs_stock"] for r in rows if r.get("latency_vs_stock") and r.get("timing") != "uniform"]
-    summary["latency_vs_stock"] = max(lat) if lat else None  # the worst configuration and model
-    summary["latency_vs_stock_per_row"] = {f"{r['config']}/{r['model']}": r.get("latency_vs_stock") for r in rows}
-    summary["gpu_busy_frac"] = {f"{r['config']}/{r['model']}": r.get("gpu_busy_frac") for r in rows}
-    # CPU-bound or not: the host's busy fraction and CPU seconds a trial (every process of the stack)
-    summary["host_cpu_busy_frac"] = {f"{r['config']}/{r['model']}": r.get("host_cpu_busy_frac") for r in rows}
-    summary["cpu_s_per_trial"] = {f"{r['config']}/{r['model']}": r.get("cpu_s_per_trial") for r in rows}
-    cpu = [r for r in rows if r.get("built")]
-    if cpu:  # over every built candidate of every run, weighted by how many each built
-        n = sum(r["built"] for r in cpu)
-        summary["build_cpu_s_mean"] = round(sum(r["build_cpu_s_total"] for r in cpu) / n, 3)
-        summary["build_cpu_s_median"] = round(statistics.median(r["build_cpu_s_median"] for r in cpu), 3)
-    hundred = [r["lane_s_per_candidate"] for r in rows if r.get("share") == 100 and r.get("lane_s_per_candidate")
-               and r.get("timing") != "uniform"]
-    summary["lane_s_per_candidate"] = round(statistics.median(hundred), 4) if hundred else None
-    summary.update(pipeline_summary(result))
-    both = result.get("screened_vs_uniform") or {}
-    if both.get("latency_ratio"):  # timed side by side in one process
-        summary["screened_vs_uniform_latency"] = both["latency_ratio"]
-        summary["screened_vs_uniform_lane_s"] = [both["lane_s_per_candidate"]["screened"],
-                                                 both["lane_s_per_candidate"]["uniform"]]
-        return summary
-    uni = next((r for r in rows if r.get("timing") == "uniform"), None)
-    if uni:
-        same = next((r for r in rows if r["model"] == uni["model"] and r["config"] == uni["config"].removesuffix("-uniform")), None)
-        if same and same.get("tuned_latency_us") and uni.get("tuned_latency_us"):
-            summary["screened_vs_uniform_latency"] = round(same["tuned_latency_us"] / uni["tuned_latency_us"], 3)
-            summary["screened_vs_uniform_lane_s"] = [same.get("lane_s_per_candidate"), uni.get("lane_s_per_candidate")]
-    return summary
-
-
-def pipeline_summary(result: dict) -> dict:
-    """The worst model's and configuration's figures of the pipeline goals, and the multi-job run against
-    the same models one after another on one 100 % lane."""
-    rows = [r for r in result["rows"] if r.get("timing") != "uniform" and r.get("state") == "done"]
-    stocks = result.get("stocks") or {}
-    vs = [(r["trials_per_min"] / stocks[r["model"]]["trials_per_min"], f"{r['config']}/{r['model']}")
-          for r in rows if r["model"] in stocks and stocks[r["model"]].get("trials_per_min")]
-    busy = [(r["pipeline"]["host_busy_frac"], f"{r['config']}/{r['model']}") for r in rows
-            if (r.get("pipeline") or {}).get("host_busy_frac") is not None]
-    cpu = [(r["cpu_s_per_trial"], f"{r['config']}/{r['model']}") for r in rows if r.get("cpu_s_per_trial")]
-    out: dict = {}
-    for key, pairs, pick in (("throughput_vs_stock_min", vs, min), ("host_cpu_busy_min", busy, min),
-                             ("cpu_s_per_trial_max", cpu, max)):
-        if pairs:
-            value, where = pick(pairs)
-            out[key], out[key + "_at"] = round(value, 3), where
-    idle: dict[str, float] = {}
-    for r in rows:
-        for cause, v in ((r.get("pipeline") or {}).get("idle_core_s_by_cause") or {}).items():
-            idle[cause] = idle.get(cause, 0.0) + v
-    if idle:
-        out["idle_core_s_by_cause"] = {k: round(v, 1) for k, v in idle.items()}
-    multi = result.get("multi_job")
-    if multi:
-        # the same jobs alone, one after another: the one-lane configuration (1 x 100 %, or the rehearsal's)
-        alone = {r["model"]: r for r in rows if r["config"].endswith("1x100") or r["config"] == "cpu-1lane"}
-        m = {"makespan_s": multi["makespan_s"], "aggregate_trials_per_min": multi["aggregate_trials_per_min"],
-             "share_spread": multi["shares"].get("share_spread"),
-             "last_first_measured_s": multi["last_first_measured_s"]}
-        if all(model in alone for model in multi["models"]):  # the same jobs one after another, 1 x 100 %
-            seq_s = sum(alone[model]["tuning_s"] for model in multi["models"])
-            seq_trials = sum(alone[model]["trials"] for model in multi["models"])
-            m.update(sequential_s=round(seq_s, 1), makespan_vs_sequential=round(multi["makespan_s"] / seq_s, 3),
-                     aggregate_vs_single=round(multi["aggregate_trials_per_min"] / (60 * seq_trials / seq_s), 3))
-        out["multi_job"] = m
-    return out
-
-
 def merge(paths: list[str], out_path: str, stock_log: str | None = None) -> int:
-    parts = [json.loads(Path(p).read_text()) for p in paths]
-    rows = [r for p in parts for r in p["rows"]]
-    stocks = {}
-    for p in parts:
-        stocks.update(p.get("stocks") or ({p["model"]: p["stock"]} if p.get("stock") else {}))
-    if stock_log and Path(stock_log).exists() and len(stocks) == 1:  # trials from stock's own log
-        stock = next(iter(stocks.values()))
-        text = Path(stock_log).read_text()
-        stock["trials"] = max(stock["trials"], stock_trials_from_log(text))
-        stock["trials_per_min"] = round(60 * stock["trials"] / stock["window_s"], 1)
-        stock.update(stock_steady_from_log(text))
-    result = {k: v for k, v in parts[0].items() if k not in ("rows", "stock", "stocks", "part", "summary")}
-    result.update(rows=rows, stocks=stocks, stock=next(iter(stocks.values()), None))
-    result["summary"] = summarise(result)
-    two, one = (next((r for r in rows if r["config"] == c), None) for c in ("2gpu-4x25-b32", "1gpu-4x25-b32"))
-    if two and one:
-        result["summary"]["scaling_efficiency_2gpu"] = round(two["trials_per_min"] / (2 * one["trials_per_min"]), 3)
+    log = Path(stock_log).read_text() if stock_log and Path(stock_log).exists() else None
+    result = merged([json.loads(Path(p).read_text()) for p in paths], log)
     Path(out_path).parent.mkdir(parents=True, exist_ok=True)
     Path(out_path).write_text(json.dumps(result, indent=1))
     print_table(result)
     return 0
-
-
-def print_table(result: dict) -> None:
-    rows = list((result.get("stocks") or {}).values()) + result["rows"]
-    print(f"\nmodels {result.get('model')}, {result.get('per_iter')} a round")
-    print(f"{'config':<20}{'model':<12}{'lanes':>6}{'trials':>7}{'tr/min':>8}{'gpu busy':>9}{'lane s/c':>9}"
-          f"{'bld cpu med':>12}{'mean':>7}{'brief':>6}{'tuned us':>10}{'vs stock@N':>11}")
-    for r in rows:
-        print(f"{r['config']:<20}{r.get('model', ''):<12}{r.get('lanes', 0):>6}{r.get('trials', 0):>7}"
-              f"{r.get('trials_per_min', 0):>8}{_f(r.get('gpu_busy_frac')):>9}{_f(r.get('lane_s_per_candidate')):>9}"
-              f"{_f(r.get('build_cpu_s_median')):>12}{_f(r.get('build_cpu_s_mean')):>7}{_f(r.get('brief')):>6}"
-              f"{_f(r.get('tuned_latency_us')):>10}{_f(r.get('latency_vs_stock')):>11}")
-    if result.get("summary"):
-        print("summary:", json.dumps({k: v for k, v in result["summary"].items() if k != "per_model"}))
-
-
-def _f(v) -> str:
-    return "-" if v is None else f"{v:.3g}" if isinstance(v, float) else str(v)
 
 
 if __name__ == "__main__":

@@ -4,26 +4,15 @@
     python -m bench.share_matrix --models resnet18 --gpu-index 0 --out-json /tmp/x.json   # one child
     python -m bench.share_matrix --rehearse           # the same flow on this CPU: tiny, lanes of 1 and 2 cores
     python -m bench.share_matrix --models resnet18,regnety-stage --shares 25,50,100 --trials 1024 --tunings 3
-        --resume --serve-when-complete --deadline-s 1080       # (one line) replicates, a session's part: below
+        --resume --serve-when-complete --deadline-s 1080       # (one line) replicates, a session's part
 
-Replicates (`--tunings N`, seeds 0..N-1): each share is tuned N times, each an isolated job of its own seed; a
-cell's interval covers the tunings and the serving rounds. 3 shares x 3 seeds at 1024 trials on one H200 + 16
-builders: ResNet-18 (27 tasks) ~3 min a tuning, 9 tunings ~27 min; regnety-stage (panel, 14 tasks, ~350 trials/min
-cold) ~3 min a tuning, ~27 min; then per model ~25 s a tuning to compile it again on a later machine and ~2 min of
-serving. More than one session's ~23 minutes: run the same command with `--resume` in each session (matrix-bg, then
-matrix-wait); each finished tuning is kept (--kept, by model, share, seed and trials) and leaves in
-$OUT/matrix_kept.tgz, which the next session carries in as runs/matrix_carry/ with the JSON; with
---serve-when-complete a model is served once all its tunings are kept, on that session's machine.
-
-Each model: every task tuned (`--tasks K`: the K heaviest), 64 candidates a round, at each share on
-min(4, 100 // share) MPS lanes of that share, one share after another, in one stack; then each tuned model served
-at every share in a fresh process under that MPS percentage, 30 interleaved rounds a cell (the median over
-tunings of each one's median, and a 95 % interval over tunings and rounds). Everything must fit the deadline: a share it cannot tune in time is skipped and recorded,
-a failed cell is recorded, and the JSON under $OUT is rewritten after every job and every serving process.
-
-The per-share trials are what fits the time left (sharetune.experiments.share_matrix.fit_trials), at most the
-model's default. `--shares auto` is 25,50,100, with 10 added when four shares still give every task 8 trials.
-Two GPUs: one model each, in parallel. On one GPU make one call per model and join them with `--merge A B`.
+Each model: every task tuned at each share (`--tunings N`: N isolated jobs, seeds 0..N-1) on min(4, 100 // share)
+MPS lanes of that share, in one stack; then each tuned model served at every share in a fresh process, `--rounds`
+interleaved rounds a cell. The per-share trials are what fits the deadline (at most the model's default); a share
+that cannot be tuned in time is skipped and recorded; the JSON under $OUT is rewritten after every job and every
+serving process. Two GPUs: one model each, in parallel; on one GPU, one call per model joined with `--merge A B`.
+A run over several sessions keeps each finished tuning (--kept) and is started again with --resume. Protocol,
+timings and results: docs/share-matrix.md.
 """
 from __future__ import annotations
 
@@ -31,6 +20,7 @@ import argparse
 import json
 import os
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -200,13 +190,9 @@ def launch(args) -> None:
             # Each child's builders get their own half of the cores.
             env = child_env(CUDA_VISIBLE_DEVICES=gpu.uuid, SHARETUNE_MATRIX_CORES=str(cores),
                             SHARETUNE_MATRIX_CORE_RANGE=f"{i * cores}-{(i + 1) * cores - 1}")
-            argv = module_command("bench.share_matrix") + ["--models", model, "--gpu-index", str(gpu.index), "--shares", args.shares,
-                    "--per-iter", str(args.per_iter), "--rounds", str(args.rounds),
-                    "--deadline-s", str(args.deadline_s - 5), "--work-dir", args.work_dir, "--out-json", str(part)]
-            argv += ["--trials", str(args.trials)] if args.trials else []
-            argv += ["--tasks", str(args.tasks)] if args.tasks else []
-            argv += ["--tunings", str(args.tunings)] + (["--kept", args.kept] if args.kept else [])
-            argv += (["--resume"] if args.resume else []) + (["--serve-when-complete"] if args.serve_when_complete else [])
+            # this command's options, the child's own last (argparse keeps an option's last value)
+            argv = module_command("bench.share_matrix", *args.argv, "--models", model, "--gpu-index", gpu.index,
+                                  "--deadline-s", args.deadline_s - 5, "--out-json", part)
             logf = open(out / f"share_matrix_{model}.log", "w")
             children.append((model, part, subprocess.Popen(argv, env=env, stdout=logf, stderr=subprocess.STDOUT)))
         for model, part, proc in children:
@@ -249,7 +235,7 @@ def rehearsal(args, ap) -> None:
             setattr(args, key, value)
 
 
-def main() -> None:
+def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", default="resnet18,transformer")
     ap.add_argument("--shares", default="auto", help="percentages, or auto: 25,50,100 (+10 when it fits the time)")
@@ -275,7 +261,8 @@ def main() -> None:
     ap.add_argument("--rehearse", action="store_true",
                     help="this flow on this CPU: --device cpu, lanes of 1 and 2 cores, tiny, 8 trials, 4 a round, "
                          "10 rounds, 2 tunings, unless given; results under $OUT (default /tmp/out)")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)
     if args.rehearse:
         rehearsal(args, ap)
     if args.merge:  # the JSON of separate runs (e.g. one call per model on one GPU) joined, with a heatmap

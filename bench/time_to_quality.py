@@ -11,21 +11,22 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import shutil
-import statistics
 import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
 
-from bench.harness.common import RESULTS, out_dir, tuning_options
-from bench.harness.jobs import gpu_lane, gpus as find_gpus, job_records, local_stack, run_job
+from bench.harness.common import kept_in_repo, out_dir, tuning_options
+from bench.harness.jobs import gpu_lane, gpus as find_gpus, local_stack, run_job
 from bench.harness.serving import compile_module, export_job_records, serve
 from bench.harness.stock import kill_group, spawn_tune_tasks
 from bench.panel import PANEL, build
+from sharetune.experiments.time_to_quality import (
+    job_events, markdown_table, plot, stock_events, summarise, summarise_model,
+)
 
 PHASES = ("stock", "cold", "warm")
 # what a step is expected to take, to leave one that cannot finish before the deadline (stock: ~40 trials a
@@ -35,45 +36,6 @@ STOCK_STARTUP_S = 90.0
 SERVICE_STEP_S = 150.0  # a 384-trial job ~60-90 s on the H200, its stack ~20 s
 SERVE_S = 90.0
 WARM_STORE_S = 360.0  # three zoo models at 384 trials
-
-
-def latency_curve(events: list[tuple[float, str, float | None]], weights: dict[str, int],
-                  defaults: dict[str, float], keeps_default: bool = True) -> list[tuple[float, int, float]]:
-    """(seconds, trials so far, estimated model seconds) after each measured trial. `events`: (seconds from
-    submit, task name, the trial's seconds or None for a failed trial), in any order; `defaults`: each task's
-    default schedule's seconds (a task without one counts at its first valid trial until then).
-    `keeps_default`: the run compiles a task's default schedule where it beats the task's best trial (the
-    service's guard); stock does not: a task it measured compiles its best trial, slower or not."""
-    events = sorted(events, key=lambda e: e[0])  # a failed trial's None never compares
-    first = {}
-    for _, task, secs in events:
-        if secs is not None and task not in first:
-            first[task] = secs
-    best: dict[str, float] = {}
-    out = []
-    for n, (t, task, secs) in enumerate(events, start=1):
-        if secs is not None and secs < best.get(task, math.inf):
-            best[task] = secs
-        def cost(name: str) -> float:
-            tuned, default = best.get(name), defaults.get(name)
-            if tuned is None:
-                return default if default is not None else first.get(name, 0.0)
-            return min(tuned, default) if keeps_default and default is not None else tuned
-        total = sum(w * cost(name) for name, w in weights.items())
-        out.append((round(t, 2), n, total))
-    return out
-
-
-def untuned_estimate(weights: dict[str, int], defaults: dict[str, float]) -> float:
-    return sum(w * defaults.get(name, 0.0) for name, w in weights.items())
-
-
-def time_to_reach(curve: list, target: float) -> tuple[float | None, int | None]:
-    """(seconds, trials) at which the curve first is at or below `target` (None: never)."""
-    for t, n, est in curve:
-        if est <= target * (1 + 1e-9):
-            return t, n
-    return None, None
 
 
 class FileLines:
@@ -124,18 +86,8 @@ def run_stock(args, model: str, work: Path) -> dict:
     if proc.returncode != 0:
         row["error"] = (work / "stock.log").read_text()[-1500:]
         return row
-    tasks = json.loads((work / "tasks.json").read_text())
-    by_hash = {t["shash"]: t["name"] for t in tasks}
-    wl_names = [by_hash.get(json.loads(line)[0], f"?{i}") for i, line in
-                enumerate((work / "database_workload.json").read_text().splitlines())]
-    events = []
-    for t, line in zip(seen, (work / "database_tuning_record.json").read_text().splitlines()):
-        wl, rec = json.loads(line)
-        secs = rec[1]
-        ok = secs and all(s < 1e9 for s in secs)
-        events.append((t, wl_names[wl], statistics.median(secs) if ok else None))
-    row.update(trials=len(events), trials_per_min=round(60 * len(events) / wall, 1), events=events,
-               weights={t["name"]: t["weight"] for t in tasks})
+    events, weights = stock_events(work, seen)
+    row.update(trials=len(events), trials_per_min=round(60 * len(events) / wall, 1), events=events, weights=weights)
     return row
 
 
@@ -167,35 +119,10 @@ def run_service(args, model: str, work: Path, store_from: Path | None = None) ->
                                    trials=args.trials, trials_per_iter=args.per_iter, seed=args.seed)
         t0 = time.time() - wall
         r = store.connect(stack.redis_url)
-        tasks = store.job_tasks(r, job.job_id)
-        weights = {t.name: t.weight for t in tasks}
-        defaults = {}
-        for t in tasks:
-            d = store.default_timing(r, t.wkey)
-            if d is not None and d.run_secs:
-                defaults[t.name] = statistics.median(d.run_secs)
-        events, seeds, valid = [], 0, 0
-        for rec, t in job_records(r, job.job_id):
-            seeds += bool(getattr(rec, "seeded_from", None))
-            valid += store.valid_record(rec)  # timed, briefly or fully
-            ok = store.valid_record(rec) and rec.timing == "full"  # what an export may use
-            events.append((rec.measured_at - t0, t.name, statistics.median(rec.run_secs) if ok else None))
-        row = {"state": final.get("state"), "wall_s": round(wall, 1), "trials": len(events), "weights": weights,
-               "defaults": defaults, "events": events, "seeds_measured": seeds,
-               "trials_per_min": round(60 * len(events) / max(wall, 1e-9), 1)}
-        splits = store.splits(r, job.job_id)
-        row["splits"] = splits
-        row["valid_trials"], row["fully_timed_trials"] = valid, sum(1 for e in events if e[2] is not None)
-        # a stack's clients split the host's physical cores for their searches (Stack.start_tuner); the
-        # sample phase is wall time, so this is its CPU only while its threads are busy
+        # a stack's clients split the host's physical cores for their searches (Stack.start_tuner)
         threads = int(os.environ.get("SHARETUNE_SEARCH_THREADS") or max(1, physical_cores() // args.tuners))
-        sample_s = sum(s.get("sample", 0.0) for s in splits)
-        sample_cpu = sum(s.get("sample_cpu", 0.0) for s in splits)
-        if sample_cpu:  # measured: the CPU of every search thread while it sampled
-            row["search_cpu_s_per_valid_candidate"] = round(sample_cpu / max(1, valid), 3)
-            row["search_cpu_s_per_valid_candidate_bound"] = round(sample_s * threads / max(1, valid), 3)
-        else:  # an upper bound: the sample phase's wall time with every search thread busy
-            row["search_cpu_s_per_valid_candidate"] = round(sample_s * threads / max(1, valid), 3)
+        row = {"state": final.get("state"), "wall_s": round(wall, 1),
+               **job_events(r, job.job_id, t0, wall, threads)}
         if final.get("state") == "done":
             res = job.result()
             row.update(tuned_module=res.tuned_module_path, untuned_module=res.untuned_module_path,
@@ -287,24 +214,6 @@ def run_model(args, model: str, row: dict, work: Path, warm_store, save, deadlin
     save()
 
 
-KEPT_DBS = RESULTS / "time_to_quality_dbs.tar.xz"
-
-
-def kept_in_repo(name: str) -> Path:
-    """A folder of databases kept in the repo. They are kept as one xz archive (~50x smaller: the raw JSON would not
-    fit a device call beside the staged wheels), unpacked on first use beside this process's work."""
-    unpacked = Path(os.environ.get("TMPDIR", "/tmp")) / f"sharetune-kept-{KEPT_DBS.stat().st_mtime_ns}"
-    if not unpacked.is_dir() and KEPT_DBS.exists():
-        part = unpacked.with_suffix(f".{os.getpid()}")
-        part.mkdir(parents=True, exist_ok=True)
-        subprocess.run(["tar", "xJf", str(KEPT_DBS), "-C", str(part)], check=True)
-        try:
-            part.rename(unpacked)
-        except OSError:  # another process unpacked it first
-            shutil.rmtree(part, ignore_errors=True)
-    return unpacked / name
-
-
 def stock_db(model: str, mwork: Path) -> Path | None:
     for d in (mwork / "stock", out_dir() / f"stock-{model}", kept_in_repo("time_to_quality_stock") / model):
         if (d / "database_tuning_record.json").exists():
@@ -363,132 +272,6 @@ def serve_model(args, model: str, row: dict, mwork: Path) -> None:
     row["served"].pop("rounds_us", None)
     if failed:
         row["served"].setdefault("errors", {}).update({k: "did not compile" for k in failed})
-
-
-def summarise_model(row: dict) -> None:
-    """The curves from the events, and the figures the issue asks for."""
-    cold, warm, stock = row.get("cold"), row.get("warm"), row.get("stock")
-    defaults = (cold or warm or {}).get("defaults") or {}
-    weights = (cold or warm or stock or {}).get("weights") or {}
-    curves = {}
-    for name, res in (("stock", stock), ("cold", cold), ("warm", warm)):
-        if res and res.get("events"):
-            curves[name] = latency_curve([tuple(e) for e in res["events"]], weights, defaults,
-                                         keeps_default=name != "stock")
-    row["curves"] = {k: [[t, n, round(e * 1e6, 3)] for t, n, e in v] for k, v in curves.items()}
-    s = {"untuned_estimate_us": round(untuned_estimate(weights, defaults) * 1e6, 3) if defaults else None}
-    for k, v in curves.items():
-        s[f"{k}_final_estimate_us"] = round(v[-1][2] * 1e6, 3)
-    if "stock" in curves and stock.get("wall_s"):
-        stock_final = curves["stock"][-1][2]
-        for k in ("cold", "warm"):
-            if k in curves:
-                t, n = time_to_reach(curves[k], stock_final)
-                s[f"{k}_time_to_stock_latency_s"] = t
-                s[f"{k}_trials_to_stock_latency"] = n
-                s[f"{k}_time_to_stock_latency_ratio"] = round(t / stock["wall_s"], 4) if t is not None else None
-    if "cold" in curves and "warm" in curves:
-        t, n = time_to_reach(curves["warm"], curves["cold"][-1][2])
-        s["warm_time_to_cold_latency_s"] = t
-        s["warm_trials_ratio"] = round(n / len(curves["cold"]), 4) if n is not None else None
-    lat = (row.get("served") or {}).get("latency_us") or {}
-    if "stock" in lat:
-        for k in ("cold", "warm", "cold_at_stock_trials"):
-            if k in lat:
-                s[f"{k}_vs_stock_latency"] = round(lat[k] / lat["stock"], 4)
-        equal = lat.get("cold_at_stock_trials", lat.get("cold"))
-        if equal is not None:
-            s["latency_vs_stock_equal_trials"] = round(equal / lat["stock"], 4)
-    if "untuned" in lat:
-        s["never_slower_than_untuned"] = all(v <= lat["untuned"] * 1.02 for k, v in lat.items() if k in ("cold", "warm"))
-    if cold:
-        s["search_cpu_s_per_valid_candidate"] = cold.get("search_cpu_s_per_valid_candidate")
-    row["summary"] = s
-
-
-def summarise(result: dict) -> dict:
-    """The worst panel model's figure for each goal."""
-    rows = [r for r in result["models"].values() if r.get("summary")]
-    def worst(key, pick=max):
-        vals = [(r["summary"][key], m) for m, r in result["models"].items()
-                if r.get("summary") and r["summary"].get(key) is not None]
-        if not vals:
-            return None, None
-        return pick(vals)
-    out = {"models": sum(1 for r in rows if r["summary"].get("latency_vs_stock_equal_trials") is not None),
-           "models_started": len(result["models"])}
-    for key, src in (("time_to_stock_latency_ratio", "cold_time_to_stock_latency_ratio"),
-                     ("latency_vs_stock_equal_trials", "latency_vs_stock_equal_trials"),
-                     ("warm_trials_ratio", "warm_trials_ratio"),
-                     ("search_cpu_s_per_valid_candidate", "search_cpu_s_per_valid_candidate")):
-        v, m = worst(src)
-        out[key], out[f"{key}_model"] = v, m
-    unreached = [m for m, r in result["models"].items() if r.get("summary") and "stock" in r.get("curves", {})
-                 and "cold" in r.get("curves", {}) and r["summary"].get("cold_time_to_stock_latency_s") is None]
-    if unreached:
-        out["never_reached_stock_latency"] = unreached
-    # a warm run that never reached the cold run's final latency has no trials ratio: it is over 1, not unknown
-    warm_short = [m for m, r in result["models"].items() if "warm" in r.get("curves", {}) and "cold" in r.get("curves", {})
-                  and r["summary"].get("warm_time_to_cold_latency_s") is None]
-    if warm_short:
-        out["warm_never_reached_cold_latency"] = warm_short
-    return out
-
-
-def markdown_table(result: dict) -> str:
-    """One row a model and run, as docs/time_to_quality.md shows it."""
-    lines = ["| model | run | trials | wall s | time to stock's final (s, ratio to stock's wall) | final estimate us | "
-             "served us (x stock) |", "|---|---|---|---|---|---|---|"]
-    for m, row in result["models"].items():
-        s, lat = row.get("summary") or {}, (row.get("served") or {}).get("latency_us") or {}
-        for run in ("stock", "cold", "warm"):
-            res = row.get(run)
-            if not res or res.get("error"):
-                continue
-            reach = "-" if run == "stock" else (
-                f"{s.get(f'{run}_time_to_stock_latency_s')} ({s.get(f'{run}_time_to_stock_latency_ratio')})"
-                if s.get(f"{run}_time_to_stock_latency_s") is not None else "never")
-            served = f"{lat[run]:.1f}" + (f" ({lat[run] / lat['stock']:.2f}x)" if "stock" in lat and run != "stock" else "") \
-                if run in lat else "-"
-            lines.append(f"| {m} | {run} | {res.get('trials')} | {res.get('wall_s')} | {reach} | "
-                         f"{s.get(f'{run}_final_estimate_us')} | {served} |")
-        if "untuned" in lat:
-            lines.append(f"| {m} | untuned | 0 | - | - | {s.get('untuned_estimate_us')} | {lat['untuned']:.1f} |")
-    return "\n".join(lines)
-
-
-def plot(result: dict, path: Path) -> None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return
-    models = [m for m, r in result["models"].items() if r.get("curves")]
-    if not models:
-        return
-    fig, axes = plt.subplots(1, len(models), figsize=(5 * len(models), 4.2), squeeze=False)
-    for ax, m in zip(axes[0], models):
-        row = result["models"][m]
-        u = (row.get("summary") or {}).get("untuned_estimate_us")
-        for name, style in (("stock", "k-"), ("cold", "b-"), ("warm", "g-")):
-            c = row["curves"].get(name)
-            if c:  # from submit at the untuned estimate; stock's end marked where its run ended
-                xs, ys = [0.5] + [max(p[0], 0.5) for p in c], [u or c[0][2]] + [p[2] for p in c]
-                wall = (row.get(name) or {}).get("wall_s")
-                if wall and wall > xs[-1]:
-                    xs, ys = xs + [wall], ys + [ys[-1]]
-                ax.step(xs, ys, style, where="post", label=name)
-        if u:
-            ax.axhline(u, color="grey", ls=":", label="untuned")
-        ax.set_xscale("log")
-        ax.set_title(m)
-        ax.set_xlabel("seconds from submit")
-        ax.set_ylabel("estimated model latency (us)")
-        ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
 
 
 def main(argv=None) -> int:

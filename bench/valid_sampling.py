@@ -1,18 +1,10 @@
-"""What valid sampling saves in a cold CUDA round: per task, one round of 64 candidates on one thread, three ways:
-replay-trace with TVM's postprocessors alone ("off"), replay-trace with the precheck first
-(services/tuner/metaschedule/validity.py, "precheck"), and tile decisions drawn within the limits before any
-replay (services/tuner/metaschedule/sampling.py, "tile draws", what a cold round runs). Reported: search CPU
-seconds per valid candidate, samples replayed, and which postprocessor rejected them. Needs no GPU: the CUDA
-search, GPU checks included, runs on the CPU. A model is a zoo name or a time-to-quality panel name.
+"""What valid sampling saves in a cold CUDA round: per task, one round of 64 candidates on one thread, three ways
+(MODES: TVM's replay-trace with its postprocessors alone, with the precheck first, and tile draws within the limits,
+what a cold round runs); with --evolution, an evolutionary round after a cold one, three ways (EVOLUTION_MODES).
+Reported: search CPU seconds per valid candidate, samples replayed, which postprocessor rejected them. Needs no
+GPU. A model is a zoo or panel name. Protocol and results: docs/time_to_quality.md (Valid first rounds).
 
-    python -m bench.valid_sampling --tasks resnet18:conv2d1,regnety-stage:conv2d6
-    -> a table, and JSON at --out (default bench/results/valid_sampling_cpu.json)
-
-With --evolution, an evolutionary round instead, after a cold round whose candidates get made-up timings (the cost
-model, XGBoost, trained on them): TVM's EvolutionarySearch against ValidEvolution (evolution.py), as it runs and with
-VerifyGPUCode checking every mutant it scores instead of its proposals only, each at the
-population the service gives it for 64 a round.
-
+    python -m bench.valid_sampling --tasks resnet18:conv2d1,regnety-stage:conv2d6   # bench/results/valid_sampling_cpu.json
     python -m bench.valid_sampling --evolution --tasks efficientnet-mbconv:conv2d1 --out /tmp/evolution.json
 """
 from __future__ import annotations

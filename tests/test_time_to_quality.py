@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.time_to_quality import latency_curve, summarise_model, time_to_reach, untuned_estimate
+from sharetune.experiments.time_to_quality import latency_curve, summarise_model, time_to_reach, untuned_estimate
 
 
 def test_the_estimate_counts_an_unmeasured_task_at_its_default_and_only_improvements():

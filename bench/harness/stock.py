@@ -1,15 +1,13 @@
 """Stock MetaSchedule as the benchmarks run it (DESIGN.md section 4), each run in a fresh process of its own so
-that nothing of this service's set-up is loaded there, and what its logs and databases say afterwards.
+that nothing of this service's set-up is loaded there (its logs are read by sharetune.experiments.throughput).
 
     python -m bench.harness.stock tasks ...   # tune_tasks on every task, until stopped or at its budget
 """
 from __future__ import annotations
 
 import argparse
-import datetime as _dt
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -79,29 +77,6 @@ def kill_group(proc: subprocess.Popen) -> None:
 def stock_records(work: Path) -> list[str]:
     path = work / "database_tuning_record.json"
     return path.read_text().splitlines() if path.exists() else []
-
-
-def stock_trials_from_log(log_text: str) -> int:
-    """Candidates stock sent to its runner (timed right away by LocalRunner). Its task scheduler commits a
-    task's records to the database only when it comes back to that task, so over a short window on a model
-    with many tasks the database holds none of them: its own log is what counts."""
-    return sum(int(m) for m in re.findall(r"Sending (\d+) valid sample\(s\) to runner", log_text))
-
-
-def stock_steady_from_log(log_text: str) -> dict:
-    """Stock's rate once started: from its first batch sent to the builder to its next task pick after the
-    last batch it sent to the runner (that batch then timed)."""
-    def at(line):
-        return _dt.datetime.strptime(line[:19], "%Y-%m-%d %H:%M:%S").timestamp()
-
-    lines = [l for l in log_text.splitlines() if re.match(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d", l)]
-    first = next((at(l) for l in lines if re.search(r"sample\(s\) to builder", l)), None)
-    runner = [i for i, l in enumerate(lines) if re.search(r"valid sample\(s\) to runner", l)]
-    if first is None or not runner:
-        return {}
-    after = next((at(l) for l in lines[runner[-1] + 1:] if "TaskScheduler picks" in l), at(lines[runner[-1]]))
-    trials = stock_trials_from_log(log_text)
-    return {"active_s": round(after - first, 1), "steady_trials_per_min": round(60 * trials / max(after - first, 1e-9), 1)}
 
 
 def main(argv=None) -> int:

@@ -1,5 +1,6 @@
 """Real programs that crash or hang, and helpers that send them to lanes and read back what happened: shared
-by the fault tests (tests/test_faults.py, test_poison.py, ...) and the fault benchmarks (bench/gpu_fault.py).
+by the fault tests (tests/test_faults.py, test_poison.py, ...) and the fault benchmarks (bench/gpu_fault.py,
+bench/redis_outage.py), with the GPU benchmark's own programs and figures.
 
 Each program is a genuine TVM PrimFunc: the run-time segfault writes 4 GiB past its buffer, the hang runs
 2^40 iterations. Only the build segfault needs the lane's test hook (LaneSettings.test_fault_hooks): no
@@ -143,9 +144,111 @@ def job_figures(redis_conn, job, budget: int) -> dict:
             "trials_respent": max(0, started - trials), "trials": trials}
 
 
+def job_audit(r, job_id: str) -> dict:
+    """One job's end, from the store: its state and reason, and where its trials went (the chaos soak's audit)."""
+    st = store.job_state(r, job_id)
+    acc = store.trial_accounting(r, job_id) or {}
+    recs = [x for t in store.job_tasks(r, job_id) for x in store.records(r, t.wkey) if x.job_id == job_id]
+    keys = [(rec.wkey, rec.candidate_key) for rec in recs]
+    # a record twice (the store keys them by candidate, so only a second key could) or more records than
+    # trials claimed (a trial counted twice)
+    duplicated = len(keys) - len(set(keys)) + max(0, len(recs) - (acc.get("claimed") or len(recs)))
+    return {"job_id": job_id, "state": st.get("state"), "error": st.get("error"),
+            "claimed": acc.get("claimed"), "recorded": acc.get("recorded"), "lost": acc.get("lost"),
+            "resends": acc.get("resends"), "records": len(recs), "duplicated": duplicated}
+
+
 def record_row(path: str | None, row: dict) -> None:
     """Append a figures row for bench/faults.py to `path`, the file it asks for (FaultFiguresSettings.faults_out,
     SHARETUNE_FAULTS_OUT; None: not asked, nothing written)."""
     if path:
         with open(path, "a") as f:
             f.write(json.dumps(row) + "\n")
+
+
+# GPU programs of the GPU fault benchmark (bench/gpu_fault.py): two 1024-float tensors each
+GPU_ARGS = [["TENSOR", "float32", [1024]]] * 2
+
+
+def faulting_candidate(cid: str):
+    from tvm.script import tirx as T
+
+    @T.prim_func
+    def f(A: T.Buffer((1024,), "float32"), B: T.Buffer((1024,), "float32")):
+        for bx in T.thread_binding(8, thread="blockIdx.x"):
+            for tx in T.thread_binding(128, thread="threadIdx.x"):
+                B[T.Cast("int64", bx * 128 + tx) + T.int64(1099511627776)] = A[bx * 128 + tx]
+
+    return candidate(f, cid, args_info=GPU_ARGS)
+
+
+def hanging_candidate(cid: str):
+    """2^40 dependent multiply-adds per thread (~40 min on an H200): it spins past any timeout. A finite
+    loop whose result is stored, so the CUDA compiler may not delete it as an infinite loop without effects."""
+    from tvm.script import tirx as T
+
+    @T.prim_func
+    def f(A: T.Buffer((1024,), "float32"), B: T.Buffer((1024,), "float32")):
+        for bx in T.thread_binding(8, thread="blockIdx.x"):
+            for tx in T.thread_binding(128, thread="threadIdx.x"):
+                for i in T.serial(T.int64(1099511627776)):
+                    B[bx * 128 + tx] = B[bx * 128 + tx] * A[bx * 128 + tx] + T.float32(1)
+
+    return candidate(f, cid, args_info=GPU_ARGS)
+
+
+def oversized_launch_candidate(cid: str):
+    """256 KiB of dynamic shared memory per block, past the H200's 227 KiB: the launch is refused (an
+    ordinary, non-sticky error; the context lives on)."""
+    from tvm.script import tirx as T
+
+    @T.prim_func
+    def f(A: T.Buffer((1024,), "float32"), B: T.Buffer((1024,), "float32")):
+        for bx in T.thread_binding(8, thread="blockIdx.x"):
+            for tx in T.thread_binding(128, thread="threadIdx.x"):
+                S = T.alloc_buffer((65536,), "float32", scope="shared.dyn")
+                S[tx * 512] = A[bx * 128 + tx]
+                B[bx * 128 + tx] = S[tx * 512]
+
+    return candidate(f, cid, args_info=GPU_ARGS)
+
+
+# the GPU fault benchmark's figures, from what the store and the supervisor saw
+def phase_times(phases: dict) -> dict:
+    """A recovery's phase times as seconds after its fault (or after its detection, with no report)."""
+    t0 = phases.get("fault_at") or phases.get("detected_at")
+    keys = ("detected_at", "clients_ended_at", "mps_restarted_at", "lanes_started_at", "lanes_live_at",
+            "first_batch_at")
+    return {k.removesuffix("_at") + "_s": (round(phases[k] - t0, 2) if phases.get(k) and t0 else None) for k in keys}
+
+
+def recovery_s(phases: dict) -> float | None:
+    """First fault -> the GPU's lanes measuring again (a batch answered, else all lanes live again)."""
+    t0 = phases.get("fault_at") or phases.get("detected_at")
+    back = phases.get("first_batch_at") or phases.get("lanes_live_at")
+    return round(back - t0, 2) if t0 and back else None
+
+
+def row_figures(row: dict, quarantined: list[dict], recoveries: list[dict], gpu8: str | None) -> dict:
+    """A row's figures from what the store and the supervisor saw during it: quarantine entries other than
+    the culprit's are innocents; the recoveries of the faulted GPU that began inside the row."""
+    start, end = row["started_at"], row.get("ended_at", float("inf"))
+    in_row = [q for q in quarantined if start <= q["at"] <= end]
+    row["culprit_quarantined"] = any(q["candidate_hash"] == row["culprit"] for q in quarantined)
+    row["innocents_quarantined"] = sum(1 for q in in_row if q["candidate_hash"] != row["culprit"])
+    phases = [e["phases"][gpu8] for e in recoveries
+              if gpu8 and gpu8 in e.get("phases", {}) and start <= e["detected_at"] <= end]
+    row["recoveries"] = [phase_times(p) for p in phases]
+    row["recovery_s"] = recovery_s(phases[0]) if phases else None
+    return row
+
+
+def bystander_figures(batches, start: float, end: float) -> dict:
+    """The bystander's trials measured while a row ran, and its longest wait for an answered batch inside the
+    row (from the row's start, between batches, to the row's end while it still had work): a stall shows."""
+    done = sorted(b.finished_at for b in batches)
+    inside = [b for b in batches if start <= b.finished_at <= end]
+    marks = [start] + [t for t in done if start <= t <= end] + ([end] if done and done[-1] > end else [])
+    return {"bystander_trials": sum(b.candidates - b.errors for b in inside),
+            "bystander_max_gap_s": round(max((b - a for a, b in zip(marks, marks[1:])), default=0.0), 2)
+            if done and done[-1] > start else None}

@@ -1,0 +1,394 @@
+"""A tuning run's throughput figures, as the scale benchmark (bench/scale_h200.py) records them: its timeline
+second by second (lanes and GPU busy added to the sampled CPU and queues), where its idle core-seconds went,
+its build CPU per candidate and what the slowest builds bought (and, for the build benchmarks, what a compile CPU
+limit would cut and how many builds repeat a source), stock MetaSchedule's rate read from its log, and a results
+file's parts joined and summarised against stock, with its table."""
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import re
+import statistics
+from collections import defaultdict
+from pathlib import Path
+
+ROLES = ("tuner", "builder", "lane", "updater", "other")  # a stack's processes, as the timeline groups them
+
+
+def pipeline(rows: list[dict], t0: float, batches, gpu_samples, cores: int, tuners: int, png: Path, title: str) -> dict:
+    """The run's timeline (one row a second), where its idle core-seconds went from the first candidate
+    measured to the last, and its PNG."""
+    add_lane_busy(rows, batches, t0)
+    add_gpu_busy(rows, gpu_samples, t0)
+    out = {"timeline": rows, "png": plot(rows, png, title, cores)}
+    if batches:
+        first, last = min(b.started_at for b in batches) - t0, max(b.finished_at for b in batches) - t0
+        out.update(first_measured_s=round(first, 1), last_measured_s=round(last, 1),
+                   **idle_attribution(rows, cores, first, last, tuners))
+    return out
+
+
+def add_lane_busy(rows: list[dict], batches, t0: float) -> None:
+    """Each row's lanes busy (lane-seconds inside batches per second of the row's interval), from the lanes'
+    batch clocks; `t0` is the timeline's start."""
+    for i, row in enumerate(rows):
+        lo = t0 + (rows[i - 1]["t"] if i else 0.0)
+        hi = t0 + row["t"]
+        inside = sum(max(0.0, min(b.finished_at, hi) - max(b.started_at, lo)) for b in batches)
+        row["lanes_busy"] = round(inside / max(hi - lo, 1e-6), 2)
+
+
+def add_gpu_busy(rows: list[dict], samples, t0: float) -> None:
+    """Each row's GPU busy fraction: the mean NVML utilisation of the readings inside its interval."""
+    for i, row in enumerate(rows):
+        lo, hi = t0 + (rows[i - 1]["t"] if i else 0.0), t0 + row["t"]
+        got = [s.utilization_gpu_pct for s in samples if lo <= s.timestamp < hi and s.utilization_gpu_pct is not None]
+        row["gpu_busy"] = round(sum(got) / len(got) / 100, 3) if got else None
+
+
+def idle_attribution(rows: list[dict], cores: int, start: float, end: float, tuners: int) -> dict:
+    """Where the idle core-seconds between `start` and `end` (seconds on the timeline: first candidate sent
+    to last measured) went. Each second's idle cores (its cores less host busy) are put down to one cause:
+
+    - `builds_waiting`: candidates waited in the build queue, yet cores idled (builders too few or stalled);
+    - `search_bound`: nothing to build and the `tuners` clients busy, half a core each or more (the search
+      could not feed the builders);
+    - `waiting_on_lanes`: nothing to build, the tuners mostly idle and candidates queued for or on the lanes;
+    - `starved`: nothing queued anywhere and the tuners mostly idle (a client between steps, the job's end).
+    """
+    out = dict.fromkeys(("builds_waiting", "search_bound", "waiting_on_lanes", "starved"), 0.0)
+    busy_s = span = 0.0
+    prev = 0.0
+    for row in rows:
+        dt, t = row["t"] - prev, row["t"]
+        prev = t
+        if t <= start or t - dt >= end:
+            continue
+        span += dt
+        busy_s += row["host_busy_cores"] * dt
+        idle = max(0.0, cores - row["host_busy_cores"]) * dt
+        q = row.get("queued") or {}
+        searching = row["cores_by_role"].get("tuner", 0.0)
+        if q.get("build", 0) > 0:
+            cause = "builds_waiting"
+        elif searching >= 0.5 * tuners:
+            cause = "search_bound"
+        elif q.get("measure", 0) > 0 or row.get("lanes_busy", 0) > 0.2:
+            cause = "waiting_on_lanes"
+        else:
+            cause = "starved"
+        out[cause] += idle
+    total = sum(out.values())
+    return {"window_s": round(span, 1), "host_busy_frac": round(busy_s / max(span * cores, 1e-9), 4),
+            "idle_core_s": round(total, 1),
+            "idle_core_s_by_cause": {k: round(v, 1) for k, v in out.items()},
+            "idle_frac_by_cause": {k: round(v / total, 3) if total else 0.0 for k, v in out.items()}}
+
+
+def plot(rows: list[dict], path, title: str, cores: int) -> str | None:
+    """CPU cores busy per role (stacked) against the host's cores, the queues' depth, lanes and GPU busy."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    t = [r["t"] for r in rows]
+    fig, (ax, ax2) = plt.subplots(2, 1, figsize=(11, 6.5), sharex=True, height_ratios=[3, 2])
+    ax.stackplot(t, *[[r["cores_by_role"].get(k, 0.0) for r in rows] for k in ROLES], labels=ROLES, alpha=0.8)
+    ax.plot(t, [r["host_busy_cores"] for r in rows], color="black", lw=1, label="host busy")
+    ax.axhline(cores, color="grey", ls="--", lw=0.8)
+    ax.set_ylabel("CPU cores busy")
+    ax.legend(loc="upper right", fontsize=8, ncol=3)
+    ax.set_title(title)
+    for group, color in (("build", "tab:orange"), ("measure", "tab:red")):
+        ax2.plot(t, [(r.get("queued") or {}).get(group, 0) for r in rows], color=color, lw=1, label=f"{group} queue")
+    ax2.set_ylabel("candidates queued")
+    ax2.set_xlabel("seconds from submit")
+    ax3 = ax2.twinx()
+    ax3.plot(t, [r.get("lanes_busy") or 0 for r in rows], color="tab:green", lw=1, label="lanes busy")
+    if any(r.get("gpu_busy") is not None for r in rows):
+        ax3.plot(t, [r.get("gpu_busy") or 0 for r in rows], color="tab:purple", lw=1, label="GPU busy")
+    ax3.set_ylabel("lanes busy / GPU busy")
+    lines = ax2.get_legend_handles_labels(), ax3.get_legend_handles_labels()
+    ax2.legend(lines[0][0] + lines[1][0], lines[0][1] + lines[1][1], loc="upper right", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return str(path)
+
+
+def batch_figures(batches, trials: int) -> dict:
+    """From the first candidate measured to the last (the rate once planning is done), and the lane time a
+    candidate took; empty without batches."""
+    if not batches:
+        return {}
+    active = max(b.finished_at for b in batches) - min(b.started_at for b in batches)
+    # builders feed a lane one candidate a batch: a batch's time is that candidate's lane time
+    per = [(b.finished_at - b.started_at) / b.candidates for b in batches if b.candidates]
+    return {"active_s": round(active, 1), "steady_trials_per_min": round(60 * trials / max(active, 1e-9), 1),
+            "lane_s_per_candidate": round(statistics.median(per), 4),
+            "lane_s_per_candidate_mean": round(statistics.mean(per), 4)}
+
+
+def record_stats(recs: list) -> dict:
+    """Per candidate of the job, from its records: build CPU seconds (median, mean, the share of the
+    slowest builds), which timing each got."""
+    from shared import store
+
+    cpu = sorted(x.build_cpu_s for x in recs if x.build_cpu_s is not None)
+    out = {"records": len(recs), "brief": sum(x.timing == "brief" for x in recs),
+           "full": sum(x.timing == "full" and store.valid_record(x) for x in recs),
+           "errors": sum(not store.valid_record(x) for x in recs),
+           # builds the compile CPU limit stopped (LaneSettings.cuda_compile_cpu_limit_s)
+           "builds_cut": sum("CUDA compile stopped after" in (x.error or "") for x in recs)}
+    if cpu:
+        out.update(build_cpu_s_median=round(statistics.median(cpu), 3), build_cpu_s_mean=round(statistics.mean(cpu), 3),
+                   build_cpu_s_p90=round(cpu[int(0.9 * (len(cpu) - 1))], 3), build_cpu_s_max=round(cpu[-1], 3),
+                   build_cpu_s_total=round(sum(cpu), 1), built=len(cpu),
+                   build_cpu_share_over_4s=round(sum(c for c in cpu if c > 4) / max(sum(cpu), 1e-9), 3))
+        out.update(slow_build_worth(recs))
+    return out
+
+
+def slow_build_worth(recs, over_s: float = 4.0, near: float = 1.25) -> dict:
+    """What the builds over `over_s` CPU seconds bought: how many there were, how many ran within `near` of
+    their task's best, and how many tasks' bests they are (a build cap would have lost those)."""
+    from shared import store
+    from shared.ranking import rank_secs
+
+    best: dict[str, float] = {}
+    for x in recs:
+        if store.valid_record(x):
+            best[x.wkey] = min(best.get(x.wkey, float("inf")), rank_secs(x.run_secs))
+    slow = [x for x in recs if x.build_cpu_s is not None and x.build_cpu_s > over_s]
+    ran = [x for x in slow if store.valid_record(x)]
+    return {"slow_builds": len(slow),
+            "slow_builds_near_best": sum(rank_secs(x.run_secs) <= near * best[x.wkey] for x in ran),
+            "slow_builds_task_bests": sum(rank_secs(x.run_secs) == best[x.wkey] for x in ran),
+            "tasks": len(best)}
+
+
+def summarise(result: dict) -> dict:
+    """The issue's figures: throughput against stock (per model, then the worst model's), latency at equal
+    trials, GPU busy, build CPU and lane time per candidate, screened against uniform timing."""
+    rows, stocks = result["rows"], result.get("stocks") or {}
+    summary: dict = {"per_model": {}}
+    ratios: dict[str, list[float]] = {}
+    for model, stock in stocks.items():
+        mine = {r["config"]: r for r in rows if r["model"] == model}
+        per = {"stock_trials_per_min": stock["trials_per_min"],
+               "throughput_vs_stock": {c: round(r["trials_per_min"] / max(stock["trials_per_min"], 1e-9), 2)
+                                       for c, r in mine.items()},
+               "latency_vs_stock": {c: r.get("latency_vs_stock") for c, r in mine.items()}}
+        summary["per_model"][model] = per
+        for c, v in per["throughput_vs_stock"].items():
+            ratios.setdefault(c, []).append(v)
+    screened = {c: v for c, v in ratios.items() if "uniform" not in c}
+    if screened:  # a configuration's ratio is its worst model's: every model must reach it
+        best = max(screened, key=lambda c: min(screened[c]))
+        summary["throughput_vs_stock"] = min(screened[best])
+        summary["throughput_vs_stock_config"] = best
+        one = next((c for c in screened if c.endswith("1x100")), None)
+        summary["throughput_vs_stock_1x100"] = min(screened[one]) if one else None
+        summary["throughput_vs_stock_per_config"] = {c: min(v) for c, v in ratios.items()}
+    lat = [r["latency_vs_stock"] for r in rows if r.get("latency_vs_stock") and r.get("timing") != "uniform"]
+    summary["latency_vs_stock"] = max(lat) if lat else None  # the worst configuration and model
+    summary["latency_vs_stock_per_row"] = {f"{r['config']}/{r['model']}": r.get("latency_vs_stock") for r in rows}
+    summary["gpu_busy_frac"] = {f"{r['config']}/{r['model']}": r.get("gpu_busy_frac") for r in rows}
+    # CPU-bound or not: the host's busy fraction and CPU seconds a trial (every process of the stack)
+    summary["host_cpu_busy_frac"] = {f"{r['config']}/{r['model']}": r.get("host_cpu_busy_frac") for r in rows}
+    summary["cpu_s_per_trial"] = {f"{r['config']}/{r['model']}": r.get("cpu_s_per_trial") for r in rows}
+    cpu = [r for r in rows if r.get("built")]
+    if cpu:  # over every built candidate of every run, weighted by how many each built
+        n = sum(r["built"] for r in cpu)
+        summary["build_cpu_s_mean"] = round(sum(r["build_cpu_s_total"] for r in cpu) / n, 3)
+        summary["build_cpu_s_median"] = round(statistics.median(r["build_cpu_s_median"] for r in cpu), 3)
+    hundred = [r["lane_s_per_candidate"] for r in rows if r.get("share") == 100 and r.get("lane_s_per_candidate")
+               and r.get("timing") != "uniform"]
+    summary["lane_s_per_candidate"] = round(statistics.median(hundred), 4) if hundred else None
+    summary.update(pipeline_summary(result))
+    both = result.get("screened_vs_uniform") or {}
+    if both.get("latency_ratio"):  # timed side by side in one process
+        summary["screened_vs_uniform_latency"] = both["latency_ratio"]
+        summary["screened_vs_uniform_lane_s"] = [both["lane_s_per_candidate"]["screened"],
+                                                 both["lane_s_per_candidate"]["uniform"]]
+        return summary
+    uni = next((r for r in rows if r.get("timing") == "uniform"), None)
+    if uni:
+        same = next((r for r in rows if r["model"] == uni["model"] and r["config"] == uni["config"].removesuffix("-uniform")), None)
+        if same and same.get("tuned_latency_us") and uni.get("tuned_latency_us"):
+            summary["screened_vs_uniform_latency"] = round(same["tuned_latency_us"] / uni["tuned_latency_us"], 3)
+            summary["screened_vs_uniform_lane_s"] = [same.get("lane_s_per_candidate"), uni.get("lane_s_per_candidate")]
+    return summary
+
+
+def pipeline_summary(result: dict) -> dict:
+    """The worst model's and configuration's figures of the pipeline goals, and the multi-job run against
+    the same models one after another on one 100 % lane."""
+    rows = [r for r in result["rows"] if r.get("timing") != "uniform" and r.get("state") == "done"]
+    stocks = result.get("stocks") or {}
+    vs = [(r["trials_per_min"] / stocks[r["model"]]["trials_per_min"], f"{r['config']}/{r['model']}")
+          for r in rows if r["model"] in stocks and stocks[r["model"]].get("trials_per_min")]
+    busy = [(r["pipeline"]["host_busy_frac"], f"{r['config']}/{r['model']}") for r in rows
+            if (r.get("pipeline") or {}).get("host_busy_frac") is not None]
+    cpu = [(r["cpu_s_per_trial"], f"{r['config']}/{r['model']}") for r in rows if r.get("cpu_s_per_trial")]
+    out: dict = {}
+    for key, pairs, pick in (("throughput_vs_stock_min", vs, min), ("host_cpu_busy_min", busy, min),
+                             ("cpu_s_per_trial_max", cpu, max)):
+        if pairs:
+            value, where = pick(pairs)
+            out[key], out[key + "_at"] = round(value, 3), where
+    idle: dict[str, float] = {}
+    for r in rows:
+        for cause, v in ((r.get("pipeline") or {}).get("idle_core_s_by_cause") or {}).items():
+            idle[cause] = idle.get(cause, 0.0) + v
+    if idle:
+        out["idle_core_s_by_cause"] = {k: round(v, 1) for k, v in idle.items()}
+    multi = result.get("multi_job")
+    if multi:
+        # the same jobs alone, one after another: the one-lane configuration (1 x 100 %, or the rehearsal's)
+        alone = {r["model"]: r for r in rows if r["config"].endswith("1x100") or r["config"] == "cpu-1lane"}
+        m = {"makespan_s": multi["makespan_s"], "aggregate_trials_per_min": multi["aggregate_trials_per_min"],
+             "share_spread": multi["shares"].get("share_spread"),
+             "last_first_measured_s": multi["last_first_measured_s"]}
+        if all(model in alone for model in multi["models"]):  # the same jobs one after another, 1 x 100 %
+            seq_s = sum(alone[model]["tuning_s"] for model in multi["models"])
+            seq_trials = sum(alone[model]["trials"] for model in multi["models"])
+            m.update(sequential_s=round(seq_s, 1), makespan_vs_sequential=round(multi["makespan_s"] / seq_s, 3),
+                     aggregate_vs_single=round(multi["aggregate_trials_per_min"] / (60 * seq_trials / seq_s), 3))
+        out["multi_job"] = m
+    return out
+
+
+def print_table(result: dict) -> None:
+    rows = list((result.get("stocks") or {}).values()) + result["rows"]
+    print(f"\nmodels {result.get('model')}, {result.get('per_iter')} a round")
+    print(f"{'config':<20}{'model':<12}{'lanes':>6}{'trials':>7}{'tr/min':>8}{'gpu busy':>9}{'lane s/c':>9}"
+          f"{'bld cpu med':>12}{'mean':>7}{'brief':>6}{'tuned us':>10}{'vs stock@N':>11}")
+    for r in rows:
+        print(f"{r['config']:<20}{r.get('model', ''):<12}{r.get('lanes', 0):>6}{r.get('trials', 0):>7}"
+              f"{r.get('trials_per_min', 0):>8}{_f(r.get('gpu_busy_frac')):>9}{_f(r.get('lane_s_per_candidate')):>9}"
+              f"{_f(r.get('build_cpu_s_median')):>12}{_f(r.get('build_cpu_s_mean')):>7}{_f(r.get('brief')):>6}"
+              f"{_f(r.get('tuned_latency_us')):>10}{_f(r.get('latency_vs_stock')):>11}")
+    if result.get("summary"):
+        print("summary:", json.dumps({k: v for k, v in result["summary"].items() if k != "per_model"}))
+
+
+def _f(v) -> str:
+    return "-" if v is None else f"{v:.3g}" if isinstance(v, float) else str(v)
+
+
+def compile_limit_figures(rows: list[dict], limits: list[float]) -> dict:
+    """What each compile CPU limit would cut (bench/build_tail.py's rows: each record's NVRTC CPU, unlimited and
+    under each limit it exceeds, and its time): builds cut, CPU saved, how close the cut came to their task's best."""
+    best: dict[str, float] = defaultdict(lambda: float("inf"))
+    for r in rows:
+        best[r["workload"]] = min(best[r["workload"]], r["us"])
+    total = sum(r["lower_cpu_s"] + r["nvrtc_cpu_s"] for r in rows)
+    out = {"records": len(rows), "build_cpu_s_total": round(total, 1),
+           "build_cpu_s_mean": round(total / max(len(rows), 1), 3), "limits": {}}
+    for limit in limits:
+        cut = [r for r in rows if str(limit) in r["limited"]]
+        ratios = sorted(r["us"] / best[r["workload"]] for r in cut)
+        saved = sum(r["nvrtc_cpu_s"] - r["limited"][str(limit)]["cpu_s"] for r in cut)
+        out["limits"][str(limit)] = {
+            "cut": len(cut), "cut_frac": round(len(cut) / max(len(rows), 1), 4),
+            "stopped": sum(r["limited"][str(limit)]["stopped"] for r in cut),
+            "build_cpu_saved_frac": round(saved / total if total else 0.0, 3),
+            "closest_cut_vs_task_best": round(ratios[0], 3) if ratios else None,
+            "cut_within_1_5x_of_task_best": sum(x < 1.5 for x in ratios),
+            "task_bests_cut": sum(x <= 1.0 for x in ratios)}
+    return out
+
+
+def duplicate_source_figures(rows: list[dict], other_jobs_sources: set[str], builders: int, per_round: int) -> dict:
+    """Duplicate CUDA sources among a job's builds (bench/build_duplicates.py's rows, in trial order): how many,
+    the NVRTC CPU they paid again, how far apart, and what `builders` per-process caches would have caught."""
+    first: dict[str, dict] = {}
+    dups, gaps, seen_by = [], [], {}
+    for r in sorted(rows, key=lambda r: r["trial"]):
+        if r["source"] in first:
+            dups.append(r)
+            gaps.append(r["trial"] - first[r["source"]]["trial"])
+        first.setdefault(r["source"], r)
+        seen_by[r["source"]] = seen_by.get(r["source"], 0) + 1
+    # builders take candidates from one queue: the k-th build of a source finds it in its builder's cache when
+    # one of the k-1 before it went to the same builder (taken as uniform)
+    per_process = sum(1 - (1 - 1 / builders) ** (k - 1) for n in seen_by.values() for k in range(2, n + 1))
+    total = sum(r["lower_cpu_s"] + r["nvrtc_cpu_s"] for r in rows)
+    dup_nvrtc = sum(r["nvrtc_cpu_s"] for r in dups)
+    return {"records": len(rows), "distinct_sources": len(first), "duplicates": len(dups),
+            "duplicate_frac": round(len(dups) / max(len(rows), 1), 4),
+            "duplicates_other_task": sum(r["task"] != first[r["source"]]["task"] for r in dups),
+            "build_cpu_s": round(total, 1), "duplicate_nvrtc_cpu_s": round(dup_nvrtc, 1),
+            "duplicate_nvrtc_frac_of_build_cpu": round(dup_nvrtc / total if total else 0.0, 4),
+            "trial_gap_median": statistics.median(gaps) if gaps else None, "trial_gap_max": max(gaps, default=None),
+            f"within_{per_round}_trials": sum(g < per_round for g in gaps),
+            f"expected_hits_per_builder_of_{builders}": round(per_process, 1),
+            "sources_built_by_another_job": sum(r["source"] in other_jobs_sources for r in rows)}
+
+
+def merged(parts: list[dict], stock_log: str | None = None) -> dict:
+    """Results files of parts of a run joined, summarised again; with one stock row, its trials read again from
+    stock's own `stock_log` (its text)."""
+    rows = [r for p in parts for r in p["rows"]]
+    stocks = {}
+    for p in parts:
+        stocks.update(p.get("stocks") or ({p["model"]: p["stock"]} if p.get("stock") else {}))
+    if stock_log is not None and len(stocks) == 1:  # trials from stock's own log
+        stock = next(iter(stocks.values()))
+        stock.update(stock_log_figures(stock["trials"], stock["window_s"], stock_log))
+    result = {k: v for k, v in parts[0].items() if k not in ("rows", "stock", "stocks", "part", "summary")}
+    result.update(rows=rows, stocks=stocks, stock=next(iter(stocks.values()), None))
+    result["summary"] = summarise(result)
+    two, one = (next((r for r in rows if r["config"] == c), None) for c in ("2gpu-4x25-b32", "1gpu-4x25-b32"))
+    if two and one:
+        result["summary"]["scaling_efficiency_2gpu"] = round(two["trials_per_min"] / (2 * one["trials_per_min"]), 3)
+    return result
+
+
+def stocks_of(result: dict) -> dict:
+    """Stock's rows of an earlier result: this benchmark's, or the time-to-quality benchmark's (stock run to
+    its budget, each model in its own lease)."""
+    if result.get("stocks"):
+        return result["stocks"]
+    out = {}
+    for model, row in (result.get("models") or {}).items():
+        stock = row.get("stock") or {}
+        if stock.get("trials_per_min"):
+            out[model] = {"config": "stock", "model": model, "trials": stock["trials"], "window_s": stock["wall_s"],
+                          "trials_per_min": stock["trials_per_min"], "lease": row.get("stock_lease"),
+                          "note": "tune_tasks run to its budget (time_to_quality), 16 builders + LocalRunner"}
+    return out
+
+
+def stock_trials_from_log(log_text: str) -> int:
+    """Candidates stock sent to its runner (timed right away by LocalRunner). Its task scheduler commits a
+    task's records to the database only when it comes back to that task, so over a short window on a model
+    with many tasks the database holds none of them: its own log is what counts."""
+    return sum(int(m) for m in re.findall(r"Sending (\d+) valid sample\(s\) to runner", log_text))
+
+
+def stock_steady_from_log(log_text: str) -> dict:
+    """Stock's rate once started: from its first batch sent to the builder to its next task pick after the
+    last batch it sent to the runner (that batch then timed)."""
+    def at(line):
+        return _dt.datetime.strptime(line[:19], "%Y-%m-%d %H:%M:%S").timestamp()
+
+    lines = [l for l in log_text.splitlines() if re.match(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d", l)]
+    first = next((at(l) for l in lines if re.search(r"sample\(s\) to builder", l)), None)
+    runner = [i for i, l in enumerate(lines) if re.search(r"valid sample\(s\) to runner", l)]
+    if first is None or not runner:
+        return {}
+    after = next((at(l) for l in lines[runner[-1] + 1:] if "TaskScheduler picks" in l), at(lines[runner[-1]]))
+    trials = stock_trials_from_log(log_text)
+    return {"active_s": round(after - first, 1), "steady_trials_per_min": round(60 * trials / max(after - first, 1e-9), 1)}
+
+
+def stock_log_figures(committed: int, wall_s: float, log_text: str) -> dict:
+    """Stock's trials over a window (its database's records, or its log's count when that is more), its rate, and
+    its rate once started."""
+    trials = max(committed, stock_trials_from_log(log_text))
+    return {"trials": trials, "trials_per_min": round(60 * trials / wall_s, 1), **stock_steady_from_log(log_text)}

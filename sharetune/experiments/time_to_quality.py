@@ -1,0 +1,226 @@
+"""Time to quality, from a run's measured trials: the model's estimated latency after each trial (the weighted
+sum of each task's best so far), when a run first reaches a latency, the figures a time-to-quality result holds
+per model and over the panel, its markdown table and its plot (bench/time_to_quality.py runs the benchmark;
+docs/time_to_quality.md has the protocol)."""
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from pathlib import Path
+
+
+def latency_curve(events: list[tuple[float, str, float | None]], weights: dict[str, int],
+                  defaults: dict[str, float], keeps_default: bool = True) -> list[tuple[float, int, float]]:
+    """(seconds, trials so far, estimated model seconds) after each measured trial. `events`: (seconds from
+    submit, task name, the trial's seconds or None for a failed trial), in any order; `defaults`: each task's
+    default schedule's seconds (a task without one counts at its first valid trial until then).
+    `keeps_default`: the run compiles a task's default schedule where it beats the task's best trial (the
+    service's guard); stock does not: a task it measured compiles its best trial, slower or not."""
+    events = sorted(events, key=lambda e: e[0])  # a failed trial's None never compares
+    first = {}
+    for _, task, secs in events:
+        if secs is not None and task not in first:
+            first[task] = secs
+    best: dict[str, float] = {}
+    out = []
+    for n, (t, task, secs) in enumerate(events, start=1):
+        if secs is not None and secs < best.get(task, math.inf):
+            best[task] = secs
+        def cost(name: str) -> float:
+            tuned, default = best.get(name), defaults.get(name)
+            if tuned is None:
+                return default if default is not None else first.get(name, 0.0)
+            return min(tuned, default) if keeps_default and default is not None else tuned
+        total = sum(w * cost(name) for name, w in weights.items())
+        out.append((round(t, 2), n, total))
+    return out
+
+
+def untuned_estimate(weights: dict[str, int], defaults: dict[str, float]) -> float:
+    return sum(w * defaults.get(name, 0.0) for name, w in weights.items())
+
+
+def time_to_reach(curve: list, target: float) -> tuple[float | None, int | None]:
+    """(seconds, trials) at which the curve first is at or below `target` (None: never)."""
+    for t, n, est in curve:
+        if est <= target * (1 + 1e-9):
+            return t, n
+    return None, None
+
+
+def summarise_model(row: dict) -> None:
+    """The curves from the events, and the figures the issue asks for."""
+    cold, warm, stock = row.get("cold"), row.get("warm"), row.get("stock")
+    defaults = (cold or warm or {}).get("defaults") or {}
+    weights = (cold or warm or stock or {}).get("weights") or {}
+    curves = {}
+    for name, res in (("stock", stock), ("cold", cold), ("warm", warm)):
+        if res and res.get("events"):
+            curves[name] = latency_curve([tuple(e) for e in res["events"]], weights, defaults,
+                                         keeps_default=name != "stock")
+    row["curves"] = {k: [[t, n, round(e * 1e6, 3)] for t, n, e in v] for k, v in curves.items()}
+    s = {"untuned_estimate_us": round(untuned_estimate(weights, defaults) * 1e6, 3) if defaults else None}
+    for k, v in curves.items():
+        s[f"{k}_final_estimate_us"] = round(v[-1][2] * 1e6, 3)
+    if "stock" in curves and stock.get("wall_s"):
+        stock_final = curves["stock"][-1][2]
+        for k in ("cold", "warm"):
+            if k in curves:
+                t, n = time_to_reach(curves[k], stock_final)
+                s[f"{k}_time_to_stock_latency_s"] = t
+                s[f"{k}_trials_to_stock_latency"] = n
+                s[f"{k}_time_to_stock_latency_ratio"] = round(t / stock["wall_s"], 4) if t is not None else None
+    if "cold" in curves and "warm" in curves:
+        t, n = time_to_reach(curves["warm"], curves["cold"][-1][2])
+        s["warm_time_to_cold_latency_s"] = t
+        s["warm_trials_ratio"] = round(n / len(curves["cold"]), 4) if n is not None else None
+    lat = (row.get("served") or {}).get("latency_us") or {}
+    if "stock" in lat:
+        for k in ("cold", "warm", "cold_at_stock_trials"):
+            if k in lat:
+                s[f"{k}_vs_stock_latency"] = round(lat[k] / lat["stock"], 4)
+        equal = lat.get("cold_at_stock_trials", lat.get("cold"))
+        if equal is not None:
+            s["latency_vs_stock_equal_trials"] = round(equal / lat["stock"], 4)
+    if "untuned" in lat:
+        s["never_slower_than_untuned"] = all(v <= lat["untuned"] * 1.02 for k, v in lat.items() if k in ("cold", "warm"))
+    if cold:
+        s["search_cpu_s_per_valid_candidate"] = cold.get("search_cpu_s_per_valid_candidate")
+    row["summary"] = s
+
+
+def summarise(result: dict) -> dict:
+    """The worst panel model's figure for each goal."""
+    rows = [r for r in result["models"].values() if r.get("summary")]
+    def worst(key, pick=max):
+        vals = [(r["summary"][key], m) for m, r in result["models"].items()
+                if r.get("summary") and r["summary"].get(key) is not None]
+        if not vals:
+            return None, None
+        return pick(vals)
+    out = {"models": sum(1 for r in rows if r["summary"].get("latency_vs_stock_equal_trials") is not None),
+           "models_started": len(result["models"])}
+    for key, src in (("time_to_stock_latency_ratio", "cold_time_to_stock_latency_ratio"),
+                     ("latency_vs_stock_equal_trials", "latency_vs_stock_equal_trials"),
+                     ("warm_trials_ratio", "warm_trials_ratio"),
+                     ("search_cpu_s_per_valid_candidate", "search_cpu_s_per_valid_candidate")):
+        v, m = worst(src)
+        out[key], out[f"{key}_model"] = v, m
+    unreached = [m for m, r in result["models"].items() if r.get("summary") and "stock" in r.get("curves", {})
+                 and "cold" in r.get("curves", {}) and r["summary"].get("cold_time_to_stock_latency_s") is None]
+    if unreached:
+        out["never_reached_stock_latency"] = unreached
+    # a warm run that never reached the cold run's final latency has no trials ratio: it is over 1, not unknown
+    warm_short = [m for m, r in result["models"].items() if "warm" in r.get("curves", {}) and "cold" in r.get("curves", {})
+                  and r["summary"].get("warm_time_to_cold_latency_s") is None]
+    if warm_short:
+        out["warm_never_reached_cold_latency"] = warm_short
+    return out
+
+
+def markdown_table(result: dict) -> str:
+    """One row a model and run, as docs/time_to_quality.md shows it."""
+    lines = ["| model | run | trials | wall s | time to stock's final (s, ratio to stock's wall) | final estimate us | "
+             "served us (x stock) |", "|---|---|---|---|---|---|---|"]
+    for m, row in result["models"].items():
+        s, lat = row.get("summary") or {}, (row.get("served") or {}).get("latency_us") or {}
+        for run in ("stock", "cold", "warm"):
+            res = row.get(run)
+            if not res or res.get("error"):
+                continue
+            reach = "-" if run == "stock" else (
+                f"{s.get(f'{run}_time_to_stock_latency_s')} ({s.get(f'{run}_time_to_stock_latency_ratio')})"
+                if s.get(f"{run}_time_to_stock_latency_s") is not None else "never")
+            served = f"{lat[run]:.1f}" + (f" ({lat[run] / lat['stock']:.2f}x)" if "stock" in lat and run != "stock" else "") \
+                if run in lat else "-"
+            lines.append(f"| {m} | {run} | {res.get('trials')} | {res.get('wall_s')} | {reach} | "
+                         f"{s.get(f'{run}_final_estimate_us')} | {served} |")
+        if "untuned" in lat:
+            lines.append(f"| {m} | untuned | 0 | - | - | {s.get('untuned_estimate_us')} | {lat['untuned']:.1f} |")
+    return "\n".join(lines)
+
+
+def plot(result: dict, path: Path) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    models = [m for m, r in result["models"].items() if r.get("curves")]
+    if not models:
+        return
+    fig, axes = plt.subplots(1, len(models), figsize=(5 * len(models), 4.2), squeeze=False)
+    for ax, m in zip(axes[0], models):
+        row = result["models"][m]
+        u = (row.get("summary") or {}).get("untuned_estimate_us")
+        for name, style in (("stock", "k-"), ("cold", "b-"), ("warm", "g-")):
+            c = row["curves"].get(name)
+            if c:  # from submit at the untuned estimate; stock's end marked where its run ended
+                xs, ys = [0.5] + [max(p[0], 0.5) for p in c], [u or c[0][2]] + [p[2] for p in c]
+                wall = (row.get(name) or {}).get("wall_s")
+                if wall and wall > xs[-1]:
+                    xs, ys = xs + [wall], ys + [ys[-1]]
+                ax.step(xs, ys, style, where="post", label=name)
+        if u:
+            ax.axhline(u, color="grey", ls=":", label="untuned")
+        ax.set_xscale("log")
+        ax.set_title(m)
+        ax.set_xlabel("seconds from submit")
+        ax.set_ylabel("estimated model latency (us)")
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def stock_events(work: Path, seen: list[float]) -> tuple[list[tuple], dict[str, int]]:
+    """Stock's run in `work` as (events, each task's weight): its JSON database's records in the order they were
+    committed, each at its time in `seen`, named by the task its workload belongs to (tasks.json)."""
+    tasks = json.loads((work / "tasks.json").read_text())
+    by_hash = {t["shash"]: t["name"] for t in tasks}
+    wl_names = [by_hash.get(json.loads(line)[0], f"?{i}") for i, line in
+                enumerate((work / "database_workload.json").read_text().splitlines())]
+    events = []
+    for t, line in zip(seen, (work / "database_tuning_record.json").read_text().splitlines()):
+        wl, rec = json.loads(line)
+        secs = rec[1]
+        ok = secs and all(s < 1e9 for s in secs)
+        events.append((t, wl_names[wl], statistics.median(secs) if ok else None))
+    return events, {t["name"]: t["weight"] for t in tasks}
+
+
+def job_events(r, job_id: str, t0: float, wall: float, threads: int) -> dict:
+    """A service job's part of a time-to-quality row, from the store: its tasks' weights and default schedules'
+    seconds, its events (seconds from `t0`; a trial not fully timed counts as failed: an export leaves it out),
+    its phase splits and the search CPU a valid candidate took (`threads`: each client's search threads)."""
+    from shared import store
+
+    tasks = store.job_tasks(r, job_id)
+    defaults = {}
+    for t in tasks:
+        d = store.default_timing(r, t.wkey)
+        if d is not None and d.run_secs:
+            defaults[t.name] = statistics.median(d.run_secs)
+    recs = sorted(((x, t) for t in tasks for x in store.records(r, t.wkey) if x.job_id == job_id),
+                  key=lambda p: p[0].measured_at)
+    events, seeds, valid = [], 0, 0
+    for rec, t in recs:
+        seeds += bool(getattr(rec, "seeded_from", None))
+        valid += store.valid_record(rec)  # timed, briefly or fully
+        ok = store.valid_record(rec) and rec.timing == "full"  # what an export may use
+        events.append((rec.measured_at - t0, t.name, statistics.median(rec.run_secs) if ok else None))
+    splits = store.splits(r, job_id)
+    row = {"trials": len(events), "weights": {t.name: t.weight for t in tasks}, "defaults": defaults,
+           "events": events, "seeds_measured": seeds, "trials_per_min": round(60 * len(events) / max(wall, 1e-9), 1),
+           "splits": splits, "valid_trials": valid, "fully_timed_trials": sum(1 for e in events if e[2] is not None)}
+    # the sample phase is wall time, so this is its CPU only while its threads are busy
+    sample_s = sum(s.get("sample", 0.0) for s in splits)
+    sample_cpu = sum(s.get("sample_cpu", 0.0) for s in splits)
+    if sample_cpu:  # measured: the CPU of every search thread while it sampled
+        row["search_cpu_s_per_valid_candidate"] = round(sample_cpu / max(1, valid), 3)
+        row["search_cpu_s_per_valid_candidate_bound"] = round(sample_s * threads / max(1, valid), 3)
+    else:  # an upper bound: the sample phase's wall time with every search thread busy
+        row["search_cpu_s_per_valid_candidate"] = round(sample_s * threads / max(1, valid), 3)
+    return row
