@@ -303,33 +303,6 @@ def compile_limit_figures(rows: list[dict], limits: list[float]) -> dict:
     return out
 
 
-def duplicate_source_figures(rows: list[dict], other_jobs_sources: set[str], builders: int, per_round: int) -> dict:
-    """Duplicate CUDA sources among a job's builds (bench/build_duplicates.py's rows, in trial order): how many,
-    the NVRTC CPU they paid again, how far apart, and what `builders` per-process caches would have caught."""
-    first: dict[str, dict] = {}
-    dups, gaps, seen_by = [], [], {}
-    for r in sorted(rows, key=lambda r: r["trial"]):
-        if r["source"] in first:
-            dups.append(r)
-            gaps.append(r["trial"] - first[r["source"]]["trial"])
-        first.setdefault(r["source"], r)
-        seen_by[r["source"]] = seen_by.get(r["source"], 0) + 1
-    # builders take candidates from one queue: the k-th build of a source finds it in its builder's cache when
-    # one of the k-1 before it went to the same builder (taken as uniform)
-    per_process = sum(1 - (1 - 1 / builders) ** (k - 1) for n in seen_by.values() for k in range(2, n + 1))
-    total = sum(r["lower_cpu_s"] + r["nvrtc_cpu_s"] for r in rows)
-    dup_nvrtc = sum(r["nvrtc_cpu_s"] for r in dups)
-    return {"records": len(rows), "distinct_sources": len(first), "duplicates": len(dups),
-            "duplicate_frac": round(len(dups) / max(len(rows), 1), 4),
-            "duplicates_other_task": sum(r["task"] != first[r["source"]]["task"] for r in dups),
-            "build_cpu_s": round(total, 1), "duplicate_nvrtc_cpu_s": round(dup_nvrtc, 1),
-            "duplicate_nvrtc_frac_of_build_cpu": round(dup_nvrtc / total if total else 0.0, 4),
-            "trial_gap_median": statistics.median(gaps) if gaps else None, "trial_gap_max": max(gaps, default=None),
-            f"within_{per_round}_trials": sum(g < per_round for g in gaps),
-            f"expected_hits_per_builder_of_{builders}": round(per_process, 1),
-            "sources_built_by_another_job": sum(r["source"] in other_jobs_sources for r in rows)}
-
-
 def merged(parts: list[dict], stock_log: str | None = None) -> dict:
     """Results files of parts of a run joined, summarised again; with one stock row, its trials read again from
     stock's own `stock_log` (its text)."""

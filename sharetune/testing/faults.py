@@ -12,7 +12,7 @@ import json
 import time
 
 from shared import names, store
-from shared.messages import Candidate, MeasureBatch, TimingConfig
+from shared.messages import FINAL_STATES, Candidate, JobState, MeasureBatch, TimingConfig
 
 ARGS = [["TENSOR", "float32", [16]], ["TENSOR", "float32", [16]]]
 
@@ -109,7 +109,7 @@ def batch_in_flight(redis_conn, before, job_id, timeout_s=300):
         if time.time() - state_at > 0.5:
             state_at = time.time()
             state = store.job_state(redis_conn, job_id)
-            if state.get("state") in ("done", "failed", "cancelled"):
+            if state.get("state") in FINAL_STATES:
                 raise AssertionError(f"job {job_id} ended before a batch of it was seen in flight: {state}")
         time.sleep(0.005)
     raise AssertionError("no batch was seen in flight")
@@ -138,8 +138,8 @@ def job_figures(redis_conn, job, budget: int) -> dict:
             if info.get("job_id") == job.job_id:
                 started += int(info.get("candidates") or 0)
     accounting = store.trial_accounting(redis_conn, job.job_id)
-    return {"jobs_completed": int(st.get("state") == "done"),
-            "candidates_lost": accounting["lost"] if st.get("state") == "done" else budget,
+    return {"jobs_completed": int(st.get("state") == JobState.DONE),
+            "candidates_lost": accounting["lost"] if st.get("state") == JobState.DONE else budget,
             "lane_errors": lane_lost, "claimed": accounting["claimed"], "recorded": accounting["recorded"],
             "trials_respent": max(0, started - trials), "trials": trials}
 
