@@ -94,22 +94,22 @@ def plot(rows: list[dict], path, title: str, cores: int) -> str | None:
         import matplotlib.pyplot as plt
     except ImportError:
         return None
-    t = [r["t"] for r in rows]
+    t = [row["t"] for row in rows]
     fig, (ax, ax2) = plt.subplots(2, 1, figsize=(11, 6.5), sharex=True, height_ratios=[3, 2])
-    ax.stackplot(t, *[[r["cores_by_role"].get(k, 0.0) for r in rows] for k in ROLES], labels=ROLES, alpha=0.8)
-    ax.plot(t, [r["host_busy_cores"] for r in rows], color="black", lw=1, label="host busy")
+    ax.stackplot(t, *[[row["cores_by_role"].get(k, 0.0) for row in rows] for k in ROLES], labels=ROLES, alpha=0.8)
+    ax.plot(t, [row["host_busy_cores"] for row in rows], color="black", lw=1, label="host busy")
     ax.axhline(cores, color="grey", ls="--", lw=0.8)
     ax.set_ylabel("CPU cores busy")
     ax.legend(loc="upper right", fontsize=8, ncol=3)
     ax.set_title(title)
     for group, color in (("build", "tab:orange"), ("measure", "tab:red")):
-        ax2.plot(t, [(r.get("queued") or {}).get(group, 0) for r in rows], color=color, lw=1, label=f"{group} queue")
+        ax2.plot(t, [(row.get("queued") or {}).get(group, 0) for row in rows], color=color, lw=1, label=f"{group} queue")
     ax2.set_ylabel("candidates queued")
     ax2.set_xlabel("seconds from submit")
     ax3 = ax2.twinx()
-    ax3.plot(t, [r.get("lanes_busy") or 0 for r in rows], color="tab:green", lw=1, label="lanes busy")
-    if any(r.get("gpu_busy") is not None for r in rows):
-        ax3.plot(t, [r.get("gpu_busy") or 0 for r in rows], color="tab:purple", lw=1, label="GPU busy")
+    ax3.plot(t, [row.get("lanes_busy") or 0 for row in rows], color="tab:green", lw=1, label="lanes busy")
+    if any(row.get("gpu_busy") is not None for row in rows):
+        ax3.plot(t, [row.get("gpu_busy") or 0 for row in rows], color="tab:purple", lw=1, label="GPU busy")
     ax3.set_ylabel("lanes busy / GPU busy")
     lines = ax2.get_legend_handles_labels(), ax3.get_legend_handles_labels()
     ax2.legend(lines[0][0] + lines[1][0], lines[0][1] + lines[1][1], loc="upper right", fontsize=8)
@@ -177,11 +177,11 @@ def summarise(result: dict) -> dict:
     summary: dict = {"per_model": {}}
     ratios: dict[str, list[float]] = {}
     for model, stock in stocks.items():
-        mine = {r["config"]: r for r in rows if r["model"] == model}
+        mine = {row["config"]: row for row in rows if row["model"] == model}
         per = {"stock_trials_per_min": stock["trials_per_min"],
-               "throughput_vs_stock": {c: round(r["trials_per_min"] / max(stock["trials_per_min"], 1e-9), 2)
-                                       for c, r in mine.items()},
-               "latency_vs_stock": {c: r.get("latency_vs_stock") for c, r in mine.items()}}
+               "throughput_vs_stock": {c: round(row["trials_per_min"] / max(stock["trials_per_min"], 1e-9), 2)
+                                       for c, row in mine.items()},
+               "latency_vs_stock": {c: row.get("latency_vs_stock") for c, row in mine.items()}}
         summary["per_model"][model] = per
         for c, v in per["throughput_vs_stock"].items():
             ratios.setdefault(c, []).append(v)
@@ -193,20 +193,20 @@ def summarise(result: dict) -> dict:
         one = next((c for c in screened if c.endswith("1x100")), None)
         summary["throughput_vs_stock_1x100"] = min(screened[one]) if one else None
         summary["throughput_vs_stock_per_config"] = {c: min(v) for c, v in ratios.items()}
-    lat = [r["latency_vs_stock"] for r in rows if r.get("latency_vs_stock") and r.get("timing") != "uniform"]
+    lat = [row["latency_vs_stock"] for row in rows if row.get("latency_vs_stock") and row.get("timing") != "uniform"]
     summary["latency_vs_stock"] = max(lat) if lat else None  # the worst configuration and model
-    summary["latency_vs_stock_per_row"] = {f"{r['config']}/{r['model']}": r.get("latency_vs_stock") for r in rows}
-    summary["gpu_busy_frac"] = {f"{r['config']}/{r['model']}": r.get("gpu_busy_frac") for r in rows}
+    summary["latency_vs_stock_per_row"] = {f"{row['config']}/{row['model']}": row.get("latency_vs_stock") for row in rows}
+    summary["gpu_busy_frac"] = {f"{row['config']}/{row['model']}": row.get("gpu_busy_frac") for row in rows}
     # CPU-bound or not: the host's busy fraction and CPU seconds a trial (every process of the stack)
-    summary["host_cpu_busy_frac"] = {f"{r['config']}/{r['model']}": r.get("host_cpu_busy_frac") for r in rows}
-    summary["cpu_s_per_trial"] = {f"{r['config']}/{r['model']}": r.get("cpu_s_per_trial") for r in rows}
-    cpu = [r for r in rows if r.get("built")]
+    summary["host_cpu_busy_frac"] = {f"{row['config']}/{row['model']}": row.get("host_cpu_busy_frac") for row in rows}
+    summary["cpu_s_per_trial"] = {f"{row['config']}/{row['model']}": row.get("cpu_s_per_trial") for row in rows}
+    cpu = [row for row in rows if row.get("built")]
     if cpu:  # over every built candidate of every run, weighted by how many each built
-        n = sum(r["built"] for r in cpu)
-        summary["build_cpu_s_mean"] = round(sum(r["build_cpu_s_total"] for r in cpu) / n, 3)
-        summary["build_cpu_s_median"] = round(statistics.median(r["build_cpu_s_median"] for r in cpu), 3)
-    hundred = [r["lane_s_per_candidate"] for r in rows if r.get("share") == 100 and r.get("lane_s_per_candidate")
-               and r.get("timing") != "uniform"]
+        n = sum(row["built"] for row in cpu)
+        summary["build_cpu_s_mean"] = round(sum(row["build_cpu_s_total"] for row in cpu) / n, 3)
+        summary["build_cpu_s_median"] = round(statistics.median(row["build_cpu_s_median"] for row in cpu), 3)
+    hundred = [row["lane_s_per_candidate"] for row in rows if row.get("share") == 100 and row.get("lane_s_per_candidate")
+               and row.get("timing") != "uniform"]
     summary["lane_s_per_candidate"] = round(statistics.median(hundred), 4) if hundred else None
     summary.update(pipeline_summary(result))
     both = result.get("screened_vs_uniform") or {}
@@ -215,9 +215,9 @@ def summarise(result: dict) -> dict:
         summary["screened_vs_uniform_lane_s"] = [both["lane_s_per_candidate"]["screened"],
                                                  both["lane_s_per_candidate"]["uniform"]]
         return summary
-    uni = next((r for r in rows if r.get("timing") == "uniform"), None)
+    uni = next((row for row in rows if row.get("timing") == "uniform"), None)
     if uni:
-        same = next((r for r in rows if r["model"] == uni["model"] and r["config"] == uni["config"].removesuffix("-uniform")), None)
+        same = next((row for row in rows if row["model"] == uni["model"] and row["config"] == uni["config"].removesuffix("-uniform")), None)
         if same and same.get("tuned_latency_us") and uni.get("tuned_latency_us"):
             summary["screened_vs_uniform_latency"] = round(same["tuned_latency_us"] / uni["tuned_latency_us"], 3)
             summary["screened_vs_uniform_lane_s"] = [same.get("lane_s_per_candidate"), uni.get("lane_s_per_candidate")]
@@ -227,13 +227,13 @@ def summarise(result: dict) -> dict:
 def pipeline_summary(result: dict) -> dict:
     """The worst model's and configuration's figures of the pipeline goals, and the multi-job run against
     the same models one after another on one 100 % lane."""
-    rows = [r for r in result["rows"] if r.get("timing") != "uniform" and r.get("state") == "done"]
+    rows = [row for row in result["rows"] if row.get("timing") != "uniform" and row.get("state") == "done"]
     stocks = result.get("stocks") or {}
-    vs = [(r["trials_per_min"] / stocks[r["model"]]["trials_per_min"], f"{r['config']}/{r['model']}")
-          for r in rows if r["model"] in stocks and stocks[r["model"]].get("trials_per_min")]
-    busy = [(r["pipeline"]["host_busy_frac"], f"{r['config']}/{r['model']}") for r in rows
-            if (r.get("pipeline") or {}).get("host_busy_frac") is not None]
-    cpu = [(r["cpu_s_per_trial"], f"{r['config']}/{r['model']}") for r in rows if r.get("cpu_s_per_trial")]
+    vs = [(row["trials_per_min"] / stocks[row["model"]]["trials_per_min"], f"{row['config']}/{row['model']}")
+          for row in rows if row["model"] in stocks and stocks[row["model"]].get("trials_per_min")]
+    busy = [(row["pipeline"]["host_busy_frac"], f"{row['config']}/{row['model']}") for row in rows
+            if (row.get("pipeline") or {}).get("host_busy_frac") is not None]
+    cpu = [(row["cpu_s_per_trial"], f"{row['config']}/{row['model']}") for row in rows if row.get("cpu_s_per_trial")]
     out: dict = {}
     for key, pairs, pick in (("throughput_vs_stock_min", vs, min), ("host_cpu_busy_min", busy, min),
                              ("cpu_s_per_trial_max", cpu, max)):
@@ -241,15 +241,15 @@ def pipeline_summary(result: dict) -> dict:
             value, where = pick(pairs)
             out[key], out[key + "_at"] = round(value, 3), where
     idle: dict[str, float] = {}
-    for r in rows:
-        for cause, v in ((r.get("pipeline") or {}).get("idle_core_s_by_cause") or {}).items():
+    for row in rows:
+        for cause, v in ((row.get("pipeline") or {}).get("idle_core_s_by_cause") or {}).items():
             idle[cause] = idle.get(cause, 0.0) + v
     if idle:
         out["idle_core_s_by_cause"] = {k: round(v, 1) for k, v in idle.items()}
     multi = result.get("multi_job")
     if multi:
         # the same jobs alone, one after another: the one-lane configuration (1 x 100 %, or the rehearsal's)
-        alone = {r["model"]: r for r in rows if r["config"].endswith("1x100") or r["config"] == "cpu-1lane"}
+        alone = {row["model"]: row for row in rows if row["config"].endswith("1x100") or row["config"] == "cpu-1lane"}
         m = {"makespan_s": multi["makespan_s"], "aggregate_trials_per_min": multi["aggregate_trials_per_min"],
              "share_spread": multi["shares"].get("share_spread"),
              "last_first_measured_s": multi["last_first_measured_s"]}
@@ -267,11 +267,11 @@ def print_table(result: dict) -> None:
     print(f"\nmodels {result.get('model')}, {result.get('per_iter')} a round")
     print(f"{'config':<20}{'model':<12}{'lanes':>6}{'trials':>7}{'tr/min':>8}{'gpu busy':>9}{'lane s/c':>9}"
           f"{'bld cpu med':>12}{'mean':>7}{'brief':>6}{'tuned us':>10}{'vs stock@N':>11}")
-    for r in rows:
-        print(f"{r['config']:<20}{r.get('model', ''):<12}{r.get('lanes', 0):>6}{r.get('trials', 0):>7}"
-              f"{r.get('trials_per_min', 0):>8}{_f(r.get('gpu_busy_frac')):>9}{_f(r.get('lane_s_per_candidate')):>9}"
-              f"{_f(r.get('build_cpu_s_median')):>12}{_f(r.get('build_cpu_s_mean')):>7}{_f(r.get('brief')):>6}"
-              f"{_f(r.get('tuned_latency_us')):>10}{_f(r.get('latency_vs_stock')):>11}")
+    for row in rows:
+        print(f"{row['config']:<20}{row.get('model', ''):<12}{row.get('lanes', 0):>6}{row.get('trials', 0):>7}"
+              f"{row.get('trials_per_min', 0):>8}{_f(row.get('gpu_busy_frac')):>9}{_f(row.get('lane_s_per_candidate')):>9}"
+              f"{_f(row.get('build_cpu_s_median')):>12}{_f(row.get('build_cpu_s_mean')):>7}{_f(row.get('brief')):>6}"
+              f"{_f(row.get('tuned_latency_us')):>10}{_f(row.get('latency_vs_stock')):>11}")
     if result.get("summary"):
         print("summary:", json.dumps({k: v for k, v in result["summary"].items() if k != "per_model"}))
 
@@ -284,18 +284,18 @@ def compile_limit_figures(rows: list[dict], limits: list[float]) -> dict:
     """What each compile CPU limit would cut (bench/build_tail.py's rows: each record's NVRTC CPU, unlimited and
     under each limit it exceeds, and its time): builds cut, CPU saved, how close the cut came to their task's best."""
     best: dict[str, float] = defaultdict(lambda: float("inf"))
-    for r in rows:
-        best[r["workload"]] = min(best[r["workload"]], r["us"])
-    total = sum(r["lower_cpu_s"] + r["nvrtc_cpu_s"] for r in rows)
+    for row in rows:
+        best[row["workload"]] = min(best[row["workload"]], row["us"])
+    total = sum(row["lower_cpu_s"] + row["nvrtc_cpu_s"] for row in rows)
     out = {"records": len(rows), "build_cpu_s_total": round(total, 1),
            "build_cpu_s_mean": round(total / max(len(rows), 1), 3), "limits": {}}
     for limit in limits:
-        cut = [r for r in rows if str(limit) in r["limited"]]
-        ratios = sorted(r["us"] / best[r["workload"]] for r in cut)
-        saved = sum(r["nvrtc_cpu_s"] - r["limited"][str(limit)]["cpu_s"] for r in cut)
+        cut = [row for row in rows if str(limit) in row["limited"]]
+        ratios = sorted(row["us"] / best[row["workload"]] for row in cut)
+        saved = sum(row["nvrtc_cpu_s"] - row["limited"][str(limit)]["cpu_s"] for row in cut)
         out["limits"][str(limit)] = {
             "cut": len(cut), "cut_frac": round(len(cut) / max(len(rows), 1), 4),
-            "stopped": sum(r["limited"][str(limit)]["stopped"] for r in cut),
+            "stopped": sum(row["limited"][str(limit)]["stopped"] for row in cut),
             "build_cpu_saved_frac": round(saved / total if total else 0.0, 3),
             "closest_cut_vs_task_best": round(ratios[0], 3) if ratios else None,
             "cut_within_1_5x_of_task_best": sum(x < 1.5 for x in ratios),
@@ -306,17 +306,17 @@ def compile_limit_figures(rows: list[dict], limits: list[float]) -> dict:
 def merged(parts: list[dict], stock_log: str | None = None) -> dict:
     """Results files of parts of a run joined, summarised again; with one stock row, its trials read again from
     stock's own `stock_log` (its text)."""
-    rows = [r for p in parts for r in p["rows"]]
+    rows = [row for part in parts for row in part["rows"]]
     stocks = {}
-    for p in parts:
-        stocks.update(p.get("stocks") or ({p["model"]: p["stock"]} if p.get("stock") else {}))
+    for part in parts:
+        stocks.update(part.get("stocks") or ({part["model"]: part["stock"]} if part.get("stock") else {}))
     if stock_log is not None and len(stocks) == 1:  # trials from stock's own log
         stock = next(iter(stocks.values()))
         stock.update(stock_log_figures(stock["trials"], stock["window_s"], stock_log))
     result = {k: v for k, v in parts[0].items() if k not in ("rows", "stock", "stocks", "part", "summary")}
     result.update(rows=rows, stocks=stocks, stock=next(iter(stocks.values()), None))
     result["summary"] = summarise(result)
-    two, one = (next((r for r in rows if r["config"] == c), None) for c in ("2gpu-4x25-b32", "1gpu-4x25-b32"))
+    two, one = (next((row for row in rows if row["config"] == c), None) for c in ("2gpu-4x25-b32", "1gpu-4x25-b32"))
     if two and one:
         result["summary"]["scaling_efficiency_2gpu"] = round(two["trials_per_min"] / (2 * one["trials_per_min"]), 3)
     return result

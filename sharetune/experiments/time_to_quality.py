@@ -92,14 +92,14 @@ def summarise_model(row: dict) -> None:
 
 def summarise(result: dict) -> dict:
     """The worst panel model's figure for each goal."""
-    rows = [r for r in result["models"].values() if r.get("summary")]
+    rows = [row for row in result["models"].values() if row.get("summary")]
     def worst(key, pick=max):
-        vals = [(r["summary"][key], m) for m, r in result["models"].items()
-                if r.get("summary") and r["summary"].get(key) is not None]
+        vals = [(row["summary"][key], m) for m, row in result["models"].items()
+                if row.get("summary") and row["summary"].get(key) is not None]
         if not vals:
             return None, None
         return pick(vals)
-    out = {"models": sum(1 for r in rows if r["summary"].get("latency_vs_stock_equal_trials") is not None),
+    out = {"models": sum(1 for row in rows if row["summary"].get("latency_vs_stock_equal_trials") is not None),
            "models_started": len(result["models"])}
     for key, src in (("time_to_stock_latency_ratio", "cold_time_to_stock_latency_ratio"),
                      ("latency_vs_stock_equal_trials", "latency_vs_stock_equal_trials"),
@@ -107,13 +107,13 @@ def summarise(result: dict) -> dict:
                      ("search_cpu_s_per_valid_candidate", "search_cpu_s_per_valid_candidate")):
         v, m = worst(src)
         out[key], out[f"{key}_model"] = v, m
-    unreached = [m for m, r in result["models"].items() if r.get("summary") and "stock" in r.get("curves", {})
-                 and "cold" in r.get("curves", {}) and r["summary"].get("cold_time_to_stock_latency_s") is None]
+    unreached = [m for m, row in result["models"].items() if row.get("summary") and "stock" in row.get("curves", {})
+                 and "cold" in row.get("curves", {}) and row["summary"].get("cold_time_to_stock_latency_s") is None]
     if unreached:
         out["never_reached_stock_latency"] = unreached
     # a warm run that never reached the cold run's final latency has no trials ratio: it is over 1, not unknown
-    warm_short = [m for m, r in result["models"].items() if "warm" in r.get("curves", {}) and "cold" in r.get("curves", {})
-                  and r["summary"].get("warm_time_to_cold_latency_s") is None]
+    warm_short = [m for m, row in result["models"].items() if "warm" in row.get("curves", {}) and "cold" in row.get("curves", {})
+                  and row["summary"].get("warm_time_to_cold_latency_s") is None]
     if warm_short:
         out["warm_never_reached_cold_latency"] = warm_short
     return out
@@ -149,7 +149,7 @@ def plot(result: dict, path: Path) -> None:
         import matplotlib.pyplot as plt
     except ImportError:
         return
-    models = [m for m, r in result["models"].items() if r.get("curves")]
+    models = [m for m, row in result["models"].items() if row.get("curves")]
     if not models:
         return
     fig, axes = plt.subplots(1, len(models), figsize=(5 * len(models), 4.2), squeeze=False)
