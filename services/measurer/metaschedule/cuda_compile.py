@@ -396,20 +396,18 @@ def compile_source(code: str, arch: str | None = None, output: str = "cubin") ->
     """One CUDA source to a cubin (or PTX): (binary, path), path "kernel" or "tvm"; a source this process, or
     another build process of the host, compiled before comes from the cache."""
     arch = arch or target_arch(output)
-    key = cache_key(code, arch, output) if _cache.limit_bytes or _shared is not None else None
-    cached = _cache.get(key) if key and _cache.limit_bytes else None
-    if cached is None and key and _shared is not None:
-        cached = _shared.get(key)
-        if cached is not None and _cache.limit_bytes:
-            _cache.put(key, *cached)
+    if not _cache.limit_bytes and _shared is None:
+        return _compile_uncached(code, arch, output)
+    key = cache_key(code, arch, output)
+    cached = _cache.get(key)
+    if cached is None and _shared is not None and (cached := _shared.get(key)) is not None:
+        _cache.put(key, *cached)  # kept in memory too (a cache of 0 MiB keeps nothing)
     if cached is not None:
         return cached
-    binary, path = _compile_uncached(code, arch, output)
-    if key:  # reached only by a compile that succeeded: errors and cut compiles raised
-        if _cache.limit_bytes:
-            _cache.put(key, binary, path)
-        if _shared is not None:
-            _shared.put(key, binary, path)
+    binary, path = _compile_uncached(code, arch, output)  # errors and cut compiles raise: never kept
+    _cache.put(key, binary, path)
+    if _shared is not None:
+        _shared.put(key, binary, path)
     return binary, path
 
 

@@ -21,24 +21,35 @@ LANDING_POLL_S = 0.05
 
 
 class FirstRounds:
-    """Each task's first-round size, job-wide (allocation.first_round_sizes): the even share until the store
-    holds every task's default timing (other clients time their own shards' defaults), then fixed."""
+    """Each task's cost to the untuned model (weight x its default schedule's seconds, as the store has them) and
+    first-round size, job-wide (allocation.first_round_sizes): the even share until the store holds every
+    task's default timing (other clients time their own shards' defaults), then fixed."""
 
     def __init__(self, shard: Shard):
         self.redis, self.job_id = shard.redis, shard.job_id
         self.uniform = shard.first_round or shard.trials_per_iter
+        self._tasks: list | None = None  # the job's tasks: fixed once planned
         self._sizes: dict[str, int] | None = None
+
+    def _costs(self) -> tuple[dict[str, float | None], bool]:
+        """(task_id -> cost, None where its default is untimed or failed; whether every default is in the store)."""
+        if self._tasks is None:
+            self._tasks = store.job_tasks(self.redis, self.job_id)
+        timings = store.default_timings(self.redis, [t.wkey for t in self._tasks])
+        costs = {}
+        for t in self._tasks:
+            d = default_secs(timings[t.wkey])
+            costs[t.task_id] = d * t.weight if d else None
+        return costs, bool(self._tasks) and all(timings[t.wkey] is not None for t in self._tasks)
+
+    def costs(self) -> dict[str, float | None]:
+        return self._costs()[0]
 
     def sizes(self) -> dict[str, int] | None:
         """task_id -> its first round's size; None while a default is still untimed."""
         if self._sizes is None:
-            tasks = store.job_tasks(self.redis, self.job_id)
-            timings = store.default_timings(self.redis, [t.wkey for t in tasks])
-            if tasks and all(timings[t.wkey] is not None for t in tasks):
-                costs = {}
-                for t in tasks:
-                    d = default_secs(timings[t.wkey])
-                    costs[t.task_id] = d * t.weight if d else None
+            costs, complete = self._costs()
+            if complete:
                 self._sizes = first_round_sizes(costs, self.uniform)
         return self._sizes
 

@@ -63,7 +63,6 @@ class ShardLoop:
         self.tasks = [TaskSearch(t, shard, parts, self.run_stats) for t in shard.tasks]
         self.first_rounds = FirstRounds(shard)
         self.budget = JobBudget(shard, self.first_rounds)
-        self.untuned_cost: dict[str, float | None] = {}  # task id -> weight x default seconds
         self.picker = RoundPicker(shard, steering or Steering(), self.check, self.run_stats)
         self.flights: dict[str, InFlight] = {}  # task id -> its batch being measured
 
@@ -72,7 +71,7 @@ class ShardLoop:
         try:
             # first every task once (MetaSchedule's round-robin start), the costliest to the untuned model first
             by_id = {t.task_id: t for t in self.tasks}
-            for tid in first_round_order(self.untuned_cost, list(by_id)):
+            for tid in first_round_order(self.first_rounds.costs(), list(by_id)):
                 t = by_id[tid]
                 self.check(False)
                 if not self._round(t):
@@ -101,8 +100,6 @@ class ShardLoop:
         for t in self.tasks:
             t.first_round = known.get(t.task_id, t.first_round)
             t.begin(hist.get(t.task_id) or [], default.get(t.task_id), self.cold_start)
-            d = default.get(t.task_id)
-            self.untuned_cost[t.task_id] = d * t.job_task.weight if d else None
 
     def _touch(self) -> None:
         """Join the tasks whose batches have all come back (so their gradients are current)."""
