@@ -26,6 +26,10 @@ from kombu.utils.json import loads as _json_loads
 from shared import names, timeouts
 from shared.messages import MAX_MESSAGE_BYTES
 
+# every message priority the Redis transport keeps apart, 0 served first (kombu keeps 0, 3, 6, 9 by default):
+# a job's fair step and, within it, its head tasks' first rounds (services.tuner.allocation.message_priority)
+PRIORITY_STEPS = list(range(10))
+
 MAX_TASKS_PER_CHILD = 200  # prefork pools recycle a child after this many tasks (our lanes are solo: they
 # recycle their sandbox child instead, see LaneSettings.sandbox_recycle)
 
@@ -238,7 +242,8 @@ def make_celery(role: str, redis_url: str | None = None, outage_s: float = 60.0)
         worker_prefetch_multiplier=1,
         worker_max_tasks_per_child=MAX_TASKS_PER_CHILD,
         task_default_queue=names.PLAN_QUEUE,
-        broker_transport_options={"visibility_timeout": timeouts.VISIBILITY_TIMEOUT_S},
+        broker_transport_options={"visibility_timeout": timeouts.VISIBILITY_TIMEOUT_S,
+                                  "priority_steps": PRIORITY_STEPS},
         broker_connection_retry_on_startup=True,
         broker_connection_retry=True,
         broker_connection_max_retries=None,  # a restarting Redis is waited for, not given up on

@@ -497,6 +497,8 @@ class BuildRequest(Contract):
 
     lane: str
     batch: MeasureBatch
+    priority: int = Field(default=0, ge=0, le=9, description="the broker priority the built batch goes to its lane "
+                          "with, 0 first (the round's own)")
 
 
 class BuilderInfo(Contract):

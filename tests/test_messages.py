@@ -56,3 +56,13 @@ def test_a_measure_result_has_timings_or_an_error_of_a_kind():
                 {"candidate_id": "c", "error": "x", "error_kind": "no such kind"}):
         with pytest.raises(MessageError):
             MeasureResult.parse(bad)
+
+
+def test_a_build_request_carries_its_rounds_priority_within_the_transports_steps():
+    from shared.messages import BuildRequest
+
+    batch = {"batch_id": "b", "job_id": "j", "target": "llvm", "candidates": []}
+    assert BuildRequest.parse({"lane": "measure.cpu.c0", "batch": batch}).priority == 0
+    assert BuildRequest.parse({"lane": "measure.cpu.c0", "batch": batch, "priority": 1}).priority == 1
+    with pytest.raises(MessageError, match="priority"):
+        BuildRequest.parse({"lane": "measure.cpu.c0", "batch": batch, "priority": 10})

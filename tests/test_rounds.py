@@ -342,6 +342,8 @@ def test_first_round_sizes_wait_for_every_tasks_default_in_the_store(redis_conn)
     store.put_default(redis_conn, DefaultTiming(wkey=tasks[0].wkey, run_secs=[30e-6]))
     store.put_default(redis_conn, DefaultTiming(wkey=tasks[1].wkey, run_secs=[3e-6]))
     assert rounds.sizes() is None and rounds.size("t1") == 40  # t2's default is not timed yet
+    assert rounds.head() == {"t0"}  # from what is timed so far
     # t2 weighs 3 x 3 us: 9 of 42 us, not under half an equal share (7 us); t1's 3 us is
     store.put_default(redis_conn, DefaultTiming(wkey=tasks[2].wkey, run_secs=[3e-6]))
     assert rounds.sizes() == {"t0": 40, "t1": LIGHT_FIRST_ROUND, "t2": 40}
+    assert rounds.head() == {"t0"}  # 30 of 42 us: its first round's messages go ahead

@@ -246,6 +246,20 @@ def test_a_job_over_an_equal_share_of_the_candidates_in_flight_sends_its_rounds_
     assert pri["d"] == pri["c"] == 0 < pri["b"] < pri["a"]
 
 
+def test_the_first_rounds_of_the_tasks_holding_half_the_untuned_latency_go_ahead():
+    from services.tuner.allocation import head_tasks, message_priority
+
+    # a depthwise conv holding 39 % of the untuned latency, then the next costliest to pass half
+    costs = {"pw": 12e-6, "dw": 31e-6, "se": 4e-6, "pw2": 14e-6, "add": 3e-6, "mean": None, "bn": 15e-6}
+    assert head_tasks(costs) == {"dw", "bn"}  # 31 + 15 of 79 us
+    assert head_tasks({"a": 5e-6, "b": 1e-6}) == {"a"}
+    assert head_tasks({"a": None}) == set() and head_tasks({}) == set()
+    # within a job's fair step, a head first round first; a job sent behind stays behind whatever its rounds
+    assert [message_priority(0, True), message_priority(0, False)] == [0, 1]
+    assert message_priority(3, True) < message_priority(3, False) < message_priority(6, True)
+    assert message_priority(9, True) == message_priority(9, False) == 9
+
+
 def test_in_flight_counts_the_claims_not_yet_recorded_of_running_jobs_only(idle_redis):
     r = idle_redis
     for job in ("fly-a", "fly-b", "fly-c"):
@@ -260,8 +274,8 @@ def test_in_flight_counts_the_claims_not_yet_recorded_of_running_jobs_only(idle_
 
 
 def test_the_broker_serves_a_round_sent_behind_after_one_sent_first(stack):
-    """The Redis transport honours the priorities allocation.round_priority gives: a message sent at 9 waits
-    behind one sent after it at 0."""
+    """The Redis transport honours the priorities allocation.message_priority gives: a message sent at 9 waits
+    behind one sent after it at 0, and a head task's first round (0) goes ahead of the job's other rounds (1)."""
     import uuid
 
     from services.celery_app import make_celery
@@ -270,18 +284,19 @@ def test_the_broker_serves_a_round_sent_behind_after_one_sent_first(stack):
     queue = f"priority-test-{uuid.uuid4().hex[:8]}"
     app.send_task("sharetune.no_such_task", args=[{"n": "behind"}], queue=queue, priority=9)
     app.send_task("sharetune.no_such_task", args=[{"n": "middle"}], queue=queue, priority=3)
+    app.send_task("sharetune.no_such_task", args=[{"n": "second"}], queue=queue, priority=1)  # a job's other rounds
     app.send_task("sharetune.no_such_task", args=[{"n": "first"}], queue=queue)
     got = []
     with app.connection_for_read() as conn:
         sq = conn.SimpleQueue(queue)
         try:
-            for _ in range(3):
+            for _ in range(4):
                 msg = sq.get(timeout=10)
                 got.append(msg.payload[0][0]["n"])
                 msg.ack()
         finally:
             sq.close()
-    assert got == ["first", "middle", "behind"]
+    assert got == ["first", "second", "middle", "behind"]
 
 
 def test_the_shards_owing_first_rounds_are_those_with_a_task_without_one():

@@ -30,8 +30,8 @@ log = logging.getLogger("sharetune.lane")
 app = make_celery("measurer")  # its broker is the worker's settings' Redis (MeasurerWorker.configure)
 
 
-def _forward(batch: MeasureBatch, lane: str) -> None:
-    app.send_task(names.MEASURE_TASK, args=[batch.model_dump(mode="json")], queue=lane)
+def _forward(batch: MeasureBatch, lane: str, priority: int = 0) -> None:
+    app.send_task(names.MEASURE_TASK, args=[batch.model_dump(mode="json")], queue=lane, priority=priority)
 
 
 class MeasurerWorker:

@@ -287,10 +287,10 @@ def lane_target(kind: lanes.LaneKind, lane: lanes.Lane):
 
 class Builder:
     """Builds candidates for one target family and forwards the built ones to their lane with
-    `forward(batch, lane_queue)`; a candidate that fails to build is answered as its error. With no
+    `forward(batch, lane_queue, priority)`; a candidate that fails to build is answered as its error. With no
     family it is a lane's own builder for a build message that reached it: no liveness key, no counters."""
 
-    def __init__(self, redis, forward: Callable[[MeasureBatch, str], None], family: str | None = None):
+    def __init__(self, redis, forward: Callable[[MeasureBatch, str, int], None], family: str | None = None):
         self.redis, self.forward = redis, forward
         self.family = names.check_family(family) if family else None
         self.info = (BuilderInfo(family=family, host=socket.gethostname(), pid=os.getpid(), started_at=time.time())
@@ -354,7 +354,7 @@ class Builder:
             else:
                 built.append(cand.model_copy(update={"artifact": art}))
         if built:
-            self.forward(batch.model_copy(update={"candidates": built}), req.lane)
+            self.forward(batch.model_copy(update={"candidates": built}), req.lane, req.priority)
         store.mark_batch_building(r, batch.batch_id, worker, self.alive_key, forwarded=True)
         if self.info is not None:
             with self.lock:

@@ -88,6 +88,24 @@ def first_round_order(costs: dict[str, float | None], order: list[str]) -> list[
     return sorted(order, key=lambda t: (-(costs.get(t) or math.inf), rank[t]))
 
 
+HEAD_SHARE = 0.5  # of the untuned model's latency: the tasks holding it have their first rounds served first
+
+
+def head_tasks(costs: dict[str, float | None]) -> set[str]:
+    """The costliest tasks that together hold HEAD_SHARE of the untuned model's latency (`costs`: task -> weight x
+    default seconds, None where untimed; the timed ones count). Their first rounds' messages go ahead of every
+    other round's in the builders' and lanes' queues (round_priority's `head`): four clients start at once, and
+    in arrival order the task the user waits on most is built behind the others' first rounds."""
+    known = sorted(((c, t) for t, c in costs.items() if c), key=lambda ct: -ct[0])
+    total, held, out = sum(c for c, _ in known), 0.0, set()
+    for c, t in known:
+        if held >= HEAD_SHARE * total:
+            break
+        out.add(t)
+        held += c
+    return out
+
+
 def first_rounds_reserve(job_task_ids: list[str], had_round: set[str], first_round: int | dict[str, int]) -> int:
     """Trials a second round must leave in the budget: a first round for every task of the job that has
     not had one yet, in any shard (rule 1 across clients: a client done with its first rounds must not spend
@@ -235,3 +253,9 @@ def round_priority(mine: int, others: list[int]) -> int:
     if over <= 1 + FAIR_SLACK:
         return PRIORITY_STEPS[0]
     return PRIORITY_STEPS[1] if over <= 1.5 else PRIORITY_STEPS[2] if over <= 2 else PRIORITY_STEPS[3]
+
+
+def message_priority(fair: int, head: bool) -> int:
+    """A round's broker priority: its job's fair step (round_priority), and within it a head task's first round
+    (head_tasks) one step ahead of the job's other rounds (services.celery_app keeps all ten apart, 0 first)."""
+    return fair if head or fair >= PRIORITY_STEPS[-1] else fair + 1

@@ -11,7 +11,7 @@ from services.tuner.metaschedule.loop_parts import Shard, ShardRun
 from services.tuner.metaschedule.task_search import TaskSearch
 from shared.ranking import default_secs
 from services.tuner.allocation import (Steering, behind, first_round_sizes, first_rounds_reserve, flops_shares,
-                                       next_task, priority)
+                                       head_tasks, next_task, priority)
 
 # how long a client's second rounds wait for other clients' first rounds before they stop leaving them budget
 # (a shard nobody runs must not hold the job back for good)
@@ -30,6 +30,7 @@ class FirstRounds:
         self.uniform = shard.first_round or shard.trials_per_iter
         self._tasks: list | None = None  # the job's tasks: fixed once planned
         self._sizes: dict[str, int] | None = None
+        self._head: set[str] | None = None
 
     def _costs(self) -> tuple[dict[str, float | None], bool]:
         """(task_id -> cost, None where its default is untimed or failed; whether every default is in the store)."""
@@ -55,6 +56,16 @@ class FirstRounds:
 
     def size(self, task_id: str) -> int:
         return (self.sizes() or {}).get(task_id, self.uniform)
+
+    def head(self) -> set[str]:
+        """The tasks whose first rounds go ahead of other rounds (allocation.head_tasks), from the defaults timed
+        so far; fixed once every default is in the store."""
+        if self._head is None:
+            costs, complete = self._costs()
+            if not complete:
+                return head_tasks(costs)
+            self._head = head_tasks(costs)
+        return self._head
 
 
 class JobBudget:

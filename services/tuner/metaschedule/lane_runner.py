@@ -21,6 +21,7 @@ from tvm.s_tir.meta_schedule.runner import PyRunner, PyRunnerFuture, RunnerFutur
 
 from shared import lanes as lane_kinds
 from shared import names, store, timeouts
+from services.tuner.allocation import message_priority
 from services.tuner.metaschedule.ir_codec import dump_ir
 from shared.messages import BuildRequest, Candidate, ErrorKind, LaneInfo, MeasureBatch, MeasureResult, TimingConfig
 
@@ -246,8 +247,9 @@ class LaneRunner(PyRunner):
         # task's best so far plus shared.ranking.SCREEN_MARGIN); None: every candidate gets it
         self.full_below_s: float | None = None
         self.bar_key: str | None = None  # the round's task, whose live best the lanes keep (Candidate.bar_key)
-        # the broker priority of a round's messages (allocation.round_priority), asked once a round; None: 0
+        # the job's fair step among the running jobs (allocation.round_priority), asked once a round; None: 0
         self.priority: Callable[[], int] | None = None
+        self.head = False  # the round is a head task's first round (allocation.head_tasks): its messages go first
         self._rr = 0
         try:  # builders serve a family; a target with none (e.g. no explicit arch) is built by its lanes
             self.family = lane_kinds.target_family(self.target_json)
@@ -280,8 +282,9 @@ class LaneRunner(PyRunner):
 
     def measure_now(self, candidates: list[Candidate], one_lane: bool = False) -> dict[str, MeasureResult]:
         """Measure candidates outside the search (e.g. re-timing) and wait for every result; they carry
-        no bar, so each gets the full timing."""
-        watches = self.dispatch(candidates, one_lane)
+        no bar, so each gets the full timing; they go ahead of the rounds (the first rounds' order waits on the
+        default schedules' timings)."""
+        watches = self.dispatch(candidates, one_lane, ahead=True)
         out = {}
         for cand in candidates:
             watch = watches[cand.candidate_id]
@@ -291,14 +294,17 @@ class LaneRunner(PyRunner):
             out[cand.candidate_id] = res
         return out
 
-    def dispatch(self, candidates: list[Candidate], one_lane: bool = False) -> dict[str, BatchWatch]:
+    def dispatch(self, candidates: list[Candidate], one_lane: bool = False,
+                 ahead: bool | None = None) -> dict[str, BatchWatch]:
         """Deal candidates round-robin over one slot per live lane worker (a queue served by two workers
         gets two sub-batches), send one batch per slot; returns each candidate's watch. When builders
         serve the job's target family, each candidate goes to them alone (its own batch): the builders
-        build in parallel and the lanes, fed one built candidate at a time, only time."""
+        build in parallel and the lanes, fed one built candidate at a time, only time. `ahead`: the messages go
+        ahead of the job's other rounds (default: whether this round is a head task's first, `self.head`)."""
         lanes = self.lanes() or self._wait_for_lanes()
         slots = sorted(l.queue for l in lanes)[: 1 if one_lane else None]
-        priority = self.priority() if self.priority is not None else 0
+        fair = self.priority() if self.priority is not None else 0
+        priority = message_priority(fair, self.head if ahead is None else ahead)
         if not one_lane and self.family and self.builders_live():
             return self._dispatch_to_builders(candidates, slots, priority)
         parts: list[list[Candidate]] = [[] for _ in slots]
@@ -346,7 +352,7 @@ class LaneRunner(PyRunner):
 
     def send(self, batch: MeasureBatch, queue: str, via: str | None = None, priority: int = 0) -> None:
         if via is not None:
-            request = BuildRequest(lane=queue, batch=batch)
+            request = BuildRequest(lane=queue, batch=batch, priority=priority)
             self._send(names.BUILD_TASK, request.model_dump(mode="json"), via, priority)
         else:
             self._send(names.MEASURE_TASK, batch.model_dump(mode="json"), queue, priority)

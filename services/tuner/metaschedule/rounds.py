@@ -154,6 +154,7 @@ class ShardLoop:
         if self.screen:
             self.runner.full_below_s = screen_bar(t.best_s)
             self.runner.bar_key = f"{self.job_id}:{t.task_id}"
+        self.runner.head = not t.started and t.task_id in self.first_rounds.head()
         futures = self.runner.run(inputs) if inputs else []
         by_slot = dict(zip(slots, futures))
         self.flights[t.task_id] = InFlight(fresh, built, [by_slot.get(i) or _Failed(b.error_msg)
