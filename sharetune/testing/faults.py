@@ -1,6 +1,6 @@
 """Real programs that crash or hang, and helpers that send them to lanes and read back what happened: shared
 by the fault tests (tests/test_faults.py, test_poison.py, ...) and the fault benchmarks (bench/gpu_fault.py,
-bench/redis_outage.py), with the GPU benchmark's own programs and figures.
+bench/chaos.py), with the GPU benchmark's own programs and figures.
 
 Each program is a genuine TVM PrimFunc: the run-time segfault writes 4 GiB past its buffer, the hang runs
 2^40 iterations. Only the build segfault needs the lane's test hook (LaneSettings.test_fault_hooks): no
