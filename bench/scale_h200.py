@@ -31,7 +31,7 @@ from bench.harness.serving import export_job_records, serve, serving_mps, spawn_
 from bench.harness.stock import kill_group, spawn_tune_tasks, stock_records
 from bench.panel import model_arg as panel_model
 from sharetune.experiments.throughput import (
-    batch_figures, merged, pipeline, print_table, record_stats, stock_log_figures, stocks_of, summarise,
+    batch_figures, merge_files, pipeline, print_table, record_stats, stock_log_figures, stocks_of, summarise,
 )
 
 CONFIGS = {  # name -> (lanes per GPU "NxPCT", GPUs, builders, builder cores, tuner-side cores, timing)
@@ -188,7 +188,8 @@ def main(argv=None) -> int:
     ap.add_argument("--stock-log", default=None, help="with --merge: stock's log, whose trials count")
     args = ap.parse_args(argv)
     if args.merge:
-        return merge(args.merge, args.out or "bench/results/scale_h200.json", args.stock_log)
+        merge_files(args.merge, args.out or "bench/results/scale_h200.json", args.stock_log)
+        return 0
     if args.rehearse and args.trials == 1024:
         args.trials, args.per_iter, args.stock_window, args.config_timeout = 24, 8, 150.0, 600.0
     return run_part(args)
@@ -389,15 +390,6 @@ def screened_against_uniform(args, result: dict, gpus, work: Path) -> None:
         out["latency_ratio"] = round(lat["screened"] / lat["uniform"], 3)
     result["screened_vs_uniform"] = out
     print(json.dumps({"screened_vs_uniform": out}), flush=True)
-
-
-def merge(paths: list[str], out_path: str, stock_log: str | None = None) -> int:
-    log = Path(stock_log).read_text() if stock_log and Path(stock_log).exists() else None
-    result = merged([json.loads(Path(p).read_text()) for p in paths], log)
-    Path(out_path).parent.mkdir(parents=True, exist_ok=True)
-    Path(out_path).write_text(json.dumps(result, indent=1))
-    print_table(result)
-    return 0
 
 
 if __name__ == "__main__":

@@ -17,7 +17,6 @@ timings and results: docs/share-matrix.md.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import subprocess
 import sys
@@ -26,18 +25,11 @@ from pathlib import Path
 
 from bench.harness.common import child_env, module_command, out_dir
 from bench.harness.jobs import gpus
+from sharetune.experiments.share_matrix import read_matrices
 
 
 def log(msg: str) -> None:
     print(f"{time.strftime('%H:%M:%S')} {msg}", flush=True)
-
-
-def read_matrices(path) -> list:
-    """The matrices of a result JSON (one model's, or several under "matrices")."""
-    from sharetune.experiments.share_matrix import ShareMatrix
-
-    body = json.loads(Path(path).read_text())
-    return [ShareMatrix.model_validate(m) for m in body.get("matrices", [body])]
 
 
 def write_and_print(reports: list, out_json: Path, png: Path | None, tables: bool = True) -> None:
@@ -85,8 +77,8 @@ def run_models(args, models: list[str], deadline: float) -> list:
     from sharetune.client import Client
     from services.measurer.agent import BuilderSpec
     from bench.panel import PANEL, build
-    from sharetune.experiments.share_matrix import (MatrixStack, Placement, Replicates, Serving, model_tasks,
-                                                    run_matrix, write_outputs)
+    from sharetune.experiments.share_matrix import (MatrixStack, Placement, Replicates, Serving, earlier_reports,
+                                                    model_tasks, run_matrix, write_outputs)
     from sharetune.experiments.share_tunings import KeptTunings, tuning_key, tuning_plan
     from shared.settings import StackSettings
 
@@ -162,12 +154,6 @@ def run_models(args, models: list[str], deadline: float) -> list:
             save(report)
             print(report.table(), flush=True)
     return list(reports.values())
-
-
-def earlier_reports(path: Path) -> dict:
-    """The matrices an earlier run of this command wrote (by model): complete ones are kept (a background run that
-    was stopped, run again; its finished tunings are found in --kept)."""
-    return {m.model: m for m in read_matrices(path)} if path.exists() else {}
 
 
 def launch(args) -> None:

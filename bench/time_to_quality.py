@@ -25,7 +25,7 @@ from bench.harness.serving import compile_module, export_job_records, serve
 from bench.harness.stock import kill_group, spawn_tune_tasks
 from bench.panel import PANEL, build
 from sharetune.experiments.time_to_quality import (
-    job_events, markdown_table, plot, stock_events, summarise, summarise_model,
+    job_events, markdown_table, plot, stock_events, summarise, summarise_model, table_again,
 )
 
 PHASES = ("stock", "cold", "warm")
@@ -288,14 +288,8 @@ def main(argv=None) -> int:
     ap.add_argument("--service-timeout", type=float, default=1800)
     ap.add_argument("--table", metavar="JSON", help="derive a results file's summaries again, print its table (markdown), draw its PNG")
     args = ap.parse_args(argv)
-    if args.table:
-        result = json.loads(Path(args.table).read_text())
-        for row in result["models"].values():  # the figures are derived again from the recorded events
-            summarise_model(row)
-        result["summary"] = summarise(result)
-        Path(args.table).write_text(json.dumps(result, indent=1))
-        plot(result, Path(args.table).with_suffix(".png"))
-        print(markdown_table(result))
+    if args.table:  # the figures are derived again from the recorded events
+        print(table_again(Path(args.table)))
         return 0
     args.phases = set(args.phases.split(","))
     deadline = time.time() + args.deadline_s if args.deadline_s else None

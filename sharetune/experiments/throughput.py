@@ -298,6 +298,15 @@ def merged(parts: list[dict], stock_log: str | None = None) -> dict:
     return result
 
 
+def merge_files(paths: list[str], out_path: str, stock_log: str | None = None) -> None:
+    """Results files of parts of a run joined into `out_path` (merged), their table printed."""
+    log = Path(stock_log).read_text() if stock_log and Path(stock_log).exists() else None
+    result = merged([json.loads(Path(p).read_text()) for p in paths], log)
+    Path(out_path).parent.mkdir(parents=True, exist_ok=True)
+    Path(out_path).write_text(json.dumps(result, indent=1))
+    print_table(result)
+
+
 def stocks_of(result: dict) -> dict:
     """Stock's rows of an earlier result: this benchmark's, or the time-to-quality benchmark's (stock run to
     its budget, each model in its own lease)."""
