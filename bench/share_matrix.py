@@ -163,8 +163,9 @@ def launch(args) -> None:
     out = out_dir()
     t0 = time.time()
     deadline = t0 + args.deadline_s
-    stem = args.stem or (("share_matrix_h200" if args.device == "gpu" else "share_matrix_cpu")
-                         + (f"_{models[0]}" if len(models) == 1 else ""))
+    stem = "share_matrix_h200" if args.device == "gpu" else "share_matrix_cpu"
+    stem += f"_{models[0]}" if len(models) == 1 else ""
+    stem = "share_matrix_rehearsal" if args.rehearse else stem  # the result files' names under $OUT
     final_json, final_png = out / f"{stem}.json", out / f"{stem}.png"
     if len(found) >= len(models) > 1:
         log(f"{len(found)} GPUs: one model per GPU, in parallel")
@@ -214,8 +215,7 @@ def launch(args) -> None:
 def rehearsal(args, ap) -> None:
     """--rehearse: the defaults of a CPU rehearsal wherever the command line left an option at its default."""
     default = ap.parse_args([])
-    tiny = {"device": "cpu", "cores": "1,2", "models": "tiny", "trials": 8, "per_iter": 4, "rounds": 10, "tunings": 2,
-            "stem": "share_matrix_rehearsal"}
+    tiny = {"device": "cpu", "cores": "1,2", "models": "tiny", "trials": 8, "per_iter": 4, "rounds": 10, "tunings": 2}
     for key, value in tiny.items():
         if getattr(args, key) == getattr(default, key):
             setattr(args, key, value)
@@ -231,7 +231,6 @@ def main(argv=None) -> None:
     ap.add_argument("--per-iter", type=int, default=64, help="candidates a search round (MetaSchedule's default)")
     ap.add_argument("--tasks", type=int, default=None, help="tune each model's k heaviest tasks (default: all)")
     ap.add_argument("--rounds", type=int, default=30, help="timing rounds per cell: median and bootstrap 95 %% CI")
-    ap.add_argument("--stem", default=None, help="name of the result files under $OUT (default share_matrix_h200)")
     ap.add_argument("--deadline-s", type=float, default=530, help="all done (files written) within this")
     ap.add_argument("--device", choices=["gpu", "cpu"], default="gpu", help="cpu: rehearse the flow on this host")
     ap.add_argument("--gpu-index", type=int, default=None, help="run here on this GPU (a child, or by hand)")
