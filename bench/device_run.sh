@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # On the GPU machine, after ../shared/device/stage.sh's install step (PYTHONPATH=/tmp/site:$PWD):
-#   bash bench/device_run.sh smoke|gputest|matrix|matrix-bg|matrix-wait|gpufault|scale [A|B]|scale1|scale1-wait|ttq-bg|ttq-wait
+#   bash bench/device_run.sh smoke|gputest|matrix|matrix-bg|matrix-wait|gpufault|scale|scale1|scale1-wait|ttq-bg|ttq-wait
 #   -> writes under $OUT
-# (stock, ours, sharding, searchq, searchq-wait, searchq-guard ran scripts retired at b7de8c6: git show b7de8c6:bench/device_run.sh)
+# (stock, ours, sharding, searchq, searchq-wait, searchq-guard ran scripts retired at b7de8c6: git show b7de8c6:bench/device_run.sh;
+#  scale B, two GPUs, is retired at fb8195c)
 set -uo pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site:$PWD
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -84,9 +85,9 @@ PY
     keep_logs "$M/work" matrix_logs ;;
   # issue 22, one GPU: 4x25 % lanes (job A; illegal-address, hung-kernel and launch-failure culprits) and a
   # CPU lane (the bystander job): rows in $OUT/gpu_fault_h200.json (<= 340 s; the script stops waiting at 300 s)
-  # issue 12: stock's window beside the 16-core configurations (A), the 32-core and two-GPU ones (B)
-  scale) timeout 580 python3 -m bench.scale_h200 --part "${2:-A}" "${@:3}" 2>&1 | tail -40
-         keep_logs /tmp/scale_bench "scale_logs_${2:-A}" ;;
+  # issue 12: stock's window beside the 16-core configurations (what was part A)
+  scale) timeout 580 python3 -m bench.scale_h200 "${@:2}" 2>&1 | tail -40
+         keep_logs /tmp/scale_bench scale_logs_A ;;
   # issue 21, one GPU: stock's windows, then the service's configurations, in the background (setsid) from a
   # copy outside the working tree; `scale1-wait` (the next calls, back to back) waits and collects the JSON
   # SCALE_RESUME_FROM=<a results JSON of the same models and budget>: its rows and stocks are kept, the rest runs
@@ -95,7 +96,7 @@ PY
               d.update(phase='resumed', multi_job=None); json.dump(d, open(sys.argv[2], 'w'))" \
               "$SCALE_RESUME_FROM" /tmp/scale1/scale_partA.json
           (cd /tmp/scale1/repo && PYTHONPATH=/tmp/site:/tmp/scale1/repo OUT=/tmp/scale1 setsid nohup python3 \
-              -m bench.scale_h200 --part A --work-dir /tmp/scale1/work "${@:2}" > /tmp/scale1/driver.log 2>&1 < /dev/null &)
+              -m bench.scale_h200 --work-dir /tmp/scale1/work "${@:2}" > /tmp/scale1/driver.log 2>&1 < /dev/null &)
           bash "$0" scale1-wait ;;
   scale1-wait)
     wait_for_background /tmp/scale1/scale_partA.json /tmp/scale1/driver.log '^Traceback' ${SCALE_WAIT_S:-560}

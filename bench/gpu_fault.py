@@ -49,27 +49,6 @@ SCENARIOS = (Scenario("illegal address", "faulting_candidate", "segv_at_run", Tr
              Scenario("launch failure", "oversized_launch_candidate", "segv_at_build", False, 0.3))
 
 
-def plan_lanes(uuids: list[str], cores: int) -> dict:
-    """Lane queues of the run: GPU 0 at 4x25 % (job A, where faults are injected) and one CPU lane on the
-    last core (the bystander). The rehearsal (no GPU): two CPU lanes, job A's injections on the first."""
-    from shared import lanes as lane_kinds
-    from shared.ids import gpu8
-
-    from shared.settings import HostSettings
-
-    host = HostSettings().host()
-
-    def queue(q: str) -> str:  # the lane's full queue name on this host (a CPU lane's carries its share)
-        return lane_kinds.parse(q, host).queue
-
-    if not uuids:
-        cpus = [queue("measure.cpu.c0"), queue("measure.cpu.c1")] if cores >= 2 else [queue("measure.cpu.c0")]
-        return {"faulted": cpus[0], "faulted_gpu8": None, "lanes": cpus, "bystander": cpus[-1]}
-    u8 = gpu8(uuids[0])
-    gpu, cpu = queue(f"measure.{u8}.p25"), queue(f"measure.cpu.c{cores - 1}")
-    return {"faulted": gpu, "faulted_gpu8": u8, "lanes": [gpu] * 4 + [cpu], "bystander": cpu}
-
-
 def run_row(sc: Scenario, make, stack, client, plan: dict, deadline: float, rehearse: bool) -> dict:
     """Send one culprit as a tuner would re-send it, until it is answered "quarantined" without running
     (a poison scenario) or answered at all (an ordinary error); returns the row's raw observations."""
@@ -167,7 +146,7 @@ def main(argv=None) -> int:
     if not rehearse and not gpus:
         print("no GPU: run with --rehearse on CPU", file=sys.stderr)
         return 2
-    plan = plan_lanes([g.uuid for g in gpus], os.cpu_count() or 1)
+    plan = fault_kit.plan_lanes([g.uuid for g in gpus], os.cpu_count() or 1)
     wanted = [s for s in SCENARIOS if s.name in {k.strip() for k in args.rows.split(",")}]
     makers = {s.name: getattr(fault_kit, s.cpu_maker if rehearse else s.gpu_maker) for s in wanted}
     result: dict = {"rehearsal": rehearse, "gpus": [g.name for g in gpus], "lanes": plan["lanes"], "rows": []}
@@ -209,12 +188,7 @@ def main(argv=None) -> int:
         write_results(result, out / name, "bench.gpu_fault", argv)
     result["total_s"] = round(time.time() - t_begin, 1)
     print((write_results(result, out / name, "bench.gpu_fault", argv)).read_text(), flush=True)
-    print(f"{'row':16} {'done':>4} {'culprit_q':>9} {'innocent_q':>10} {'lost':>4} {'reruns':>6} {'recovery_s':>10} "
-          f"{'bystander':>9} {'by_gap_s':>8}")
-    for row in result["rows"]:
-        print(f"{row['scenario']:16} {row['jobs_completed']:>4} {str(row['culprit_quarantined']):>9} "
-              f"{row['innocents_quarantined']:>10} {row['lost_candidates']:>4} {row['suspect_reruns']:>6} "
-              f"{str(row['recovery_s']):>10} {row['bystander_trials']:>9} {str(row['bystander_max_gap_s']):>8}")
+    print(fault_kit.gpu_fault_table(result["rows"]))
     return 0 if all(s.get("state") == "done" for s in states.values()) else 1
 
 

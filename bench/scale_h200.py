@@ -1,13 +1,14 @@
 """Throughput at the scale users tune, against stock MetaSchedule on the same machine (DESIGN.md section 4).
 
-Part A, one H200 and its 16 cores: stock `tune_tasks` on each model for a fixed window, then this service,
-configuration after configuration (CONFIGS), each in a fresh stack. Part B, two GPUs: stock on GPU 1 / cores 16-31
-beside the service on GPU 0 / cores 0-15. Tuned latency at equal trials: the service's first N records (N =
-stock's) compiled as stock's are and both timed in one fresh process at the configuration's share. The JSON is
-written after every step; a run started again with the same --work-dir and output resumes after the last finished
-step. Protocol and results: docs/benchmarks.md (Throughput at the scale users tune).
+One H200 and its 16 cores (what was part A): stock `tune_tasks` on each model for a fixed window, then this
+service, configuration after configuration (CONFIGS), each in a fresh stack. Part B (two GPUs, stock beside the
+service; scale_h200_2gpu.json, scale_h200_partB.json) is retired at fb8195c. Tuned latency at equal trials: the
+service's first N records (N = stock's) compiled as stock's are and both timed in one fresh process at the
+configuration's share. The JSON is written after every step; a run started again with the same --work-dir and
+output resumes after the last finished step. Protocol and results: docs/benchmarks.md (Throughput at the scale
+users tune).
 
-    python -m bench.scale_h200 --part A --models resnet18,transformer     # one GPU, ~20 min: background it
+    python -m bench.scale_h200 --models resnet18,transformer     # one GPU, ~20 min: background it
     python -m bench.scale_h200 --rehearse     # the same code on CPU lanes (llvm), small, on this host
     python -m bench.scale_h200 --merge A.json B.json --out bench/results/scale_h200.json
 """
@@ -30,20 +31,19 @@ from bench.harness.serving import export_job_records, serve, serving_mps, spawn_
 from bench.harness.stock import kill_group, spawn_tune_tasks, stock_records
 from bench.panel import model_arg as panel_model
 from sharetune.experiments.throughput import (
-    batch_figures, merged, pipeline, print_table, record_stats, stock_log_figures, stocks_of, summarise,
+    batch_figures, merge_files, pipeline, print_table, record_stats, stock_log_figures, stocks_of, summarise,
 )
 
 CONFIGS = {  # name -> (lanes per GPU "NxPCT", GPUs, builders, builder cores, tuner-side cores, timing)
     "1gpu-1x100": ("1x100", 1, 16, "0-15", "0-15", "screen"),
     "1gpu-4x25": ("4x25", 1, 16, "0-15", "0-15", "screen"),
     "1gpu-1x100-uniform": ("1x100", 1, 16, "0-15", "0-15", "uniform"),  # every candidate timed fully
-    "1gpu-4x25-b32": ("4x25", 1, 28, "0-31", "0-15", "screen"),
-    "2gpu-4x25-b32": ("4x25", 2, 28, "0-31", "0-15", "screen"),
     "1gpu-4x25-multi": ("4x25", 1, 16, "0-15", "0-15", "screen"),
 }
 REHEARSAL = {"cpu-1lane": ("measure.cpu.c0", 1, 1, "1", "0-1", "screen"),
              "cpu-1lane-uniform": ("measure.cpu.c0", 1, 1, "1", "0-1", "uniform"),
              "cpu-1lane-multi": ("measure.cpu.c0", 1, 1, "1", "0-1", "screen")}
+DEFAULT_CONFIGS = ("1gpu-1x100", "1gpu-4x25", "1gpu-1x100-uniform")
 FIRST_MODEL_ONLY = {"1gpu-1x100-uniform", "cpu-1lane-uniform"}  # the comparison runs on one model
 MULTI = {"1gpu-4x25-multi", "cpu-1lane-multi"}  # every model at once, against the same one after another
 
@@ -171,8 +171,7 @@ def run_multi(args, name: str, spec: tuple, gpus: list, work: Path, models: list
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     tuning_options(ap, None, 1024, 15, "/tmp/scale_bench")  # models: resnet18,transformer (rehearsal: tiny)
-    ap.add_argument("--part", choices=["A", "B"], default="A")
-    ap.add_argument("--configs", default=None, help="comma-separated names (default: the part's)")
+    ap.add_argument("--configs", default=None, help="comma-separated names (default: DEFAULT_CONFIGS)")
     ap.add_argument("--stock-window", type=float, default=360.0,
                     help="seconds of stock tuning per model (it needs ~90 s to start and commits a task's records only "
                          "when it returns to the task: a window under ~6 min leaves no equal-trials latency)")
@@ -181,7 +180,7 @@ def main(argv=None) -> int:
     ap.add_argument("--stock-from", default=None,
                     help="an earlier result JSON whose stock windows stand for the models not run here (same protocol)")
     ap.add_argument("--config-timeout", type=float, default=600.0, help="a job's limit, its final compile included")
-    ap.add_argument("--out-json", default=None, help="default: $OUT/scale_part<part>.json")
+    ap.add_argument("--out-json", default=None, help="default: $OUT/scale_partA.json")
     ap.add_argument("--no-serve", dest="serve", action="store_false",
                     help="no tuned model served (the time-to-quality benchmark times the panel's)")
     ap.add_argument("--merge", nargs="*")
@@ -189,14 +188,15 @@ def main(argv=None) -> int:
     ap.add_argument("--stock-log", default=None, help="with --merge: stock's log, whose trials count")
     args = ap.parse_args(argv)
     if args.merge:
-        return merge(args.merge, args.out or "bench/results/scale_h200.json", args.stock_log)
+        merge_files(args.merge, args.out or "bench/results/scale_h200.json", args.stock_log)
+        return 0
     if args.rehearse and args.trials == 1024:
         args.trials, args.per_iter, args.stock_window, args.config_timeout = 24, 8, 150.0, 600.0
     return run_part(args)
 
 
 def run_part(args) -> int:
-    work = Path(args.work_dir) / f"part{args.part}"
+    work = Path(args.work_dir) / "partA"
     work.mkdir(parents=True, exist_ok=True)
     models = (args.models or ("tiny" if args.rehearse else "resnet18,transformer")).split(",")
     gpus = [] if args.rehearse else find_gpus()
@@ -206,13 +206,12 @@ def run_part(args) -> int:
         if not probe.get("cubin"):  # keep builders off the lanes' contexts, at least (they open none)
             os.environ["SHARETUNE_BUILDER_HIDE_GPUS"] = "0"
     table = REHEARSAL if args.rehearse else CONFIGS
-    default = {"A": "1gpu-1x100,1gpu-4x25,1gpu-1x100-uniform", "B": "1gpu-4x25-b32,2gpu-4x25-b32"}[args.part]
-    names_ = [n for n in (args.configs or (",".join(REHEARSAL) if args.rehearse else default)).split(",")
+    names_ = [n for n in (args.configs or ",".join(REHEARSAL if args.rehearse else DEFAULT_CONFIGS)).split(",")
               if args.rehearse or table[n][1] <= max(1, len(gpus))]  # configurations the GPUs found allow
-    out_json = Path(args.out_json) if args.out_json else out_dir() / f"scale_part{args.part}.json"
+    out_json = Path(args.out_json) if args.out_json else out_dir() / "scale_partA.json"
     args.png_dir = out_json.parent
     result = {"model": ",".join(models), "models": models, "per_iter": args.per_iter, "trials_budget": args.trials,
-              "part": args.part, "host_cores": os.cpu_count(), "gpus": [g.uuid for g in gpus], "rows": [],
+              "part": "A", "host_cores": os.cpu_count(), "gpus": [g.uuid for g in gpus], "rows": [],
               "stock": None, "stocks": {}, "builder_probe": probe, "phase": "stock"}
     if out_json.exists():  # resume: keep what a run stopped part-way measured
         done = json.loads(out_json.read_text())
@@ -229,17 +228,14 @@ def run_part(args) -> int:
             if model in models and model not in result["stocks"]:
                 result["stocks"][model] = dict(stock, from_earlier_run=args.stock_from)
     stock_models = args.stock_models.split(",") if args.stock_models else models
-    if args.part == "A":  # one GPU: stock alone on the machine first, model after model
-        for model in stock_models if args.stock_window > 0 else []:  # --stock-window 0: the service's rows only
-            if model not in result["stocks"]:
-                stock = start_stock(args, gpus, work / model, model, cores="1" if args.rehearse else "0-15")
-                time.sleep(args.stock_window)
-                result["stocks"][model] = stop_stock(stock, args)
-                print(json.dumps(result["stocks"][model]), flush=True)
-                save()
-        result["stock"] = result["stocks"].get(models[0])
-    else:
-        stock = start_stock(args, gpus, work / models[0], models[0], cores="1" if args.rehearse else "16-31")
+    for model in stock_models if args.stock_window > 0 else []:  # stock alone on the machine first, model after model
+        if model not in result["stocks"]:  # (--stock-window 0: the service's rows only)
+            stock = start_stock(args, gpus, work / model, model, cores="1" if args.rehearse else "0-15")
+            time.sleep(args.stock_window)
+            result["stocks"][model] = stop_stock(stock, args)
+            print(json.dumps(result["stocks"][model]), flush=True)
+            save()
+    result["stock"] = result["stocks"].get(models[0])
     result["phase"] = "service"
     # configuration by configuration (a run cut short has the first configuration on every model), a model's
     # equal-trials latency as soon as its rows are in; the first-model-only controls last
@@ -261,12 +257,6 @@ def run_part(args) -> int:
             print(json.dumps({k: v for k, v in row.items() if k not in ("lane_busy_per_lane", "task_trials", "split_s")}
                              | {"pipeline": {k: v for k, v in row.get("pipeline", {}).items() if k != "timeline"}}),
                   flush=True)
-            save()
-        if args.part == "B" and i == len(steps) - 1:
-            remaining = args.stock_window - (time.time() - stock["t0"])
-            if remaining > 0:
-                time.sleep(remaining)
-            result["stocks"][models[0]] = result["stock"] = stop_stock(stock, args)
             save()
         if args.serve and (i == last_step[model] or (steps[i + 1][0] in FIRST_MODEL_ONLY
                                                      and name not in FIRST_MODEL_ONLY)):
@@ -306,9 +296,7 @@ def probe_hidden_gpu_build() -> dict:
 def start_stock(args, gpus, work: Path, model: str, cores: str) -> dict:
     stock_work = work / "stock"
     stock_work.mkdir(parents=True, exist_ok=True)
-    uuid = None
-    if not args.rehearse:
-        uuid = gpus[1].uuid if len(gpus) > 1 and args.part == "B" else gpus[0].uuid
+    uuid = None if args.rehearse else gpus[0].uuid
     proc = spawn_tune_tasks(model, stock_work, args.per_iter, args.stock_max_trials, cores, uuid, args.rehearse,
                             work / "stock.log")
     return {"proc": proc, "t0": time.time(), "work": stock_work, "sampler": BusySampler(uuid), "uuid": uuid,
@@ -402,15 +390,6 @@ def screened_against_uniform(args, result: dict, gpus, work: Path) -> None:
         out["latency_ratio"] = round(lat["screened"] / lat["uniform"], 3)
     result["screened_vs_uniform"] = out
     print(json.dumps({"screened_vs_uniform": out}), flush=True)
-
-
-def merge(paths: list[str], out_path: str, stock_log: str | None = None) -> int:
-    log = Path(stock_log).read_text() if stock_log and Path(stock_log).exists() else None
-    result = merged([json.loads(Path(p).read_text()) for p in paths], log)
-    Path(out_path).parent.mkdir(parents=True, exist_ok=True)
-    Path(out_path).write_text(json.dumps(result, indent=1))
-    print_table(result)
-    return 0
 
 
 if __name__ == "__main__":

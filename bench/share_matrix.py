@@ -17,7 +17,6 @@ timings and results: docs/share-matrix.md.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import subprocess
 import sys
@@ -26,18 +25,11 @@ from pathlib import Path
 
 from bench.harness.common import child_env, module_command, out_dir
 from bench.harness.jobs import gpus
+from sharetune.experiments.share_matrix import read_matrices
 
 
 def log(msg: str) -> None:
     print(f"{time.strftime('%H:%M:%S')} {msg}", flush=True)
-
-
-def read_matrices(path) -> list:
-    """The matrices of a result JSON (one model's, or several under "matrices")."""
-    from sharetune.experiments.share_matrix import ShareMatrix
-
-    body = json.loads(Path(path).read_text())
-    return [ShareMatrix.model_validate(m) for m in body.get("matrices", [body])]
 
 
 def write_and_print(reports: list, out_json: Path, png: Path | None, tables: bool = True) -> None:
@@ -85,8 +77,8 @@ def run_models(args, models: list[str], deadline: float) -> list:
     from sharetune.client import Client
     from services.measurer.agent import BuilderSpec
     from bench.panel import PANEL, build
-    from sharetune.experiments.share_matrix import (MatrixStack, Placement, Replicates, Serving, model_tasks,
-                                                    run_matrix, write_outputs)
+    from sharetune.experiments.share_matrix import (MatrixStack, Placement, Replicates, Serving, earlier_reports,
+                                                    model_tasks, run_matrix, write_outputs)
     from sharetune.experiments.share_tunings import KeptTunings, tuning_key, tuning_plan
     from shared.settings import StackSettings
 
@@ -164,12 +156,6 @@ def run_models(args, models: list[str], deadline: float) -> list:
     return list(reports.values())
 
 
-def earlier_reports(path: Path) -> dict:
-    """The matrices an earlier run of this command wrote (by model): complete ones are kept (a background run that
-    was stopped, run again; its finished tunings are found in --kept)."""
-    return {m.model: m for m in read_matrices(path)} if path.exists() else {}
-
-
 def launch(args) -> None:
     """One child per model on its own GPU when there are enough GPUs, else all models here on GPU 0."""
     models = args.models.split(",")
@@ -177,8 +163,9 @@ def launch(args) -> None:
     out = out_dir()
     t0 = time.time()
     deadline = t0 + args.deadline_s
-    stem = args.stem or (("share_matrix_h200" if args.device == "gpu" else "share_matrix_cpu")
-                         + (f"_{models[0]}" if len(models) == 1 else ""))
+    stem = "share_matrix_h200" if args.device == "gpu" else "share_matrix_cpu"
+    stem += f"_{models[0]}" if len(models) == 1 else ""
+    stem = "share_matrix_rehearsal" if args.rehearse else stem  # the result files' names under $OUT
     final_json, final_png = out / f"{stem}.json", out / f"{stem}.png"
     if len(found) >= len(models) > 1:
         log(f"{len(found)} GPUs: one model per GPU, in parallel")
@@ -228,8 +215,7 @@ def launch(args) -> None:
 def rehearsal(args, ap) -> None:
     """--rehearse: the defaults of a CPU rehearsal wherever the command line left an option at its default."""
     default = ap.parse_args([])
-    tiny = {"device": "cpu", "cores": "1,2", "models": "tiny", "trials": 8, "per_iter": 4, "rounds": 10, "tunings": 2,
-            "stem": "share_matrix_rehearsal"}
+    tiny = {"device": "cpu", "cores": "1,2", "models": "tiny", "trials": 8, "per_iter": 4, "rounds": 10, "tunings": 2}
     for key, value in tiny.items():
         if getattr(args, key) == getattr(default, key):
             setattr(args, key, value)
@@ -245,7 +231,6 @@ def main(argv=None) -> None:
     ap.add_argument("--per-iter", type=int, default=64, help="candidates a search round (MetaSchedule's default)")
     ap.add_argument("--tasks", type=int, default=None, help="tune each model's k heaviest tasks (default: all)")
     ap.add_argument("--rounds", type=int, default=30, help="timing rounds per cell: median and bootstrap 95 %% CI")
-    ap.add_argument("--stem", default=None, help="name of the result files under $OUT (default share_matrix_h200)")
     ap.add_argument("--deadline-s", type=float, default=530, help="all done (files written) within this")
     ap.add_argument("--device", choices=["gpu", "cpu"], default="gpu", help="cpu: rehearse the flow on this host")
     ap.add_argument("--gpu-index", type=int, default=None, help="run here on this GPU (a child, or by hand)")

@@ -25,7 +25,7 @@ from bench.harness.serving import compile_module, export_job_records, serve
 from bench.harness.stock import kill_group, spawn_tune_tasks
 from bench.panel import PANEL, build
 from sharetune.experiments.time_to_quality import (
-    job_events, markdown_table, plot, stock_events, summarise, summarise_model,
+    job_events, markdown_table, plot, stock_events, summarise, summarise_model, table_again,
 )
 
 PHASES = ("stock", "cold", "warm")
@@ -193,7 +193,7 @@ def run_model(args, model: str, row: dict, work: Path, warm_store, save, deadlin
         row["stock_lease"] = args.lease
         save()
     for phase in ("cold", "warm"):
-        if phase in row or phase not in args.phases or (phase == "warm" and args.no_warm):
+        if phase in row or phase not in args.phases:
             continue
         source = warm_store() if phase == "warm" else None
         if not fits(deadline, SERVICE_STEP_S) or (phase == "warm" and source is None):
@@ -279,7 +279,6 @@ def main(argv=None) -> int:
     tuning_options(ap, ",".join(PANEL), 384, 30, "/tmp/ttq/work")
     ap.add_argument("--warm-from", default="resnet18,transformer,mobilenetv2", help="zoo models the warm store tuned first")
     ap.add_argument("--warm-trials", type=int, default=384)
-    ap.add_argument("--no-warm", action="store_true")
     ap.add_argument("--phases", default=",".join(PHASES), help="the steps to run now (stock,cold,warm)")
     ap.add_argument("--resume", action="store_true", help="keep the steps the JSON already holds")
     ap.add_argument("--deadline-s", type=float, default=None, help="start no step that cannot end before this")
@@ -288,14 +287,8 @@ def main(argv=None) -> int:
     ap.add_argument("--service-timeout", type=float, default=1800)
     ap.add_argument("--table", metavar="JSON", help="derive a results file's summaries again, print its table (markdown), draw its PNG")
     args = ap.parse_args(argv)
-    if args.table:
-        result = json.loads(Path(args.table).read_text())
-        for row in result["models"].values():  # the figures are derived again from the recorded events
-            summarise_model(row)
-        result["summary"] = summarise(result)
-        Path(args.table).write_text(json.dumps(result, indent=1))
-        plot(result, Path(args.table).with_suffix(".png"))
-        print(markdown_table(result))
+    if args.table:  # the figures are derived again from the recorded events
+        print(table_again(Path(args.table)))
         return 0
     args.phases = set(args.phases.split(","))
     deadline = time.time() + args.deadline_s if args.deadline_s else None
@@ -308,7 +301,7 @@ def main(argv=None) -> int:
         "trials": args.trials, "per_iter": args.per_iter, "tuners": args.tuners, "seed": args.seed,
         "lanes": "1x100 %" if not args.rehearse else "one CPU core", "builders": "every core of the host",
         "stock": "tune_tasks, LocalBuilder(every core, timeout 120 s), LocalRunner, JSONDatabase; run to its budget",
-        "warm_store": f"{args.warm_from} tuned first, {args.warm_trials} trials each" if not args.no_warm else None,
+        "warm_store": f"{args.warm_from} tuned first, {args.warm_trials} trials each",
         "estimate": "sum over tasks of weight x best so far; a task without a record at its default schedule "
                     "(timed by the service on its lane)",
         "served": "each tuned module timed in one fresh process, interleaved, the GPU unshared, median of rounds"},
@@ -320,7 +313,7 @@ def main(argv=None) -> int:
 
     def warm_store() -> Path | None:
         """Made when a warm step first needs it (stock and the cold run go first: they are kept if it fails)."""
-        if args.no_warm or not fits(deadline, WARM_STORE_S + SERVICE_STEP_S):
+        if not fits(deadline, WARM_STORE_S + SERVICE_STEP_S):
             return None
         result["warm_store"] = prepare_warm_store(args, work / "zoo")
         save()

@@ -2,4 +2,4 @@
 databases kept in the repo), samplers (CPU and GPU load over a window, a run second by second), stock (stock
 MetaSchedule in its own process), jobs (a job on a local stack and its records), serving (tuned models compiled
 and timed). What the benchmarks compute from their runs is in sharetune.experiments (time_to_quality,
-throughput) and the testing kit (sharetune.testing.faults)."""
+throughput, share_matrix) and the testing kit (sharetune.testing.faults)."""

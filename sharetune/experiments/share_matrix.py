@@ -814,6 +814,18 @@ def write_outputs(reports: list[ShareMatrix], json_path: Path, png_path: Path | 
         return None
 
 
+def read_matrices(path) -> list[ShareMatrix]:
+    """The matrices of a result JSON (one model's, or several under "matrices")."""
+    body = json.loads(Path(path).read_text())
+    return [ShareMatrix.model_validate(m) for m in body.get("matrices", [body])]
+
+
+def earlier_reports(path: Path) -> dict[str, ShareMatrix]:
+    """The matrices an earlier run of the benchmark wrote (by model): complete ones are kept (a background run
+    that was stopped, run again; its finished tunings are found in its kept tunings)."""
+    return {m.model: m for m in read_matrices(path)} if path.exists() else {}
+
+
 def heatmap(reports: list[ShareMatrix], path: Path) -> str:
     """One panel per model: colour = latency over the column's best; text = median µs, its 95 % interval
     and that ratio; the diagonal cells say whether tuning at the serving share won beyond noise."""

@@ -9,7 +9,6 @@ import datetime as _dt
 import json
 import re
 import statistics
-from collections import defaultdict
 from pathlib import Path
 
 ROLES = ("tuner", "builder", "lane", "updater", "other")  # a stack's processes, as the timeline groups them
@@ -280,29 +279,6 @@ def _f(v) -> str:
     return "-" if v is None else f"{v:.3g}" if isinstance(v, float) else str(v)
 
 
-def compile_limit_figures(rows: list[dict], limits: list[float]) -> dict:
-    """What each compile CPU limit would cut (bench/build_tail.py's rows: each record's NVRTC CPU, unlimited and
-    under each limit it exceeds, and its time): builds cut, CPU saved, how close the cut came to their task's best."""
-    best: dict[str, float] = defaultdict(lambda: float("inf"))
-    for row in rows:
-        best[row["workload"]] = min(best[row["workload"]], row["us"])
-    total = sum(row["lower_cpu_s"] + row["nvrtc_cpu_s"] for row in rows)
-    out = {"records": len(rows), "build_cpu_s_total": round(total, 1),
-           "build_cpu_s_mean": round(total / max(len(rows), 1), 3), "limits": {}}
-    for limit in limits:
-        cut = [row for row in rows if str(limit) in row["limited"]]
-        ratios = sorted(row["us"] / best[row["workload"]] for row in cut)
-        saved = sum(row["nvrtc_cpu_s"] - row["limited"][str(limit)]["cpu_s"] for row in cut)
-        out["limits"][str(limit)] = {
-            "cut": len(cut), "cut_frac": round(len(cut) / max(len(rows), 1), 4),
-            "stopped": sum(row["limited"][str(limit)]["stopped"] for row in cut),
-            "build_cpu_saved_frac": round(saved / total if total else 0.0, 3),
-            "closest_cut_vs_task_best": round(ratios[0], 3) if ratios else None,
-            "cut_within_1_5x_of_task_best": sum(x < 1.5 for x in ratios),
-            "task_bests_cut": sum(x <= 1.0 for x in ratios)}
-    return out
-
-
 def merged(parts: list[dict], stock_log: str | None = None) -> dict:
     """Results files of parts of a run joined, summarised again; with one stock row, its trials read again from
     stock's own `stock_log` (its text)."""
@@ -320,6 +296,15 @@ def merged(parts: list[dict], stock_log: str | None = None) -> dict:
     if two and one:
         result["summary"]["scaling_efficiency_2gpu"] = round(two["trials_per_min"] / (2 * one["trials_per_min"]), 3)
     return result
+
+
+def merge_files(paths: list[str], out_path: str, stock_log: str | None = None) -> None:
+    """Results files of parts of a run joined into `out_path` (merged), their table printed."""
+    log = Path(stock_log).read_text() if stock_log and Path(stock_log).exists() else None
+    result = merged([json.loads(Path(p).read_text()) for p in paths], log)
+    Path(out_path).parent.mkdir(parents=True, exist_ok=True)
+    Path(out_path).write_text(json.dumps(result, indent=1))
+    print_table(result)
 
 
 def stocks_of(result: dict) -> dict:

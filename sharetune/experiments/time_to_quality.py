@@ -141,6 +141,18 @@ def markdown_table(result: dict) -> str:
     return "\n".join(lines)
 
 
+def table_again(path: Path) -> str:
+    """A results file's figures derived again from its recorded events and written back, its PNG drawn beside
+    it; returns its markdown table."""
+    result = json.loads(path.read_text())
+    for row in result["models"].values():
+        summarise_model(row)
+    result["summary"] = summarise(result)
+    path.write_text(json.dumps(result, indent=1))
+    plot(result, path.with_suffix(".png"))
+    return markdown_table(result)
+
+
 def plot(result: dict, path: Path) -> None:
     try:
         import matplotlib

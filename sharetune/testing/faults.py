@@ -1,6 +1,6 @@
 """Real programs that crash or hang, and helpers that send them to lanes and read back what happened: shared
 by the fault tests (tests/test_faults.py, test_poison.py, ...) and the fault benchmarks (bench/gpu_fault.py,
-bench/redis_outage.py), with the GPU benchmark's own programs and figures.
+bench/chaos.py), with the GPU benchmark's own programs and figures.
 
 Each program is a genuine TVM PrimFunc: the run-time segfault writes 4 GiB past its buffer, the hang runs
 2^40 iterations. Only the build segfault needs the lane's test hook (LaneSettings.test_fault_hooks): no
@@ -252,3 +252,81 @@ def bystander_figures(batches, start: float, end: float) -> dict:
     return {"bystander_trials": sum(b.candidates - b.errors for b in inside),
             "bystander_max_gap_s": round(max((b - a for a, b in zip(marks, marks[1:])), default=0.0), 2)
             if done and done[-1] > start else None}
+
+
+def plan_lanes(uuids: list[str], cores: int) -> dict:
+    """The GPU fault benchmark's lane queues: GPU 0 at 4x25 % (job A, where faults are injected) and one CPU lane
+    on the last core (the bystander). The rehearsal (no GPU): two CPU lanes, job A's injections on the first."""
+    from shared import lanes as lane_kinds
+    from shared.ids import gpu8
+
+    from shared.settings import HostSettings
+
+    host = HostSettings().host()
+
+    def queue(q: str) -> str:  # the lane's full queue name on this host (a CPU lane's carries its share)
+        return lane_kinds.parse(q, host).queue
+
+    if not uuids:
+        cpus = [queue("measure.cpu.c0"), queue("measure.cpu.c1")] if cores >= 2 else [queue("measure.cpu.c0")]
+        return {"faulted": cpus[0], "faulted_gpu8": None, "lanes": cpus, "bystander": cpus[-1]}
+    u8 = gpu8(uuids[0])
+    gpu, cpu = queue(f"measure.{u8}.p25"), queue(f"measure.cpu.c{cores - 1}")
+    return {"faulted": gpu, "faulted_gpu8": u8, "lanes": [gpu] * 4 + [cpu], "bystander": cpu}
+
+
+def gpu_fault_table(rows: list[dict]) -> str:
+    """The GPU fault benchmark's rows as the table it prints."""
+    lines = [f"{'row':16} {'done':>4} {'culprit_q':>9} {'innocent_q':>10} {'lost':>4} {'reruns':>6} {'recovery_s':>10} "
+             f"{'bystander':>9} {'by_gap_s':>8}"]
+    for row in rows:
+        lines.append(f"{row['scenario']:16} {row['jobs_completed']:>4} {str(row['culprit_quarantined']):>9} "
+                     f"{row['innocents_quarantined']:>10} {row['lost_candidates']:>4} {row['suspect_reruns']:>6} "
+                     f"{str(row['recovery_s']):>10} {row['bystander_trials']:>9} {str(row['bystander_max_gap_s']):>8}")
+    return "\n".join(lines)
+
+
+# the CPU fault benchmark (bench/faults.py): the bad-input tests -> the scenario they answer (each must end with a
+# clear error, not a lost job)
+BAD_INPUTS = {
+    "test_corrupt_onnx": "bad input: corrupt ONNX",
+    "test_unsupported_onnx_operator": "bad input: unsupported operator",
+    "test_share_outside_range[0]": "bad input: share 0",
+    "test_share_outside_range[150]": "bad input: share 150",
+    "test_unknown_target": "bad input: unknown target",
+    "test_a_100_mb_model_is_refused_at_submit": "bad input: a 100 MB model at submit",
+    "test_a_100_mb_message_on_a_lane_queue_is_refused_before_parsing": "bad input: a 100 MB message on a queue",
+    "test_a_pickled_message_on_a_lane_queue_is_refused_not_unpickled": "bad input: a pickled message on a queue",
+    "test_malformed_message_on_a_lane_queue_is_answered": "bad input: a message that fails validation (lane)",
+    "test_malformed_message_on_the_plan_queue_is_dead_lettered": "bad input: a message that fails validation (plan)",
+    "test_model_with_no_tunable_operator_fails_the_job_clearly": "bad input: no tunable operator",
+}
+
+
+def junit_outcomes(junit) -> dict[str, str]:
+    """Each test's outcome (passed, failed, skipped) in a pytest JUnit XML report."""
+    import xml.etree.ElementTree as ET
+
+    outcomes = {}
+    for case in ET.parse(junit).getroot().iter("testcase"):
+        failed = case.find("failure") is not None or case.find("error") is not None
+        outcomes[case.get("name")] = "skipped" if case.find("skipped") is not None else "failed" if failed else "passed"
+    return outcomes
+
+
+def fault_rows(rows_path, outcomes: dict[str, str]) -> list[dict]:
+    """The fault tests' figures rows (the JSON lines record_row wrote to `rows_path`), then a row per bad input."""
+    rows = [json.loads(line) for line in rows_path.read_text().splitlines()] if rows_path.exists() else []
+    for test, scenario in BAD_INPUTS.items():
+        rows.append({"scenario": scenario, "jobs_completed": None, "candidates_lost": 0, "trials_respent": 0,
+                     "recovery_s": None, "answered_with_clear_error": outcomes.get(test) == "passed", "test": test})
+    return rows
+
+
+def fault_table(rows: list[dict]) -> str:
+    """The CPU fault benchmark's rows as the table it prints."""
+    lines = [f"{'scenario':62} {'done':>4} {'lost':>4} {'respent':>7} {'recovery_s':>10}"]
+    for r in rows:
+        lines.append(f"{r['scenario'][:62]:62} {str(r.get('jobs_completed')):>4} {r['candidates_lost']:>4} "
+                     f"{r['trials_respent']:>7} {str(r.get('recovery_s')):>10}")
+    return "\n".join(lines)
