@@ -35,19 +35,21 @@ def tasks(target):
         by_name = {t.name: t for t in extract(to_relax(model).mod, target)}
         out.update({name: by_name[name] for name in names})
     out["grouped_conv"] = _grouped_conv(target)
+    out["depthwise_conv"] = _grouped_conv(target, channels=96, groups=96, size=56)
     return out
 
 
-def _grouped_conv(target):
-    """A RegNet-style grouped 3x3 conv (group width 8): its input's channel index is `ff // 8 * 8 + rc`."""
+def _grouped_conv(target, channels: int = 104, groups: int = 13, size: int = 28):
+    """A RegNet-style grouped 3x3 conv (group width 8): its input's channel index is `ff // 8 * 8 + rc`; with
+    groups == channels, a MobileNet-style depthwise conv."""
     from tvm import relax
 
-    x = relax.Var("x", relax.TensorType((1, 104, 28, 28), "float32"))
-    w = relax.Var("w", relax.TensorType((104, 8, 3, 3), "float32"))
+    x = relax.Var("x", relax.TensorType((1, channels, size, size), "float32"))
+    w = relax.Var("w", relax.TensorType((channels, channels // groups, 3, 3), "float32"))
     bb = relax.BlockBuilder()
     with bb.function("main", [x, w]):
         with bb.dataflow():
-            out = bb.emit_output(relax.op.nn.conv2d(x, w, padding=1, groups=13))
+            out = bb.emit_output(relax.op.nn.conv2d(x, w, padding=1, groups=groups))
         bb.emit_func_output(out)
     (task,) = extract(bb.get(), target)
     return task
@@ -137,6 +139,45 @@ def test_tile_draws_reject_only_what_tvm_rejects(tasks, target, name):
                           postprocs)
         assert not ok, f"{name} seed {seed}: tile draw refused ({tiling}) though TVM accepts it"
     assert refused >= 20, refused  # random tilings mostly break the thread limits: the check must see it
+
+
+@pytest.mark.parametrize("name", ["conv2d1", "grouped_conv", "depthwise_conv", "fused_matmul_add"])
+def test_tile_draws_within_the_limits_are_ones_tvm_accepts(tasks, target, name):
+    """The limits are tight as well as safe: with a software pipeline's copies of its shared buffers counted and
+    its loop's extent kept above 1, what they accept TVM's chain accepts (half the convs' draws failed without)."""
+    import random
+
+    from services.tuner.metaschedule.sampling import SpaceDraws, TileLimits
+
+    task = tasks[name]
+    ctx = tune_context(task.mod, target, task.name, cold=True, population=64, rand_state=1, num_threads=1,
+                       valid_sampling=False)
+    spaces, postprocs = ctx.generate_design_space(), list(ctx.space_generator.postprocs)
+    draws = SpaceDraws([TileLimits.of(sp.trace, task.mod, int(target.attrs["max_shared_memory_per_block"]))
+                        for sp in spaces])
+    assert any(limits.pipelined for limits in draws.limits), "no software-pipelined space found (sm_90 has them)"
+    rng = random.Random(11)
+    accepted = 0
+    for seed in range(1, 41):
+        s, tiling = draws.draw(rng)
+        accepted += _tvm_accepts(_replay(task, spaces[s].trace, {t.inst: tiling[i] for i, t in
+                                                                 enumerate(draws.limits[s].tiles)}, seed), postprocs)
+    assert accepted >= 38, accepted
+
+
+def test_a_space_without_a_tiling_within_its_limits_is_left_out_of_later_draws():
+    import random
+
+    from services.tuner.metaschedule.sampling import SpaceDraws, TileLimits, _Tile
+
+    tile = _Tile(inst=None, extent=64, n=2, max_innermost=0)
+    open_ = TileLimits(tiles=[tile])
+    shut = TileLimits(tiles=[tile], bounds=[(128, 1024, [(0, 0), (0, 1)])])  # 64 threads at most: never
+    draws = SpaceDraws([shut, open_, shut])
+    rng = random.Random(5)
+    got = [draws.draw(rng) for _ in range(20)]
+    assert all(s == 1 for s, _ in got) and draws.dry == {0, 2}
+    assert SpaceDraws([shut]).draw(rng) is None
 
 
 def test_valid_replay_proposes_only_schedules_tvm_accepts(tasks, target):

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from tvm.ir.utils import derived_object
 from tvm.s_tir.meta_schedule.search_strategy import PySearchStrategy
 
-from services.tuner.metaschedule.sampling import TileLimits, candidate, distinct, prime_factors, replay
+from services.tuner.metaschedule.sampling import SpaceDraws, TileLimits, candidate, distinct, prime_factors, replay
 
 log = logging.getLogger("sharetune.tuner.evolution")
 
@@ -114,6 +114,7 @@ class ValidEvolution(PySearchStrategy):
             self.spaces.append(_Space(sp.trace, limits, sampled,
                                       {k: tiles[inst] for k, inst in enumerate(sampled) if inst in tiles},
                                       _signature(sp.trace.insts)))
+        self.draws = SpaceDraws([space.limits for space in self.spaces])
         self.rng = random.Random(None if self.seed < 0 else self.seed)
         self.sent: set[tuple[int, Genome]] = set()  # what this search proposed
         postprocs = list(self.ctx.space_generator.postprocs)
@@ -242,10 +243,10 @@ class ValidEvolution(PySearchStrategy):
 
     def _random_one(self, seed: int):
         rng = random.Random(seed)
-        space = self.spaces[rng.randrange(len(self.spaces))]
-        tiling, _ = space.limits.draw(rng)
-        if tiling is None:
+        drawn = self.draws.draw(rng)
+        if drawn is None:
             return None
+        space, tiling = self.spaces[drawn[0]], drawn[1]
         self.replayed += 1
         return replay(self.ctx.mod, space.trace, {t.inst: tiling[i] for i, t in enumerate(space.limits.tiles)},
                       self.postprocs, rng.getrandbits(31) + 1)

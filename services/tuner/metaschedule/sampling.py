@@ -54,12 +54,17 @@ class TileLimits:
     - `bounds`: per annotated block, [warp, max threads] and the factors whose product is its threads;
     - `shared`: per tiled block, its shared-memory cache reads' footprints (`_shared_terms`) against
       `max_shared`: a lower bound of what the lowered kernel allocates, since each is the box its consumer
-      reads under the cache's compute-at loop and the block's threads, clipped to the buffer."""
+      reads under the cache's compute-at loop and the block's threads, clipped to the buffer, times the copies
+      its software pipeline keeps (`_versions`);
+    - `pipelined`: the factors of each software-pipelined loop (the fused outer reduction loops the caches are
+      computed at), which must make an extent above 1: at 1 the loop is gone, and InjectSoftwarePipeline fails
+      on every such sample (its stages no longer match the body)."""
 
     tiles: list[_Tile] = field(default_factory=list)
     bounds: list[tuple[int, int, list[tuple[int, int]]]] = field(default_factory=list)
     shared: list[list[_SharedTerm]] = field(default_factory=list)
     max_shared: int = 0
+    pipelined: list[list[tuple[int, int]]] = field(default_factory=list)  # factors of each software-pipelined loop
 
     @classmethod
     def of(cls, trace, mod=None, max_shared: int = 0) -> "TileLimits":
@@ -71,6 +76,7 @@ class TileLimits:
             factors = flow.threads.get(block)
             if _LOW in b and _HIGH in b and factors:
                 out.bounds.append((b[_LOW], b[_HIGH], factors))
+        out.pipelined = flow.pipelined_loops()
         if mod is not None and max_shared > 0 and flow.cache_at:
             try:
                 out.shared = _shared_terms(mod, trace, flow, out)
@@ -94,7 +100,33 @@ class TileLimits:
         for terms in self.shared:
             if sum(_bytes(term, tiling) for term in terms) > self.max_shared:
                 return False
+        for factors in self.pipelined:
+            if math.prod(tiling[i][p] for i, p in factors) < 2:
+                return False
         return True
+
+
+class SpaceDraws:
+    """Tile draws over a task's design spaces: a space picked at random, a tiling within its limits drawn. A space
+    whose draw finds none in MAX_DRAWS tries (e.g. a software-pipelined space of a depthwise 3x3 conv, whose outer
+    reduction loop cannot reach 2 within the shared memory) is left out of later draws, so its slots go to the
+    spaces that have valid schedules."""
+
+    def __init__(self, limits: list[TileLimits]):
+        self.limits = limits
+        self.dry: set[int] = set()
+        self.drawn = 0  # decision vectors drawn in all
+
+    def draw(self, rng: random.Random) -> tuple[int, list[list[int]]] | None:
+        """(a space's index, a tiling within its limits), or None once no space has one."""
+        while len(self.dry) < len(self.limits):
+            s = rng.choice([i for i in range(len(self.limits)) if i not in self.dry])
+            tiling, tries = self.limits[s].draw(rng)
+            self.drawn += tries
+            if tiling is not None:
+                return s, tiling
+            self.dry.add(s)
+        return None
 
 
 def _bytes(term: _SharedTerm, tiling) -> int:
@@ -122,6 +154,7 @@ class _Dataflow:
         self.ann: dict = {}  # a block -> {low/high: int}
         self.caches: dict = {}  # a cache block -> (the block it reads for, the read buffer's index)
         self.cache_at: list = []  # (the tiled block, read buffer index, the compute-at LoopRV)
+        self.pipelines: list = []  # (a tiled block, its software pipeline's stages)
 
     def step(self, inst, trace, out: TileLimits) -> None:
         kind, ins = inst.kind.name, list(inst.inputs)
@@ -159,11 +192,27 @@ class _Dataflow:
         elif kind == "Annotate" and str(inst.attrs[0]) in (_LOW, _HIGH):
             if hasattr(ins[1], "value"):
                 self.ann.setdefault(ins[0], {})[str(inst.attrs[0])] = int(ins[1].value)
+        elif kind == "Annotate" and str(inst.attrs[0]) == "software_pipeline_stage":
+            block = self.loop_block.get(ins[0])
+            if block is not None:
+                self.pipelines.append((block, [int(s) for s in ins[1]]))
         elif kind == "CacheRead" and str(inst.attrs[1]) in ("shared", "shared.dyn"):
             self.caches[inst.outputs[0]] = (ins[0], int(inst.attrs[0]))
         elif kind == "ComputeAt" and ins[0] in self.caches:
             block, index = self.caches[ins[0]]
             self.cache_at.append((block, index, ins[1]))
+
+    def pipelined_loops(self) -> list[list[tuple[int, int]]]:
+        """The factors of each software-pipelined block's fused loop that holds its caches' compute-at loop."""
+        out = []
+        for block, _ in self.pipelines:
+            ats = [at for b, _, at in self.cache_at if b.same_as(block)]
+            for fused, parts in self.fused_from.items():
+                factors = self.loop_factors.get(fused)
+                if factors and any(p.same_as(at) for p in parts for at in ats):
+                    out.append(factors)
+                    break
+        return out
 
     def _bind(self, loop, axis: str) -> None:
         if axis.startswith(("threadIdx", "vthread")):
@@ -220,8 +269,20 @@ def _shared_terms(mod, trace, flow: _Dataflow, limits: TileLimits) -> list[list[
             parts = [(abs(c), var_factors[j], k) for j, c, k in _index_parts(rng_.min, ivars) if j in var_factors]
             dims.append((int(size), int(rng_.extent), parts))
         else:
-            per_block.setdefault(block, []).append((dtype.bits * dtype.lanes // 8, dims))
+            per_block.setdefault(block, []).append((dtype.bits * dtype.lanes // 8 * _versions(flow, block), dims))
     return list(per_block.values())
+
+
+def _versions(flow: _Dataflow, block) -> int:
+    """How many copies of each shared cache read of `block` its software pipeline keeps (1: none). The pipelined
+    loop's body is the block's cache reads then its compute, stages e.g. (0, 0, 3): a buffer written at stage s
+    and read at stage t is kept t - s + 1 times (InjectSoftwarePipeline); the fewest over the reads is a lower
+    bound for each."""
+    reads = sum(1 for b, _, _ in flow.cache_at if b.same_as(block))
+    for b, stages in flow.pipelines:
+        if b.same_as(block) and len(stages) == reads + 1 and reads:
+            return max(1, stages[-1] - max(stages[:-1]) + 1)
+    return 1
 
 
 def _index_parts(expr, ivars: list) -> list[tuple[int, int, int]]:
@@ -351,7 +412,8 @@ class ValidReplay(PySearchStrategy):
         super().__init__()
         self.seed, self.threads = seed, max(1, threads)
         self.ctx = None
-        self.drawn = self.replayed = 0  # what it cost: decision draws and replays (self.proposed: candidates)
+        self.replayed = 0  # what it cost: replays (self.draws.drawn: decision draws; self.proposed: candidates)
+        self.draws = SpaceDraws([])
 
     def _initialize_with_tune_context(self, context) -> None:
         self.ctx = context
@@ -359,7 +421,8 @@ class ValidReplay(PySearchStrategy):
     def pre_tuning(self, max_trials, num_trials_per_iter, design_spaces, database=None, cost_model=None) -> None:
         self.max_trials, self.per_iter, self.proposed = max_trials, num_trials_per_iter, 0
         shared = int(self.ctx.target.attrs.get("max_shared_memory_per_block", 0))
-        self.spaces = [(sp.trace, TileLimits.of(sp.trace, self.ctx.mod, shared)) for sp in design_spaces]
+        self.traces = [sp.trace for sp in design_spaces]
+        self.draws = SpaceDraws([TileLimits.of(sp.trace, self.ctx.mod, shared) for sp in design_spaces])
         self.rng = random.Random(None if self.seed < 0 else self.seed)
         self.seen: set[int] = set()
         self.postprocs = list(self.ctx.space_generator.postprocs)
@@ -382,14 +445,13 @@ class ValidReplay(PySearchStrategy):
         """One valid schedule (a slot of the round), or None after MAX_REPLAYS replays."""
         rng = random.Random(seed)
         for _ in range(MAX_REPLAYS):
-            trace, limits = self.spaces[rng.randrange(len(self.spaces))]
-            tiling, tries = limits.draw(rng)
-            self.drawn += tries
-            if tiling is None:
+            drawn = self.draws.draw(rng)
+            if drawn is None:
                 return None
+            s, tiling = drawn
             self.replayed += 1
-            sch = replay(self.ctx.mod, trace, {t.inst: tiling[i] for i, t in enumerate(limits.tiles)},
-                         self.postprocs, rng.getrandbits(31) + 1)
+            decisions = {t.inst: tiling[i] for i, t in enumerate(self.draws.limits[s].tiles)}
+            sch = replay(self.ctx.mod, self.traces[s], decisions, self.postprocs, rng.getrandbits(31) + 1)
             if sch is not None:
                 return sch
         return None
