@@ -1,7 +1,7 @@
 """Tuned-at x served-at latency matrix on the GPU machine (run there: `bash bench/device_run.sh matrix`).
 
-    python -m bench.share_matrix                      # both models; one per GPU when the host has two
-    python -m bench.share_matrix --models resnet18 --gpu-index 0 --out-json /tmp/x.json   # one child
+    python -m bench.share_matrix                      # both models, one after another
+    python -m bench.share_matrix --models resnet18 --gpu-index 0 --out-json /tmp/x.json   # one model, by hand
     python -m bench.share_matrix --rehearse           # the same flow on this CPU: tiny, lanes of 1 and 2 cores
     python -m bench.share_matrix --models resnet18,regnety-stage --shares 25,50,100 --trials 1024 --tunings 3
         --resume --serve-when-complete --deadline-s 1080       # (one line) replicates, a session's part
@@ -10,7 +10,7 @@ Each model: every task tuned at each share (`--tunings N`: N isolated jobs, seed
 MPS lanes of that share, in one stack; then each tuned model served at every share in a fresh process, `--rounds`
 interleaved rounds a cell. The per-share trials are what fits the deadline (at most the model's default); a share
 that cannot be tuned in time is skipped and recorded; the JSON under $OUT is rewritten after every job and every
-serving process. Two GPUs: one model each, in parallel; on one GPU, one call per model joined with `--merge A B`.
+serving process. Separate runs (one call per model) are joined with `--merge A B`.
 A run over several sessions keeps each finished tuning (--kept) and is started again with --resume. Protocol,
 timings and results: docs/share-matrix.md.
 """
@@ -18,12 +18,10 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
-from bench.harness.common import child_env, module_command, out_dir
+from bench.harness.common import out_dir
 from bench.harness.jobs import gpus
 from sharetune.experiments.share_matrix import read_matrices
 
@@ -111,7 +109,7 @@ def run_models(args, models: list[str], deadline: float) -> list:
     # build pool beside each lane of each share, idle while other shares tune
     builders = max(1, cores - 4) if args.device == "gpu" else 0
     with MatrixStack(work / "stack", lanes=placement.lanes(shares), log_level="INFO",
-                     builders=BuilderSpec(builders, os.environ.get("SHARETUNE_MATRIX_CORE_RANGE")),
+                     builders=BuilderSpec(builders, None),
                      settings=StackSettings()) as stack:
         log(f"stack up in {time.time() - t0:.0f} s: lanes {sorted(set(stack.lanes))}")
         placement.mps_env = stack.mps.environment() if stack.mps is not None else {}
@@ -157,58 +155,18 @@ def run_models(args, models: list[str], deadline: float) -> list:
 
 
 def launch(args) -> None:
-    """One child per model on its own GPU when there are enough GPUs, else all models here on GPU 0."""
+    """Every model here, one after another on GPU `--gpu-index` (or this CPU), one stack; the files under $OUT."""
     models = args.models.split(",")
-    found = gpus() if args.device == "gpu" else []
-    out = out_dir()
     t0 = time.time()
-    deadline = t0 + args.deadline_s
     stem = "share_matrix_h200" if args.device == "gpu" else "share_matrix_cpu"
     stem += f"_{models[0]}" if len(models) == 1 else ""
     stem = "share_matrix_rehearsal" if args.rehearse else stem  # the result files' names under $OUT
-    final_json, final_png = out / f"{stem}.json", out / f"{stem}.png"
-    if len(found) >= len(models) > 1:
-        log(f"{len(found)} GPUs: one model per GPU, in parallel")
-        children = []
-        cores = (os.cpu_count() or 1) // len(models)
-        for i, (gpu, model) in enumerate(zip(found, models)):
-            part = out / f"share_matrix_{model}.json"
-            # the child's stack starts its own MPS daemon; with only this GPU visible it controls only it.
-            # Each child's builders get their own half of the cores.
-            env = child_env(CUDA_VISIBLE_DEVICES=gpu.uuid, SHARETUNE_MATRIX_CORES=str(cores),
-                            SHARETUNE_MATRIX_CORE_RANGE=f"{i * cores}-{(i + 1) * cores - 1}")
-            # this command's options, the child's own last (argparse keeps an option's last value)
-            argv = module_command("bench.share_matrix", *args.argv, "--models", model, "--gpu-index", gpu.index,
-                                  "--deadline-s", args.deadline_s - 5, "--out-json", part)
-            logf = open(out / f"share_matrix_{model}.log", "w")
-            children.append((model, part, subprocess.Popen(argv, env=env, stdout=logf, stderr=subprocess.STDOUT)))
-        for model, part, proc in children:
-            try:
-                proc.wait(timeout=max(1.0, deadline + 15 - time.time()))
-            except subprocess.TimeoutExpired:
-                proc.terminate()  # the child's stack stops what it started on SIGTERM
-                try:
-                    proc.wait(timeout=15)
-                except subprocess.TimeoutExpired:  # inside device_run.sh's timeout: its partial JSON is kept
-                    proc.kill()
-            log(f"{model}: child exited {proc.returncode}")
-        reports = []
-        for model, part, _ in children:
-            if part.exists():
-                reports += read_matrices(part)
-            else:
-                log(f"{model}: no result; see {out / f'share_matrix_{model}.log'}")
-    else:
-        if len(models) > 1:
-            where = f"GPU {args.gpu_index}" if args.device == "gpu" else "this CPU"
-            log(f"{len(found)} GPU(s): the models one after another on {where}")
-        args.out_json = str(final_json)
-        reports = run_models(args, models, deadline)  # prints each table as it is done
+    final_json = out_dir() / f"{stem}.json"
+    args.out_json = str(final_json)
+    reports = run_models(args, models, t0 + args.deadline_s)  # prints each table as it is done
     for r in reports:
         r.info["wall_s"] = round(time.time() - t0, 1)
-        r.info["parallel_gpus"] = len(found) >= len(models) > 1
-    # the children's tables went to their logs; run_models printed its own
-    write_and_print(reports, final_json, final_png, tables=len(found) >= len(models) > 1)
+    write_and_print(reports, final_json, final_json.with_suffix(".png"), tables=False)
     log(f"{time.time() - t0:.0f} s in all")
 
 
@@ -233,7 +191,7 @@ def main(argv=None) -> None:
     ap.add_argument("--rounds", type=int, default=30, help="timing rounds per cell: median and bootstrap 95 %% CI")
     ap.add_argument("--deadline-s", type=float, default=530, help="all done (files written) within this")
     ap.add_argument("--device", choices=["gpu", "cpu"], default="gpu", help="cpu: rehearse the flow on this host")
-    ap.add_argument("--gpu-index", type=int, default=None, help="run here on this GPU (a child, or by hand)")
+    ap.add_argument("--gpu-index", type=int, default=None, help="run on this GPU, to --out-json")
     ap.add_argument("--work-dir", default="/tmp/share_matrix")
     ap.add_argument("--out-json", default=None)
     ap.add_argument("--merge", nargs="*", help="join these JSON files into --out-json (+ PNG) and stop")
@@ -247,7 +205,6 @@ def main(argv=None) -> None:
                     help="this flow on this CPU: --device cpu, lanes of 1 and 2 cores, tiny, 8 trials, 4 a round, "
                          "10 rounds, 2 tunings, unless given; results under $OUT (default /tmp/out)")
     args = ap.parse_args(argv)
-    args.argv = list(sys.argv[1:] if argv is None else argv)
     if args.rehearse:
         rehearsal(args, ap)
     if args.merge:  # the JSON of separate runs (e.g. one call per model on one GPU) joined, with a heatmap
@@ -256,7 +213,7 @@ def main(argv=None) -> None:
         return
     if args.cores and args.device != "cpu":
         ap.error("--cores is for --device cpu")
-    if args.gpu_index is not None:  # a child (or a single run by hand)
+    if args.gpu_index is not None:  # a single run by hand
         args.out_json = args.out_json or str(out_dir() / "share_matrix.json")
         run_models(args, args.models.split(","), time.time() + args.deadline_s)
         return

@@ -257,3 +257,14 @@ def test_valid_evolution_breeds_within_the_limits_from_the_measured_best(tasks, 
     # no tensor-core block here: VerifyGPUCode leaves the replays' chain and checks only the proposals
     assert [type(p).__name__ for p in strategy.verifiers] == ["VerifyGPUCode"]
     assert "VerifyGPUCode" not in [type(p).__name__ for p in strategy.postprocs]
+
+
+def test_a_cold_round_of_tile_draws_replays_little_more_than_it_proposes(tasks, target):
+    """What bench/valid_sampling.py measures, on a conv whose design spaces include software pipelines: a cold
+    round of 32 proposes 32, and TVM's VerifyGPUCode turns down few of the schedules replayed for them (a
+    pipeline's copies uncounted, it turned down half)."""
+    from sharetune.testing.sampling_rounds import cold_round
+
+    row = cold_round(tasks["conv2d1"], target, "tile draws", 32)
+    assert row["valid"] == 32
+    assert row["rejected"].get("VerifyGPUCode", 0) <= 3 and row["drawn"] <= 36, row

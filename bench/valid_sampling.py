@@ -1,0 +1,61 @@
+"""What valid sampling saves in a cold CUDA round, per task: one round of 64 candidates on one thread, three ways
+(sharetune.testing.sampling_rounds.MODES); with --evolution, an evolutionary round after a cold one. Search CPU
+seconds per valid candidate, samples replayed, which postprocessor rejected them. Needs no GPU. A model is a zoo
+or panel name. Protocol and results: docs/time_to_quality.md (Valid first rounds).
+
+    python -m bench.valid_sampling     # bench/results/valid_sampling_cpu.json
+    python -m bench.valid_sampling --evolution --tasks efficientnet-mbconv:conv2d1 --out /tmp/evolution.json
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from bench.harness.common import write_results
+from bench.panel import PANEL, build
+
+DEFAULT_TASKS = ("resnet18:conv2d1,resnet18:conv2d9,transformer:fused_matmul_add,"
+                 "efficientnet-mbconv:conv2d1,efficientnet-mbconv:fused_conv2d3_add1_tir_sigmoid3_multiply3,"
+                 "efficientnet-mbconv:conv2d,regnety-stage:conv2d1,regnety-stage:conv2d6,"
+                 "regnety-stage:fused_conv2d8_add1_tir_sigmoid_multiply,wav2vec2-conv:conv1d1,"
+                 "wav2vec2-conv:conv1d2,vit-s-encoder:fused_matmul_add,vit-s-encoder:matmul2")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--tasks", default=DEFAULT_TASKS, help="comma-separated model:task")
+    ap.add_argument("--candidates", type=int, default=64)
+    ap.add_argument("--arch", default="sm_90")
+    ap.add_argument("--out", default="bench/results/valid_sampling_cpu.json")
+    ap.add_argument("--evolution", action="store_true", help="an evolutionary round, three ways, instead")
+    args = ap.parse_args(argv)
+    from services.measurer.metaschedule.targets import family_target
+    from services.tuner.metaschedule.extract import extract
+    from services.tuner.metaschedule.intrinsics import load_tensor_intrinsics
+    from sharetune.intake import to_relax
+    from sharetune.testing.sampling_rounds import EVOLUTION_MODES, MODES, cold_round, evolution_round
+
+    load_tensor_intrinsics("cuda")  # as a CUDA tuner does before its first TuneContext
+    target = family_target(f"cuda.{args.arch}")
+    modes, one_round = (EVOLUTION_MODES, evolution_round) if args.evolution else (MODES, cold_round)
+    models: dict = {}
+    rows = []
+    print(f"{'task':<58} {'mode':<28} {'valid':>5} {'drawn':>6} {'CPU s':>6} {'s/valid':>8} rejected by")
+    for spec in args.tasks.split(","):
+        model, _, name = spec.partition(":")
+        if model not in models:
+            relax_model = to_relax(*build(model)) if model in PANEL else to_relax(model)
+            models[model] = {t.name: t for t in extract(relax_model.mod, target)}
+        for mode in modes:
+            r = {"model": model, "task": name, **one_round(models[model][name], target, mode, args.candidates)}
+            rows.append(r)
+            print(f"{spec:<58} {mode:<28} {r['valid']:>5} {r['drawn']:>6} {r['search_cpu_s']:>6} "
+                  f"{r['cpu_s_per_valid']:>8} {r['rejected']}", flush=True)
+    write_results({"target": str(target), "candidates": args.candidates, "threads": 1, "modes": list(modes),
+                   "rows": rows}, args.out, "bench.valid_sampling", argv)
+    print("wrote", args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
