@@ -268,3 +268,24 @@ def test_a_cold_round_of_tile_draws_replays_little_more_than_it_proposes(tasks, 
     row = cold_round(tasks["conv2d1"], target, "tile draws", 32)
     assert row["valid"] == 32
     assert row["rejected"].get("VerifyGPUCode", 0) <= 3 and row["drawn"] <= 36, row
+
+
+def test_a_space_that_gave_a_tiling_stays_in_after_an_unlucky_draw():
+    import random
+
+    from services.tuner.metaschedule.sampling import SpaceDraws, TileLimits, _Tile
+
+    class Unlucky(TileLimits):
+        """Gives a tiling, then comes back empty once, then gives again."""
+
+        def __init__(self):
+            super().__init__(tiles=[_Tile(inst=None, extent=4, n=2, max_innermost=0)])
+            self.answers = [True, False, True]
+
+        def draw(self, rng):
+            return ([[2, 2]] if self.answers.pop(0) else None), 5
+
+    draws = SpaceDraws([Unlucky()])
+    rng = random.Random(1)
+    assert draws.draw(rng) == (0, [[2, 2]])
+    assert draws.draw(rng) == (0, [[2, 2]]) and draws.dry == set() and draws.drawn == 15

@@ -108,24 +108,30 @@ class TileLimits:
 
 class SpaceDraws:
     """Tile draws over a task's design spaces: a space picked at random, a tiling within its limits drawn. A space
-    whose draw finds none in MAX_DRAWS tries (e.g. a software-pipelined space of a depthwise 3x3 conv, whose outer
-    reduction loop cannot reach 2 within the shared memory) is left out of later draws, so its slots go to the
-    spaces that have valid schedules."""
+    whose draws have found none (e.g. a software-pipelined space of a depthwise 3x3 conv, whose outer reduction
+    loop cannot reach 2 within the shared memory) is left out of later draws once MAX_DRAWS tries come back
+    empty, so its slots go to the spaces that have valid schedules; a space that has given one stays in."""
 
     def __init__(self, limits: list[TileLimits]):
         self.limits = limits
         self.dry: set[int] = set()
+        self.fertile: set[int] = set()
         self.drawn = 0  # decision vectors drawn in all
 
     def draw(self, rng: random.Random) -> tuple[int, list[list[int]]] | None:
-        """(a space's index, a tiling within its limits), or None once no space has one."""
-        while len(self.dry) < len(self.limits):
-            s = rng.choice([i for i in range(len(self.limits)) if i not in self.dry])
+        """(a space's index, a tiling within its limits), or None when no space gave one (a few spaces' tries)."""
+        for _ in range(2 * len(self.limits)):
+            open_ = [i for i in range(len(self.limits)) if i not in self.dry]
+            if not open_:
+                break
+            s = rng.choice(open_)
             tiling, tries = self.limits[s].draw(rng)
             self.drawn += tries
             if tiling is not None:
+                self.fertile.add(s)
                 return s, tiling
-            self.dry.add(s)
+            if s not in self.fertile:
+                self.dry.add(s)
         return None
 
 
