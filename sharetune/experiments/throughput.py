@@ -11,6 +11,8 @@ import re
 import statistics
 from pathlib import Path
 
+from shared.messages import JobState
+
 ROLES = ("tuner", "builder", "lane", "updater", "other")  # a stack's processes, as the timeline groups them
 
 
@@ -226,7 +228,7 @@ def summarise(result: dict) -> dict:
 def pipeline_summary(result: dict) -> dict:
     """The worst model's and configuration's figures of the pipeline goals, and the multi-job run against
     the same models one after another on one 100 % lane."""
-    rows = [row for row in result["rows"] if row.get("timing") != "uniform" and row.get("state") == "done"]
+    rows = [row for row in result["rows"] if row.get("timing") != "uniform" and row.get("state") == JobState.DONE]
     stocks = result.get("stocks") or {}
     vs = [(row["trials_per_min"] / stocks[row["model"]]["trials_per_min"], f"{row['config']}/{row['model']}")
           for row in rows if row["model"] in stocks and stocks[row["model"]].get("trials_per_min")]
