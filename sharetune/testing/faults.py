@@ -326,7 +326,7 @@ def fault_rows(rows_path, outcomes: dict[str, str]) -> list[dict]:
 def fault_table(rows: list[dict]) -> str:
     """The CPU fault benchmark's rows as the table it prints."""
     lines = [f"{'scenario':62} {'done':>4} {'lost':>4} {'respent':>7} {'recovery_s':>10}"]
-    for r in rows:
-        lines.append(f"{r['scenario'][:62]:62} {str(r.get('jobs_completed')):>4} {r['candidates_lost']:>4} "
-                     f"{r['trials_respent']:>7} {str(r.get('recovery_s')):>10}")
+    for row in rows:
+        lines.append(f"{row['scenario'][:62]:62} {str(row.get('jobs_completed')):>4} {row['candidates_lost']:>4} "
+                     f"{row['trials_respent']:>7} {str(row.get('recovery_s')):>10}")
     return "\n".join(lines)
