@@ -289,3 +289,24 @@ def test_a_space_that_gave_a_tiling_stays_in_after_an_unlucky_draw():
     rng = random.Random(1)
     assert draws.draw(rng) == (0, [[2, 2]])
     assert draws.draw(rng) == (0, [[2, 2]]) and draws.dry == set() and draws.drawn == 15
+
+
+@pytest.mark.parametrize("name", ["conv2d1", "depthwise_conv"])
+def test_a_batch_of_draws_is_judged_as_one_by_one(tasks, target, name):
+    """Tile draws are made a batch at a time as arrays: each is a perfect tiling, and the batch's verdicts are
+    `fits`'s, draw by draw."""
+    import numpy as np
+
+    from services.tuner.metaschedule.sampling import TileLimits, _perfect_tiles
+
+    task = tasks[name]
+    ctx = tune_context(task.mod, target, task.name, cold=True, population=64, rand_state=1, num_threads=1)
+    for s, space in enumerate(ctx.generate_design_space()):
+        limits = TileLimits.of(space.trace, task.mod, int(target.attrs["max_shared_memory_per_block"]))
+        tilings = [_perfect_tiles(np.random.default_rng(s), t, 3000) for t in limits.tiles]
+        assert all((tiles.prod(axis=1) == t.extent).all() for tiles, t in zip(tilings, limits.tiles))
+        assert all((tiles[:, -1] <= t.max_innermost).all() for tiles, t in zip(tilings, limits.tiles)
+                   if t.max_innermost > 0)
+        verdicts = limits.fitting(tilings)
+        assert verdicts.tolist() == [limits.fits([tiles[j].tolist() for tiles in tilings]) for j in range(3000)]
+        assert not verdicts.all()  # random tilings break the limits

@@ -14,11 +14,13 @@ is what replay-trace would accept; tests/test_validity.py asserts that on sample
 """
 from __future__ import annotations
 
+import functools
 import math
 import random
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
+import numpy as np
 import tvm
 import tvm_ffi
 from tvm.ir.utils import derived_object
@@ -31,6 +33,8 @@ _LOW, _HIGH = "meta_schedule.thread_extent_low_inclusive", "meta_schedule.thread
 # draws of decision vectors per candidate before a slot is given up (replay-trace gives up after 100 replays;
 # a rejected draw here costs microseconds)
 MAX_DRAWS = 2000
+# decision vectors a tile draw makes at once
+DRAW_BATCH = 128
 # replays per candidate slot before it is given up, as replay-trace's max_fail_count
 MAX_REPLAYS = 100
 
@@ -86,12 +90,33 @@ class TileLimits:
 
     def draw(self, rng: random.Random) -> tuple[list[list[int]] | None, int]:
         """(perfect tilings of every tile instruction within the limits, or None after MAX_DRAWS tries; the
-        tries)."""
-        for tries in range(1, MAX_DRAWS + 1):
-            tiling = [perfect_tile(rng, t.extent, t.n, t.max_innermost) for t in self.tiles]
-            if self.fits(tiling):
-                return tiling, tries
+        tries). Drawn DRAW_BATCH at a time (then twice as many each time) as arrays (a depthwise conv's space needs ~300 draws for one within
+        its limits: one by one in Python they cost as much CPU as the replays); the first that fits is taken,
+        so the tilings come as one by one."""
+        gen = np.random.default_rng(rng.getrandbits(64))
+        tries, batch = 0, DRAW_BATCH
+        while tries < MAX_DRAWS:
+            k = min(batch, MAX_DRAWS - tries)
+            batch *= 2  # a space whose draws rarely fit is drawn in larger batches
+            tilings = [_perfect_tiles(gen, t, k) for t in self.tiles]
+            hits = np.flatnonzero(self.fitting(tilings))
+            if hits.size:
+                j = int(hits[0])
+                return [tiles[j].tolist() for tiles in tilings], tries + j + 1
+            tries += k
         return None, MAX_DRAWS
+
+    def fitting(self, tilings: list[np.ndarray]) -> np.ndarray:
+        """`fits` over a batch: tilings[i] holds tile i's factors, one row a draw; a bool a draw."""
+        ok = np.ones(len(tilings[0]) if tilings else 0, dtype=bool)
+        for low, high, factors in self.bounds:
+            threads = _product(tilings, factors)
+            ok &= (threads >= low) & (threads <= high)
+        for terms in self.shared:
+            ok &= sum(_bytes_batch(term, tilings) for term in terms) <= self.max_shared
+        for factors in self.pipelined:
+            ok &= _product(tilings, factors) >= 2
+        return ok
 
     def fits(self, tiling: list[list[int]]) -> bool:
         for low, high, factors in self.bounds:
@@ -133,6 +158,41 @@ class SpaceDraws:
             if s not in self.fertile:
                 self.dry.add(s)
         return None
+
+
+def _product(tilings: list[np.ndarray], factors) -> np.ndarray:
+    out = np.ones(len(tilings[0]), dtype=np.int64)
+    for i, p in factors:
+        out = out * tilings[i][:, p]
+    return out
+
+
+def _bytes_batch(term: _SharedTerm, tilings: list[np.ndarray]) -> np.ndarray:
+    """_bytes over a batch of draws."""
+    size, dims = term
+    out = np.full(len(tilings[0]), size, dtype=np.int64)
+    for clip, own, parts in dims:
+        span = np.full(len(tilings[0]), own, dtype=np.int64)
+        for c, fs, k in parts:
+            span = span + c * ((_product(tilings, fs) - 1) // k)
+        out = out * np.minimum(clip, span)
+    return out
+
+
+def _perfect_tiles(gen: np.random.Generator, tile: _Tile, k: int) -> np.ndarray:
+    """k draws of perfect_tile for one tile instruction, a row each, as SamplePerfectTile draws them."""
+    divisors = np.array(_divisors(tile.extent, tile.extent if tile.max_innermost <= 0 else tile.max_innermost))
+    out = np.ones((k, tile.n), dtype=np.int64)
+    inner = divisors[gen.integers(len(divisors), size=k)]
+    out[:, -1] = inner
+    if tile.n < 2:
+        out[:, 0] *= tile.extent // inner
+        return out
+    for d in np.unique(inner):
+        rows = np.flatnonzero(inner == d)
+        for p in prime_factors(tile.extent // int(d)):
+            np.multiply.at(out, (rows, gen.integers(tile.n - 1, size=rows.size)), p)
+    return out
 
 
 def _bytes(term: _SharedTerm, tiling) -> int:
@@ -356,7 +416,9 @@ def _realize(mod, name: str) -> SBlockRealize | None:
     return None
 
 
-def prime_factors(n: int) -> list[int]:
+@functools.lru_cache(maxsize=4096)
+def prime_factors(n: int) -> tuple[int, ...]:
+    """n's prime factors with repeats, smallest first (kept: a draw asks for the same few extents again and again)."""
     out, p = [], 2
     while p * p <= n:
         while n % p == 0:
@@ -365,14 +427,18 @@ def prime_factors(n: int) -> list[int]:
         p += 1
     if n > 1:
         out.append(n)
-    return out
+    return tuple(out)
+
+
+@functools.lru_cache(maxsize=4096)
+def _divisors(extent: int, limit: int) -> tuple[int, ...]:
+    return tuple(d for d in range(1, min(extent, limit) + 1) if extent % d == 0)
 
 
 def perfect_tile(rng: random.Random, extent: int, n: int, max_innermost: int) -> list[int]:
     """n factors whose product is `extent`, the innermost at most `max_innermost` (as SamplePerfectTile draws:
     the innermost among the small enough divisors, each prime factor of the rest at a random outer position)."""
-    limit = extent if max_innermost <= 0 else max_innermost
-    inner = rng.choice([d for d in range(1, min(extent, limit) + 1) if extent % d == 0])
+    inner = rng.choice(_divisors(extent, extent if max_innermost <= 0 else max_innermost))
     out = [1] * n
     out[-1] = inner
     for p in prime_factors(extent // inner):
