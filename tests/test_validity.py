@@ -178,6 +178,7 @@ def test_a_space_without_a_tiling_within_its_limits_is_left_out_of_later_draws()
     got = [draws.draw(rng) for _ in range(20)]
     assert all(s == 1 for s, _ in got) and draws.dry == {0, 2}
     assert SpaceDraws([shut]).draw(rng) is None
+    assert SpaceDraws([TileLimits()]).draw(rng) == (0, [])  # a space with no tiling to draw is never dry
 
 
 def test_valid_replay_proposes_only_schedules_tvm_accepts(tasks, target):

@@ -90,9 +90,11 @@ class TileLimits:
 
     def draw(self, rng: random.Random) -> tuple[list[list[int]] | None, int]:
         """(perfect tilings of every tile instruction within the limits, or None after MAX_DRAWS tries; the
-        tries). Drawn DRAW_BATCH at a time (then twice as many each time) as arrays (a depthwise conv's space needs ~300 draws for one within
-        its limits: one by one in Python they cost as much CPU as the replays); the first that fits is taken,
-        so the tilings come as one by one."""
+        tries). Drawn as arrays, DRAW_BATCH at a time and twice as many each time after (a depthwise conv's space
+        needs ~300 draws for one within its limits: one by one in Python they cost as much CPU as the replays);
+        the first that fits is taken, so the tilings come as they would one by one."""
+        if not self.tiles:
+            return [], 1  # nothing to draw: the space's one tiling
         gen = np.random.default_rng(rng.getrandbits(64))
         tries, batch = 0, DRAW_BATCH
         while tries < MAX_DRAWS:
