@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from sharetune.experiments.time_to_quality import latency_curve, summarise_model, time_to_reach, untuned_estimate
+from sharetune.experiments.time_to_quality import (heaviest_task_landed, latency_curve, summarise_model, time_to_reach,
+                                                   untuned_estimate)
 
 
 def test_the_estimate_counts_an_unmeasured_task_at_its_default_and_only_improvements():
@@ -70,3 +71,11 @@ def test_each_panel_model_builds_into_6_to_15_cuda_tasks(name):
     module, inputs = build(name)
     tasks = extract(to_relax(module, inputs).mod, family_target("cuda.sm_90"))
     assert 6 <= len(tasks) <= 15
+
+
+def test_the_heaviest_task_lands_at_its_first_fully_timed_record():
+    weights, defaults = {"dw": 1, "bn": 4, "pw": 1}, {"dw": 31e-6, "bn": 3.5e-6, "pw": 12e-6}
+    events = [(2.0, "pw", 9e-6), (5.0, "dw", None), (9.5, "dw", 20e-6), (12.0, "dw", 18e-6)]
+    assert heaviest_task_landed(events, weights, defaults) == ("dw", 9.5)  # a brief timing does not count
+    assert heaviest_task_landed(events, {"dw": 1, "bn": 10, "pw": 1}, defaults) == ("bn", None)  # 35 us, none yet
+    assert heaviest_task_landed(events, weights, {}) == (None, None)

@@ -49,6 +49,17 @@ def time_to_reach(curve: list, target: float) -> tuple[float | None, int | None]
     return None, None
 
 
+def heaviest_task_landed(events: list, weights: dict[str, int], defaults: dict[str, float]) -> tuple[str | None,
+                                                                                                    float | None]:
+    """(the task costing the untuned model most, weight x default seconds; the time of its first fully timed
+    record, None if none came): when the part of the latency the user waits on most starts to fall."""
+    costs = {name: weights.get(name, 1) * d for name, d in defaults.items() if d}
+    if not costs:
+        return None, None
+    heaviest = max(costs, key=lambda name: costs[name])
+    return heaviest, next((t for t, name, secs in events if name == heaviest and secs is not None), None)
+
+
 def summarise_model(row: dict) -> None:
     """The curves from the events, and the figures the issue asks for."""
     cold, warm, stock = row.get("cold"), row.get("warm"), row.get("stock")
@@ -71,6 +82,10 @@ def summarise_model(row: dict) -> None:
                 s[f"{k}_time_to_stock_latency_s"] = t
                 s[f"{k}_trials_to_stock_latency"] = n
                 s[f"{k}_time_to_stock_latency_ratio"] = round(t / stock["wall_s"], 4) if t is not None else None
+    for k in ("cold", "warm"):
+        if k in curves and defaults:
+            s["heaviest_task"], landed = heaviest_task_landed([tuple(e) for e in row[k]["events"]], weights, defaults)
+            s[f"{k}_heaviest_task_landed_s"] = round(landed, 2) if landed is not None else None
     if "cold" in curves and "warm" in curves:
         t, n = time_to_reach(curves["warm"], curves["cold"][-1][2])
         s["warm_time_to_cold_latency_s"] = t
