@@ -109,7 +109,8 @@ class TileLimits:
         return None, MAX_DRAWS
 
     def fitting(self, tilings: list[np.ndarray]) -> np.ndarray:
-        """`fits` over a batch: tilings[i] holds tile i's factors, one row a draw; a bool a draw."""
+        """Which draws of a batch are within the limits (the thread bounds, the shared memory, the pipelined loops'
+        extents): tilings[i] holds tile i's factors, one row a draw; a bool a draw."""
         ok = np.ones(len(tilings[0]) if tilings else 0, dtype=bool)
         for low, high, factors in self.bounds:
             threads = _product(tilings, factors)
@@ -121,16 +122,8 @@ class TileLimits:
         return ok
 
     def fits(self, tiling: list[list[int]]) -> bool:
-        for low, high, factors in self.bounds:
-            if not low <= math.prod(tiling[i][p] for i, p in factors) <= high:
-                return False
-        for terms in self.shared:
-            if sum(_bytes(term, tiling) for term in terms) > self.max_shared:
-                return False
-        for factors in self.pipelined:
-            if math.prod(tiling[i][p] for i, p in factors) < 2:
-                return False
-        return True
+        """Whether one tiling (a list of factors per tile instruction) is within the limits (`fitting`'s rules)."""
+        return bool(self.fitting([np.array([factors], dtype=np.int64) for factors in tiling])[0]) if tiling else True
 
 
 class SpaceDraws:
@@ -170,7 +163,8 @@ def _product(tilings: list[np.ndarray], factors) -> np.ndarray:
 
 
 def _bytes_batch(term: _SharedTerm, tilings: list[np.ndarray]) -> np.ndarray:
-    """_bytes over a batch of draws."""
+    """A shared buffer's bytes for each draw of a batch: per dimension, its own extent plus each index term's
+    span (`_index_parts`), clipped to the dimension's size."""
     size, dims = term
     out = np.full(len(tilings[0]), size, dtype=np.int64)
     for clip, own, parts in dims:
@@ -195,13 +189,6 @@ def _perfect_tiles(gen: np.random.Generator, tile: _Tile, k: int) -> np.ndarray:
         for p in prime_factors(tile.extent // int(d)):
             np.multiply.at(out, (rows, gen.integers(tile.n - 1, size=rows.size)), p)
     return out
-
-
-def _bytes(term: _SharedTerm, tiling) -> int:
-    size, dims = term
-    for clip, own, parts in dims:
-        size *= min(clip, own + sum(c * ((math.prod(tiling[i][p] for i, p in fs) - 1) // k) for c, fs, k in parts))
-    return size
 
 
 class _Dataflow:
