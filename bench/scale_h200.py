@@ -118,7 +118,7 @@ def run_config(args, name: str, spec: tuple, gpus: list, work: Path, model: str)
         if final.get("state") == "done":
             res = job.result()
             row["tuned_module"] = res.tuned_module_path
-            row["split_s"] = res.time_split_s
+            row["split_s"], row["timing_spread"] = res.time_split_s, res.timing_spread
             row["full_timing_of_bests"] = res.retime.get("full_timing_of_bests")
         row["exported_trials"] = export_job_records(stack.redis_url, job.job_id, work / key / "records_db")
     return row

@@ -126,7 +126,7 @@ def run_service(args, model: str, work: Path, store_from: Path | None = None) ->
         if final.get("state") == "done":
             res = job.result()
             row.update(tuned_module=res.tuned_module_path, untuned_module=res.untuned_module_path,
-                       database_dir=res.database_dir, split_s=res.time_split_s)
+                       database_dir=res.database_dir, split_s=res.time_split_s, timing_spread=res.timing_spread)
         row["exported_trials"] = export_job_records(stack.redis_url, job.job_id, work / "records_db")
     return row
 

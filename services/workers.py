@@ -20,7 +20,12 @@ def worker_argv(app_module: str, queue: str, name: str, loglevel: str = "INFO",
 
 
 def exec_worker(app_module: str, queue: str, name: str, loglevel: str = "INFO",
-                env: dict[str, str] | None = None) -> None:
-    """Replace this process with the worker (same pid: a claim or liveness key made before stays right)."""
+                env: dict[str, str] | None = None, batch_priority: str | None = None) -> None:
+    """Replace this process with the worker (same pid: a claim or liveness key made before stays right); a batch
+    role (not a lane) gives its `batch_priority` first."""
+    if batch_priority is not None:
+        from shared.cpu_priority import yield_cpu
+
+        yield_cpu(batch_priority)
     argv = worker_argv(app_module, queue, name, loglevel)
     os.execve(argv[0], argv, dict(os.environ) if env is None else env)

@@ -10,6 +10,25 @@ def rank_secs(run_secs) -> float:
     return float(statistics.median(float(getattr(s, "value", s)) for s in run_secs))
 
 
+def repeat_spread(run_secs) -> float | None:
+    """(max - min) / median of one timing's repeats; None with fewer than two. A lane preempted while it times
+    a kernel of a few microseconds counts the wait as the kernel's time: the spread widens."""
+    if not run_secs or len(run_secs) < 2:
+        return None
+    secs = [float(getattr(s, "value", s)) for s in run_secs]
+    mid = statistics.median(secs)
+    return (max(secs) - min(secs)) / mid if mid > 0 else None
+
+
+def spread_summary(spreads: list[float]) -> dict[str, float]:
+    """How many timings, and the median and 90th percentile of their repeats' spreads ({} for none)."""
+    if not spreads:
+        return {}
+    ranked = sorted(spreads)
+    return {"timings": len(ranked), "p50": round(ranked[len(ranked) // 2], 4),
+            "p90": round(ranked[min(len(ranked) - 1, int(0.9 * len(ranked)))], 4)}
+
+
 def default_secs(timing) -> float | None:
     """A workload's default-schedule seconds from its DefaultTiming (None: not timed, or it failed)."""
     return rank_secs(timing.run_secs) if timing is not None and timing.error is None and timing.run_secs else None

@@ -26,6 +26,11 @@ class CommonSettings(BaseSettings):
     # how long a service's Redis operation (and a message it sends) waits for a Redis that is away before it
     # gives up; work that gives up is not failed but left to its lease, and sent again once Redis is back
     redis_outage_s: float = Field(default=600.0, ge=1.0)
+    # the CPU priority of every worker that is not a lane (builders and their pools, tuner clients, planner,
+    # updater): "idle" (Linux's SCHED_IDLE: they run on the CPU the lanes leave; "low" where the OS has none),
+    # "low" (nice 19) or "normal". A lane launches each kernel it times from the CPU: preempted by a build, it
+    # counts the wait as the kernel's time (docs/benchmarks.md, "Timing on a busy host")
+    batch_priority: Literal["idle", "low", "normal"] = "idle"
 
     def given(self, name: str) -> Any:
         """The field's value where the environment (or the caller) gave it, else None: for a setting whose

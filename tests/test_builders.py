@@ -68,6 +68,10 @@ def _records(r, job):
 def test_a_builder_on_its_own_builds_for_the_cpu_lanes(builder, client, redis_conn, lane_share):
     proc, info = builder
     assert info.family == lanes.target_family(client.lanes()[0].target)
+    if hasattr(os, "SCHED_IDLE"):  # it builds on the CPU the lanes leave (CommonSettings.batch_priority)
+        from shared.cpu_priority import current
+
+        assert current(proc.pid) == "idle"
     job = client.submit("tiny", target="llvm", share=lane_share, trials=12, trials_per_iter=6, seed=3)
     assert job.wait(timeout_s=600)["state"] == "done"
     recs = _records(redis_conn, job)

@@ -31,7 +31,8 @@ def main(argv=None) -> None:
     ap.add_argument("--cores", help="CPU cores to run on, e.g. 16-31 (builders)")
     args = ap.parse_args(argv)
     if args.builder:
-        return exec_builder(args.builder, args.cores, args.loglevel, settings.builder_hide_gpus)
+        return exec_builder(args.builder, args.cores, args.loglevel, settings.builder_hide_gpus,
+                            settings.batch_priority)
     from shared.errors import SharetuneError
 
     claim = None
@@ -53,7 +54,8 @@ def main(argv=None) -> None:
     exec_worker("services.measurer.tasks", lane.queue, f"lane.{lane.queue}", args.loglevel, env)
 
 
-def exec_builder(family: str, cores: str | None, loglevel: str, hide_gpus: bool = True) -> None:
+def exec_builder(family: str, cores: str | None, loglevel: str, hide_gpus: bool = True,
+                 batch_priority: str = "idle") -> None:
     from shared.names import build_queue, check_family
     from services.measurer.lane_pool import builder_environment, parse_cores
 
@@ -68,7 +70,7 @@ def exec_builder(family: str, cores: str | None, loglevel: str, hide_gpus: bool 
     except (ValueError, OSError) as err:
         sys.exit(f"measurer: {err}")
     env = dict(os.environ, **builder_environment(family, hide_gpus), SHARETUNE_BUILDER_FAMILY=family)
-    exec_worker("services.measurer.tasks", queue, f"builder.{family}", loglevel, env)
+    exec_worker("services.measurer.tasks", queue, f"builder.{family}", loglevel, env, batch_priority)
 
 
 def claim_lane(gpu_uuid: str | None, settings: LaneSettings) -> tuple[lanes.Lane, str]:

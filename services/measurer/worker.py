@@ -76,7 +76,7 @@ class LaneWorker:
         if s.lane_claim:  # before the warm-up, which may outlast the claim's TTL
             threading.Thread(target=self.keep_claim, name="lane-claim", daemon=True).start()
         if s.build_workers > 0:  # spawned before this process touches CUDA
-            self.pool = evaluate.BuildPool(s.build_workers, s.builder_hide_gpus, options_from(s))
+            self.pool = evaluate.BuildPool(s.build_workers, s.builder_hide_gpus, options_from(s), s.batch_priority)
         if kind.mps:
             from services.measurer.gpu.daemon import MpsDaemon
 

@@ -172,6 +172,7 @@ def finish_job(send, redis, job_id: str, settings: TunerSettings) -> JobResult:
     compile_s = time.time() - t_compile
     bests = task_bests(redis, tasks, store.job_progress(redis, job_id))
     accounting = store.trial_accounting(redis, job_id)
+    timings, spread = timing_counts(redis, job_id, tasks)
     result = JobResult(
         job_id=job_id,
         tasks=bests,
@@ -184,7 +185,8 @@ def finish_job(send, redis, job_id: str, settings: TunerSettings) -> JobResult:
         time_split_s=job_times(redis, job_id, t_compile, compile_s),
         retime=retime,
         lanes=lane_utilisation(store.lane_batches(redis, job_id)),
-        timings=timing_counts(redis, job_id, tasks),
+        timings=timings,
+        timing_spread=spread,
         accounting=TrialAccounting(**accounting) if accounting else None,
     )
     store.set_result(redis, result)
@@ -228,14 +230,21 @@ def compile_job(redis, job_id: str, spec: JobSpec, target, tasks: list[JobTask],
     return CompiledJob(tuned, untuned, db_dir)
 
 
-def timing_counts(redis, job_id: str, tasks: list[JobTask]) -> dict[str, int]:
-    """The job's valid records by the timing they got (full, brief)."""
+def timing_counts(redis, job_id: str, tasks: list[JobTask]) -> tuple[dict[str, int], dict[str, float]]:
+    """The job's valid records by the timing they got (full, brief), and the spread of the full timings'
+    repeats as the search measured them (a record re-timed later keeps those in shared_run_secs)."""
+    from shared.ranking import repeat_spread, spread_summary
+
     timings = {"full": 0, "brief": 0}
+    spreads = []
     for t in tasks:
         for rec in store.records(redis, t.wkey):
             if rec.job_id == job_id and store.valid_record(rec):
                 timings[rec.timing] += 1
-    return timings
+                spread = repeat_spread(rec.shared_run_secs or rec.run_secs) if rec.timing == "full" else None
+                if spread is not None:
+                    spreads.append(spread)
+    return timings, spread_summary(spreads)
 
 
 def task_bests(redis, tasks: list[JobTask], progress: dict) -> list[TaskBest]:

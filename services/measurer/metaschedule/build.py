@@ -91,15 +91,18 @@ def warm_up_builder(family: str) -> float:
     return time.perf_counter() - t0
 
 
-def init_build_process(hide_gpus: bool = True, compile_options: CompileOptions = CompileOptions()) -> None:
-    """A build process of a lane's pool, as its lane's settings say (LaneSettings.builder_hide_gpus and
-    cuda_compile): with GPUs hidden (set before anything initialises CUDA here) it never becomes a client of
-    its lane's MPS server, so a GPU fault's recovery need not find it."""
+def init_build_process(hide_gpus: bool = True, compile_options: CompileOptions = CompileOptions(),
+                       batch_priority: str = "idle") -> None:
+    """A build process of a lane's pool, as its lane's settings say (LaneSettings.builder_hide_gpus,
+    cuda_compile, batch_priority): with GPUs hidden (set before anything initialises CUDA here) it never becomes a
+    client of its lane's MPS server, so a GPU fault's recovery need not find it; it gives way to its lane's timing."""
     import os
 
     from services.measurer.lane_pool import builder_environment
     from services.measurer.metaschedule import cuda_compile
+    from shared.cpu_priority import yield_cpu
 
+    yield_cpu(batch_priority)
     os.environ.update(builder_environment("", hide_gpus))
     cuda_compile.configure(compile_options)
     import tvm  # noqa: F401

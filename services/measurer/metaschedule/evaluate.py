@@ -79,8 +79,10 @@ def _discard_built(fut) -> None:
 
 
 class BuildPool:
-    def __init__(self, workers: int, hide_gpus: bool = True, compile_options: CompileOptions = CompileOptions()):
-        """`workers` build processes, each with GPUs hidden unless told otherwise, compiling CUDA in that mode."""
+    def __init__(self, workers: int, hide_gpus: bool = True, compile_options: CompileOptions = CompileOptions(),
+                 batch_priority: str = "idle"):
+        """`workers` build processes, each with GPUs hidden unless told otherwise, compiling CUDA in that mode,
+        at that CPU priority."""
         import multiprocessing
         import tempfile
         from concurrent.futures import ProcessPoolExecutor
@@ -89,7 +91,7 @@ class BuildPool:
         self.out_dir = tempfile.mkdtemp(prefix="sharetune-builds-")
         self._ctx = multiprocessing.get_context("spawn")
         self._make = lambda: ProcessPoolExecutor(workers, mp_context=self._ctx, initializer=init_build_process,
-                                                 initargs=(hide_gpus, compile_options))
+                                                 initargs=(hide_gpus, compile_options, batch_priority))
         self.pool = self._make()
         self._warming: list = []
 

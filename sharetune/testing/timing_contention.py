@@ -1,0 +1,144 @@
+"""A lane's timing on a host busy with builds, at each CommonSettings.batch_priority of the builds.
+
+The timer does what a lane does for a candidate: TVM's time_evaluator, 3 repeats of at least 50 ms (a GPU lane's
+TimingConfig), then a short pause for the next one. Here the kernel is a small CPU kernel, so the timer's thread
+is busy through each repeat, as a GPU lane's thread is while it launches kernels of a few microseconds back to
+back. Beside it, build processes (twice the host's cores, as 16 builders and 4 tuner clients on 16 cores)
+compile sampled CUDA candidates of a panel convolution again and again (TVM's lowering and NVRTC, what a
+builder does; no GPU needed), at the priority under test. Per priority: the spread of each timing's repeats
+((max - min) / median, shared.ranking.repeat_spread), how far its median sits above the quiet host's, and the
+builds a minute. `python -m bench.timing_contention` runs it (bench/results/timing_contention_cpu.json)."""
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import os
+import statistics
+import time
+
+from shared.cpu_priority import PRIORITIES, current, yield_cpu
+from shared.ranking import repeat_spread, spread_summary
+
+
+def sampled_candidates(relax_model, task: str, count: int) -> list[str]:
+    """`count` sampled schedules of a model's task on sm_90, packed as a builder receives them."""
+    from tvm.s_tir import meta_schedule as ms
+
+    from services.measurer.metaschedule.candidate_codec import dump_ir
+    from services.measurer.metaschedule.targets import family_target
+    from services.tuner.metaschedule import validity
+    from services.tuner.metaschedule.extract import extract
+    from services.tuner.metaschedule.intrinsics import load_tensor_intrinsics
+    from services.tuner.metaschedule.sampling import ValidReplay
+
+    load_tensor_intrinsics("cuda")
+    target = family_target("cuda.sm_90")
+    found = {t.name: t for t in extract(relax_model.mod, target)}[task]
+    ctx = ms.TuneContext(mod=found.mod, target=target, task_name=found.name, rand_state=1, num_threads=1,
+                         space_generator=ms.space_generator.PostOrderApply(postprocs=validity.cuda_postprocs(target)),
+                         search_strategy=ValidReplay(seed=1, threads=1))
+    ctx.pre_tuning(count, count, ctx.generate_design_space(), ms.database.MemoryDatabase(),
+                   ms.cost_model.RandomModel())
+    return [dump_ir(c.sch.mod) for c in ctx.generate_measure_candidates() or []]
+
+
+def build_loop(priority: str, candidates: list[str], stop, built) -> None:
+    """A build process: its priority given first (as a builder's entry point does), then builds until `stop`."""
+    yield_cpu(priority)
+    from services.measurer.metaschedule import cuda_compile
+    from services.measurer.metaschedule.build import build
+    from services.measurer.metaschedule.candidate_codec import load_ir
+    from services.measurer.metaschedule.targets import family_target
+
+    cuda_compile.configure(cuda_compile.CompileOptions(cache_mb=0))  # every build compiles, as a new candidate does
+    target = family_target("cuda.sm_90")
+    i = 0
+    while not stop.is_set():
+        source = build(load_ir(candidates[i % len(candidates)]), target).imports[0].inspect_source()
+        try:
+            cuda_compile.compile_source(source, "sm_90")
+        except (RuntimeError, cuda_compile.CompileLimitExceeded):
+            pass
+        with built.get_lock():
+            built.value += 1
+        i += 1
+
+
+def timer():
+    """A small CPU kernel and its evaluator: 3 repeats of at least 50 ms, as a GPU lane times a candidate."""
+    import numpy as np
+    import tvm
+    from tvm import te
+
+    a = te.placeholder((4096,), name="a")
+    b = te.compute((4096,), lambda i: a[i] * 2.0 + 1.0, name="b")
+    f = tvm.build(tvm.IRModule({"main": te.create_prim_func([a, b])}), target="llvm")
+    dev = tvm.cpu()
+    x, y = (tvm.runtime.tensor(np.zeros(4096, "float32"), dev) for _ in range(2))
+    evaluate = f.time_evaluator("main", dev, number=100, repeat=3, min_repeat_ms=50)
+    return lambda: evaluate(x, y).results
+
+
+def run(priority: str | None, builders: int, candidates: list[str], timings: int, settle_s: float) -> dict:
+    """`timings` timings beside `builders` build processes at `priority` (None: a quiet host), once they have
+    built twice their number (or `settle_s` has passed)."""
+    ctx = multiprocessing.get_context("spawn")
+    stop, built = ctx.Event(), ctx.Value("i", 0)
+    procs = [ctx.Process(target=build_loop, args=(priority, candidates, stop, built)) for _ in range(builders)] \
+        if priority else []
+    for p in procs:
+        p.start()
+    try:
+        deadline = time.time() + settle_s  # the builders past their imports and first compiles
+        while procs and built.value < 2 * len(procs) and time.time() < deadline:
+            time.sleep(0.5)
+        got = [current(p.pid) for p in procs if p.is_alive()]
+        time_it = timer()
+        n0, t0 = built.value, time.time()
+        results = []
+        for _ in range(timings):
+            results.append(time_it())
+            time.sleep(0.05)  # the lane between candidates: loads the next, reports the last
+        minutes = (time.time() - t0) / 60
+        n = built.value - n0
+    finally:
+        stop.set()
+        for p in procs:
+            p.join(30)
+            if p.is_alive():
+                p.kill()
+    return {"priority": priority or "quiet host", "builders": len(procs), "builder_priorities": sorted(set(got)),
+            "timings": len(results), "spread": spread_summary([repeat_spread(r) for r in results]),
+            "spread_max": round(max(repeat_spread(r) for r in results), 4),
+            "median_s": statistics.median(statistics.median(r) for r in results),
+            "builds_per_min": round(n / minutes, 1) if procs else None}
+
+
+def main(build_model, write_results, argv=None) -> int:
+    """The bench: `build_model(name)` gives a panel model's (module, inputs), `write_results` writes the JSON."""
+    from sharetune.intake import to_relax
+
+    ap = argparse.ArgumentParser(prog="python -m bench.timing_contention")
+    ap.add_argument("--builders", type=int, default=2 * (os.cpu_count() or 1))
+    ap.add_argument("--timings", type=int, default=60)
+    ap.add_argument("--task", default="efficientnet-mbconv:conv2d1", help="model:task whose candidates are built")
+    ap.add_argument("--candidates", type=int, default=16)
+    ap.add_argument("--settle-s", type=float, default=180.0, help="at most this long for the builders to start")
+    ap.add_argument("--priorities", default=",".join(PRIORITIES))
+    ap.add_argument("--out", default="bench/results/timing_contention_cpu.json")
+    args = ap.parse_args(argv)
+    model, _, task = args.task.partition(":")
+    candidates = sampled_candidates(to_relax(*build_model(model)), task, args.candidates)
+    rows = [run(None, 0, candidates, args.timings, 0)]
+    for priority in args.priorities.split(","):
+        rows.append(run(priority, args.builders, candidates, args.timings, args.settle_s))
+    quiet = rows[0]["median_s"]
+    for row in rows:
+        row["median_vs_quiet"] = round(row["median_s"] / quiet, 3)
+        print(f"{row['priority']:<12} builders {row['builders']:>2} {row['builder_priorities']} spread "
+              f"{row['spread']} max {row['spread_max']} median x{row['median_vs_quiet']} "
+              f"builds/min {row['builds_per_min']}", flush=True)
+    write_results({"host_cores": os.cpu_count(), "task": args.task, "candidates": len(candidates),
+                   "repeats": 3, "min_repeat_ms": 50, "rows": rows}, args.out, "bench.timing_contention", argv)
+    print("wrote", args.out)
+    return 0
