@@ -2,8 +2,7 @@
 # On the GPU machine, after ../shared/device/stage.sh's install step (PYTHONPATH=/tmp/site:$PWD):
 #   bash bench/device_run.sh smoke|gputest|matrix|matrix-bg|matrix-wait|gpufault|scale|scale1|scale1-wait|ttq-bg|ttq-wait
 #   -> writes under $OUT
-# (stock, ours, sharding, searchq, searchq-wait, searchq-guard ran scripts retired at b7de8c6: git show b7de8c6:bench/device_run.sh;
-#  scale B, two GPUs, is retired at fb8195c)
+# (retired: stock, ours, sharding, searchq* at b7de8c6 (git show b7de8c6:bench/device_run.sh), scale B at fb8195c)
 set -uo pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site:$PWD
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"

@@ -1,12 +1,10 @@
 """Throughput at the scale users tune, against stock MetaSchedule on the same machine (DESIGN.md section 4).
 
-One H200 and its 16 cores (what was part A): stock `tune_tasks` on each model for a fixed window, then this
-service, configuration after configuration (CONFIGS), each in a fresh stack. Part B (two GPUs, stock beside the
-service; scale_h200_2gpu.json, scale_h200_partB.json) is retired at fb8195c. Tuned latency at equal trials: the
-service's first N records (N = stock's) compiled as stock's are and both timed in one fresh process at the
-configuration's share. The JSON is written after every step; a run started again with the same --work-dir and
-output resumes after the last finished step. Protocol and results: docs/benchmarks.md (Throughput at the scale
-users tune).
+One H200 and its 16 cores: stock `tune_tasks` on each model for a fixed window, then this service, configuration
+after configuration (CONFIGS), each in a fresh stack (two GPUs, part B: retired at fb8195c). Tuned latency at equal
+trials: the service's first N records (N = stock's) compiled as stock's are and both timed in one fresh process
+at the configuration's share. The JSON is written after every step; a run started again with the same --work-dir
+and output resumes after the last finished step. Protocol and results: docs/benchmarks.md (Throughput ...).
 
     python -m bench.scale_h200 --models resnet18,transformer     # one GPU, ~20 min: background it
     python -m bench.scale_h200 --rehearse     # the same code on CPU lanes (llvm), small, on this host

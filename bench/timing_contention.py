@@ -1,4 +1,4 @@
-"""A lane's timing beside builds, at each batch priority: sharetune/testing/timing_contention.py."""
+"""A lane's timing beside builds at each batch priority: sharetune/testing/timing_contention.py."""
 import sys
 
 from bench.harness.common import write_results

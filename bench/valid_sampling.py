@@ -1,7 +1,6 @@
-"""What valid sampling saves in a cold CUDA round, per task: one round of 64 candidates on one thread, three ways
-(sharetune.testing.sampling_rounds.MODES); with --evolution, an evolutionary round after a cold one. Search CPU
-seconds per valid candidate, samples replayed, which postprocessor rejected them. Needs no GPU. A model is a zoo
-or panel name. Protocol and results: docs/time_to_quality.md (Valid first rounds).
+"""What valid sampling saves in a cold CUDA round of 64 candidates, one thread, per task, three ways (MODES of
+sharetune.testing.sampling_rounds; --evolution: an evolutionary round after a cold one): search CPU a valid
+candidate, samples replayed, rejections. No GPU. Results: docs/time_to_quality.md (Valid first rounds).
 
     python -m bench.valid_sampling     # bench/results/valid_sampling_cpu.json
     python -m bench.valid_sampling --evolution --tasks efficientnet-mbconv:conv2d1 --out /tmp/evolution.json

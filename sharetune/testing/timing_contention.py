@@ -114,6 +114,34 @@ def run(priority: str | None, builders: int, candidates: list[str], timings: int
             "builds_per_min": round(n / minutes, 1) if procs else None}
 
 
+DURATION_BINS_US = (0, 5, 10, 20, 50, 1e9)
+
+
+def archived_spreads(archive: str) -> dict:
+    """The spread of the full timings' repeats in the service's databases kept in a time-to-quality archive
+    (`*/database/database_repeats.json`: every repeat of every exported record), by the kernel's median
+    duration; and how often the first repeat is the slowest where the spread is over 5 %."""
+    import json
+    import tarfile
+
+    found: list[list[float]] = []
+    with tarfile.open(archive) as tar:
+        for member in tar.getmembers():
+            if member.isfile() and member.name.endswith("/database/database_repeats.json"):
+                for line in tar.extractfile(member).read().decode().splitlines():
+                    secs = json.loads(line).get("run_secs") or []
+                    if len(secs) >= 3:
+                        found.append(secs)
+    by_bin = {}
+    for lo, hi in zip(DURATION_BINS_US, DURATION_BINS_US[1:]):
+        inside = [s for s in found if lo <= 1e6 * statistics.median(s) < hi]
+        by_bin[f"{lo:g}-{hi:g} us" if hi < 1e9 else f">= {lo:g} us"] = spread_summary([repeat_spread(s) for s in inside])
+    wide = [s for s in found if repeat_spread(s) > 0.05]
+    first = sum(s.index(max(s)) == 0 for s in wide)
+    return {"archive": archive, "timings": len(found), "by_kernel_duration": by_bin, "over_5pct": len(wide),
+            "first_repeat_slowest_of_over_5pct": round(first / len(wide), 3) if wide else None}
+
+
 def main(build_model, write_results, argv=None) -> int:
     """The bench: `build_model(name)` gives a panel model's (module, inputs), `write_results` writes the JSON."""
     from sharetune.intake import to_relax
@@ -126,7 +154,13 @@ def main(build_model, write_results, argv=None) -> int:
     ap.add_argument("--settle-s", type=float, default=180.0, help="at most this long for the builders to start")
     ap.add_argument("--priorities", default=",".join(PRIORITIES))
     ap.add_argument("--out", default="bench/results/timing_contention_cpu.json")
+    ap.add_argument("--archive", default="bench/results/time_to_quality_dbs.tar.xz",
+                    help="the H200 runs' databases whose repeats are summarised too ('' : none)")
     args = ap.parse_args(argv)
+    h200 = archived_spreads(args.archive) if args.archive else None
+    if h200:
+        print(f"{h200['timings']} archived full timings, spread by kernel duration: {h200['by_kernel_duration']}; "
+              f"first repeat the slowest in {h200['first_repeat_slowest_of_over_5pct']} of those over 5 %")
     model, _, task = args.task.partition(":")
     candidates = sampled_candidates(to_relax(*build_model(model)), task, args.candidates)
     rows = [run(None, 0, candidates, args.timings, 0)]
@@ -139,6 +173,6 @@ def main(build_model, write_results, argv=None) -> int:
               f"{row['spread']} max {row['spread_max']} median x{row['median_vs_quiet']} "
               f"builds/min {row['builds_per_min']}", flush=True)
     write_results({"host_cores": os.cpu_count(), "task": args.task, "candidates": len(candidates),
-                   "repeats": 3, "min_repeat_ms": 50, "rows": rows}, args.out, "bench.timing_contention", argv)
+                   "repeats": 3, "min_repeat_ms": 50, "rows": rows, "archived_h200": h200}, args.out, "bench.timing_contention", argv)
     print("wrote", args.out)
     return 0
