@@ -95,6 +95,10 @@ class LaneSettings(HostSettings):
     # (0: no limit). Of the panel's 1,628 stock records on the H200, the 30 whose compile took over 4 s are no
     # task's best, the closest 1.35x of it, and 8 % of the build CPU (docs/benchmarks.md, "The build tail")
     cuda_compile_cpu_limit_s: float = Field(4.0, ge=0)
+    # a CUDA source over this many KB is not compiled, and the build fails with an error that says so (0: no
+    # limit): such sources are deep unrolls of large tiles, 2.9 % of the panel's 1,628 stock records, none within
+    # 1.35x of its task's best, 20 % of the build CPU left after the CPU limit (docs/benchmarks.md, "The build tail")
+    cuda_compile_source_limit_kb: float = Field(300.0, ge=0)
     # MiB of compiled CUDA binaries a process keeps by source (0: none): ~12 % of a job's fully timed builds on the
     # H200 lowered to a source the job had built already; a process sees only the candidates it builds itself
     # (docs/benchmarks.md, "Duplicate sources")

@@ -167,6 +167,36 @@ def test_a_compile_past_its_cpu_limit_stops_with_an_error_that_says_so(monkeypat
         cc.configure(cc.CompileOptions("kernel", -1.0))
 
 
+def test_a_source_over_its_size_limit_is_refused_before_it_compiles(counted_nvrtc):
+    """Refused in either path, before the cache (the same source always gets the same answer), with an error
+    that names the size, the limit and the setting; 0 turns it off."""
+    from services.measurer.metaschedule import cuda_compile as cc
+
+    big = _dependent_chain(400)  # ~20 KB
+    kb = len(big) / 1024
+    for mode in cc.MODES:
+        cc.configure(cc.CompileOptions(mode, 0.0, source_limit_kb=kb / 2))
+        with pytest.raises(cc.CompileLimitExceeded,
+                           match=rf"source is {kb:.0f} KB, over its limit of {kb / 2:g} KB "
+                                 r"\(SHARETUNE_CUDA_COMPILE_SOURCE_LIMIT_KB"):
+            cc.compile_source(big, "sm_90")
+    assert counted_nvrtc == []
+    cc.configure(cc.CompileOptions("kernel", 0.0, source_limit_kb=kb / 2))
+    assert cc.compile_source(_dependent_chain(5), "sm_90")[1] == "kernel"  # a small one compiles
+    cc.configure(cc.CompileOptions("kernel", 0.0, source_limit_kb=0))
+    assert cc.compile_source(big, "sm_90")[1] == "kernel"
+    with pytest.raises(ValueError, match="negative"):
+        cc.configure(cc.CompileOptions("kernel", 0.0, source_limit_kb=-1))
+
+
+def test_the_settings_give_the_source_limit():
+    from services.measurer.metaschedule.cuda_compile import options_from
+    from shared.settings import LaneSettings
+
+    assert options_from(LaneSettings()).source_limit_kb == 300
+    assert options_from(LaneSettings(cuda_compile_source_limit_kb=0)).source_limit_kb == 0
+
+
 @pytest.fixture
 def counted_nvrtc(monkeypatch):
     """NVRTC compiles counted through the module's own seam (its nvrtc_compile), the process's options and cache

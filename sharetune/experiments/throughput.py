@@ -133,6 +133,11 @@ def batch_figures(batches, trials: int) -> dict:
             "lane_s_per_candidate_mean": round(statistics.mean(per), 4)}
 
 
+def compile_cut(error: str | None) -> bool:
+    """A build the compile limits stopped or refused (LaneSettings.cuda_compile_cpu_limit_s, _source_limit_kb)."""
+    return bool(error) and "CUDA compile" in error and "over its limit" in error
+
+
 def record_stats(recs: list) -> dict:
     """Per candidate of the job, from its records: build CPU seconds (median, mean, the share of the
     slowest builds), which timing each got."""
@@ -142,8 +147,8 @@ def record_stats(recs: list) -> dict:
     out = {"records": len(recs), "brief": sum(x.timing == "brief" for x in recs),
            "full": sum(x.timing == "full" and store.valid_record(x) for x in recs),
            "errors": sum(not store.valid_record(x) for x in recs),
-           # builds the compile CPU limit stopped (LaneSettings.cuda_compile_cpu_limit_s)
-           "builds_cut": sum("CUDA compile stopped after" in (x.error or "") for x in recs)}
+           # builds the compile limits stopped or refused
+           "builds_cut": sum(compile_cut(x.error) for x in recs)}
     if cpu:
         out.update(build_cpu_s_median=round(statistics.median(cpu), 3), build_cpu_s_mean=round(statistics.mean(cpu), 3),
                    build_cpu_s_p90=round(cpu[int(0.9 * (len(cpu) - 1))], 3), build_cpu_s_max=round(cpu[-1], 3),

@@ -19,7 +19,9 @@ mode from its settings (LaneSettings.cuda_compile) with `configure`, before its 
 A compile on the kernel path also stops at a CPU limit (LaneSettings.cuda_compile_cpu_limit_s; NVRTC's flow
 callback cancels it, at points NVRTC chooses: seconds past the limit in a long compile): the build fails with an
 error that says so, never a silently different kernel. Kernels that slow to compile are deep unrolls of huge
-tiles, no task's best in the panel's stock records (docs/benchmarks.md, "The build tail").
+tiles, no task's best in the panel's stock records (docs/benchmarks.md, "The build tail"). Their sources are
+large, so a source over a size limit (LaneSettings.cuda_compile_source_limit_kb) is refused before it is compiled,
+in either path, with an error that says so: the CPU limit's seconds are saved too.
 
 Different traces can lower to the same source (~12 % of a job's fully timed builds on the H200, docs/benchmarks.md,
 "Duplicate sources"): a process keeps the binaries it compiled, by a hash of the source, its architecture, output
@@ -98,6 +100,7 @@ class CompileOptions(NamedTuple):
     cache_mb: float = 64.0
     cache_dir: str = ""
     cache_disk_mb: float = 0.0
+    source_limit_kb: float = 0.0
 
 
 def default_cache_dir() -> str:
@@ -107,7 +110,8 @@ def default_cache_dir() -> str:
 def options_from(settings) -> CompileOptions:
     """A process's options from its LaneSettings."""
     return CompileOptions(settings.cuda_compile, settings.cuda_compile_cpu_limit_s, settings.cuda_compile_cache_mb,
-                          settings.cuda_compile_cache_dir or default_cache_dir(), settings.cuda_compile_cache_disk_mb)
+                          settings.cuda_compile_cache_dir or default_cache_dir(), settings.cuda_compile_cache_disk_mb,
+                          settings.cuda_compile_source_limit_kb)
 
 
 class CompileLimitExceeded(Exception):
@@ -242,6 +246,8 @@ def configure(options: CompileOptions) -> None:
         raise ValueError(f"CUDA compile mode {options.mode!r} is not one of {', '.join(MODES)}")
     if options.cpu_limit_s < 0:
         raise ValueError(f"CUDA compile CPU limit {options.cpu_limit_s} s is negative (0 turns it off)")
+    if options.source_limit_kb < 0:
+        raise ValueError(f"CUDA source limit {options.source_limit_kb} KB is negative (0 turns it off)")
     if options.cache_mb < 0 or options.cache_disk_mb < 0:
         raise ValueError(f"CUDA compile cache of {min(options.cache_mb, options.cache_disk_mb)} MiB is negative "
                          f"(0 turns it off)")
@@ -394,7 +400,9 @@ def cache_key(code: str, arch: str, output: str) -> str:
 
 def compile_source(code: str, arch: str | None = None, output: str = "cubin") -> tuple[bytes, str]:
     """One CUDA source to a cubin (or PTX): (binary, path), path "kernel" or "tvm"; a source this process, or
-    another build process of the host, compiled before comes from the cache."""
+    another build process of the host, compiled before comes from the cache. A source over the size limit is
+    refused before anything (CompileLimitExceeded), in either path."""
+    check_source_size(code)
     arch = arch or target_arch(output)
     if not _cache.limit_bytes and _shared is None:
         return _compile_uncached(code, arch, output)
@@ -409,6 +417,16 @@ def compile_source(code: str, arch: str | None = None, output: str = "cubin") ->
     if _shared is not None:
         _shared.put(key, binary, path)
     return binary, path
+
+
+def check_source_size(code: str) -> None:
+    """CompileLimitExceeded for a source over the process's size limit (CompileOptions.source_limit_kb)."""
+    kb = len(code.encode()) / 1024
+    if _options.source_limit_kb and kb > _options.source_limit_kb:
+        raise CompileLimitExceeded(
+            f"CUDA compile refused: its source is {kb:.0f} KB, over its limit of {_options.source_limit_kb:g} KB "
+            f"(SHARETUNE_CUDA_COMPILE_SOURCE_LIMIT_KB; 0 turns it off): a source this large is a deep unroll of a "
+            f"large tile, seconds of compile for a kernel that is not worth timing")
 
 
 def _compile_uncached(code: str, arch: str, output: str) -> tuple[bytes, str]:
