@@ -106,3 +106,16 @@ def test_a_job_counts_the_spread_of_its_own_full_timings(redis_conn):
     timings, spread = timing_counts(redis_conn, job, [JobTask(task_id=wkey, name="t", weight=1, wkey=wkey)])
     assert timings == {"full": 3, "brief": 1}
     assert spread == {"timings": 2, "p50": 0.1, "p90": 0.1}
+
+
+def test_the_timing_line_says_how_widely_the_repeats_spread_and_when_that_is_noisy():
+    from types import SimpleNamespace
+
+    from sharetune.progress import timing_line
+
+    quiet = SimpleNamespace(timings={"full": 3, "brief": 1}, timing_spread={"timings": 3, "p50": 0.001, "p90": 0.004})
+    assert timing_line(quiet).endswith("repeats within 0.1 % (median), 0.4 % (p90)")
+    noisy = SimpleNamespace(timings={"full": 3, "brief": 1}, timing_spread={"timings": 3, "p50": 0.04, "p90": 0.4})
+    assert "40.0 % (p90) - noisy" in timing_line(noisy)
+    one_repeat = SimpleNamespace(timings={"full": 3, "brief": 0}, timing_spread={})  # a CPU lane: one repeat
+    assert timing_line(one_repeat) == "timing: 3 candidates timed fully, 0 screened out after a brief timing (0 %)"
