@@ -454,6 +454,11 @@ class TimingConfig(Contract):
     # screening (a candidate that carries `full_below_s`): one launch, then about this much kernel time in
     # three repeats; only a candidate whose brief median is under its bar gets the full timing above
     brief_ms: float = Field(default=10.0, gt=0, le=1000)
+    # a full timing first runs its repeats with this floor each (ms); where they agree within `settle_spread`
+    # ((max - min) / median) those are its figures, else they run again at min_repeat_ms. 0: min_repeat_ms only.
+    # Needs two repeats or more (a GPU lane's three): one repeat cannot agree with anything
+    settle_ms: int = Field(default=0, ge=0)
+    settle_spread: float = Field(default=0.01, gt=0, le=1)
 
 
 MAX_ARTIFACT_BYTES = 16 * 1024 * 1024  # a built candidate larger than this is refused by the lane
@@ -566,6 +571,7 @@ class MeasureResult(Contract):
     # killed), "quarantined" (crashed max_crashes times before: answered without running)
     fault: Literal["crash", "timeout", "quarantined"] | None = None
     timing: Timing | None = None  # which timing run_secs come from
+    window_ms: int | None = None  # a full timing's floor a repeat (TimingConfig.settle_ms where they agreed)
     build_cpu_s: float | None = None  # CPU seconds its build took (builder or lane build pool)
 
     @model_validator(mode="after")
@@ -620,6 +626,7 @@ class Record(Contract):
     retimed_at: float | None = None  # set when re-timed with the job's other lanes idle
     timing: Timing = "full"  # "brief": screened out, run_secs are the brief window's (never an exported best)
     brief_run_secs: list[float] | None = None  # a brief record later given the full timing: its brief figures
+    window_ms: int | None = None  # its full timing's floor a repeat (MeasureResult.window_ms)
     build_cpu_s: float | None = None
     # a warm seed: the candidate is a record of this (nearby) workload, its trace re-fitted to this one
     # (services/tuner/metaschedule/seeds.py); None: the task's own search proposed it

@@ -196,6 +196,9 @@ class TunerSettings(LaneWaitSettings):
     # runs; None: its lane kind's (100 ms on a CPU, 50 ms a repeat on a shared GPU). Lower on a quiet device
     # to spend less lane time a candidate, higher on a noisy one
     timing_floor_ms: int | None = Field(None, ge=0, le=10_000)
+    # a full timing's repeats first at this floor each (ms), kept where they agree within 1 %, else run again at
+    # the floor above; None: its lane kind's (10 ms on a GPU; a CPU lane's one repeat has nothing to agree); 0: off
+    timing_settle_ms: int | None = Field(None, ge=0, le=10_000)
     # a cold CUDA round draws tile decisions within the target's limits before replaying them
     # (services/tuner/metaschedule/sampling.py), and a sample whose loop nest breaks them is rejected before TVM
     # lowers it to check (validity.py): the same schedules pass, each rejection costs far less

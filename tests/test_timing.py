@@ -139,6 +139,52 @@ def test_a_tuners_timing_floor_replaces_only_the_floor_of_its_lane_kinds_timing(
     assert timing_for("cuda").min_repeat_ms == 50
 
 
+def test_a_gpu_timing_settles_at_10_ms_unless_the_tuner_says_otherwise():
+    from services.tuner.search import timing_for
+
+    assert timing_for("cuda").settle_ms == 10 and timing_for("cuda", settle_ms=0).settle_ms == 0
+    assert timing_for("llvm").settle_ms == 0  # a CPU lane's one repeat has nothing to agree with
+
+
+def test_a_full_timing_keeps_its_short_window_only_where_the_repeats_agree():
+    """The decision alone, on given figures: agreeing repeats at settle_ms are kept, disagreeing ones are taken
+    again at min_repeat_ms; no settling with one repeat, settle_ms 0, or a settle window not shorter."""
+    from services.measurer.metaschedule.timing import full_costs
+    from shared.messages import TimingConfig
+
+    def evaluator(figures: dict[int, list[float]]):
+        asked = []
+
+        def evaluate(floor_ms):
+            asked.append(floor_ms)
+            return figures[floor_ms]
+        return evaluate, asked
+
+    timing = TimingConfig(repeat=3, min_repeat_ms=50, settle_ms=10, settle_spread=0.01)
+    steady, asked = evaluator({10: [1.000, 1.005, 1.002], 50: [9.0, 9.0, 9.0]})
+    assert full_costs(steady, timing) == ([1.000, 1.005, 1.002], 10) and asked == [10]
+    noisy, asked = evaluator({10: [1.0, 1.3, 1.0], 50: [1.0, 1.01, 1.0]})
+    assert full_costs(noisy, timing) == ([1.0, 1.01, 1.0], 50) and asked == [10, 50]
+    for plain in (timing.model_copy(update={"settle_ms": 0}), timing.model_copy(update={"repeat": 1}),
+                  timing.model_copy(update={"settle_ms": 50})):
+        again, asked = evaluator({10: [1.0, 1.0, 1.0], 50: [2.0, 2.0, 2.0]})
+        assert full_costs(again, plain) == ([2.0, 2.0, 2.0], 50) and asked == [50]
+
+
+def test_a_lane_says_at_which_window_it_took_a_full_timing(built):
+    """Real timings on this CPU: either window may be kept (how steady this host is), and the result names it."""
+    from services.measurer.metaschedule.timing import time_module
+    from shared.messages import TimingConfig
+
+    rt, target, args = built
+    settled = time_module(rt, _cand(args, None), target, TimingConfig(repeat=3, min_repeat_ms=20, settle_ms=2))
+    assert settled.timing == "full" and len(settled.run_secs) == 3 and settled.window_ms in (2, 20)
+    plain = time_module(rt, _cand(args, None), target, TimingConfig(repeat=3, min_repeat_ms=20))
+    assert plain.window_ms == 20
+    brief = time_module(rt, _cand(args, 1e-12), target, TimingConfig(repeat=3, min_repeat_ms=20, settle_ms=2))
+    assert brief.timing == "brief" and brief.window_ms is None
+
+
 def test_a_sent_bar_tightens_to_the_live_best_and_no_bar_stays_none():
     from shared.ranking import SCREEN_MARGIN, live_bar
 
@@ -179,3 +225,24 @@ def test_lanes_keep_a_tasks_live_best_and_tighten_the_bars_still_to_come(redis_c
     first_round = MeasureBatch(batch_id=uuid.uuid4().hex, job_id="livebest-test", target="", candidates=[
         Candidate(candidate_id="c9", mod="", args_info=[], full_below_s=None, bar_key=key)])
     assert tightened(redis_conn, first_round).candidates[0].full_below_s == pytest.approx(4e-6 * (1 + SCREEN_MARGIN))
+
+
+def test_measurements_outside_the_search_take_the_whole_floor(redis_conn, lane_share):
+    """Re-timing, brief bests and default schedules (measure_now) decide what is exported: no settling there;
+    a search round's batch carries the job's timing. Batches captured as the lanes would get them."""
+    from services.tuner.metaschedule.lane_runner import BatchRules, CandidateStash, JobLanes, LaneRunner, TimeSplit
+    from shared.messages import Candidate, MeasureBatch, TimingConfig
+
+    sent = []
+    timing = TimingConfig(repeat=3, min_repeat_ms=50, settle_ms=10)
+    runner = LaneRunner(lambda task, payload, queue, priority=0: sent.append(MeasureBatch(**payload)), redis_conn,
+                        JobLanes("settle-job", "cpu", lane_share, '{"kind": "llvm"}'), CandidateStash(), TimeSplit(),
+                        BatchRules(timing))
+    runner.family = ""  # to the lanes, not through builders: the batch is what a lane gets either way
+    cand = Candidate(candidate_id="c0", mod="", args_info=[])
+    runner.dispatch([cand])
+    assert sent and all(b.timing == timing for b in sent)
+    asked = []
+    runner.dispatch = lambda cands, one_lane=False, ahead=None, timing=None: asked.append(timing) or {}
+    assert runner.measure_now([]) == {}
+    assert asked[0].settle_ms == 0 and asked[0].min_repeat_ms == 50

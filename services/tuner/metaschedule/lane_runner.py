@@ -283,8 +283,9 @@ class LaneRunner(PyRunner):
     def measure_now(self, candidates: list[Candidate], one_lane: bool = False) -> dict[str, MeasureResult]:
         """Measure candidates outside the search (e.g. re-timing) and wait for every result; they carry
         no bar, so each gets the full timing; they go ahead of the rounds (the first rounds' order waits on the
-        default schedules' timings)."""
-        watches = self.dispatch(candidates, one_lane, ahead=True)
+        default schedules' timings). Their full timings take the whole floor (no settling: these figures decide
+        what is exported)."""
+        watches = self.dispatch(candidates, one_lane, ahead=True, timing=self.timing.model_copy(update={"settle_ms": 0}))
         out = {}
         for cand in candidates:
             watch = watches[cand.candidate_id]
@@ -295,18 +296,20 @@ class LaneRunner(PyRunner):
         return out
 
     def dispatch(self, candidates: list[Candidate], one_lane: bool = False,
-                 ahead: bool | None = None) -> dict[str, BatchWatch]:
+                 ahead: bool | None = None, timing: TimingConfig | None = None) -> dict[str, BatchWatch]:
         """Deal candidates round-robin over one slot per live lane worker (a queue served by two workers
         gets two sub-batches), send one batch per slot; returns each candidate's watch. When builders
         serve the job's target family, each candidate goes to them alone (its own batch): the builders
         build in parallel and the lanes, fed one built candidate at a time, only time. `ahead`: the messages go
-        ahead of the job's other rounds (default: whether this round is a head task's first, `self.head`)."""
+        ahead of the job's other rounds (default: whether this round is a head task's first, `self.head`);
+        `timing`: instead of the job's."""
+        timing = timing or self.timing
         lanes = self.lanes() or self._wait_for_lanes()
         slots = sorted(l.queue for l in lanes)[: 1 if one_lane else None]
         fair = self.priority() if self.priority is not None else 0
         priority = message_priority(fair, self.head if ahead is None else ahead)
         if not one_lane and self.family and self.builders_live():
-            return self._dispatch_to_builders(candidates, slots, priority)
+            return self._dispatch_to_builders(candidates, slots, priority, timing)
         parts: list[list[Candidate]] = [[] for _ in slots]
         for i, cand in enumerate(candidates):
             parts[(self._rr + i) % len(slots)].append(cand)
@@ -316,7 +319,7 @@ class LaneRunner(PyRunner):
             if not part:
                 continue
             batch = MeasureBatch(batch_id=uuid.uuid4().hex, job_id=self.job_id, target=self.target_json,
-                                 timing=self.timing, candidates=part)
+                                 timing=timing, candidates=part)
             watch = BatchWatch(self, batch, queue)
             self.send(batch, queue, priority=priority)
             watches.update({c.candidate_id: watch for c in part})
@@ -337,14 +340,14 @@ class LaneRunner(PyRunner):
         self.builders_live()
         return self._no_builders_since
 
-    def _dispatch_to_builders(self, candidates: list[Candidate], slots: list[str],
-                              priority: int = 0) -> dict[str, BatchWatch]:
+    def _dispatch_to_builders(self, candidates: list[Candidate], slots: list[str], priority: int = 0,
+                              timing: TimingConfig | None = None) -> dict[str, BatchWatch]:
         via = names.build_queue(self.family)
         watches = {}
         for i, cand in enumerate(candidates):
             queue = slots[(self._rr + i) % len(slots)]
             batch = MeasureBatch(batch_id=uuid.uuid4().hex, job_id=self.job_id, target=self.target_json,
-                                 timing=self.timing, candidates=[cand])
+                                 timing=timing or self.timing, candidates=[cand])
             watches[cand.candidate_id] = BatchWatch(self, batch, queue, via=via)
             self.send(batch, queue, via, priority)
         self._rr += len(candidates)

@@ -173,6 +173,7 @@ class StoreRecords:
                 lane=measured.lane if measured else "", device=measured.device if measured else {},
                 job_id=self.job_id, measured_at=time.time(),
                 timing=(measured.timing or "full") if measured else "full",
+                window_ms=measured.window_ms if measured else None,
                 build_cpu_s=measured.build_cpu_s if measured else None,
             ))
             prog.trials += 1
@@ -236,6 +237,7 @@ def _time_brief_bests_fully(redis, runner, wkeys: list[str]) -> tuple[int, int]:
             failed += 1
         else:
             with_run_secs(rec, trec, res.run_secs)
+            rec.window_ms = res.window_ms
             timed += 1
         store.replace_record(redis, rec)
     return timed, failed
@@ -267,6 +269,7 @@ def retime_top_k(redis, runner, job_id: str, wkeys: list[str], k: int) -> dict:
         if rec.timing == "brief":
             rec.brief_run_secs, rec.timing = shared, "full"
         with_run_secs(rec, trec, res.run_secs)
+        rec.window_ms = res.window_ms
         store.replace_record(redis, rec)
         gaps.append(rank_secs(res.run_secs) / rank_secs(shared) - 1.0)
     return {"retimed": len(gaps), "mean_gap": round(sum(gaps) / len(gaps), 4) if gaps else None,
