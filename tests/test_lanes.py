@@ -54,7 +54,7 @@ def test_each_kind_owns_its_target_isolation_and_fault_domain():
     gpu_lane = GPU.lane("GPU-3f2a1c9b-0a1b", 50)
     assert lanes.fault_domain(gpu_lane.queue) == "3f2a1c9b" and lanes.fault_domain("measure.cpu.c0") is None
     assert lanes.fault_domain("plan") is None
-    assert GPU.timing() == {"number": 3, "repeat": 3, "min_repeat_ms": 50} and CPU.timing() == {}
+    assert GPU.timing() == {"number": 3, "repeat": 3, "min_repeat_ms": 50, "settle_ms": 10} and CPU.timing() == {}
     assert lanes.target_family({"kind": "llvm", "mcpu": "Znver4"}) == "llvm.znver4"
 
 
