@@ -246,3 +246,15 @@ def test_measurements_outside_the_search_take_the_whole_floor(redis_conn, lane_s
     runner.dispatch = lambda cands, one_lane=False, ahead=None, timing=None: asked.append(timing) or {}
     assert runner.measure_now([]) == {}
     assert asked[0].settle_ms == 0 and asked[0].min_repeat_ms == 50
+
+
+def test_the_benches_count_full_timings_by_their_window():
+    from sharetune.experiments.throughput import full_windows
+    from shared.messages import Record
+
+    def rec(timing="full", window=None, run_secs=(1e-5,), error=None):
+        return Record(candidate_key="k", wkey="w", trace="{}", target="cuda", args_info=[], share=100, timing=timing,
+                      window_ms=window, run_secs=list(run_secs) if run_secs else None, error=error)
+
+    recs = [rec(window=10), rec(window=10), rec(window=50), rec(), rec("brief"), rec(window=10, run_secs=None, error="x")]
+    assert full_windows(recs) == {"10 ms": 2, "50 ms": 1, "-": 1}

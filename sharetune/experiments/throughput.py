@@ -138,6 +138,18 @@ def compile_cut(error: str | None) -> bool:
     return bool(error) and "CUDA compile" in error and "over its limit" in error
 
 
+def full_windows(recs: list) -> dict[str, int]:
+    """The valid full timings by the window a repeat they were taken at (TimingConfig.settle_ms where the repeats
+    agreed, min_repeat_ms otherwise; "-" for records that do not say)."""
+    from collections import Counter
+
+    from shared import store
+
+    found = Counter(str(x.window_ms) if x.window_ms is not None else "-" for x in recs
+                    if x.timing == "full" and store.valid_record(x))
+    return {f"{k} ms" if k != "-" else k: n for k, n in sorted(found.items())}
+
+
 def record_stats(recs: list) -> dict:
     """Per candidate of the job, from its records: build CPU seconds (median, mean, the share of the
     slowest builds), which timing each got."""
@@ -148,7 +160,7 @@ def record_stats(recs: list) -> dict:
            "full": sum(x.timing == "full" and store.valid_record(x) for x in recs),
            "errors": sum(not store.valid_record(x) for x in recs),
            # builds the compile limits stopped or refused
-           "builds_cut": sum(compile_cut(x.error) for x in recs)}
+           "builds_cut": sum(compile_cut(x.error) for x in recs), "full_windows": full_windows(recs)}
     if cpu:
         out.update(build_cpu_s_median=round(statistics.median(cpu), 3), build_cpu_s_mean=round(statistics.mean(cpu), 3),
                    build_cpu_s_p90=round(cpu[int(0.9 * (len(cpu) - 1))], 3), build_cpu_s_max=round(cpu[-1], 3),
