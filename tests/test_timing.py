@@ -155,20 +155,21 @@ def test_a_full_timing_keeps_its_short_window_only_where_the_repeats_agree():
     def evaluator(figures: dict[int, list[float]]):
         asked = []
 
-        def evaluate(floor_ms):
-            asked.append(floor_ms)
-            return figures[floor_ms]
+        def evaluate(floor_ms, repeat):
+            asked.append((floor_ms, repeat))
+            return figures[floor_ms][-repeat:]
         return evaluate, asked
 
     timing = TimingConfig(repeat=3, min_repeat_ms=50, settle_ms=10, settle_spread=0.01)
-    steady, asked = evaluator({10: [1.000, 1.005, 1.002], 50: [9.0, 9.0, 9.0]})
-    assert full_costs(steady, timing) == ([1.000, 1.005, 1.002], 10) and asked == [10]
-    noisy, asked = evaluator({10: [1.0, 1.3, 1.0], 50: [1.0, 1.01, 1.0]})
-    assert full_costs(noisy, timing) == ([1.0, 1.01, 1.0], 50) and asked == [10, 50]
+    # the short window's first repeat (cold, after the lane's pause) is run and dropped
+    steady, asked = evaluator({10: [1.3, 1.000, 1.005, 1.002], 50: [9.0, 9.0, 9.0]})
+    assert full_costs(steady, timing) == ([1.000, 1.005, 1.002], 10) and asked == [(10, 4)]
+    noisy, asked = evaluator({10: [1.0, 1.0, 1.3, 1.0], 50: [1.0, 1.01, 1.0]})
+    assert full_costs(noisy, timing) == ([1.0, 1.01, 1.0], 50) and asked == [(10, 4), (50, 3)]
     for plain in (timing.model_copy(update={"settle_ms": 0}), timing.model_copy(update={"repeat": 1}),
                   timing.model_copy(update={"settle_ms": 50})):
-        again, asked = evaluator({10: [1.0, 1.0, 1.0], 50: [2.0, 2.0, 2.0]})
-        assert full_costs(again, plain) == ([2.0, 2.0, 2.0], 50) and asked == [50]
+        again, asked = evaluator({10: [1.0, 1.0, 1.0, 1.0], 50: [2.0, 2.0, 2.0]})
+        assert full_costs(again, plain)[1] == 50 and asked == [(50, plain.repeat)]
 
 
 def test_a_lane_says_at_which_window_it_took_a_full_timing(built):

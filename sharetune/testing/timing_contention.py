@@ -6,7 +6,8 @@ is busy through each repeat, as a GPU lane's thread is while it launches kernels
 back. Beside it, build processes (twice the host's cores, as 16 builders and 4 tuner clients on 16 cores)
 compile sampled CUDA candidates of a panel convolution again and again (TVM's lowering and NVRTC, what a
 builder does; no GPU needed), at the priority under test. Per priority: the spread of each timing's repeats
-((max - min) / median, shared.ranking.repeat_spread), how far its median sits above the quiet host's, and the
+((max - min) / median, shared.ranking.repeat_spread), how far its median sits above the quiet host's, how often
+a GPU lane's full timing would settle at 10 ms (services/measurer/metaschedule/timing.py full_costs), and the
 builds a minute. `python -m bench.timing_contention` runs it (bench/results/timing_contention_cpu.json)."""
 from __future__ import annotations
 
@@ -17,7 +18,10 @@ import statistics
 import time
 
 from shared.cpu_priority import PRIORITIES, current, yield_cpu
+from shared.messages import TimingConfig
 from shared.ranking import repeat_spread, spread_summary
+
+SETTLING = TimingConfig(repeat=3, min_repeat_ms=50, settle_ms=10)  # a GPU lane's (shared.lanes.gpu)
 
 
 def sampled_candidates(relax_model, task: str, count: int) -> list[str]:
@@ -54,10 +58,10 @@ def build_loop(priority: str, candidates: list[str], stop, built) -> None:
     target = family_target("cuda.sm_90")
     i = 0
     while not stop.is_set():
-        source = build(load_ir(candidates[i % len(candidates)]), target).imports[0].inspect_source()
-        try:
+        try:  # a failed build is a build too (as a builder's error record)
+            source = build(load_ir(candidates[i % len(candidates)]), target).imports[0].inspect_source()
             cuda_compile.compile_source(source, "sm_90")
-        except (RuntimeError, cuda_compile.CompileLimitExceeded):
+        except Exception:  # noqa: BLE001
             pass
         with built.get_lock():
             built.value += 1
@@ -65,7 +69,7 @@ def build_loop(priority: str, candidates: list[str], stop, built) -> None:
 
 
 def timer():
-    """A small CPU kernel and its evaluator: 3 repeats of at least 50 ms, as a GPU lane times a candidate."""
+    """A small CPU kernel's evaluator, `evaluate(floor_ms, repeat)`, as a GPU lane times a candidate."""
     import numpy as np
     import tvm
     from tvm import te
@@ -75,13 +79,15 @@ def timer():
     f = tvm.build(tvm.IRModule({"main": te.create_prim_func([a, b])}), target="llvm")
     dev = tvm.cpu()
     x, y = (tvm.runtime.tensor(np.zeros(4096, "float32"), dev) for _ in range(2))
-    evaluate = f.time_evaluator("main", dev, number=100, repeat=3, min_repeat_ms=50)
-    return lambda: evaluate(x, y).results
+    return lambda floor_ms, repeat: f.time_evaluator("main", dev, number=100, repeat=repeat,
+                                                    min_repeat_ms=floor_ms)(x, y).results
 
 
 def run(priority: str | None, builders: int, candidates: list[str], timings: int, settle_s: float) -> dict:
     """`timings` timings beside `builders` build processes at `priority` (None: a quiet host), once they have
     built twice their number (or `settle_s` has passed)."""
+    from services.measurer.metaschedule.timing import full_costs  # here: a build process gives way before TVM loads
+
     ctx = multiprocessing.get_context("spawn")
     stop, built = ctx.Event(), ctx.Value("i", 0)
     procs = [ctx.Process(target=build_loop, args=(priority, candidates, stop, built)) for _ in range(builders)] \
@@ -93,12 +99,14 @@ def run(priority: str | None, builders: int, candidates: list[str], timings: int
         while procs and built.value < 2 * len(procs) and time.time() < deadline:
             time.sleep(0.5)
         got = [current(p.pid) for p in procs if p.is_alive()]
-        time_it = timer()
+        evaluate = timer()
         n0, t0 = built.value, time.time()
-        results = []
-        for _ in range(timings):
-            results.append(time_it())
-            time.sleep(0.05)  # the lane between candidates: loads the next, reports the last
+        results, settled = [], []
+        for _ in range(timings):  # each pause: the lane between candidates, loading the next, reporting the last
+            results.append(evaluate(50, 3))
+            time.sleep(0.05)
+            settled.append(full_costs(evaluate, SETTLING)[1] == SETTLING.settle_ms)  # as a GPU lane's full timing
+            time.sleep(0.05)
         minutes = (time.time() - t0) / 60
         n = built.value - n0
     finally:
@@ -111,6 +119,7 @@ def run(priority: str | None, builders: int, candidates: list[str], timings: int
             "timings": len(results), "spread": spread_summary([repeat_spread(r) for r in results]),
             "spread_max": round(max(repeat_spread(r) for r in results), 4),
             "median_s": statistics.median(statistics.median(r) for r in results),
+            "settled_frac": round(sum(settled) / len(settled), 3),
             "builds_per_min": round(n / minutes, 1) if procs else None}
 
 
@@ -170,7 +179,7 @@ def main(build_model, write_results, argv=None) -> int:
     for row in rows:
         row["median_vs_quiet"] = round(row["median_s"] / quiet, 3)
         print(f"{row['priority']:<12} builders {row['builders']:>2} {row['builder_priorities']} spread "
-              f"{row['spread']} max {row['spread_max']} median x{row['median_vs_quiet']} "
+              f"{row['spread']} max {row['spread_max']} median x{row['median_vs_quiet']} settled {row['settled_frac']} "
               f"builds/min {row['builds_per_min']}", flush=True)
     write_results({"host_cores": os.cpu_count(), "task": args.task, "candidates": len(candidates),
                    "repeats": 3, "min_repeat_ms": 50, "rows": rows, "archived_h200": h200}, args.out, "bench.timing_contention", argv)

@@ -80,8 +80,8 @@ def time_module(rt_mod, candidate: Candidate, target, timing: TimingConfig) -> M
                 result = "brief"
         window = None
         if result == "full":
-            def evaluate(floor_ms: int) -> list[float]:
-                config = EvaluatorConfig(number=timing.number, repeat=timing.repeat, min_repeat_ms=floor_ms,
+            def evaluate(floor_ms: int, repeat: int) -> list[float]:
+                config = EvaluatorConfig(number=timing.number, repeat=repeat, min_repeat_ms=floor_ms,
                                          enable_cpu_cache_flush=False)
                 return run_evaluator_common(rt_mod, dev, config, args)
 
@@ -96,18 +96,20 @@ def time_module(rt_mod, candidate: Candidate, target, timing: TimingConfig) -> M
 
 
 def full_costs(evaluate, timing: TimingConfig) -> tuple[list[float], int]:
-    """A full timing's figures and the floor a repeat they were taken at: `evaluate(floor_ms)` runs the repeats.
-    First at `settle_ms`, kept where the repeats agree within `settle_spread`; else again at `min_repeat_ms`. A
-    kernel timed steadily needs no longer window: on the H200, kernels of 20 us and more repeat within 0.06 %
-    at 50 ms (docs/benchmarks.md, "Timing on a busy host")."""
+    """A full timing's figures and the floor a repeat they were taken at: `evaluate(floor_ms, repeat)` runs the
+    repeats. First at `settle_ms`, kept where the repeats agree within `settle_spread`; else again at
+    `min_repeat_ms`. A kernel timed steadily needs no longer window: on the H200, kernels of 20 us and more repeat
+    within 0.06 % at 50 ms. The short window's first repeat is run and dropped: the first after the lane's pause
+    between candidates runs slow (the slowest in 47 % of the H200's spreads over 5 %; ~5 % slow on a CPU),
+    and would leave a steady kernel unsettled (docs/benchmarks.md, "Timing on a busy host")."""
     from shared.ranking import repeat_spread
 
     if timing.settle_ms and timing.repeat >= 2 and timing.settle_ms < timing.min_repeat_ms:
-        quick = evaluate(timing.settle_ms)
+        quick = evaluate(timing.settle_ms, timing.repeat + 1)[1:]
         spread = repeat_spread(quick)
         if spread is not None and spread <= timing.settle_spread:
             return quick, timing.settle_ms
-    return evaluate(timing.min_repeat_ms), timing.min_repeat_ms
+    return evaluate(timing.min_repeat_ms, timing.repeat), timing.min_repeat_ms
 
 
 BRIEF_REPEATS = 3
