@@ -218,6 +218,10 @@ def summarise(result: dict) -> dict:
     # CPU-bound or not: the host's busy fraction and CPU seconds a trial (every process of the stack)
     summary["host_cpu_busy_frac"] = {f"{row['config']}/{row['model']}": row.get("host_cpu_busy_frac") for row in rows}
     summary["cpu_s_per_trial"] = {f"{row['config']}/{row['model']}": row.get("cpu_s_per_trial") for row in rows}
+    # how tightly the lanes timed, and at which window (docs/benchmarks.md, "Timing on a busy host")
+    summary["timing_spread_p90"] = {f"{row['config']}/{row['model']}": (row.get("timing_spread") or {}).get("p90")
+                                    for row in rows}
+    summary["full_windows"] = {f"{row['config']}/{row['model']}": row.get("full_windows") for row in rows}
     cpu = [row for row in rows if row.get("built")]
     if cpu:  # over every built candidate of every run, weighted by how many each built
         n = sum(row["built"] for row in cpu)
