@@ -168,7 +168,7 @@ def test_a_compile_past_its_cpu_limit_stops_with_an_error_that_says_so(monkeypat
 
 
 def test_a_source_over_its_size_limit_is_refused_before_it_compiles(counted_nvrtc):
-    """Refused in either path, before the cache (the same source always gets the same answer), with an error
+    """Refused whichever path would compile it, before the cache (the same source always gets the same answer), with an error
     that names the size, the limit and the setting; 0 turns it off."""
     from services.measurer.metaschedule import cuda_compile as cc
 

@@ -21,7 +21,8 @@ callback cancels it, at points NVRTC chooses: seconds past the limit in a long c
 error that says so, never a silently different kernel. Kernels that slow to compile are deep unrolls of huge
 tiles, no task's best in the panel's stock records (docs/benchmarks.md, "The build tail"). Their sources are
 large, so a source over a size limit (LaneSettings.cuda_compile_source_limit_kb) is refused before it is compiled,
-in either path, with an error that says so: the CPU limit's seconds are saved too.
+whichever path would compile it (a source needing the headers goes to TVM's), with an error that says so: the CPU
+limit's seconds are saved too. With SHARETUNE_CUDA_COMPILE=tvm TVM's own callback compiles, and neither limit holds.
 
 Different traces can lower to the same source (~12 % of a job's fully timed builds on the H200, docs/benchmarks.md,
 "Duplicate sources"): a process keeps the binaries it compiled, by a hash of the source, its architecture, output
@@ -401,7 +402,7 @@ def cache_key(code: str, arch: str, output: str) -> str:
 def compile_source(code: str, arch: str | None = None, output: str = "cubin") -> tuple[bytes, str]:
     """One CUDA source to a cubin (or PTX): (binary, path), path "kernel" or "tvm"; a source this process, or
     another build process of the host, compiled before comes from the cache. A source over the size limit is
-    refused before anything (CompileLimitExceeded), in either path."""
+    refused before anything (CompileLimitExceeded), whichever path would compile it."""
     check_source_size(code)
     arch = arch or target_arch(output)
     if not _cache.limit_bytes and _shared is None:
