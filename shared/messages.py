@@ -287,8 +287,9 @@ class JobResult(Contract):
     lanes: dict[str, Any] = {}  # each lane's own busy clock over the job (see lane_utilisation)
     # the job's valid records by the timing they got: {"full": n, "brief": m} (screened timing's saving)
     timings: dict[str, int] = {}
-    # the spread of the full timings' repeats, (max - min) / median: {"timings": n, "p50": x, "p90": y}
-    # (shared.ranking.spread_summary); wide where a lane's timing loop was preempted
+    # the spread of the full timings' repeats, (max - min) / median: {"timings": n, "p50": x, "p90": y} and the
+    # same of kernels under 20 us as short_timings, short_p50, short_p90 (shared.ranking.spread_summary); wide
+    # where a lane's timing loop was preempted
     timing_spread: dict[str, float] = {}
     accounting: TrialAccounting | None = None  # as it stood when the job finished
 

@@ -97,7 +97,7 @@ def test_a_job_counts_the_spread_of_its_own_full_timings(redis_conn):
         store.put_record(redis_conn, Record(wkey=wkey, candidate_key=uuid.uuid4().hex, run_secs=run_secs, trace="{}",
                                             target="llvm", args_info=[], share=100, **{"job_id": job, **kw}))
 
-    put([1.0, 1.02, 1.01])
+    put([1e-5, 1.02e-5, 1e-5])  # a short kernel: 0.02
     put([1.0, 1.5, 1.1], shared_run_secs=[2.0, 2.0, 2.2], retimed_at=1.0)  # counted as measured: 0.1
     put([5.0, 9.0, 5.0], timing="brief")
     put(None, error="run failed: x")
@@ -105,7 +105,7 @@ def test_a_job_counts_the_spread_of_its_own_full_timings(redis_conn):
     put([3e-6])  # one repeat: no spread
     timings, spread = timing_counts(redis_conn, job, [JobTask(task_id=wkey, name="t", weight=1, wkey=wkey)])
     assert timings == {"full": 3, "brief": 1}
-    assert spread == {"timings": 2, "p50": 0.1, "p90": 0.1}
+    assert spread == {"timings": 2, "p50": 0.1, "p90": 0.1, "short_timings": 1, "short_p50": 0.02, "short_p90": 0.02}
 
 
 def test_the_timing_line_says_how_widely_the_repeats_spread_and_when_that_is_noisy():

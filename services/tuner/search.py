@@ -234,18 +234,21 @@ def compile_job(redis, job_id: str, spec: JobSpec, target, tasks: list[JobTask],
 def timing_counts(redis, job_id: str, tasks: list[JobTask]) -> tuple[dict[str, int], dict[str, float]]:
     """The job's valid records by the timing they got (full, brief), and the spread of the full timings'
     repeats as the search measured them (a record re-timed later keeps those in shared_run_secs)."""
-    from shared.ranking import repeat_spread, spread_summary
+    from shared.ranking import SHORT_KERNEL_S, rank_secs, repeat_spread, spread_summary
 
     timings = {"full": 0, "brief": 0}
-    spreads = []
+    spreads, short = [], []
     for t in tasks:
         for rec in store.records(redis, t.wkey):
             if rec.job_id == job_id and store.valid_record(rec):
                 timings[rec.timing] += 1
-                spread = repeat_spread(rec.shared_run_secs or rec.run_secs) if rec.timing == "full" else None
+                measured = rec.shared_run_secs or rec.run_secs
+                spread = repeat_spread(measured) if rec.timing == "full" else None
                 if spread is not None:
                     spreads.append(spread)
-    return timings, spread_summary(spreads)
+                    if rank_secs(measured) < SHORT_KERNEL_S:
+                        short.append(spread)
+    return timings, {**spread_summary(spreads), **{f"short_{k}": v for k, v in spread_summary(short).items()}}
 
 
 def task_bests(redis, tasks: list[JobTask], progress: dict) -> list[TaskBest]:

@@ -219,8 +219,9 @@ def summarise(result: dict) -> dict:
     summary["host_cpu_busy_frac"] = {f"{row['config']}/{row['model']}": row.get("host_cpu_busy_frac") for row in rows}
     summary["cpu_s_per_trial"] = {f"{row['config']}/{row['model']}": row.get("cpu_s_per_trial") for row in rows}
     # how tightly the lanes timed, and at which window (docs/benchmarks.md, "Timing on a busy host")
-    summary["timing_spread_p90"] = {f"{row['config']}/{row['model']}": (row.get("timing_spread") or {}).get("p90")
-                                    for row in rows}
+    for key in ("p90", "short_p90"):  # every full timing's, and those of kernels under 20 us
+        summary[f"timing_spread_{key}"] = {f"{row['config']}/{row['model']}": (row.get("timing_spread") or {}).get(key)
+                                           for row in rows}
     summary["full_windows"] = {f"{row['config']}/{row['model']}": row.get("full_windows") for row in rows}
     cpu = [row for row in rows if row.get("built")]
     if cpu:  # over every built candidate of every run, weighted by how many each built
