@@ -203,6 +203,10 @@ class TunerSettings(LaneWaitSettings):
     # (services/tuner/metaschedule/sampling.py), and a sample whose loop nest breaks them is rejected before TVM
     # lowers it to check (validity.py): the same schedules pass, each rejection costs far less
     valid_sampling: bool = True
+    # a cold CUDA round on a store whose central cost model is trained (on other workloads' records) draws this
+    # many times its candidates within the limits and measures the model's best, a quarter of them at random from
+    # the rest (services/tuner/metaschedule/sampling.py ValidReplay); 1: every round drawn at random
+    first_round_pool: int = Field(3, ge=1, le=16)
     # a task's first round starts with the best records of the nearest stored workloads of its operator kind,
     # their traces re-fitted to it (services/tuner/metaschedule/seeds.py)
     warm_seeds: bool = True

@@ -211,6 +211,70 @@ def test_valid_replay_proposes_only_schedules_tvm_accepts(tasks, target):
     assert type(off.search_strategy).__name__ == "ReplayTrace"
 
 
+def _scripted_model(trained: bool):
+    """A cost model that says whether it is trained and scores candidates in the order it is asked (the ranking
+    logic under test is ValidReplay's; the central model's training is tests/test_updater's)."""
+    import numpy as np
+    from tvm.ir.utils import derived_object
+    from tvm.s_tir.meta_schedule.cost_model import PyCostModel
+
+    @derived_object
+    class Scripted(PyCostModel):
+        def __init__(self):
+            super().__init__()
+            self.scored: list = []
+
+        def load(self, path):
+            pass
+
+        def save(self, path):
+            pass
+
+        def update(self, context, candidates, results):
+            pass
+
+        def trained(self):
+            return trained
+
+        def predict(self, context, candidates):
+            import tvm_ffi
+
+            scores = np.random.default_rng(len(self.scored)).uniform(size=len(candidates))
+            self.scored += [(tvm_ffi.structural_hash(c.sch.mod), float(x)) for c, x in zip(candidates, scores)]
+            return scores
+
+    return Scripted()
+
+
+@pytest.mark.parametrize("trained", [True, False])
+def test_a_first_round_on_a_trained_model_measures_its_best_of_a_larger_pool(tasks, target, trained):
+    """Three times the round drawn within the limits, the model's best proposed but for a quarter drawn at random
+    from the rest; an untrained model is never asked, and the round is drawn as before."""
+    import tvm_ffi
+
+    from services.tuner.metaschedule.sampling import RANKED_EXPLORE, ValidReplay
+
+    task, model = tasks["conv2d1"], _scripted_model(trained)
+    strategy = ValidReplay(seed=5, threads=2, pool=3, model=model)
+    ctx = ms.TuneContext(mod=task.mod, target=target, search_strategy=strategy, task_name=task.name, rand_state=5,
+                         num_threads=2, space_generator=ms.space_generator.PostOrderApply(
+                             postprocs=validity.cuda_postprocs(target)))
+    ctx.pre_tuning(1 << 20, 8, ctx.generate_design_space(), ms.database.MemoryDatabase(), model)
+    cands = ctx.generate_measure_candidates()
+    proposed = {tvm_ffi.structural_hash(c.sch.mod) for c in cands}
+    assert len(cands) == len(proposed) == 8
+    if not trained:
+        assert model.scored == [] and strategy.ranked_rounds == 0
+        return
+    assert strategy.ranked_rounds == 1 and len(model.scored) > 16  # a pool of up to 24 distinct schedules
+    pool = dict(model.scored)
+    assert proposed <= set(pool)
+    best = sorted(pool, key=lambda k: -pool[k])[: 8 - int(8 * RANKED_EXPLORE)]
+    assert set(best) <= proposed
+    again = ctx.generate_measure_candidates()  # the next round proposes none of the first's
+    assert not proposed & {tvm_ffi.structural_hash(c.sch.mod) for c in again}
+
+
 def test_valid_evolution_breeds_within_the_limits_from_the_measured_best(tasks, target):
     """An evolutionary CUDA round with valid sampling: every candidate passes TVM's own chain, none repeats a measured schedule or an earlier round's, and the round breeds from the measured
     best (some candidates are one mutation away from a stored schedule)."""

@@ -9,11 +9,14 @@ from services.tuner.metaschedule.intrinsics import load_tensor_intrinsics
 
 
 def tune_context(mod, target, task_name: str, cold: bool, population: int, rand_state: int = -1,
-                 num_threads: int = 0, valid_sampling: bool = True) -> ms.TuneContext:
+                 num_threads: int = 0, valid_sampling: bool = True, first_round_pool: int = 1,
+                 ranking_model=None) -> ms.TuneContext:
     """`valid_sampling`: on CUDA, a cold round draws tile decisions within the target's limits before it
     replays them (sampling.ValidReplay), an evolutionary round mutates them within those limits
     (evolution.ValidEvolution), and samples that break the limits are rejected before TVM lowers them
-    (validity.GPUPrecheck first among the postprocessors)."""
+    (validity.GPUPrecheck first among the postprocessors). `first_round_pool`: a cold CUDA round, once
+    `ranking_model` (the central cost model) is trained, draws that many times its candidates and proposes the
+    model's best (sampling.ValidReplay)."""
     load_tensor_intrinsics(target.kind.name)  # else TuneContext imports every backend's (idempotent)
     space = "post-order-apply"
     threads = num_threads or "physical"
@@ -34,7 +37,8 @@ def tune_context(mod, target, task_name: str, cold: bool, population: int, rand_
     elif cuda:
         from services.tuner.metaschedule.sampling import ValidReplay
 
-        strategy = ValidReplay(seed=rand_state, threads=num_threads or physical_cores())
+        strategy = ValidReplay(seed=rand_state, threads=num_threads or physical_cores(), pool=first_round_pool,
+                               model=ranking_model)
     else:
         strategy = "replay-trace"
     return ms.TuneContext(
