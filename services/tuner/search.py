@@ -57,7 +57,8 @@ def tune_shard(send, redis, job_id: str, shard: int, settings: TunerSettings, ch
                            job.first_round),
                      parts, check=check, cold_start=settings.cold_start, screen=spec.timing == "screen")
     run = loop.run()
-    store.put_split(redis, job_id, shard, shard_times(split, run, time.time() - t0, pop, parts.seeds))
+    store.put_split(redis, job_id, shard, shard_times(split, run, time.time() - t0, pop, parts.seeds,
+                                                      getattr(parts.cost_model, "ranked_rounds", 0)))
     return run
 
 
@@ -139,8 +140,9 @@ def lane_runner(send, redis, spec: JobSpec, target, settings: TunerSettings, sta
                                  settings.batch_grace_s, settings.live_lane_policy()))
 
 
-def shard_times(split, run, tune_s: float, population: int, seeds) -> dict:
-    """Where the shard's time went (the lanes' split, the search, its phases, the waits) and what its loop did."""
+def shard_times(split, run, tune_s: float, population: int, seeds, ranked_rounds: int = 0) -> dict:
+    """Where the shard's time went (the lanes' split, the search, its phases, the waits) and what its loop did
+    (`ranked_rounds`: cold rounds the central model chose from a larger pool, sampling.ValidReplay)."""
     times = split.as_dict()
     times["search"] = round(max(0.0, tune_s - split.wait - split.serialize - run.waited_s), 3)
     times["steer_wait"] = round(run.waited_s, 3)
@@ -148,7 +150,7 @@ def shard_times(split, run, tune_s: float, population: int, seeds) -> dict:
     times["tune_total"] = round(tune_s, 3)
     times.update(rounds=run.rounds, trials=run.trials, reused=run.reused, warm_switches=run.warm_switches,
                  population=population, seeds_measured=run.seeds, seeds_applied=seeds.applied if seeds else 0,
-                 seeds_skipped=seeds.skipped if seeds else 0)
+                 seeds_skipped=seeds.skipped if seeds else 0, ranked_rounds=ranked_rounds)
     return times
 
 
@@ -285,7 +287,7 @@ def job_times(redis, job_id: str, t_compile: float, compile_s: float) -> dict:
     ended = max((sh.finished_at for sh in shards.values() if sh.finished_at), default=t_compile)
     times["tune_total"] = round(ended - started, 3)
     times["compile"] = round(compile_s, 3)
-    for k in ("rounds", "reused", "warm_switches"):
+    for k in ("rounds", "reused", "warm_switches", "ranked_rounds"):
         times[k] = sum(sp.get(k, 0) for sp in splits)
     times["clients"] = len(shards)
     times["population"] = max((sp.get("population", 0) for sp in splits), default=0)

@@ -74,6 +74,7 @@ class SnapshotCostModel(PyCostModel):
         self.version = 0
         self.booster = None
         self.rows_sent = 0
+        self.ranked_rounds = 0  # cold rounds it chose from a larger pool (sampling.ValidReplay counts them here)
 
     def load(self, path: str) -> None:  # the store is the model's home; nothing on disk
         pass

@@ -514,6 +514,8 @@ class ValidReplay(PySearchStrategy):
         if ranked and len(out) > want:
             out = self._ranked(out, want)
             self.ranked_rounds += 1
+            if hasattr(self.model, "ranked_rounds"):  # the tuner's model: the job's split counts them
+                self.model.ranked_rounds += 1
         out = distinct(out[:want], self.seen)
         self.proposed += len(out)
         return out or None
