@@ -241,8 +241,8 @@ def job_events(r, job_id: str, t0: float, wall: float, threads: int) -> dict:
         ok = store.valid_record(rec) and rec.timing == "full"  # what an export may use
         events.append((rec.measured_at - t0, t.name, statistics.median(rec.run_secs) if ok else None))
     splits = store.splits(r, job_id)
-    row = {"full_windows": full_windows([x for x, _ in recs]), "trials": len(events), "weights": {t.name: t.weight for t in tasks}, "defaults": defaults,
-           "events": events, "seeds_measured": seeds, "trials_per_min": round(60 * len(events) / max(wall, 1e-9), 1),
+    row = {"trials": len(events), "weights": {t.name: t.weight for t in tasks}, "defaults": defaults,
+           "full_windows": full_windows([x for x, _ in recs]), "events": events, "seeds_measured": seeds, "trials_per_min": round(60 * len(events) / max(wall, 1e-9), 1),
            "splits": splits, "valid_trials": valid, "fully_timed_trials": sum(1 for e in events if e[2] is not None)}
     # the sample phase is wall time, so this is its CPU only while its threads are busy
     sample_s = sum(s.get("sample", 0.0) for s in splits)

@@ -22,7 +22,6 @@ from pathlib import Path
 import numpy as np
 
 MODELS = ("efficientnet-mbconv", "regnety-stage", "vit-s-encoder", "wav2vec2-conv")
-EXPLORE = 0.25  # as sampling.RANKED_EXPLORE
 
 
 def model_rows(folder: Path, model: str, target) -> list[tuple[str, np.ndarray, float]]:
@@ -58,11 +57,12 @@ def model_rows(folder: Path, model: str, target) -> list[tuple[str, np.ndarray, 
 
 
 def picked_round(pred: np.ndarray, costs: np.ndarray, pool: int, k: int, rng: random.Random) -> tuple[float, float]:
-    """One draw: (best of the ranked round, best of a random round of k) over the task's best."""
+    """One draw: (best of the ranked round, best of a random round of k) over the task's best; the round picked
+    as the tuner picks it (sampling.ranked_pick)."""
+    from services.tuner.metaschedule.sampling import ranked_pick
+
     idx = rng.sample(range(len(costs)), pool * k)
-    order = sorted(idx, key=lambda i: -pred[i])
-    explore = int(k * EXPLORE)
-    chosen = order[:k - explore] + rng.sample(order[k - explore:], explore)
+    chosen = [idx[i] for i in ranked_pick(pred[idx], k, rng)]
     return float(costs[chosen].min() / costs.min()), float(costs[idx[:k]].min() / costs.min())
 
 

@@ -340,14 +340,14 @@ class LaneRunner(PyRunner):
         self.builders_live()
         return self._no_builders_since
 
-    def _dispatch_to_builders(self, candidates: list[Candidate], slots: list[str], priority: int = 0,
-                              timing: TimingConfig | None = None) -> dict[str, BatchWatch]:
+    def _dispatch_to_builders(self, candidates: list[Candidate], slots: list[str], priority: int,
+                              timing: TimingConfig) -> dict[str, BatchWatch]:
         via = names.build_queue(self.family)
         watches = {}
         for i, cand in enumerate(candidates):
             queue = slots[(self._rr + i) % len(slots)]
             batch = MeasureBatch(batch_id=uuid.uuid4().hex, job_id=self.job_id, target=self.target_json,
-                                 timing=timing or self.timing, candidates=[cand])
+                                 timing=timing, candidates=[cand])
             watches[cand.candidate_id] = BatchWatch(self, batch, queue, via=via)
             self.send(batch, queue, via, priority)
         self._rr += len(candidates)

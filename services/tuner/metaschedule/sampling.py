@@ -469,6 +469,13 @@ def distinct(cands: list, seen: set[int] | None = None) -> list:
 RANKED_EXPLORE = 0.25
 
 
+def ranked_pick(scores, want: int, rng: random.Random) -> list[int]:
+    """Indices of a ranked round: the `want` best by score, RANKED_EXPLORE of them drawn at random from the rest."""
+    order = sorted(range(len(scores)), key=lambda i: -float(scores[i]))
+    explore = int(want * RANKED_EXPLORE)
+    return order[:want - explore] + rng.sample(order[want - explore:], explore)
+
+
 @derived_object
 class ValidReplay(PySearchStrategy):
     """Replay-trace whose tile decisions are drawn within the limits (see the module's doc); each round proposes
@@ -525,12 +532,8 @@ class ValidReplay(PySearchStrategy):
         return bool(trained is not None and trained())
 
     def _ranked(self, cands: list, want: int) -> list:
-        """The model's best `want` of the pool, RANKED_EXPLORE of them drawn at random from the rest."""
-        scores = self.model.predict(self.ctx, cands)
-        order = sorted(range(len(cands)), key=lambda i: -float(scores[i]))
-        explore = int(want * RANKED_EXPLORE)
-        picked = order[:want - explore] + self.rng.sample(order[want - explore:], explore)
-        return [cands[i] for i in picked]
+        """The model's ranked round of `want` from the pool (ranked_pick)."""
+        return [cands[i] for i in ranked_pick(self.model.predict(self.ctx, cands), want, self.rng)]
 
     def _one(self, seed: int):
         """One valid schedule (a slot of the round), or None after MAX_REPLAYS replays."""
