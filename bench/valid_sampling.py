@@ -1,9 +1,11 @@
 """What valid sampling saves in a cold CUDA round of 64 candidates, one thread, per task, three ways (MODES of
-sharetune.testing.sampling_rounds; --evolution: an evolutionary round after a cold one): search CPU a valid
-candidate, samples replayed, rejections. No GPU. Results: docs/time_to_quality.md (Valid first rounds).
+sharetune.testing.sampling_rounds; --evolution: an evolutionary round after a cold one): search CPU a valid candidate,
+samples replayed, rejections; --builds: a cold round built now and before (sharetune.testing.build_cost). No GPU.
+Results: docs/time_to_quality.md (Valid first rounds), docs/benchmarks.md (What a build costs).
 
     python -m bench.valid_sampling     # bench/results/valid_sampling_cpu.json
     python -m bench.valid_sampling --evolution --tasks efficientnet-mbconv:conv2d1 --out /tmp/evolution.json
+    python -m bench.valid_sampling --builds --candidates 16 --out bench/results/build_cost_cpu.json
 """
 from __future__ import annotations
 
@@ -27,32 +29,31 @@ def main(argv=None) -> int:
     ap.add_argument("--arch", default="sm_90")
     ap.add_argument("--out", default="bench/results/valid_sampling_cpu.json")
     ap.add_argument("--evolution", action="store_true", help="an evolutionary round, three ways, instead")
+    ap.add_argument("--builds", action="store_true", help="a cold round's builds, now against before, instead")
     args = ap.parse_args(argv)
     from services.measurer.metaschedule.targets import family_target
     from services.tuner.metaschedule.extract import extract
     from services.tuner.metaschedule.intrinsics import load_tensor_intrinsics
     from sharetune.intake import to_relax
-    from sharetune.testing.sampling_rounds import EVOLUTION_MODES, MODES, cold_round, evolution_round
+    from sharetune.testing import build_cost, sampling_rounds as rounds
 
     load_tensor_intrinsics("cuda")  # as a CUDA tuner does before its first TuneContext
     target = family_target(f"cuda.{args.arch}")
-    modes, one_round = (EVOLUTION_MODES, evolution_round) if args.evolution else (MODES, cold_round)
+    modes, one_round = ((build_cost.BUILD_MODES, build_cost.build_round) if args.builds else (rounds.EVOLUTION_MODES,
+                        rounds.evolution_round) if args.evolution else (rounds.MODES, rounds.cold_round))
     models: dict = {}
     rows = []
-    print(f"{'task':<58} {'mode':<28} {'valid':>5} {'drawn':>6} {'CPU s':>6} {'s/valid':>8} rejected by")
     for spec in args.tasks.split(","):
         model, _, name = spec.partition(":")
         if model not in models:
             relax_model = to_relax(*build(model)) if model in PANEL else to_relax(model)
             models[model] = {t.name: t for t in extract(relax_model.mod, target)}
         for mode in modes:
-            r = {"model": model, "task": name, **one_round(models[model][name], target, mode, args.candidates)}
-            rows.append(r)
-            print(f"{spec:<58} {mode:<28} {r['valid']:>5} {r['drawn']:>6} {r['search_cpu_s']:>6} "
-                  f"{r['cpu_s_per_valid']:>8} {r['rejected']}", flush=True)
-    write_results({"target": str(target), "candidates": args.candidates, "threads": 1, "modes": list(modes),
-                   "rows": rows}, args.out, "bench.valid_sampling", argv)
-    print("wrote", args.out)
+            rows.append({"model": model, "task": name, **one_round(models[model][name], target, mode, args.candidates)})
+            print(spec, {k: v for k, v in rows[-1].items() if k not in ("model", "task")}, flush=True)
+    print("wrote", write_results({"target": str(target), "candidates": args.candidates, "threads": 1, "modes": list(
+        modes), "rows": rows, **({"summary": build_cost.summary(rows)} if args.builds else {})}, args.out,
+        "bench.valid_sampling", argv))
     return 0
 
 

@@ -52,9 +52,17 @@ def _cuda_source(mod) -> str:
 
 
 @pytest.fixture(scope="module")
-def conv_sources():
+def conv_sources(conv_candidates):
     """Sampled schedules of ResNet-18's heaviest 3x3 convolution, as CUDA source (the small ones: deep
     unrolls of 500+ KB take seconds to compile either way)."""
+    sources = [src for src in map(_cuda_source, conv_candidates) if len(src) < 200_000][:2]
+    assert sources, "no candidate of a usable size was sampled"
+    return sources
+
+
+@pytest.fixture(scope="module")
+def conv_candidates():
+    """Sampled schedules of ResNet-18's heaviest 3x3 convolution (scheduled modules)."""
     from tvm.s_tir import meta_schedule as ms
 
     from services.tuner.metaschedule.extract import extract
@@ -69,16 +77,43 @@ def conv_sources():
                          search_strategy=ms.search_strategy.ReplayTrace(), task_name=task.name, rand_state=1,
                          num_threads=1)
     ctx.pre_tuning(4, 4, ctx.generate_design_space(), None, None)
-    sources = []
-    for cand in ctx.generate_measure_candidates() or []:
-        src = _cuda_source(cand.sch.mod)
-        if len(src) < 200_000:
-            sources.append(src)
-        if len(sources) == 2:
-            break
+    mods = [cand.sch.mod for cand in ctx.generate_measure_candidates() or []]
     ctx.post_tuning()
-    assert sources, "no candidate of a usable size was sampled"
-    return sources
+    return mods
+
+
+def test_a_kernel_path_build_lowers_without_tirs_cse_to_the_same_kernels(conv_candidates):
+    """NVVM eliminates the common subexpressions TIR's pass would: the kernel path skips the pass (a quarter of
+    the lowering) and compiles to the same machine code; NVRTC's -minimal, where it is known, changes none."""
+    from services.measurer.metaschedule import cuda_compile as cc
+    from services.measurer.metaschedule.build import build
+
+    target = tvm.target.Target(H200)
+    assert cc.lowering_config() == {"tirx.disable_cse_tir": True}
+    assert all(o.encode() in cc.nvrtc_options("sm_90") for o in cc.minimal_option())
+    compared = 0
+    for mod in conv_candidates:
+        ours = build(mod, target).imports[0].inspect_source()
+        with target, tvm.transform.PassContext(config={"tirx.disable_cse_tir": False}):
+            theirs = tvm.build(mod, target=target).imports[0].inspect_source()
+        assert "cse_v" not in ours
+        if len(theirs) > 200_000 or "cse_v" not in theirs:
+            continue
+        assert cc.kernel_code(cc.nvrtc_compile(cc.kernel_source(ours), "sm_90")) == \
+            cc.kernel_code(cc.nvrtc_compile(cc.kernel_source(theirs), "sm_90"))
+        compared += 1
+    assert compared, "no sampled candidate had a common subexpression to compare"
+
+
+def test_tvms_path_keeps_tirs_lowering():
+    from services.measurer.metaschedule import cuda_compile as cc
+
+    before = cc.options()
+    try:
+        cc.configure(cc.CompileOptions(mode="tvm"))
+        assert cc.lowering_config() == {}
+    finally:
+        cc.configure(before)
 
 
 def test_kernel_only_path_gives_the_same_kernels_as_tvms(cuda_path, conv_sources):

@@ -116,3 +116,19 @@ def evolution_round(task, target, mode: str, candidates: int, population: int = 
             "cpu_s_per_valid": round(cpu / max(1, len(cands)), 3),
             "rejected": {**{w.name: w.rejects for w in wrapped if getattr(w, "rejects", 0)},
                          **({"VerifyGPUCode": strategy.verify_rejected} if lazy else {})}}
+
+
+def sampled(task, target, candidates: int, seed: int = 1) -> list:
+    """A cold round's candidates of `task` as a tuner sends them (tile draws within the limits, the CUDA
+    postprocessors), as scheduled modules."""
+    from tvm.s_tir import meta_schedule as ms
+
+    from services.tuner.metaschedule import validity
+    from services.tuner.metaschedule.sampling import ValidReplay
+
+    ctx = ms.TuneContext(mod=task.mod, target=target, search_strategy=ValidReplay(seed=seed, threads=1),
+                         space_generator=ms.space_generator.PostOrderApply(postprocs=validity.cuda_postprocs(target)),
+                         task_name=task.name, rand_state=seed, num_threads=1)
+    ctx.pre_tuning(candidates, candidates, ctx.generate_design_space(), ms.database.MemoryDatabase(),
+                   ms.cost_model.RandomModel())
+    return [c.sch.mod for c in ctx.generate_measure_candidates() or []]

@@ -17,13 +17,23 @@ from shared.messages import Artifact, Candidate
 def build(mod, target):
     from tvm.s_tir.transform import RemoveWeightLayoutRewriteBlock
 
+    config = {}
     if target.kind.name == "cuda":  # every CUDA build of the measurer compiles through cuda_compile
         from services.measurer.metaschedule import cuda_compile
 
         cuda_compile.install()
+        config = cuda_compile.lowering_config()
     mod = RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True)(mod)
-    with target:  # CUDA codegen reads the current target when it compiles to a cubin
+    with target, _pass_context(config):  # CUDA codegen reads the current target when it compiles to a cubin
         return tvm.build(mod, target=target)
+
+
+def _pass_context(config: dict) -> tvm.transform.PassContext:
+    """The current PassContext with `config` added (a caller's instruments and passes kept)."""
+    cur = tvm.transform.PassContext.current()
+    return tvm.transform.PassContext(opt_level=cur.opt_level, required_pass=list(cur.required_pass),
+                                     disabled_pass=list(cur.disabled_pass), instruments=list(cur.instruments),
+                                     config={**dict(cur.config), **config})
 
 
 def check_built(target, rt_mod) -> None:
