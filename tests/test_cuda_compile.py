@@ -335,3 +335,13 @@ def test_the_shared_folder_keeps_within_its_bound_oldest_out(tmp_path):
     assert left == ["05", "06", "07"]  # the newest, within three quarters of the bound
     assert cache.get("07" + "k" * 62) == (bytes([7]) * 2000, "kernel") and cache.get("00" + "k" * 62) is None
     assert SharedCache(str(tmp_path / "none"), 10).get("x" * 64) is None  # an empty folder: a miss, no error
+
+
+def test_the_build_cost_kit_builds_as_before_and_restores_the_kernel_path():
+    from services.measurer.metaschedule import cuda_compile as cc
+    from sharetune.testing.build_cost import built_before
+
+    with built_before():
+        assert cc.lowering_config() == {} and cc.minimal_option() == ()
+        assert b"-minimal" not in cc.nvrtc_options("sm_90")
+    assert cc.lowering_config() == {"tirx.disable_cse_tir": True} and cc.mode() == "kernel"
