@@ -207,6 +207,10 @@ class TunerSettings(LaneWaitSettings):
     # many times its candidates within the limits and measures the model's best, a quarter of them at random from
     # the rest (services/tuner/metaschedule/sampling.py ValidReplay); 1: every round drawn at random
     first_round_pool: int = Field(3, ge=1, le=16)
+    # a CUDA design space also holds, for a matmul-like block with an awkward extent (above 16, not a multiple of
+    # 8: ViT's 197 tokens), the block padded to a multiple of 16, which MultiLevelTiling's exact divisors can
+    # tile (services/tuner/metaschedule/padding.py); the unpadded spaces stay
+    pad_awkward: bool = True
     # a task's first round starts with the best records of the nearest stored workloads of its operator kind,
     # their traces re-fitted to it (services/tuner/metaschedule/seeds.py)
     warm_seeds: bool = True
