@@ -13,7 +13,6 @@ inlined into a consumer (it would cost a copy kernel), is left as it is.
 """
 from __future__ import annotations
 
-import tvm
 from tvm import tirx
 from tvm.ir.utils import derived_object
 from tvm.s_tir import SBlockRealize
