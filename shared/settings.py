@@ -209,8 +209,10 @@ class TunerSettings(LaneWaitSettings):
     first_round_pool: int = Field(3, ge=1, le=16)
     # a CUDA design space also holds, for a matmul-like block with an awkward extent (above 16, not a multiple of
     # 8: ViT's 197 tokens), the block padded to a multiple of 16, which MultiLevelTiling's exact divisors can
-    # tile (services/tuner/metaschedule/padding.py); the unpadded spaces stay
-    pad_awkward: bool = True
+    # tile (services/tuner/metaschedule/padding.py); the unpadded spaces stay. Off by default: on the H200 at 384
+    # trials it found 1.4-2.3x faster kernels for two of ViT-S's matmuls, slower ones for two others (their trials
+    # split between the spaces), the same model latency, at 1.9x the search CPU a candidate
+    pad_awkward: bool = False
     # a task's first round starts with the best records of the nearest stored workloads of its operator kind,
     # their traces re-fitted to it (services/tuner/metaschedule/seeds.py)
     warm_seeds: bool = True

@@ -10,7 +10,7 @@ from services.tuner.metaschedule.intrinsics import load_tensor_intrinsics
 
 def tune_context(mod, target, task_name: str, cold: bool, population: int, rand_state: int = -1,
                  num_threads: int = 0, valid_sampling: bool = True, first_round_pool: int = 1,
-                 ranking_model=None, pad_awkward: bool = True) -> ms.TuneContext:
+                 ranking_model=None, pad_awkward: bool = False) -> ms.TuneContext:
     """`valid_sampling`: on CUDA, a cold round draws tile decisions within the target's limits before it
     replays them (sampling.ValidReplay), an evolutionary round mutates them within those limits
     (evolution.ValidEvolution), and samples that break the limits are rejected before TVM lowers them
