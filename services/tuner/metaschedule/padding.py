@@ -9,7 +9,8 @@ with an awkward extent, adds a state where that extent is padded to a multiple o
 padding blocks inlined: the inputs read as zero beyond their bounds, the padded rows never written out), so
 the usual rules tile 208 = 16 x 13 rows as well as 197. The unpadded state stays: the search picks between
 them. A block pad_einsum cannot pad (a convolution's composite indices), or whose padded output cannot be
-inlined into a consumer (it would cost a copy kernel), is left as it is.
+inlined into a consumer (it would cost a copy kernel), is left as it is. Off by default
+(TunerSettings.pad_awkward): docs/time_to_quality.md has what it gave on the H200.
 """
 from __future__ import annotations
 
