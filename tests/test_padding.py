@@ -153,3 +153,12 @@ def test_a_cold_cuda_round_draws_checks_and_lowers_padded_candidates(cuda):
         again = tvm.s_tir.Schedule(task.mod)
         c.sch.trace.apply_to_schedule(again, remove_postproc=False)
         tvm.ir.assert_structural_equal(again.mod, c.sch.mod)
+
+
+def test_the_padded_spaces_are_off_unless_the_setting_turns_them_on(monkeypatch):
+    from shared.settings import TunerSettings
+
+    monkeypatch.delenv("SHARETUNE_PAD_AWKWARD", raising=False)
+    assert TunerSettings().pad_awkward is False
+    monkeypatch.setenv("SHARETUNE_PAD_AWKWARD", "1")
+    assert TunerSettings().pad_awkward is True
