@@ -195,6 +195,8 @@ def plot(result: dict, path: Path) -> None:
                 ax.step(xs, ys, style, where="post", label=name)
         if u:
             ax.axhline(u, color="grey", ls=":", label="untuned")
+            # a tuner's first records of a task can be 100x its default: the axis stops where they would hide the rest
+            ax.set_ylim(0, 1.6 * u)
         ax.set_xscale("log")
         ax.set_title(m)
         ax.set_xlabel("seconds from submit")
