@@ -16,7 +16,6 @@ from __future__ import annotations
 
 from tvm import tirx
 from tvm.ir.utils import derived_object
-from tvm.s_tir import SBlockRealize
 from tvm.s_tir.meta_schedule.schedule_rule import PyScheduleRule
 
 # an awkward extent is padded to a multiple of this
@@ -28,37 +27,21 @@ def awkward(extent: int) -> bool:
     return extent > PAD and extent % 8 != 0
 
 
-def _block_names(stmt, out: set[str]) -> None:
-    if isinstance(stmt, SBlockRealize):
-        out.add(stmt.block.name_hint)
-        _block_names(stmt.block.body, out)
-    elif isinstance(stmt, tirx.SeqStmt):
-        for s in stmt.seq:
-            _block_names(s, out)
-    elif isinstance(stmt, tirx.IfThenElse):
-        _block_names(stmt.then_case, out)
-        if stmt.else_case is not None:
-            _block_names(stmt.else_case, out)
-    elif hasattr(stmt, "body"):
-        _block_names(stmt.body, out)
-
-
-def _names(sch) -> set[str]:
-    out: set[str] = set()
-    for func in sch.mod.functions.values():
-        if isinstance(func, tirx.PrimFunc):
-            _block_names(func.body, out)
-    return out
+def _neighbours(sch, block) -> dict[str, object]:
+    """The block's producers and consumers, by name."""
+    return {sch.get(b).name_hint: b for b in [*sch.get_producers(block), *sch.get_consumers(block)]}
 
 
 def _padded(sch, block, padding: list[int]):
-    """A copy of `sch` with `block` padded and the padding blocks inlined, or None where it cannot be."""
-    before = _names(sch)
+    """A copy of `sch` with `block` padded and the padding blocks (the producers and consumer pad_einsum adds)
+    inlined, or None where it cannot be."""
+    before = set(_neighbours(sch, block))
     out = sch.copy()
     try:
         out.pad_einsum(block, padding)
-        for name in sorted(_names(out) - before):
-            out.compute_inline(out.get_sblock(name))
+        for name, added in sorted(_neighbours(out, block).items()):
+            if name not in before:
+                out.compute_inline(added)
     except Exception:  # noqa: BLE001 -- TVM's schedule errors: this padding does not apply
         return None
     return out
