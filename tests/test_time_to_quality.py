@@ -79,3 +79,14 @@ def test_the_heaviest_task_lands_at_its_first_fully_timed_record():
     assert heaviest_task_landed(events, weights, defaults) == ("dw", 9.5)  # a brief timing does not count
     assert heaviest_task_landed(events, {"dw": 1, "bn": 10, "pw": 1}, defaults) == ("bn", None)  # 35 us, none yet
     assert heaviest_task_landed(events, weights, {}) == (None, None)
+
+
+def test_the_search_cpu_is_split_between_evolution_and_sampling_per_candidate_each_proposed():
+    from sharetune.experiments.time_to_quality import search_cpu_split
+
+    splits = [{"sample_cpu": 10.0, "evolve_cpu": 6.0, "evolved": 60, "drawn": 100},
+              {"sample_cpu": 2.0, "evolve_cpu": 0.0, "evolved": 0, "drawn": 100}]
+    got = search_cpu_split(splits)
+    assert got["evolve_cpu_s_per_candidate"] == 0.1 and got["sample_cpu_s_per_candidate"] == 0.03
+    assert (got["evolved_candidates"], got["drawn_candidates"]) == (60, 200)
+    assert search_cpu_split([{"sample_cpu": 1.0}]) == {}  # splits from before the split: nothing made up

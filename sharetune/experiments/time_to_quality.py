@@ -254,4 +254,20 @@ def job_events(r, job_id: str, t0: float, wall: float, threads: int) -> dict:
         row["search_cpu_s_per_valid_candidate_bound"] = round(sample_s * threads / max(1, valid), 3)
     else:  # an upper bound: the sample phase's wall time with every search thread busy
         row["search_cpu_s_per_valid_candidate"] = round(sample_s * threads / max(1, valid), 3)
+    row.update(search_cpu_split(splits))
     return row
+
+
+def search_cpu_split(splits: list[dict]) -> dict:
+    """The search's CPU a proposed candidate, evolutionary rounds apart from design-space sampling (empty where the
+    splits predate the split)."""
+    evolved = sum(s.get("evolved", 0) for s in splits)
+    if not any("evolved" in s for s in splits):
+        return {}
+    sample_cpu = sum(s.get("sample_cpu", 0.0) for s in splits)
+    evolve_cpu = sum(s.get("evolve_cpu", 0.0) for s in splits)
+    drawn = sum(s.get("drawn", 0) for s in splits)
+    return {"evolved_candidates": int(evolved), "drawn_candidates": int(drawn), "evolve_cpu_s": round(evolve_cpu, 2),
+            "sample_cpu_s": round(sample_cpu - evolve_cpu, 2),
+            "evolve_cpu_s_per_candidate": round(evolve_cpu / evolved, 3) if evolved else None,
+            "sample_cpu_s_per_candidate": round((sample_cpu - evolve_cpu) / drawn, 3) if drawn else None}

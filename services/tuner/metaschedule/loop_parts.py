@@ -9,8 +9,10 @@ from shared.messages import JobTask
 from services.tuner.metaschedule.records import StoreRecords
 
 # seconds of wall time in each phase, and "sample_cpu": the CPU (every thread of this process) the search's
-# sampling used, the cost of a valid candidate that bench/time_to_quality.py reports
-PHASES = ("defaults", "sample", "features", "record", "sample_cpu")
+# sampling used, the cost of a valid candidate that bench/time_to_quality.py reports; "evolve_cpu" the part of
+# it that evolutionary rounds used; "evolved" and "drawn": the candidates evolutionary rounds and design-space
+# sampling proposed
+PHASES = ("defaults", "sample", "features", "record", "sample_cpu", "evolve_cpu", "evolved", "drawn")
 
 
 class Stopped(Exception):

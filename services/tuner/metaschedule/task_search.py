@@ -172,8 +172,14 @@ class TaskSearch:
         t0, cpu0 = time.perf_counter(), time.process_time()
         got = self.ctx.generate_measure_candidates()
         self.stats.clock("sample", t0)
-        self.stats.phase_s["sample_cpu"] += time.process_time() - cpu0
+        cpu = time.process_time() - cpu0
+        self.stats.phase_s["sample_cpu"] += cpu
         cands = list(got) if got is not None else []
+        if self.cold:
+            self.stats.phase_s["drawn"] += len(cands)
+        else:
+            self.stats.phase_s["evolve_cpu"] += cpu
+            self.stats.phase_s["evolved"] += len(cands)
         self.drawn = len(cands)
         fresh, reused = self._split_known(cands)
         if reused:
