@@ -12,14 +12,7 @@ and output resumes after the last finished step. Protocol and results: docs/benc
 """
 from __future__ import annotations
 
-import argparse
-import contextlib
-import json
-import os
-import statistics
-import subprocess
-import sys
-import time
+import argparse, contextlib, json, os, statistics, subprocess, sys, time  # noqa: E401
 from pathlib import Path
 
 from bench.harness.common import child_env, cores_of, last_json_line, out_dir, tuning_options
@@ -37,12 +30,13 @@ CONFIGS = {  # name -> (lanes per GPU "NxPCT", GPUs, builders, builder cores, tu
     "1gpu-4x25": ("4x25", 1, 16, "0-15", "0-15", "screen"),
     "1gpu-1x100-uniform": ("1x100", 1, 16, "0-15", "0-15", "uniform"),  # every candidate timed fully
     "1gpu-4x25-multi": ("4x25", 1, 16, "0-15", "0-15", "screen"),
+    "1gpu-1x100-8tuners": ("1x100", 1, 16, "0-15", "0-15", "screen"),  # twice the clients (a search: one thread)
 }
-REHEARSAL = {"cpu-1lane": ("measure.cpu.c0", 1, 1, "1", "0-1", "screen"),
-             "cpu-1lane-uniform": ("measure.cpu.c0", 1, 1, "1", "0-1", "uniform"),
-             "cpu-1lane-multi": ("measure.cpu.c0", 1, 1, "1", "0-1", "screen")}
+REHEARSAL = {f"cpu-1lane{s}": ("measure.cpu.c0", 1, 1, "1", "0-1", "uniform" if s == "-uniform" else "screen")
+             for s in ("", "-uniform", "-multi", "-2tuners")}
+TUNERS = {"1gpu-1x100-8tuners": 8, "cpu-1lane-2tuners": 2}  # clients where a configuration names them (else --tuners)
 DEFAULT_CONFIGS = ("1gpu-1x100", "1gpu-4x25", "1gpu-1x100-uniform")
-FIRST_MODEL_ONLY = {"1gpu-1x100-uniform", "cpu-1lane-uniform"}  # the comparison runs on one model
+FIRST_MODEL_ONLY = {"1gpu-1x100-uniform", "cpu-1lane-uniform", "1gpu-1x100-8tuners", "cpu-1lane-2tuners"}  # 1 model
 MULTI = {"1gpu-4x25-multi", "cpu-1lane-multi"}  # every model at once, against the same one after another
 
 
@@ -61,11 +55,12 @@ def config_stack(args, name: str, spec: tuple, gpus: list, work: Path):
         uuids = [g.uuid for g in gpus[:n_gpus]]
         lanes = [gpu_lane(u, pct) for u in uuids for _ in range(count)]
         share = pct
-    os.environ["SHARETUNE_SEARCH_THREADS"] = str(max(1, len(cores_of(tuner_cores)) // args.tuners))
+    tuners = TUNERS.get(name, args.tuners)
+    os.environ["SHARETUNE_SEARCH_THREADS"] = str(max(1, len(cores_of(tuner_cores)) // tuners))
     row = {"config": name, "gpus": n_gpus, "lanes": len(lanes), "share": share, "builders": builders,
-           "builder_cores": builder_cores, "tuners": args.tuners, "per_iter": args.per_iter, "timing": timing}
+           "builder_cores": builder_cores, "tuners": tuners, "per_iter": args.per_iter, "timing": timing}
     t_up = time.time()
-    with local_stack(work, lanes, args.tuners, builders, builder_cores) as stack:
+    with local_stack(work, lanes, tuners, builders, builder_cores) as stack:
         row["stack_startup_s"] = round(time.time() - t_up, 1)
         yield stack, Client(stack.redis_url), row, uuids
 
@@ -112,7 +107,7 @@ def run_config(args, name: str, spec: tuple, gpus: list, work: Path, model: str)
         row.update(batch_figures(batches, status["trials"]))
         row.update(record_stats([x for x, _ in job_records(r, job.job_id)]))
         row["pipeline"] = pipeline(rows, samplers.timeline.t0, batches, samplers.gpu[0].samples,
-                                   host_cores(spec), args.tuners, args.png_dir / f"timeline-{key}.png", key)
+                                   host_cores(spec), row["tuners"], args.png_dir / f"timeline-{key}.png", key)
         if final.get("state") == "done":
             res = job.result()
             row["tuned_module"] = res.tuned_module_path
@@ -161,7 +156,7 @@ def run_multi(args, name: str, spec: tuple, gpus: list, work: Path, models: list
                    gpu_busy_frac=busy[0], shares={k: v for k, v in shares.items() if k != "first_measured_at"},
                    last_first_measured_s=max((j["first_measured_s"] or 0.0) for j in per_job.values()))
         row["pipeline"] = pipeline(rows, samplers.timeline.t0, [b for bs in batches.values() for b in bs],
-                                   samplers.gpu[0].samples, host_cores(spec), args.tuners,
+                                   samplers.gpu[0].samples, host_cores(spec), row["tuners"],
                                    args.png_dir / f"timeline-{name}.png", f"{name}: {', '.join(models)}")
     return row
 
