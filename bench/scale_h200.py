@@ -36,7 +36,7 @@ REHEARSAL = {f"cpu-1lane{s}": ("measure.cpu.c0", 1, 1, "1", "0-1", "uniform" if 
              for s in ("", "-uniform", "-multi", "-2tuners")}
 TUNERS = {"1gpu-1x100-8tuners": 8, "cpu-1lane-2tuners": 2}  # clients where a configuration names them (else --tuners)
 DEFAULT_CONFIGS = ("1gpu-1x100", "1gpu-4x25", "1gpu-1x100-uniform")
-FIRST_MODEL_ONLY = {"1gpu-1x100-uniform", "cpu-1lane-uniform", "1gpu-1x100-8tuners", "cpu-1lane-2tuners"}  # 1 model
+FIRST_MODEL_ONLY = {"1gpu-1x100-uniform", "cpu-1lane-uniform"}  # the comparison runs on one model
 MULTI = {"1gpu-4x25-multi", "cpu-1lane-multi"}  # every model at once, against the same one after another
 
 
