@@ -567,7 +567,7 @@ command("up", "start the stack as local processes and leave it running", WORK_DI
         click.option("--lanes", help="comma-separated lane queues (default: one CPU lane per core)"),
         click.option("--gpu", help="GPU lane spec on this host's GPUs, e.g. 4x25"),
         click.option("--tuners", type=int,
-                     help="tuner clients (default: one per GPU lane, 4 physical cores each at least; 1 on CPU lanes)"),
+                     help="tuner clients (default on GPU lanes: one per lane and at least 4, 4 physical cores each at least; 1 on CPU lanes)"),
         click.option("--join", metavar="REDIS_URL",
                      help="start only lanes, serving an existing stack (another host's, or this one's)"),
         click.option("--builders", type=int, default=0, show_default=True,

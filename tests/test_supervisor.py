@@ -76,7 +76,13 @@ def test_default_tuners_follow_the_gpu_lanes_and_the_cores():
     assert default_tuners([GPU_LANE] * 4, 16) == 4  # one per GPU lane, as measured best on the H200
     assert default_tuners([GPU_LANE] * 4 + ["measure.4c1d2e3f.p25"] * 4, 16) == 4  # 4 cores each at least
     assert default_tuners([GPU_LANE] * 4, 2) == 1
-    assert Stack("/tmp/unused", lanes=[GPU_LANE] * 2, tuners=None).tuners in (1, 2)
+    assert default_tuners([GPU_LANE], 16) == 4  # one lane at 100 %: four clients still search, as benchmarked
+    assert default_tuners([GPU_LANE], 8) == 2
+    assert default_tuners([GPU_LANE] * 8, 64) == 8  # one per lane where the cores allow
+    from shared.settings import physical_cores
+
+    assert Stack("/tmp/unused", lanes=[GPU_LANE] * 2, tuners=None).tuners == default_tuners([GPU_LANE] * 2,
+                                                                                             physical_cores())
     assert Stack("/tmp/unused", lanes=[GPU_LANE] * 2, tuners=3).tuners == 3
 
 

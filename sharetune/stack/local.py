@@ -21,14 +21,15 @@ from services.measurer.agent import (MAX_RESTARTS, RESTART_WINDOW_S, BuilderSpec
 
 
 def default_tuners(lanes: list[str], cores: int) -> int:
-    """Tuner clients a stack starts when none are named: on a GPU one per lane, as measured on the H200
-    (4 clients on 4x25 % lanes: 99 s against 1 client's 138 s, bench/results/sharding_h200.json), with at
-    least 4 physical cores each for its search and builds; on CPU lanes one (the search competes with the
-    lanes for the same cores)."""
+    """Tuner clients a stack starts when none are named: on a GPU at least one per lane and at least 4, as
+    measured on the H200 (4 clients on 4x25 % lanes: 99 s against 1 client's 138 s,
+    bench/results/sharding_h200.json; every 1x100 % figure in bench/results/scale_h200.json is 4 clients'),
+    with at least 4 physical cores each for its search and builds; on CPU lanes one (the search competes with
+    the lanes for the same cores)."""
     n_gpu_lanes = sum(1 for q in lanes if lane_kinds.kind_of(q).build_pool)
     if not n_gpu_lanes:
         return 1
-    return max(1, min(n_gpu_lanes, cores // 4))
+    return max(1, min(max(n_gpu_lanes, 4), cores // 4))
 
 
 @dataclass(frozen=True)
