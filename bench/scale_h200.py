@@ -30,11 +30,11 @@ CONFIGS = {  # name -> (lanes per GPU "NxPCT", GPUs, builders, builder cores, tu
     "1gpu-4x25": ("4x25", 1, 16, "0-15", "0-15", "screen"),
     "1gpu-1x100-uniform": ("1x100", 1, 16, "0-15", "0-15", "uniform"),  # every candidate timed fully
     "1gpu-4x25-multi": ("4x25", 1, 16, "0-15", "0-15", "screen"),
-    "1gpu-1x100-8tuners": ("1x100", 1, 16, "0-15", "0-15", "screen"),  # twice the clients
+    "1gpu-1x100-8c": ("1x100", 1, 16, "0-15", "0-15", "screen"),  # twice the clients
 }
 REHEARSAL = {f"cpu-1lane{s}": ("measure.cpu.c0", 1, 1, "1", "0-1", "uniform" if s == "-uniform" else "screen")
              for s in ("", "-uniform", "-multi", "-2tuners")}
-TUNERS = {"1gpu-1x100-8tuners": 8, "cpu-1lane-2tuners": 2}  # clients where a configuration names them
+TUNERS = {"1gpu-1x100-8c": 8, "cpu-1lane-2tuners": 2}  # clients where a configuration names them
 DEFAULT_CONFIGS = ("1gpu-1x100", "1gpu-4x25", "1gpu-1x100-uniform")
 FIRST_MODEL_ONLY = {"1gpu-1x100-uniform", "cpu-1lane-uniform"}  # the comparison runs on one model
 MULTI = {"1gpu-4x25-multi", "cpu-1lane-multi"}  # every model at once, against the same one after another
