@@ -21,6 +21,7 @@ from bench.harness.samplers import BusySampler, CpuSampler, RunSamplers
 from bench.harness.serving import export_job_records, serve, serving_mps, spawn_compile
 from bench.harness.stock import kill_group, spawn_tune_tasks, stock_records
 from bench.panel import model_arg as panel_model
+from sharetune.experiments.time_to_quality import search_cpu_split
 from sharetune.experiments.throughput import (
     batch_figures, merge_files, pipeline, print_table, record_stats, stock_log_figures, stocks_of, summarise,
 )
@@ -112,6 +113,7 @@ def run_config(args, name: str, spec: tuple, gpus: list, work: Path, model: str)
             res = job.result()
             row["tuned_module"] = res.tuned_module_path
             row["split_s"], row["timing_spread"] = res.time_split_s, res.timing_spread
+            row["search_cpu_split"] = search_cpu_split([res.time_split_s])  # as the time-to-quality row has it
             row["full_timing_of_bests"] = res.retime.get("full_timing_of_bests")
         row["exported_trials"] = export_job_records(stack.redis_url, job.job_id, work / key / "records_db")
     return row

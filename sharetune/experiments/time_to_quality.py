@@ -261,9 +261,9 @@ def job_events(r, job_id: str, t0: float, wall: float, threads: int) -> dict:
 def search_cpu_split(splits: list[dict]) -> dict:
     """The search's CPU a proposed candidate, evolutionary rounds apart from design-space sampling (empty where the
     splits predate the split)."""
-    evolved = sum(s.get("evolved", 0) for s in splits)
     if not any("evolved" in s for s in splits):
         return {}
+    evolved = sum(s.get("evolved", 0) for s in splits)
     sample_cpu = sum(s.get("sample_cpu", 0.0) for s in splits)
     evolve_cpu = sum(s.get("evolve_cpu", 0.0) for s in splits)
     drawn = sum(s.get("drawn", 0) for s in splits)
