@@ -21,7 +21,7 @@ from bench.harness.samplers import BusySampler, CpuSampler, RunSamplers
 from bench.harness.serving import export_job_records, serve, serving_mps, spawn_compile
 from bench.harness.stock import kill_group, spawn_tune_tasks, stock_records
 from bench.panel import model_arg as panel_model
-from sharetune.experiments.time_to_quality import search_cpu_split
+from sharetune.experiments.time_to_quality import job_events, search_cpu_split
 from sharetune.experiments.throughput import (
     batch_figures, merge_files, pipeline, print_table, record_stats, stock_log_figures, stocks_of, summarise,
 )
@@ -32,9 +32,10 @@ CONFIGS = {  # name -> (lanes per GPU "NxPCT", GPUs, builders, builder cores, tu
     "1gpu-1x100-uniform": ("1x100", 1, 16, "0-15", "0-15", "uniform"),  # every candidate timed fully
     "1gpu-4x25-multi": ("4x25", 1, 16, "0-15", "0-15", "screen"),
     "1gpu-1x100-8c": ("1x100", 1, 16, "0-15", "0-15", "screen"),  # twice the clients
+    "1gpu-1x100-strict": ("1x100", 1, 16, "0-15", "0-15", "screen"),  # full timings above the best at 50 ms too
 }
 REHEARSAL = {f"cpu-1lane{s}": ("measure.cpu.c0", 1, 1, "1", "0-1", "uniform" if s == "-uniform" else "screen")
-             for s in ("", "-uniform", "-multi", "-2tuners")}
+             for s in ("", "-uniform", "-multi", "-2tuners", "-strict")}
 TUNERS = {"1gpu-1x100-8c": 8, "cpu-1lane-2tuners": 2}  # clients where a configuration names them
 DEFAULT_CONFIGS = ("1gpu-1x100", "1gpu-4x25", "1gpu-1x100-uniform")
 FIRST_MODEL_ONLY = {"1gpu-1x100-uniform", "cpu-1lane-uniform"}  # the comparison runs on one model
@@ -58,6 +59,7 @@ def config_stack(args, name: str, spec: tuple, gpus: list, work: Path):
         share = pct
     tuners = TUNERS.get(name, args.tuners)
     os.environ["SHARETUNE_SEARCH_THREADS"] = str(max(1, len(cores_of(tuner_cores)) // tuners))
+    os.environ["SHARETUNE_TIMING_SETTLE_ABOVE_BEST"] = "0" if name.endswith("-strict") else "1"
     row = {"config": name, "gpus": n_gpus, "lanes": len(lanes), "share": share, "builders": builders,
            "builder_cores": builder_cores, "tuners": tuners, "per_iter": args.per_iter, "timing": timing}
     t_up = time.time()
@@ -89,8 +91,7 @@ def run_config(args, name: str, spec: tuple, gpus: list, work: Path, model: str)
         samplers = RunSamplers(stack, uuids)
         job, final, wall = run_job(client, args.config_timeout, cancel_on_timeout=True, **options)
         t0 = time.time() - wall
-        rows, busy, cpu = samplers.stop()
-        status = job.status()
+        (rows, busy, cpu), status = samplers.stop(), job.status()
         row.update(cpu, cpu_s_per_trial=round(sum(cpu["cpu_s_by_role"].values()) / max(1, status["trials"] or 0), 2))
         r = store.connect(stack.redis_url)
         batches = store.lane_batches(r, job.job_id)
@@ -107,6 +108,8 @@ def run_config(args, name: str, spec: tuple, gpus: list, work: Path, model: str)
                    lane_busy_per_lane={k: v["busy_frac"] for k, v in lanes.get("per_lane", {}).items()})
         row.update(batch_figures(batches, status["trials"]))
         row.update(record_stats([x for x, _ in job_records(r, job.job_id)]))
+        q = job_events(r, job.job_id, t0, wall, 1)  # the estimated latency's curve (full timings, as exported)
+        row["quality"] = {k: q[k] for k in ("events", "weights", "defaults")}
         row["pipeline"] = pipeline(rows, samplers.timeline.t0, batches, samplers.gpu[0].samples,
                                    host_cores(spec), row["tuners"], args.png_dir / f"timeline-{key}.png", key)
         if final.get("state") == "done":
@@ -249,7 +252,7 @@ def run_part(args) -> int:
         if not any(r["config"] == name and r["model"] == model for r in result["rows"]):
             row = run_config(args, name, table[name], gpus, work / model, model)
             result["rows"].append(row)
-            print(json.dumps({k: v for k, v in row.items() if k not in ("lane_busy_per_lane", "task_trials", "split_s")}
+            print(json.dumps({k: v for k, v in row.items() if k not in ("lane_busy_per_lane", "task_trials", "split_s", "quality")}
                              | {"pipeline": {k: v for k, v in row.get("pipeline", {}).items() if k != "timeline"}}),
                   flush=True)
             save()

@@ -460,6 +460,10 @@ class TimingConfig(Contract):
     # Needs two repeats or more (a GPU lane's three): one repeat cannot agree with anything
     settle_ms: int = Field(default=0, ge=0)
     settle_spread: float = Field(default=0.01, gt=0, le=1)
+    # a screened candidate's repeats at settle_ms that disagree are kept all the same where even the fastest is
+    # slower than its task's best so far: it cannot be the new best, and a longer window would not make it one
+    # (a kernel under 20 us repeats ~3-4 % apart at 50 ms too). False: only agreement keeps them
+    settle_above_best: bool = True
 
 
 MAX_ARTIFACT_BYTES = 16 * 1024 * 1024  # a built candidate larger than this is refused by the lane

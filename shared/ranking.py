@@ -53,6 +53,11 @@ def screen_bar(best_s: float | None) -> float | None:
     return best_s * (1.0 + SCREEN_MARGIN) if best_s is not None and 0 < best_s < math.inf else None
 
 
+def best_behind(bar_s: float | None) -> float | None:
+    """The task's best so far that a screening bar was made from (screen_bar's inverse; None for None)."""
+    return bar_s / (1.0 + SCREEN_MARGIN) if bar_s is not None else None
+
+
 def live_bar(sent_bar_s: float | None, live_best_s: float | None) -> float | None:
     """A screened candidate's bar when it is timed: the bar it was sent with (None: its task had nothing to
     beat when the round was sent), tightened to the margin over its task's best fully timed so far by any lane

@@ -172,6 +172,33 @@ def test_a_full_timing_keeps_its_short_window_only_where_the_repeats_agree():
         assert full_costs(again, plain)[1] == 50 and asked == [(50, plain.repeat)]
 
 
+def test_a_full_timing_that_cannot_beat_its_tasks_best_keeps_its_short_window():
+    """Disagreeing repeats at settle_ms are kept where even the fastest is slower than the task's best; a candidate
+    whose fastest repeat beats the best, one with nothing to beat, or the setting off, is taken again at the floor."""
+    from services.measurer.metaschedule.timing import full_costs
+    from shared.messages import TimingConfig
+    from shared.ranking import best_behind, screen_bar
+
+    asked = []
+
+    def evaluate(floor_ms, repeat):
+        asked.append(floor_ms)
+        return {10: [2.0, 1.2, 1.5, 1.3], 50: [1.1, 1.1, 1.1]}[floor_ms][-repeat:]
+
+    timing = TimingConfig(repeat=3, min_repeat_ms=50, settle_ms=10, settle_spread=0.01)
+    assert full_costs(evaluate, timing, best_s=1.15) == ([1.2, 1.5, 1.3], 10) and asked == [10]
+    for best_s, t in ((1.25, timing), (None, timing), (1.15, timing.model_copy(update={"settle_above_best": False}))):
+        asked.clear()
+        assert full_costs(evaluate, t, best_s=best_s) == ([1.1, 1.1, 1.1], 50) and asked == [10, 50]
+    assert best_behind(screen_bar(1.15)) == pytest.approx(1.15) and best_behind(None) is None
+
+
+def test_the_tuner_setting_turns_keeping_short_windows_above_the_best_off():
+    from services.tuner.search import timing_for
+
+    assert timing_for("cuda").settle_above_best and not timing_for("cuda", settle_above_best=False).settle_above_best
+
+
 def test_a_lane_says_at_which_window_it_took_a_full_timing(built):
     """Real timings on this CPU: either window may be kept (how steady this host is), and the result names it."""
     from services.measurer.metaschedule.timing import time_module

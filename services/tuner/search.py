@@ -137,7 +137,7 @@ def lane_runner(send, redis, spec: JobSpec, target, settings: TunerSettings, sta
     return LaneRunner(send, redis, JobLanes(spec.job_id, lane_kind(spec.target), spec.share, str(target)),
                       stash or CandidateStash(), split or TimeSplit(),
                       BatchRules(timing_for(target_kind(spec.target), settings.timing_floor_ms,
-                                            settings.timing_settle_ms),
+                                            settings.timing_settle_ms, settings.timing_settle_above_best),
                                  settings.batch_grace_s, settings.live_lane_policy()))
 
 
@@ -296,17 +296,18 @@ def job_times(redis, job_id: str, t_compile: float, compile_s: float) -> dict:
     return times
 
 
-def timing_for(kind: str, floor_ms: int | None = None, settle_ms: int | None = None) -> TimingConfig:
+def timing_for(kind: str, floor_ms: int | None = None, settle_ms: int | None = None,
+               settle_above_best: bool = True) -> TimingConfig:
     """The timing of a target kind's candidates: the defaults (MetaSchedule's LocalRunner: 3 runs, 100 ms
-    floor) with what its lane kind changes (a shared GPU: 3 repeats, settled at 10 ms where they agree,
-    shared.lanes.gpu), and the tuner's floor and settling where it sets them (TunerSettings.timing_floor_ms,
-    timing_settle_ms)."""
+    floor) with what its lane kind changes (a shared GPU: 3 repeats, settled at 10 ms where they agree or
+    cannot beat the task's best, shared.lanes.gpu), and the tuner's floor and settling where it sets them
+    (TunerSettings.timing_floor_ms, timing_settle_ms, timing_settle_above_best)."""
     fields = lanes.for_target(kind).timing()
     if floor_ms is not None:
         fields["min_repeat_ms"] = floor_ms
     if settle_ms is not None:
         fields["settle_ms"] = settle_ms
-    return TimingConfig(**fields)
+    return TimingConfig(**fields, settle_above_best=settle_above_best)
 
 
 def _best_record(redis, wkey: str):

@@ -203,7 +203,7 @@ def summarise(result: dict) -> dict:
         summary["per_model"][model] = per
         for c, v in per["throughput_vs_stock"].items():
             ratios.setdefault(c, []).append(v)
-    screened = {c: v for c, v in ratios.items() if "uniform" not in c}
+    screened = {c: v for c, v in ratios.items() if not c.endswith(CONTROLS)}
     if screened:  # a configuration's ratio is its worst model's: every model must reach it
         best = max(screened, key=lambda c: min(screened[c]))
         summary["throughput_vs_stock"] = min(screened[best])
@@ -211,7 +211,7 @@ def summarise(result: dict) -> dict:
         one = next((c for c in screened if c.endswith("1x100")), None)
         summary["throughput_vs_stock_1x100"] = min(screened[one]) if one else None
         summary["throughput_vs_stock_per_config"] = {c: min(v) for c, v in ratios.items()}
-    lat = [row["latency_vs_stock"] for row in rows if row.get("latency_vs_stock") and row.get("timing") != "uniform"]
+    lat = [row["latency_vs_stock"] for row in rows if row.get("latency_vs_stock") and not row["config"].endswith(CONTROLS)]
     summary["latency_vs_stock"] = max(lat) if lat else None  # the worst configuration and model
     summary["latency_vs_stock_per_row"] = {f"{row['config']}/{row['model']}": row.get("latency_vs_stock") for row in rows}
     summary["gpu_busy_frac"] = {f"{row['config']}/{row['model']}": row.get("gpu_busy_frac") for row in rows}
@@ -229,9 +229,13 @@ def summarise(result: dict) -> dict:
         summary["build_cpu_s_mean"] = round(sum(row["build_cpu_s_total"] for row in cpu) / n, 3)
         summary["build_cpu_s_median"] = round(statistics.median(row["build_cpu_s_median"] for row in cpu), 3)
     hundred = [row["lane_s_per_candidate"] for row in rows if row.get("share") == 100 and row.get("lane_s_per_candidate")
-               and row.get("timing") != "uniform"]
+               and not row["config"].endswith(CONTROLS)]
     summary["lane_s_per_candidate"] = round(statistics.median(hundred), 4) if hundred else None
     summary.update(pipeline_summary(result))
+    summary["estimated_latency_us"] = {f"{row['config']}/{row['model']}": estimated_us(row) for row in rows}
+    strict = strict_pairs(rows)
+    if strict:
+        summary["settle_above_best_vs_strict"] = strict
     both = result.get("screened_vs_uniform") or {}
     if both.get("latency_ratio"):  # timed side by side in one process
         summary["screened_vs_uniform_latency"] = both["latency_ratio"]
@@ -247,10 +251,54 @@ def summarise(result: dict) -> dict:
     return summary
 
 
+# configurations that are controls of another (its name without the suffix): never a configuration's best figure
+CONTROLS = ("-uniform", "-strict")
+
+
+def estimated_us(row: dict) -> float | None:
+    """A service row's final estimated model latency (µs): each task's best full timing, weighted, a task's default
+    schedule where it is faster or the task has none (time_to_quality.latency_curve over the row's `quality`)."""
+    from sharetune.experiments.time_to_quality import latency_curve
+
+    q = row.get("quality")
+    curve = latency_curve(q["events"], q["weights"], q["defaults"]) if q and q.get("events") else []
+    return round(curve[-1][2] * 1e6, 3) if curve else None
+
+
+def strict_pairs(rows: list[dict]) -> dict:
+    """Each model's row against its `-strict` control (every full timing's disagreeing short window taken again at
+    the floor): trials a minute, the lane's seconds a candidate, 50 ms re-timings, the final estimated latency,
+    and when each first reached the slower of the two finals (seconds from submit)."""
+    from sharetune.experiments.time_to_quality import latency_curve, time_to_reach
+
+    out = {}
+    for ctl in (r for r in rows if r["config"].endswith("-strict") and r.get("quality")):
+        twin = next((r for r in rows if r["model"] == ctl["model"] and r.get("quality")
+                     and r["config"] == ctl["config"].removesuffix("-strict")), None)
+        if twin is None:
+            continue
+        pair = {"default": twin, "strict": ctl}
+        curves = {k: latency_curve(r["quality"]["events"], r["quality"]["weights"], r["quality"]["defaults"])
+                  for k, r in pair.items()}
+        finals = {k: c[-1][2] for k, c in curves.items() if c}
+        if len(finals) < 2:
+            continue
+        worse = max(finals.values())
+        out[ctl["model"]] = {
+            **{f: {k: r.get(f) for k, r in pair.items()} for f in ("trials_per_min", "lane_s_per_candidate_mean",
+                                                                  "lane_busy_frac", "host_cpu_busy_frac")},
+            "full_windows": {k: r.get("full_windows") for k, r in pair.items()},
+            "estimated_latency_us": {k: round(v * 1e6, 3) for k, v in finals.items()},
+            "estimated_latency_ratio": round(finals["default"] / finals["strict"], 4),
+            "seconds_to_slower_final": {k: time_to_reach(c, worse)[0] for k, c in curves.items()},
+        }
+    return out
+
+
 def pipeline_summary(result: dict) -> dict:
     """The worst model's and configuration's figures of the pipeline goals, and the multi-job run against
     the same models one after another on one 100 % lane."""
-    rows = [row for row in result["rows"] if row.get("timing") != "uniform" and row.get("state") == JobState.DONE]
+    rows = [row for row in result["rows"] if not row["config"].endswith(CONTROLS) and row.get("state") == JobState.DONE]
     stocks = result.get("stocks") or {}
     vs = [(row["trials_per_min"] / stocks[row["model"]]["trials_per_min"], f"{row['config']}/{row['model']}")
           for row in rows if row["model"] in stocks and stocks[row["model"]].get("trials_per_min")]

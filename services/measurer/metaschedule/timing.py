@@ -66,7 +66,7 @@ def time_module(rt_mod, candidate: Candidate, target, timing: TimingConfig) -> M
     """Time a built candidate. With a bar (`candidate.full_below_s`) it is screened first: one launch
     (does it run at all), then about `timing.brief_ms` of kernel time in three repeats; only when their
     median is under the bar does it get the full timing. Without a bar: the full timing."""
-    from shared.ranking import rank_secs
+    from shared.ranking import best_behind, rank_secs
 
     t1 = time.perf_counter()
     args = None
@@ -85,7 +85,7 @@ def time_module(rt_mod, candidate: Candidate, target, timing: TimingConfig) -> M
                                          enable_cpu_cache_flush=False)
                 return run_evaluator_common(rt_mod, dev, config, args)
 
-            costs, window = full_costs(evaluate, timing)
+            costs, window = full_costs(evaluate, timing, best_behind(candidate.full_below_s))
     except Exception as err:  # noqa: BLE001
         if target.kind.name == "cuda" and not cuda_context_alive():
             KEPT_AFTER_FAULT.extend([args, rt_mod])
@@ -95,11 +95,13 @@ def time_module(rt_mod, candidate: Candidate, target, timing: TimingConfig) -> M
                          timing=result, window_ms=window)
 
 
-def full_costs(evaluate, timing: TimingConfig) -> tuple[list[float], int]:
+def full_costs(evaluate, timing: TimingConfig, best_s: float | None = None) -> tuple[list[float], int]:
     """A full timing's figures and the floor a repeat they were taken at: `evaluate(floor_ms, repeat)` runs the
-    repeats. First at `settle_ms`, kept where the repeats agree within `settle_spread`; else again at
+    repeats. First at `settle_ms`, kept where the repeats agree within `settle_spread`, or (`settle_above_best`)
+    where the fastest is slower than `best_s`, the task's best so far (None: nothing to beat); else again at
     `min_repeat_ms`. A kernel timed steadily needs no longer window: on the H200, kernels of 20 us and more repeat
-    within 0.06 % at 50 ms. The short window's first repeat is run and dropped: the first after the lane's pause
+    within 0.06 % at 50 ms; one that cannot change its task's best is ranked among the rest as well at 10 ms (the
+    lane's long windows go to candidates that may be the new best). The short window's first repeat is run and dropped: the first after the lane's pause
     between candidates runs slow (the slowest in 47 % of the H200's spreads over 5 %; ~5 % slow on a CPU),
     and would leave a steady kernel unsettled (docs/benchmarks.md, "Timing on a busy host")."""
     from shared.ranking import repeat_spread
@@ -108,6 +110,8 @@ def full_costs(evaluate, timing: TimingConfig) -> tuple[list[float], int]:
         quick = evaluate(timing.settle_ms, timing.repeat + 1)[1:]
         spread = repeat_spread(quick)
         if spread is not None and spread <= timing.settle_spread:
+            return quick, timing.settle_ms
+        if timing.settle_above_best and best_s is not None and quick and min(quick) > best_s:
             return quick, timing.settle_ms
     return evaluate(timing.min_repeat_ms, timing.repeat), timing.min_repeat_ms
 
