@@ -32,7 +32,7 @@ CONFIGS = {  # name -> (lanes per GPU "NxPCT", GPUs, builders, builder cores, tu
     "1gpu-1x100-uniform": ("1x100", 1, 16, "0-15", "0-15", "uniform"),  # every candidate timed fully
     "1gpu-4x25-multi": ("4x25", 1, 16, "0-15", "0-15", "screen"),
     "1gpu-1x100-8c": ("1x100", 1, 16, "0-15", "0-15", "screen"),  # twice the clients
-    "1gpu-1x100-strict": ("1x100", 1, 16, "0-15", "0-15", "screen"),  # full timings above the best at 50 ms too
+    "1x100-strict": ("1x100", 1, 16, "0-15", "0-15", "screen"),  # full timings above the best at 50 ms too
 }
 REHEARSAL = {f"cpu-1lane{s}": ("measure.cpu.c0", 1, 1, "1", "0-1", "uniform" if s == "-uniform" else "screen")
              for s in ("", "-uniform", "-multi", "-2tuners", "-strict")}
