@@ -99,7 +99,7 @@ def test_a_row_is_compared_with_its_strict_control_on_rate_lane_time_and_time_to
     row = {"config": "1gpu-1x100", "model": "m", "trials_per_min": 600.0, "lane_s_per_candidate_mean": 0.05,
            "quality": {"events": [(1.0, "a", 2e-6), (2.0, "b", 1e-6), (3.0, "b", None)], "weights": weights,
                        "defaults": defaults}}
-    ctl = {"config": "1gpu-1x100-strict", "model": "m", "trials_per_min": 400.0, "lane_s_per_candidate_mean": 0.09,
+    ctl = {"config": "1x100-strict", "model": "m", "trials_per_min": 400.0, "lane_s_per_candidate_mean": 0.09,
            "quality": {"events": [(1.5, "b", 2e-6), (4.0, "a", 2.5e-6)], "weights": weights, "defaults": defaults}}
     assert estimated_us(row) == pytest.approx(4.0) and estimated_us(ctl) == pytest.approx(6.5)
     pair = strict_pairs([row, ctl, {"config": "1gpu-4x25", "model": "m"}])["m"]

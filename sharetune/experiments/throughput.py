@@ -273,8 +273,9 @@ def strict_pairs(rows: list[dict]) -> dict:
 
     out = {}
     for ctl in (r for r in rows if r["config"].endswith("-strict") and r.get("quality")):
+        base = ctl["config"].removesuffix("-strict")  # its twin's name, or its name's end ("1x100": "1gpu-1x100")
         twin = next((r for r in rows if r["model"] == ctl["model"] and r.get("quality")
-                     and r["config"] == ctl["config"].removesuffix("-strict")), None)
+                     and r["config"] in (base, f"1gpu-{base}")), None)
         if twin is None:
             continue
         pair = {"default": twin, "strict": ctl}
