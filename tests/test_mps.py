@@ -84,6 +84,18 @@ def test_commands_and_environment(tmp_path):
     assert custom.start_command() == ["/opt/cuda/bin/nvidia-cuda-mps-control", "-d"]
 
 
+def test_a_pipe_directory_too_long_for_mps_sockets_gets_a_short_one_of_its_own(tmp_path):
+    from services.measurer.gpu.daemon import MAX_PIPE_DIR_CHARS, usable_pipe_dir
+
+    long_dir = tmp_path / ("w" * 90) / "mps" / "pipe"
+    d = MpsDaemon(long_dir, tmp_path / "log")
+    assert len(str(d.pipe_dir)) <= MAX_PIPE_DIR_CHARS and d.pipe_dir != long_dir
+    # every process given the long path finds the same short one; another long path, another one
+    assert usable_pipe_dir(str(long_dir)) == d.pipe_dir != usable_pipe_dir(tmp_path / ("v" * 90))
+    assert d.environment()["CUDA_MPS_PIPE_DIRECTORY"] == str(d.pipe_dir) and d.control_pipe.parent == d.pipe_dir
+    assert usable_pipe_dir(tmp_path / "pipe") == tmp_path / "pipe"
+
+
 def test_lane_gets_the_daemon_variables(tmp_path):
     d = MpsDaemon(tmp_path / "pipe", tmp_path / "log")
     env = d.client_environment(lanes.kind("gpu").lane(H200.uuid, 25), H200.uuid)

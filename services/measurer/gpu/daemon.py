@@ -23,6 +23,20 @@ from shared import lanes as lane_kinds
 from shared.lanes import Lane
 
 CONTROL_BINARY = "nvidia-cuda-mps-control"
+# MPS makes Unix sockets in its pipe directory, and a socket's path must fit 107 bytes (sockaddr_un): on the H100
+# host a daemon did not start with an 89-character pipe directory and did with 85 (its longest name there)
+MAX_PIPE_DIR_CHARS = 80
+
+
+def usable_pipe_dir(path: Path | str) -> Path:
+    """`path`, or where it is too long for MPS's sockets, a short directory named by its hash under /tmp: every
+    process given the same long path (a lane, its daemon, a probe) finds the same short one."""
+    import hashlib
+
+    path = Path(path)
+    if len(str(path)) <= MAX_PIPE_DIR_CHARS:
+        return path
+    return Path("/tmp") / f"sharetune-mps-{hashlib.sha256(str(path.absolute()).encode()).hexdigest()[:16]}"
 
 
 # ------------------------------------------------------------------------------------ the runner
@@ -93,7 +107,7 @@ class MpsDaemon:
         which: Callable[[str], str | None] = shutil.which,
         wait: DaemonWait = DaemonWait(),
     ):
-        self.pipe_dir = Path(pipe_dir)
+        self.pipe_dir = usable_pipe_dir(pipe_dir)
         self.log_dir = Path(log_dir)
         self.control_binary = control_binary
         self.runner = runner
