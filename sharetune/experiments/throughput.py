@@ -232,10 +232,7 @@ def summarise(result: dict) -> dict:
                and not row["config"].endswith(CONTROLS)]
     summary["lane_s_per_candidate"] = round(statistics.median(hundred), 4) if hundred else None
     summary.update(pipeline_summary(result))
-    summary["estimated_latency_us"] = {f"{row['config']}/{row['model']}": estimated_us(row) for row in rows}
-    strict = strict_pairs(rows)
-    if strict:
-        summary["settle_above_best_vs_strict"] = strict
+    summary.update(latency_summary(rows))
     both = result.get("screened_vs_uniform") or {}
     if both.get("latency_ratio"):  # timed side by side in one process
         summary["screened_vs_uniform_latency"] = both["latency_ratio"]
@@ -265,6 +262,13 @@ def estimated_us(row: dict) -> float | None:
     return round(curve[-1][2] * 1e6, 3) if curve else None
 
 
+def latency_summary(rows: list[dict]) -> dict:
+    """Each row's final estimated latency, and each model against its `-strict` control where one ran."""
+    out = {"estimated_latency_us": {f"{row['config']}/{row['model']}": estimated_us(row) for row in rows}}
+    strict = strict_pairs(rows)
+    return out | ({"settle_above_best_vs_strict": strict} if strict else {})
+
+
 def strict_pairs(rows: list[dict]) -> dict:
     """Each model's row against its `-strict` control (every full timing's disagreeing short window taken again at
     the floor): trials a minute, the lane's seconds a candidate, 50 ms re-timings, the final estimated latency,
@@ -272,23 +276,23 @@ def strict_pairs(rows: list[dict]) -> dict:
     from sharetune.experiments.time_to_quality import latency_curve, time_to_reach
 
     out = {}
-    for ctl in (r for r in rows if r["config"].endswith("-strict") and r.get("quality")):
+    for ctl in (row for row in rows if row["config"].endswith("-strict") and row.get("quality")):
         base = ctl["config"].removesuffix("-strict")  # its twin's name, or its name's end ("1x100": "1gpu-1x100")
-        twin = next((r for r in rows if r["model"] == ctl["model"] and r.get("quality")
-                     and r["config"] in (base, f"1gpu-{base}")), None)
+        twin = next((row for row in rows if row["model"] == ctl["model"] and row.get("quality")
+                     and row["config"] in (base, f"1gpu-{base}")), None)
         if twin is None:
             continue
         pair = {"default": twin, "strict": ctl}
-        curves = {k: latency_curve(r["quality"]["events"], r["quality"]["weights"], r["quality"]["defaults"])
-                  for k, r in pair.items()}
+        curves = {k: latency_curve(row["quality"]["events"], row["quality"]["weights"], row["quality"]["defaults"])
+                  for k, row in pair.items()}
         finals = {k: c[-1][2] for k, c in curves.items() if c}
         if len(finals) < 2:
             continue
         worse = max(finals.values())
         out[ctl["model"]] = {
-            **{f: {k: r.get(f) for k, r in pair.items()} for f in ("trials_per_min", "lane_s_per_candidate_mean",
-                                                                  "lane_busy_frac", "host_cpu_busy_frac")},
-            "full_windows": {k: r.get("full_windows") for k, r in pair.items()},
+            **{f: {k: row.get(f) for k, row in pair.items()} for f in ("trials_per_min", "lane_s_per_candidate_mean",
+                                                                      "lane_busy_frac", "host_cpu_busy_frac")},
+            "full_windows": {k: row.get("full_windows") for k, row in pair.items()},
             "estimated_latency_us": {k: round(v * 1e6, 3) for k, v in finals.items()},
             "estimated_latency_ratio": round(finals["default"] / finals["strict"], 4),
             "seconds_to_slower_final": {k: time_to_reach(c, worse)[0] for k, c in curves.items()},
