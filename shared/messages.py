@@ -139,6 +139,9 @@ class JobOptions(Contract):
                                  "(until cancelled) instead of refusing")
     isolated: bool = Field(default=False, description="tune as on an empty store: its workloads, records, default "
                            "timings, warm seeds and cost model are its own, no other job's (replicates of a search)")
+    rounds_ahead: int | None = Field(default=None, ge=0, le=2, description="while every task of a client is being "
+                                     "measured, rounds a task may have searched and sent before its batch lands; "
+                                     "default: the tuner's setting (SHARETUNE_ROUNDS_AHEAD)")
     name: str | None = Field(default=None, description="the job's name (default: the model's)")
 
     @field_validator("share")

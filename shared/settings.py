@@ -192,6 +192,10 @@ class TunerSettings(LaneWaitSettings):
     cold_start: bool = True
     # evolutionary search's population; 0: twice the round's batch (trials_per_iter), 64 to 512
     search_population: int = Field(0, ge=0)
+    # while every task of a client's shard is being measured, search and send up to this many more rounds of a task
+    # before its batch lands (from what the search knew when it was sent; none of its in-flight candidates again),
+    # so the builders and lanes are not left waiting for the slowest batch; 0: a task waits for its batch
+    rounds_ahead: int = Field(0, ge=0, le=2)
     # the floor of a candidate's full timing in ms (MetaSchedule's min_repeat_ms) for every job this tuner
     # runs; None: its lane kind's (100 ms on a CPU, 50 ms a repeat on a shared GPU). Lower on a quiet device
     # to spend less lane time a candidate, higher on a noisy one

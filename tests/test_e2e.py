@@ -214,6 +214,21 @@ def test_uniform_timing_times_every_candidate_fully(client, lane_share, redis_co
     assert store.job_spec(redis_conn, job.job_id).timing == "uniform"
 
 
+def test_a_job_with_rounds_ahead_spends_its_budget_exactly_and_measures_no_candidate_twice(client, lane_share,
+                                                                                           redis_conn):
+    """Rounds searched and sent while the task's batch is still measured (real clients, lanes and builds): the
+    job-wide budget stays exact, no candidate is measured twice, and the job's split counts those rounds."""
+    job = client.submit("tiny", target="llvm", share=lane_share, trials=40, trials_per_iter=8, seed=11,
+                        rounds_ahead=1, untuned_baseline=False)
+    assert job.wait(timeout_s=900)["state"] == "done"
+    mine = [r for t in store.job_tasks(redis_conn, job.job_id) for r in store.records(redis_conn, t.wkey)
+            if r.job_id == job.job_id]
+    assert len(mine) == job.result().trials == 40
+    assert len({(r.wkey, r.candidate_key) for r in mine}) == len(mine)
+    assert sum(s.get("ahead_rounds", 0) for s in store.splits(redis_conn, job.job_id)) > 0
+    assert store.job_spec(redis_conn, job.job_id).rounds_ahead == 1
+
+
 def test_the_result_counts_how_candidates_were_timed(tuned_tiny, redis_conn):
     from sharetune.progress import timing_line
 

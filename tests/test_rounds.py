@@ -347,3 +347,51 @@ def test_first_round_sizes_wait_for_every_tasks_default_in_the_store(redis_conn)
     store.put_default(redis_conn, DefaultTiming(wkey=tasks[2].wkey, run_secs=[3e-6]))
     assert rounds.sizes() == {"t0": 40, "t1": LIGHT_FIRST_ROUND, "t2": 40}
     assert rounds.head() == {"t0"}  # 30 of 42 us: its first round's messages go ahead
+
+
+def test_a_round_ahead_proposes_none_of_the_tasks_candidates_still_in_flight():
+    """Searched before the task's batch lands: the draw's schedules in flight are not proposed again, a draw that
+    finds only them does not count as dry, and the task's room counts them as spent."""
+    loop, t, target = _loop(_task(_DepthwiseConv()), population=64, first_round=3)
+    t.restart(cold=True, proposes=3)
+    fresh = t.propose(t.room())
+    t.launched(len(fresh), claimed=len(fresh))
+    t.pending_add(fresh)  # what the loop does with rounds ahead
+    assert t.room() == 1000 - len(fresh)
+    t.restart(cold=True, proposes=3)  # the same draw again (same seed): all of it in flight
+    assert t.propose(t.room()) == [] and t.dry == 0 and not t.done and not t.full_draws
+    t.pending_drop(fresh)  # the batch landed
+    assert t.room() == 1000
+
+
+class _Waiting:
+    def done(self):
+        return False
+
+
+def test_a_round_ahead_goes_to_the_task_with_fewest_in_flight_then_the_largest_gradient_once_all_wait():
+    from services.tuner.metaschedule.rounds import InFlight, SearchParts, Shard, ShardLoop
+    from shared.messages import JobTask
+
+    tasks = [JobTask(task_id=f"t{i}", name=f"n{i}", weight=1, wkey=f"w{i}", flops=1.0) for i in range(3)]
+    loop = ShardLoop(Shard(None, "job", 0, tasks, trials_per_iter=8, max_trials_per_task=64),
+                     SearchParts(None, None, None, None, None, None), rounds_ahead=1)
+    loop.picker.priorities = lambda: ({}, {"t0": 1.0, "t1": 3.0, "t2": 2.0}.get)
+    for t in loop.tasks:
+        t.started = True
+
+    def waiting():
+        return InFlight([], [], [_Waiting()], 8)
+
+    loop.flights = {"t0": [waiting()], "t1": [waiting()]}
+    assert loop._ahead() is None  # t2 is ready: the picker's turn, as without rounds ahead
+    loop.flights["t2"] = [waiting()]
+    assert loop._ahead().task_id == "t1"  # every task waits: the largest gradient
+    loop.flights["t1"].append(waiting())
+    assert loop._ahead().task_id == "t2"  # the fewest rounds in flight first
+    loop.flights["t0"].append(waiting())
+    loop.flights["t2"].append(waiting())
+    assert loop._ahead() is None  # each at its limit: the picker waits for a batch
+    loop.flights = {"t0": [waiting()], "t1": [waiting()], "t2": [waiting()]}
+    loop.rounds_ahead = 0
+    assert loop._ahead() is None  # off: a task waits for its batch

@@ -55,7 +55,8 @@ def tune_shard(send, redis, job_id: str, shard: int, settings: TunerSettings, ch
     spec = job.spec
     loop = ShardLoop(Shard(redis, job_id, shard, job.tasks, spec.trials_per_iter, spec.max_trials_per_task or spec.trials,
                            job.first_round),
-                     parts, check=check, cold_start=settings.cold_start, screen=spec.timing == "screen")
+                     parts, check=check, cold_start=settings.cold_start, screen=spec.timing == "screen",
+                     rounds_ahead=settings.rounds_ahead if spec.rounds_ahead is None else spec.rounds_ahead)
     run = loop.run()
     store.put_split(redis, job_id, shard, shard_times(split, run, time.time() - t0, pop, parts.seeds,
                                                       getattr(parts.cost_model, "ranked_rounds", 0)))
@@ -149,7 +150,8 @@ def shard_times(split, run, tune_s: float, population: int, seeds, ranked_rounds
     times["steer_wait"] = round(run.waited_s, 3)
     times.update({k: round(v, 3) for k, v in run.phase_s.items()})
     times["tune_total"] = round(tune_s, 3)
-    times.update(rounds=run.rounds, trials=run.trials, reused=run.reused, warm_switches=run.warm_switches,
+    times.update(rounds=run.rounds, ahead_rounds=run.ahead_rounds, trials=run.trials, reused=run.reused,
+                 warm_switches=run.warm_switches,
                  population=population, seeds_measured=run.seeds, seeds_applied=seeds.applied if seeds else 0,
                  seeds_skipped=seeds.skipped if seeds else 0, ranked_rounds=ranked_rounds)
     return times
@@ -288,7 +290,7 @@ def job_times(redis, job_id: str, t_compile: float, compile_s: float) -> dict:
     ended = max((sh.finished_at for sh in shards.values() if sh.finished_at), default=t_compile)
     times["tune_total"] = round(ended - started, 3)
     times["compile"] = round(compile_s, 3)
-    for k in ("rounds", "reused", "warm_switches", "ranked_rounds"):
+    for k in ("rounds", "ahead_rounds", "reused", "warm_switches", "ranked_rounds"):
         times[k] = sum(sp.get(k, 0) for sp in splits)
     times["clients"] = len(shards)
     times["population"] = max((sp.get("population", 0) for sp in splits), default=0)

@@ -125,7 +125,7 @@ class RoundPicker:
                 self.check(True)
                 time.sleep(LANDING_POLL_S)
                 continue
-            job_tasks, prio = self._priorities()
+            job_tasks, prio = self.priorities()
             grads = {t.task_id: prio(t.task_id) for t in alive}
             best_id = next_task([t.task_id for t in alive], grads, {t.task_id for t in alive if in_flight(t)})
             best = next(t for t in alive if t.task_id == best_id)
@@ -136,7 +136,7 @@ class RoundPicker:
             self.check(True)
             time.sleep(0.1)
 
-    def _priorities(self) -> tuple[dict, Callable[[str], float]]:
+    def priorities(self) -> tuple[dict, Callable[[str], float]]:
         """The job's tasks by id, and each one's priority from the store's history and progress."""
         hist = store.history(self.redis, self.job_id)
         job_tasks = {t.task_id: t for t in store.job_tasks(self.redis, self.job_id)}

@@ -40,6 +40,7 @@ class ShardRun:
     # measured rows' features for the updater), record (results into the store and the search)
     phase_s: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
     warm_switches: int = 0  # tasks that moved from sampling to evolutionary search
+    ahead_rounds: int = 0  # rounds sent while an earlier batch of the same task was still measured
     seeds: int = 0  # warm seeds sent to be measured (first rounds' re-fitted records of nearby workloads)
     per_task: dict[str, int] = field(default_factory=dict)
 

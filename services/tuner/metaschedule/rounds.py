@@ -50,7 +50,8 @@ class ShardLoop:
     (RoundPicker); sends each round's candidates to be built and measured, and joins the results."""
 
     def __init__(self, shard: Shard, parts: SearchParts, steering: Steering | None = None,
-                 check: Callable[..., None] | None = None, cold_start: bool = True, screen: bool = False):
+                 check: Callable[..., None] | None = None, cold_start: bool = True, screen: bool = False,
+                 rounds_ahead: int = 0):
         self.redis, self.job_id, self.shard = shard.redis, shard.job_id, shard.shard
         self.builder, self.runner = parts.builder, parts.runner
         self.cost_model, self.records = parts.cost_model, parts.records
@@ -64,7 +65,11 @@ class ShardLoop:
         self.first_rounds = FirstRounds(shard)
         self.budget = JobBudget(shard, self.first_rounds)
         self.picker = RoundPicker(shard, steering or Steering(), self.check, self.run_stats)
-        self.flights: dict[str, InFlight] = {}  # task id -> its batch being measured
+        self.flights: dict[str, list[InFlight]] = {}  # task id -> its batches being measured, oldest first
+        # while every task of the shard is being measured, a task may have this many more rounds searched and sent
+        # before its batch lands (from what the search knew when it was sent): the host and the lanes are not left
+        # waiting for the slowest batch (TunerSettings.rounds_ahead)
+        self.rounds_ahead = rounds_ahead
 
     def run(self) -> ShardRun:
         self._begin()
@@ -78,14 +83,15 @@ class ShardLoop:
                     return self.run_stats
             while True:
                 self.check(True)
-                t = self.picker.pick(self.tasks, self._touch, lambda t: t.task_id in self.flights)
+                ahead = self._ahead()
+                t = ahead or self.picker.pick(self.tasks, self._touch, lambda t: t.task_id in self.flights)
                 if t is None:
                     break
-                if not self._round(t):
+                if not self._round(t, ahead=ahead is not None):
                     break
         finally:
             for t in self.tasks:
-                if t.task_id in self.flights:
+                while t.task_id in self.flights:
                     self._join(t)
                 t.ctx.post_tuning()
         return self.run_stats
@@ -102,15 +108,32 @@ class ShardLoop:
             t.begin(hist.get(t.task_id) or [], default.get(t.task_id), self.cold_start)
 
     def _touch(self) -> None:
-        """Join the tasks whose batches have all come back (so their gradients are current)."""
+        """Join the batches that have all come back, each task's in the order sent (so gradients are current)."""
         for t in self.tasks:
-            if t.task_id in self.flights and self.flights[t.task_id].landed():
+            while t.task_id in self.flights and self.flights[t.task_id][0].landed():
                 self._join(t)
 
+    def _ahead(self) -> TaskSearch | None:
+        """With rounds ahead allowed and every unfinished task of the shard being measured: the one to search
+        again before its batch lands (the fewest rounds in flight, then the task the job's gradient favours);
+        None otherwise (the picker decides, and waits for a batch as before)."""
+        if not self.rounds_ahead:
+            return None
+        self._touch()
+        alive = [t for t in self.tasks if not t.done]
+        if not alive or any(t.task_id not in self.flights for t in alive):
+            return None
+        room = [t for t in alive if t.started and len(self.flights[t.task_id]) <= self.rounds_ahead]
+        if not room:
+            return None
+        _, prio = self.picker.priorities()
+        return min(room, key=lambda t: (len(self.flights[t.task_id]), -prio(t.task_id)))
+
     # -- one round of one task -------------------------------------------------------------------------
-    def _round(self, t: TaskSearch) -> bool:
-        """Search, claim, send one batch of task t. False when the job's budget is spent."""
-        if t.task_id in self.flights:
+    def _round(self, t: TaskSearch, ahead: bool = False) -> bool:
+        """Search, claim, send one batch of task t (`ahead`: while its earlier batches are still measured, else
+        after they are joined). False when the job's budget is spent."""
+        while not ahead and t.task_id in self.flights:
             self._join(t)
         if t.done:
             return True
@@ -157,14 +180,22 @@ class ShardLoop:
         self.runner.head = not t.started and t.task_id in self.first_rounds.head()
         futures = self.runner.run(inputs) if inputs else []
         by_slot = dict(zip(slots, futures))
-        self.flights[t.task_id] = InFlight(fresh, built, [by_slot.get(i) or _Failed(b.error_msg)
-                                                          for i, b in enumerate(built)], claimed)
+        flight = InFlight(fresh, built, [by_slot.get(i) or _Failed(b.error_msg) for i, b in enumerate(built)], claimed)
+        if self.flights.get(t.task_id):
+            self.run_stats.ahead_rounds += 1
+        self.flights.setdefault(t.task_id, []).append(flight)
         t.launched(len(fresh), claimed)
+        if self.rounds_ahead:
+            t.pending_add(fresh)
 
     def _join(self, t: TaskSearch) -> None:
-        """Task t's batch has come back (or is waited for): the search, the cost model and the store get it."""
-        flight = self.flights.pop(t.task_id)
+        """Task t's oldest batch has come back (or is waited for): the search, the cost model and the store get it."""
+        flight = self.flights[t.task_id].pop(0)
+        if not self.flights[t.task_id]:
+            del self.flights[t.task_id]
         cands, built = flight.candidates, flight.built
+        if self.rounds_ahead:
+            t.pending_drop(cands)
         results = [f.result() for f in flight.futures]
         t.absorb(cands, results)
         ok = [(c, b, r) for c, b, r in zip(cands, built, results) if b.error_msg is None]

@@ -71,6 +71,7 @@ class TaskSearch:
         self.full_draws = False  # a small draw found nothing new (the store held it): every round draws a full one
         self.drawn = 0  # candidates the last round's search proposed
         self._whole_space = False  # the last round's fresh candidates are every schedule of a fixed space
+        self.pending: set[str] = set()  # keys of its candidates sent and not yet joined (rounds ahead)
 
     @property
     def task_id(self) -> str:
@@ -136,7 +137,7 @@ class TaskSearch:
         """How many candidates the next round may measure: the first round the job's even share
         (allocation.first_round_size), then up to the task's own limit."""
         prog = self.parts.records.progress.get(self.task_id)
-        room = self.shard.max_trials_per_task - (prog.trials if prog is not None else 0)
+        room = self.shard.max_trials_per_task - (prog.trials if prog is not None else 0) - len(self.pending)
         return room if self.started or room <= 0 else min(room, self.first_round)
 
     def draw_size(self, room: int | None = None) -> int:
@@ -181,7 +182,7 @@ class TaskSearch:
             self.stats.phase_s["evolve_cpu"] += cpu
             self.stats.phase_s["evolved"] += len(cands)
         self.drawn = len(cands)
-        fresh, reused = self._split_known(cands)
+        fresh, reused, held = self._split_known(cands)
         if reused:
             # the store knows this workload (an earlier job, a resumed shard): draw full rounds from now on, so a
             # round still finds what it may measure among the schedules the store already holds
@@ -194,20 +195,30 @@ class TaskSearch:
             # a space without sampled decisions yields every schedule it has in one round
             self._whole_space = self.fixed and len(fresh) <= room
             return fresh[:room]
-        self._found_nothing(small)
+        if not held:  # a round ahead whose finds are all still being measured has not found the space dry
+            self._found_nothing(small)
         return []
 
-    def _split_known(self, cands: list) -> tuple[list, list]:
-        """(the candidates the store does not hold, each once; (candidate, its record) of those it does)."""
+    def _split_known(self, cands: list) -> tuple[list, list, int]:
+        """(the candidates the store does not hold and none of the task's batches in flight has, each once;
+        (candidate, its record) of those the store holds; how many are in flight)."""
         wkey = self.job_task.wkey
         keys = [candidate_key(wkey, c) for c in cands]
         known = self.parts.records.known(wkey, keys)
         fresh, seen = [], set()
         for c, k in zip(cands, keys):
-            if k not in known and k not in seen:
+            if k not in known and k not in seen and k not in self.pending:
                 fresh.append(c)
                 seen.add(k)
-        return fresh, [(c, known[k]) for c, k in zip(cands, keys) if k in known]
+        held = sum(1 for k in keys if k in self.pending and k not in known)
+        return fresh, [(c, known[k]) for c, k in zip(cands, keys) if k in known], held
+
+    def pending_add(self, candidates: list) -> None:
+        """Candidates sent to be measured: a round searched before they land proposes none of them again."""
+        self.pending.update(candidate_key(self.job_task.wkey, c) for c in candidates)
+
+    def pending_drop(self, candidates: list) -> None:
+        self.pending.difference_update(candidate_key(self.job_task.wkey, c) for c in candidates)
 
     def _found_nothing(self, small: bool) -> None:
         self.publish_best()  # a round all the same: other clients stop reserving its first round
