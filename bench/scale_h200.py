@@ -33,9 +33,10 @@ CONFIGS = {  # name -> (lanes per GPU "NxPCT", GPUs, builders, builder cores, tu
     "1gpu-4x25-multi": ("4x25", 1, 16, "0-15", "0-15", "screen"),
     "1gpu-1x100-8c": ("1x100", 1, 16, "0-15", "0-15", "screen"),  # twice the clients
     "1x100-strict": ("1x100", 1, 16, "0-15", "0-15", "screen"),  # full timings above the best at 50 ms too
+    "1x100-ahead": ("1x100", 1, 16, "0-15", "0-15", "screen"),  # a round ahead while every task is measured
 }
 REHEARSAL = {f"cpu-1lane{s}": ("measure.cpu.c0", 1, 1, "1", "0-1", "uniform" if s == "-uniform" else "screen")
-             for s in ("", "-uniform", "-multi", "-2tuners", "-strict")}
+             for s in ("", "-uniform", "-multi", "-2tuners", "-strict", "-ahead")}
 TUNERS = {"1gpu-1x100-8c": 8, "cpu-1lane-2tuners": 2}  # clients where a configuration names them
 DEFAULT_CONFIGS = ("1gpu-1x100", "1gpu-4x25", "1gpu-1x100-uniform")
 FIRST_MODEL_ONLY = {"1gpu-1x100-uniform", "cpu-1lane-uniform"}  # the comparison runs on one model
@@ -59,7 +60,8 @@ def config_stack(args, name: str, spec: tuple, gpus: list, work: Path):
         share = pct
     tuners = TUNERS.get(name, args.tuners)
     os.environ["SHARETUNE_SEARCH_THREADS"] = str(max(1, len(cores_of(tuner_cores)) // tuners))
-    os.environ["SHARETUNE_TIMING_SETTLE_ABOVE_BEST"] = "0" if name.endswith("-strict") else "1"
+    os.environ.update(SHARETUNE_TIMING_SETTLE_ABOVE_BEST="0" if name.endswith("-strict") else "1",
+                      SHARETUNE_ROUNDS_AHEAD="1" if name.endswith("-ahead") else "0")  # the controls' settings
     row = {"config": name, "gpus": n_gpus, "lanes": len(lanes), "share": share, "builders": builders,
            "builder_cores": builder_cores, "tuners": tuners, "per_iter": args.per_iter, "timing": timing}
     t_up = time.time()
@@ -198,11 +200,9 @@ def run_part(args) -> int:
     work.mkdir(parents=True, exist_ok=True)
     models = (args.models or ("tiny" if args.rehearse else "resnet18,transformer")).split(",")
     gpus = [] if args.rehearse else find_gpus()
-    probe = None
-    if not args.rehearse:
-        probe = probe_hidden_gpu_build()
-        if not probe.get("cubin"):  # keep builders off the lanes' contexts, at least (they open none)
-            os.environ["SHARETUNE_BUILDER_HIDE_GPUS"] = "0"
+    probe = None if args.rehearse else probe_hidden_gpu_build()
+    if probe is not None and not probe.get("cubin"):  # keep builders off the lanes' contexts, at least (they open none)
+        os.environ["SHARETUNE_BUILDER_HIDE_GPUS"] = "0"
     table = REHEARSAL if args.rehearse else CONFIGS
     names_ = [n for n in (args.configs or ",".join(REHEARSAL if args.rehearse else DEFAULT_CONFIGS)).split(",")
               if args.rehearse or table[n][1] <= max(1, len(gpus))]  # configurations the GPUs found allow

@@ -93,7 +93,7 @@ def test_the_search_cpu_is_split_between_evolution_and_sampling_per_candidate_ea
 
 
 def test_a_row_is_compared_with_its_strict_control_on_rate_lane_time_and_time_to_the_slower_final():
-    from sharetune.experiments.throughput import estimated_us, strict_pairs
+    from sharetune.experiments.throughput import estimated_us, variant_pairs
 
     weights, defaults = {"a": 1, "b": 2}, {"a": 3e-6, "b": 4e-6}
     row = {"config": "1gpu-1x100", "model": "m", "trials_per_min": 600.0, "lane_s_per_candidate_mean": 0.05,
@@ -102,9 +102,9 @@ def test_a_row_is_compared_with_its_strict_control_on_rate_lane_time_and_time_to
     ctl = {"config": "1x100-strict", "model": "m", "trials_per_min": 400.0, "lane_s_per_candidate_mean": 0.09,
            "quality": {"events": [(1.5, "b", 2e-6), (4.0, "a", 2.5e-6)], "weights": weights, "defaults": defaults}}
     assert estimated_us(row) == pytest.approx(4.0) and estimated_us(ctl) == pytest.approx(6.5)
-    pair = strict_pairs([row, ctl, {"config": "1gpu-4x25", "model": "m"}])["m"]
+    pair = variant_pairs([row, ctl, {"config": "1gpu-4x25", "model": "m"}], "-strict")["m"]
     assert pair["trials_per_min"] == {"default": 600.0, "strict": 400.0}
     assert pair["estimated_latency_ratio"] == pytest.approx(4.0 / 6.5, abs=1e-4)
     # the slower final (6.5 µs): the default row's estimate is 2 + 8 = 10 at 1 s, 2 + 2 = 4 at 2 s
     assert pair["seconds_to_slower_final"] == {"default": 2.0, "strict": 4.0}
-    assert strict_pairs([row]) == {} and estimated_us({"config": "x"}) is None
+    assert variant_pairs([row], "-strict") == {} and estimated_us({"config": "x"}) is None

@@ -263,26 +263,29 @@ def estimated_us(row: dict) -> float | None:
 
 
 def latency_summary(rows: list[dict]) -> dict:
-    """Each row's final estimated latency, and each model against its `-strict` control where one ran."""
+    """Each row's final estimated latency, and each model against its variants (variant_pairs) where they ran."""
     out = {"estimated_latency_us": {f"{row['config']}/{row['model']}": estimated_us(row) for row in rows}}
-    strict = strict_pairs(rows)
-    return out | ({"settle_above_best_vs_strict": strict} if strict else {})
+    for key, suffix in (("settle_above_best_vs_strict", "-strict"), ("rounds_ahead_vs_default", "-ahead")):
+        pairs = variant_pairs(rows, suffix)
+        out |= {key: pairs} if pairs else {}
+    return out
 
 
-def strict_pairs(rows: list[dict]) -> dict:
-    """Each model's row against its `-strict` control (every full timing's disagreeing short window taken again at
-    the floor): trials a minute, the lane's seconds a candidate, 50 ms re-timings, the final estimated latency,
-    and when each first reached the slower of the two finals (seconds from submit)."""
+def variant_pairs(rows: list[dict], suffix: str) -> dict:
+    """Each model's row against its variant (the configuration named with `suffix`: `-strict`, every full
+    timing's disagreeing short window taken again at the floor; `-ahead`, rounds ahead): trials a minute, the
+    lane's seconds a candidate, the full timings by window, the final estimated latency, and when each first
+    reached the slower of the two finals (seconds from submit). The variant's key is the suffix's word."""
     from sharetune.experiments.time_to_quality import latency_curve, time_to_reach
 
     out = {}
-    for ctl in (row for row in rows if row["config"].endswith("-strict") and row.get("quality")):
-        base = ctl["config"].removesuffix("-strict")  # its twin's name, or its name's end ("1x100": "1gpu-1x100")
+    for ctl in (row for row in rows if row["config"].endswith(suffix) and row.get("quality")):
+        base = ctl["config"].removesuffix(suffix)  # its twin's name, or its name's end ("1x100": "1gpu-1x100")
         twin = next((row for row in rows if row["model"] == ctl["model"] and row.get("quality")
                      and row["config"] in (base, f"1gpu-{base}")), None)
         if twin is None:
             continue
-        pair = {"default": twin, "strict": ctl}
+        pair = {"default": twin, suffix.lstrip("-"): ctl}
         curves = {k: latency_curve(row["quality"]["events"], row["quality"]["weights"], row["quality"]["defaults"])
                   for k, row in pair.items()}
         finals = {k: c[-1][2] for k, c in curves.items() if c}
@@ -294,7 +297,7 @@ def strict_pairs(rows: list[dict]) -> dict:
                                                                       "lane_busy_frac", "host_cpu_busy_frac")},
             "full_windows": {k: row.get("full_windows") for k, row in pair.items()},
             "estimated_latency_us": {k: round(v * 1e6, 3) for k, v in finals.items()},
-            "estimated_latency_ratio": round(finals["default"] / finals["strict"], 4),
+            "estimated_latency_ratio": round(finals["default"] / finals[suffix.lstrip("-")], 4),
             "seconds_to_slower_final": {k: time_to_reach(c, worse)[0] for k, c in curves.items()},
         }
     return out
