@@ -216,8 +216,9 @@ def test_uniform_timing_times_every_candidate_fully(client, lane_share, redis_co
 
 def test_a_job_with_rounds_ahead_spends_its_budget_exactly_and_measures_no_candidate_twice(client, lane_share,
                                                                                            redis_conn):
-    """Rounds searched and sent while the task's batch is still measured (real clients, lanes and builds): the
-    job-wide budget stays exact, no candidate is measured twice, and the job's split counts those rounds."""
+    """Rounds searched and sent while the task's batch is still measured (real clients, lanes and builds; how
+    many there are depends on timing, test_rounds.py steps through one): the job-wide budget stays exact and no
+    candidate is measured twice."""
     job = client.submit("tiny", target="llvm", share=lane_share, trials=40, trials_per_iter=8, seed=11,
                         rounds_ahead=1, untuned_baseline=False)
     assert job.wait(timeout_s=900)["state"] == "done"
@@ -225,7 +226,7 @@ def test_a_job_with_rounds_ahead_spends_its_budget_exactly_and_measures_no_candi
             if r.job_id == job.job_id]
     assert len(mine) == job.result().trials == 40
     assert len({(r.wkey, r.candidate_key) for r in mine}) == len(mine)
-    assert sum(s.get("ahead_rounds", 0) for s in store.splits(redis_conn, job.job_id)) > 0
+    assert all("ahead_rounds" in s for s in store.splits(redis_conn, job.job_id))
     assert store.job_spec(redis_conn, job.job_id).rounds_ahead == 1
 
 

@@ -395,3 +395,75 @@ def test_a_round_ahead_goes_to_the_task_with_fewest_in_flight_then_the_largest_g
     loop.flights = {"t0": [waiting()], "t1": [waiting()], "t2": [waiting()]}
     loop.rounds_ahead = 0
     assert loop._ahead() is None  # off: a task waits for its batch
+
+
+class _Pending:
+    def __init__(self):
+        self.landed = False
+
+    def done(self):
+        return self.landed
+
+    def result(self):
+        from tvm.s_tir.meta_schedule.runner import RunnerResult
+
+        return RunnerResult([1e-5], None)
+
+
+class _Lanes:
+    """Builds every candidate and measures nothing until told: each batch stays in flight."""
+
+    def __init__(self):
+        self.futures = []
+
+    def build(self, inputs):
+        from tvm.s_tir.meta_schedule.builder import BuilderResult
+
+        return [BuilderResult(f"a{len(self.futures)}-{i}", None) for i in range(len(inputs))]
+
+    def run(self, inputs):
+        fs = [_Pending() for _ in inputs]
+        self.futures += fs
+        return fs
+
+
+class _Budget:
+    def left(self):
+        return 1000
+
+    def reserve(self, tasks):
+        return 0
+
+    def claim(self, n):
+        return n
+
+
+def test_a_round_ahead_is_sent_while_the_first_is_in_flight_and_both_are_joined_in_order():
+    """The loop's own steps, deterministic (real sampling, fake lanes): a round ahead goes out while the task's
+    batch is measured, with none of its candidates, at most rounds_ahead of them; both batches are joined in the
+    order sent, and then nothing is pending."""
+    from types import SimpleNamespace
+
+    from services.tuner.metaschedule.records import candidate_key
+
+    loop, t, _ = _loop(_task(_DepthwiseConv()), population=64)
+    lanes, joined = _Lanes(), []
+    loop.builder = loop.runner = lanes
+    loop.budget, loop.rounds_ahead = _Budget(), 1
+    loop.cost_model = SimpleNamespace(update_rows=lambda ctx, cands, results, brief: None)
+    loop.records.record_round = lambda ctx, cands, built, results, claimed: joined.append(len(cands))
+    loop.picker.priorities = lambda: ({}, lambda tid: 1.0)
+    t.may_evolve = lambda: False  # sampling rounds (the random model is never trained)
+    t.restart(cold=True)
+    t.started = True
+    assert loop._round(t) and len(loop.flights["t0"]) == 1
+    first = {candidate_key("w0", c) for c in loop.flights["t0"][0].candidates}
+    assert loop._ahead() is t
+    assert loop._round(t, ahead=True) and len(loop.flights["t0"]) == 2 and loop.run_stats.ahead_rounds == 1
+    second = {candidate_key("w0", c) for c in loop.flights["t0"][1].candidates}
+    assert second and not first & second and t.pending == first | second
+    assert loop._ahead() is None  # one round ahead at most
+    for f in lanes.futures:
+        f.landed = True
+    loop._touch()
+    assert joined == [len(first), len(second)] and "t0" not in loop.flights and t.pending == set()
