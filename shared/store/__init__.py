@@ -34,7 +34,7 @@ from shared.store.liveness import (  # noqa: F401
     announce_agent, announce_builder, announce_lane, announce_service, announce_tuner, builder_alive, forget_worker,
     give_up_gpu, gpus_down, host_liveness_key, lane_alive, lane_worker_alive, live_agents, live_builders, live_lanes,
     live_services, live_tuners, mark_batch_building, queue_length, retire_agent, retire_builder, retire_lane,
-    retire_service, retire_tuner
+    retire_service, retire_tuner, server_boot
 )
 from shared.store.results import (  # noqa: F401
     batch_progress, batch_results, batch_started, candidate_hash, crash_clear, crash_count,

@@ -44,6 +44,16 @@ def lane_alive(r: redis.Redis, queue: str) -> bool:
     return next(iter(r.scan_iter(match=names.lane_key(queue), count=500)), None) is not None
 
 
+def server_boot(r: redis.Redis) -> str | None:
+    """Which start of the Redis server answers (its run_id, new at every start; None: not answered): a message
+    sent before a restart may be lost with the writes its AOF had not synced, or held unacknowledged by a consumer
+    that lost its connection, for the visibility timeout."""
+    try:
+        return str(r.info("server").get("run_id")) or None
+    except redis.RedisError:
+        return None
+
+
 def lane_worker_alive(r: redis.Redis, queue: str, worker: str) -> bool:
     """True while this worker of the lane keeps its liveness key."""
     return bool(r.exists(names.lane_key(queue, worker)))

@@ -106,6 +106,8 @@ class BatchWatch:
         self._lane_missing_since: float | None = None
         self._no_lane_since: float | None = None  # a re-send is due but no lane is live yet
         self._checked_at = 0.0  # when the lane's and builder's liveness was last looked at
+        self.boot = runner.server_boot()  # the Redis server's start the batch was sent in (store.server_boot)
+        self._built_seen = False
 
     def complete(self) -> bool:
         return self.ids <= self.results.keys()
@@ -125,7 +127,12 @@ class BatchWatch:
         self._checked_at = now
         timeout = self.runner.timing.timeout_s
         kind, why = None, None
-        if self.started_at is not None:
+        if building and not self._built_seen:  # a builder has the message: what may be lost now is what it forwards
+            self._built_seen, self.boot = True, self.runner.server_boot()
+        if self.started_at is None and (not building or building.get("forwarded")) and self._server_restarted():
+            kind, why = ("broker-restarted", f"the Redis server restarted after batch {self.batch.batch_id} was sent "
+                         f"to {self.lane}, before a lane started it: its message may be lost")
+        elif self.started_at is not None:
             if self.worker and not store.lane_worker_alive(self.redis, self.lane, self.worker):
                 kind, why = "lane-died", f"lane {self.lane} worker {self.worker} died during batch {self.batch.batch_id}"
             elif now - self.started_at > len(self.batch.candidates) * timeout + self.runner.grace_s:
@@ -155,6 +162,13 @@ class BatchWatch:
             else:
                 self.failed = why
 
+    def _server_restarted(self) -> bool:
+        """Has the Redis server restarted since the batch was sent (or last re-sent)? Then its message may be gone: a
+        write the AOF had not synced, or a message a consumer held unacknowledged when its connection dropped (given
+        out again only after the visibility timeout, an hour)."""
+        now = self.runner.server_boot()
+        return self.boot is not None and now is not None and now != self.boot
+
     def _redispatch(self, queue: str, kind: str, why: str) -> None:
         pending = [c for c in self.batch.candidates if c.candidate_id not in self.results]
         old = self.batch.batch_id
@@ -166,6 +180,7 @@ class BatchWatch:
         except Exception:  # noqa: BLE001 - the accounting must not stop the re-send itself
             log.warning("could not record the re-send of batch %s", old, exc_info=True)
         self.lane, self.sent_at, self.started_at, self.worker = queue, time.time(), None, None
+        self.boot, self._built_seen = self.runner.server_boot(), False
         self.via = None  # the lane builds what it is re-sent: a builder may be what failed
         self._lane_missing_since = None
         self.redispatch_left -= 1
@@ -256,6 +271,7 @@ class LaneRunner(PyRunner):
         except ValueError:
             self.family = None
         self._builders_seen: tuple[float, bool] = (0.0, False)  # (when looked, any live)
+        self._boot_seen: tuple[float, str | None] = (0.0, None)  # (when looked, the Redis server's run_id)
         self._no_builders_since: float | None = None
 
     def lanes(self) -> list[LaneInfo]:
@@ -334,6 +350,15 @@ class LaneRunner(PyRunner):
             self._builders_seen = (now, live)
             self._no_builders_since = None if live else (self._no_builders_since or now)
         return live
+
+    def server_boot(self, max_age_s: float = 1.0) -> str | None:
+        """The Redis server's start (store.server_boot), looked up at most once a second for all watches."""
+        at, boot = self._boot_seen
+        now = time.time()
+        if now - at > max_age_s:
+            boot = store.server_boot(self.redis)
+            self._boot_seen = (now, boot)
+        return boot
 
     def builders_missing_since(self) -> float | None:
         """Since when no builder of the family was seen (one clock for every candidate waiting on them)."""
