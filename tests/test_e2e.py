@@ -220,7 +220,7 @@ def test_a_job_with_rounds_ahead_spends_its_budget_exactly_and_measures_no_candi
     many there are depends on timing, test_rounds.py steps through one): the job-wide budget stays exact and no
     candidate is measured twice."""
     job = client.submit("tiny", target="llvm", share=lane_share, trials=40, trials_per_iter=8, seed=11,
-                        rounds_ahead=1, untuned_baseline=False)
+                        rounds_ahead=1, untuned_baseline=False, isolated=True)  # tuned_tiny's records untouched
     assert job.wait(timeout_s=900)["state"] == "done"
     mine = [r for t in store.job_tasks(redis_conn, job.job_id) for r in store.records(redis_conn, t.wkey)
             if r.job_id == job.job_id]
