@@ -1,10 +1,9 @@
 """Throughput at the scale users tune, against stock MetaSchedule on the same machine (DESIGN.md section 4).
 
 One H200 and its 16 cores: stock `tune_tasks` on each model for a fixed window, then this service, configuration
-after configuration (CONFIGS), each in a fresh stack (two GPUs, part B: retired at fb8195c). Tuned latency at equal
-trials: the service's first N records (N = stock's) compiled as stock's are and both timed in one fresh process
-at the configuration's share. The JSON is written after every step; a run started again with the same --work-dir
-and output resumes after the last finished step. Protocol and results: docs/benchmarks.md (Throughput ...).
+after configuration (CONFIGS), each in a fresh stack that builds cold. Tuned latency at equal trials: the service's
+first N records (N = stock's) compiled as stock's are, both timed in one fresh process at the configuration's
+share. The JSON is written after every step; a rerun with the same --work-dir and output resumes. docs/benchmarks.md.
 
     python -m bench.scale_h200 --models resnet18,transformer     # one GPU, ~20 min: background it
     python -m bench.scale_h200 --rehearse     # the same code on CPU lanes (llvm), small, on this host
@@ -172,17 +171,13 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     tuning_options(ap, None, 1024, 15, "/tmp/scale_bench")  # models: resnet18,transformer (rehearsal: tiny)
     ap.add_argument("--configs", default=None, help="comma-separated names (default: DEFAULT_CONFIGS)")
-    ap.add_argument("--stock-window", type=float, default=360.0,
-                    help="seconds of stock tuning per model (it needs ~90 s to start and commits a task's records only "
-                         "when it returns to the task: a window under ~6 min leaves no equal-trials latency)")
+    ap.add_argument("--stock-window", type=float, default=360.0, help="seconds of stock tuning a model (>= ~6 min)")
     ap.add_argument("--stock-max-trials", type=int, default=100000)
     ap.add_argument("--stock-models", default=None, help="models whose stock window runs (default: every model)")
-    ap.add_argument("--stock-from", default=None,
-                    help="an earlier result JSON whose stock windows stand for the models not run here (same protocol)")
+    ap.add_argument("--stock-from", help="an earlier result JSON whose stock rows stand for the models not run here")
     ap.add_argument("--config-timeout", type=float, default=600.0, help="a job's limit, its final compile included")
     ap.add_argument("--out-json", default=None, help="default: $OUT/scale_partA.json")
-    ap.add_argument("--no-serve", dest="serve", action="store_false",
-                    help="no tuned model served (the time-to-quality benchmark times the panel's)")
+    ap.add_argument("--no-serve", dest="serve", action="store_false", help="no tuned model served (ttq times them)")
     ap.add_argument("--merge", nargs="*")
     ap.add_argument("--out", default=None)
     ap.add_argument("--stock-log", default=None, help="with --merge: stock's log, whose trials count")

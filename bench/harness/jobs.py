@@ -1,7 +1,10 @@
 """A job on a local stack: the stack, the lanes it gets, its submit and wait, and its records afterwards."""
 from __future__ import annotations
 
+import os
 import time
+
+USER_CACHE = os.environ.get("SHARETUNE_CUDA_COMPILE_CACHE_DIR")  # kept; else each stack builds cold (benchmarks.md)
 
 
 def gpus() -> list:
@@ -25,6 +28,7 @@ def local_stack(work, lanes: list[str], tuners: int | None = None, builders: int
     from shared.settings import StackSettings
     from sharetune.stack.local import Stack
 
+    os.environ["SHARETUNE_CUDA_COMPILE_CACHE_DIR"] = USER_CACHE or f"{work}/cuda-cache"
     return Stack(work, lanes=lanes, tuners=tuners, builders=BuilderSpec(builders, builder_cores), log_level="INFO",
                  settings=StackSettings(), **kw)
 
