@@ -203,7 +203,8 @@ class TunerSettings(LaneWaitSettings):
     # a full timing's repeats first at this floor each (ms), kept where they agree within 1 %, else run again at
     # the floor above; None: its lane kind's (10 ms on a GPU; a CPU lane's one repeat has nothing to agree); 0: off
     timing_settle_ms: int | None = Field(None, ge=0, le=10_000)
-    # and kept where they disagree but the fastest is slower than the task's best so far (TimingConfig.settle_above_best)
+    # and kept where they disagree but the fastest is slower than the task's best so far
+    # (TimingConfig.settle_above_best)
     timing_settle_above_best: bool = True
     # a cold CUDA round draws tile decisions within the target's limits before replaying them
     # (services/tuner/metaschedule/sampling.py), and a sample whose loop nest breaks them is rejected before TVM

@@ -364,11 +364,6 @@ def test_a_round_ahead_proposes_none_of_the_tasks_candidates_still_in_flight():
     assert t.room() == 1000
 
 
-class _Waiting:
-    def done(self):
-        return False
-
-
 def test_a_round_ahead_goes_to_the_task_with_fewest_in_flight_then_the_largest_gradient_once_all_wait():
     from services.tuner.metaschedule.rounds import InFlight, SearchParts, Shard, ShardLoop
     from shared.messages import JobTask
@@ -381,7 +376,7 @@ def test_a_round_ahead_goes_to_the_task_with_fewest_in_flight_then_the_largest_g
         t.started = True
 
     def waiting():
-        return InFlight([], [], [_Waiting()], 8)
+        return InFlight([], [], [_Pending()], 8)
 
     loop.flights = {"t0": [waiting()], "t1": [waiting()]}
     assert loop._ahead() is None  # t2 is ready: the picker's turn, as without rounds ahead

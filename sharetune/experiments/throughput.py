@@ -211,7 +211,8 @@ def summarise(result: dict) -> dict:
         one = next((c for c in screened if c.endswith("1x100")), None)
         summary["throughput_vs_stock_1x100"] = min(screened[one]) if one else None
         summary["throughput_vs_stock_per_config"] = {c: min(v) for c, v in ratios.items()}
-    lat = [row["latency_vs_stock"] for row in rows if row.get("latency_vs_stock") and not row["config"].endswith(CONTROLS)]
+    lat = [row["latency_vs_stock"] for row in rows
+           if row.get("latency_vs_stock") and not row["config"].endswith(CONTROLS)]
     summary["latency_vs_stock"] = max(lat) if lat else None  # the worst configuration and model
     summary["latency_vs_stock_per_row"] = {f"{row['config']}/{row['model']}": row.get("latency_vs_stock") for row in rows}
     summary["gpu_busy_frac"] = {f"{row['config']}/{row['model']}": row.get("gpu_busy_frac") for row in rows}
@@ -252,13 +253,18 @@ def summarise(result: dict) -> dict:
 CONTROLS = ("-uniform", "-strict")
 
 
-def estimated_us(row: dict) -> float | None:
-    """A service row's final estimated model latency (µs): each task's best full timing, weighted, a task's default
-    schedule where it is faster or the task has none (time_to_quality.latency_curve over the row's `quality`)."""
+def quality_curve(row: dict) -> list:
+    """A service row's estimated model latency after each trial (time_to_quality.latency_curve over its `quality`:
+    each task's best full timing, weighted, a task's default schedule where faster or the task has none)."""
     from sharetune.experiments.time_to_quality import latency_curve
 
     q = row.get("quality")
-    curve = latency_curve(q["events"], q["weights"], q["defaults"]) if q and q.get("events") else []
+    return latency_curve(q["events"], q["weights"], q["defaults"]) if q and q.get("events") else []
+
+
+def estimated_us(row: dict) -> float | None:
+    """A service row's final estimated model latency (µs)."""
+    curve = quality_curve(row)
     return round(curve[-1][2] * 1e6, 3) if curve else None
 
 
@@ -276,7 +282,7 @@ def variant_pairs(rows: list[dict], suffix: str) -> dict:
     timing's disagreeing short window taken again at the floor; `-ahead`, rounds ahead): trials a minute, the
     lane's seconds a candidate, the full timings by window, the final estimated latency, and when each first
     reached the slower of the two finals (seconds from submit). The variant's key is the suffix's word."""
-    from sharetune.experiments.time_to_quality import latency_curve, time_to_reach
+    from sharetune.experiments.time_to_quality import time_to_reach
 
     out = {}
     for ctl in (row for row in rows if row["config"].endswith(suffix) and row.get("quality")):
@@ -286,8 +292,7 @@ def variant_pairs(rows: list[dict], suffix: str) -> dict:
         if twin is None:
             continue
         pair = {"default": twin, suffix.lstrip("-"): ctl}
-        curves = {k: latency_curve(row["quality"]["events"], row["quality"]["weights"], row["quality"]["defaults"])
-                  for k, row in pair.items()}
+        curves = {k: quality_curve(row) for k, row in pair.items()}
         finals = {k: c[-1][2] for k, c in curves.items() if c}
         if len(finals) < 2:
             continue

@@ -101,8 +101,8 @@ def full_costs(evaluate, timing: TimingConfig, best_s: float | None = None) -> t
     where the fastest is slower than `best_s`, the task's best so far (None: nothing to beat); else again at
     `min_repeat_ms`. A kernel timed steadily needs no longer window: on the H200, kernels of 20 us and more repeat
     within 0.06 % at 50 ms; one that cannot change its task's best is ranked among the rest as well at 10 ms (the
-    lane's long windows go to candidates that may be the new best). The short window's first repeat is run and dropped: the first after the lane's pause
-    between candidates runs slow (the slowest in 47 % of the H200's spreads over 5 %; ~5 % slow on a CPU),
+    lane's long windows go to candidates that may be the new best). The short window's first repeat is run and
+    dropped: the first after the lane's pause between candidates runs slow (the slowest in 47 % of the H200's spreads over 5 %; ~5 % slow on a CPU),
     and would leave a steady kernel unsettled (docs/benchmarks.md, "Timing on a busy host")."""
     from shared.ranking import repeat_spread
 
