@@ -462,3 +462,22 @@ def test_a_round_ahead_is_sent_while_the_first_is_in_flight_and_both_are_joined_
         f.landed = True
     loop._touch()
     assert joined == [len(first), len(second)] and "t0" not in loop.flights and t.pending == set()
+
+
+def test_a_client_takes_turns_within_its_job_only_after_a_round_of_its_own_unless_blocked():
+    """A resumed shard's tasks have all had their first rounds, but on a loaded host its search can outlast the
+    quantum: handed back before a round, two clients passed two shards to each other with nothing measured."""
+    from services.tuner.metaschedule.rounds import SearchParts, Shard, ShardLoop
+    from shared.messages import JobTask
+
+    asked = []
+    loop = ShardLoop(Shard(None, "job", 0, [JobTask(task_id="t0", name="n", weight=1, wkey="w", flops=1.0)],
+                           trials_per_iter=8, max_trials_per_task=64),
+                     SearchParts(None, None, None, None, None, None),
+                     check=lambda passed, blocked=False: asked.append((passed, blocked)))
+    loop.check(True)
+    loop.check(True, blocked=True)  # a shard that can measure nothing more yields at once, round or not
+    loop.run_stats.rounds = 1
+    loop.check(True)
+    loop.check(False)
+    assert asked == [(False, False), (True, True), (True, False), (False, False)]

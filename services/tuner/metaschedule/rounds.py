@@ -58,8 +58,11 @@ class ShardLoop:
         self.defaults, self.cold_start = parts.defaults, cold_start
         self.screen = screen  # screened timing: each round's candidates carry the bar of their task's best
         # raises Stopped when the client must hand the shard back; its argument says whether every task
-        # of the shard has had a round (a client may then yield to a shard no client has taken)
-        self.check = check or (lambda passed, blocked=False: None)
+        # of the shard has had a round (a client may then yield to a shard no client has taken). Unless blocked,
+        # only once this client has sent a round since it took the shard: on a loaded host a resumed shard's
+        # search outlasted the quantum, and two clients handed two shards back and forth for ten minutes
+        yields = check or (lambda passed, blocked=False: None)
+        self.check = lambda passed, blocked=False: yields(passed and (blocked or self.run_stats.rounds > 0), blocked)
         self.run_stats = ShardRun()
         self.tasks = [TaskSearch(t, shard, parts, self.run_stats) for t in shard.tasks]
         self.first_rounds = FirstRounds(shard)
