@@ -142,6 +142,14 @@ class JobOptions(Contract):
     rounds_ahead: int | None = Field(default=None, ge=0, le=2, description="while every task of a client is being "
                                      "measured, rounds a task may have searched and sent before its batch lands; "
                                      "default: the tuner's setting (SHARETUNE_ROUNDS_AHEAD)")
+    time_limit_s: float | None = Field(default=None, gt=0, le=30 * 86400, description="stop searching this many "
+                                       "seconds after tuning started; the rounds in flight are measured and the job "
+                                       "finishes as one whose budget is spent (state done, result.stopped says why)")
+    patience: int | None = Field(default=None, ge=1, le=100_000, description="stop once the model's estimated "
+                                 "latency (each task's best times its weight, its default schedule where faster) "
+                                 "has not improved by min_gain_pct in this many trials")
+    min_gain_pct: float = Field(default=1.0, gt=0, lt=100, description="what counts as an improvement for "
+                                "patience: the estimate this many percent below its value at the last one")
     name: str | None = Field(default=None, description="the job's name (default: the model's)")
 
     @field_validator("share")
@@ -295,6 +303,7 @@ class JobResult(Contract):
     # where a lane's timing loop was preempted
     timing_spread: dict[str, float] = {}
     accounting: TrialAccounting | None = None  # as it stood when the job finished
+    stopped: str | None = None  # why the search ended before the budget (time_limit_s, patience)
 
 
 class JobHash(BaseModel):
@@ -329,6 +338,13 @@ class JobHash(BaseModel):
     parked_at: float | None = None
     result: JobResult | None = None
     latency_us: dict[str, Any] | None = None  # end-to-end latency, once the client timed it
+    # the search stopped before its budget (store.stop_search): why, when, and the trials left unspent
+    stopped: str | None = None
+    stopped_at: float | None = None
+    stopped_unspent: int | None = None
+    # patience's mark: the estimated latency (s) at its last improvement and the job's trials then
+    estimate_mark_s: float | None = None
+    estimate_mark_trials: int | None = None
 
     JSON_FIELDS: ClassVar[frozenset[str]] = frozenset({"spec", "result", "lanes", "latency_us"})
 

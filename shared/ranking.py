@@ -67,3 +67,16 @@ def live_bar(sent_bar_s: float | None, live_best_s: float | None) -> float | Non
     if sent_bar_s is None or fresh is None:
         return fresh if sent_bar_s is None else sent_bar_s
     return min(sent_bar_s, fresh)
+
+
+def model_estimate(tasks) -> float | None:
+    """The model's latency as its tasks' latencies times their weights, from (weight, best, default) per task: a
+    task's best, or its default schedule's time where that is faster or nothing was measured yet (what the compiled
+    model runs). None while a task has neither."""
+    total = 0.0
+    for weight, best, default in tasks:
+        known = [x for x in (best, default) if x is not None]
+        if not known:
+            return None
+        total += weight * min(known)
+    return total if tasks else None

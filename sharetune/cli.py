@@ -227,6 +227,8 @@ def _print_status(st: dict) -> None:
         print(accounting_line(st.get("accounting")))
     if st.get("advice"):
         print(f"budget advice: {st['advice']}")
+    if st.get("stopped"):
+        print(f"stopped early: {st['stopped']}")
 
 
 
@@ -284,6 +286,8 @@ def cmd_results(args) -> int:
     if advice:
         print(f"budget advice: {advice}")
     print(f"job {res.job_id}: {res.trials} trials in {res.wall_s:.0f} s on {res.target}")
+    if res.stopped:
+        print(f"stopped early: {res.stopped}")
     if res.accounting is not None:
         print(accounting_line(res.accounting.model_dump()))
     for t in res.tasks:
@@ -522,6 +526,8 @@ def job_option_flags() -> list:
             kw["type"] = click.Choice(list(typing.get_args(ann)))
         elif int in (args or [ann]):
             kw["type"] = int
+        elif float in (args or [ann]):
+            kw["type"] = float
         elif name == "only_tasks":
             kw["help"] += " (comma-separated)"
         flags.append(click.option(flag, name, default=field.default, **kw))

@@ -53,6 +53,7 @@ class Job:
         error = st.get("error") or st.get("gpu_error")
         return {"job_id": self.job_id, "name": spec.name, "state": st.get("state"), "error": error,
                 "gpu_error": st.get("gpu_error"), "waiting_for": st.get("waiting_for"), "advice": st.get("advice"),
+                "stopped": st.get("stopped"),
                 "target": spec.target, "share": spec.share, "budget": spec.trials,
                 "trials": sum(r["trials"] for r in rows), "submitted_at": spec.submitted_at, "times": stamps,
                 "tasks": rows, "shards": shards, "quarantined": quarantined,

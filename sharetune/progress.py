@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 
 from shared.messages import JobState
+from shared.ranking import model_estimate
 
 
 def bar(fraction: float, width: int = 20) -> str:
@@ -130,12 +131,7 @@ def _job_estimate_us(st: dict) -> float | None:
     """The model's latency as its tasks' latencies times their weights: a task's best, or its default
     schedule's time when that is faster or nothing was measured yet (what the compiled model runs). None
     while a task has neither."""
-    tasks = st.get("tasks") or []
-    per_task = [min((x for x in (t.get("best_us"), t.get("default_us")) if x is not None), default=None)
-                for t in tasks]
-    if not tasks or any(x is None for x in per_task):
-        return None
-    return sum(x * t["weight"] for x, t in zip(per_task, tasks))
+    return model_estimate([(t["weight"], t.get("best_us"), t.get("default_us")) for t in st.get("tasks") or []])
 
 
 def accounting_line(acc: dict | None) -> str | None:

@@ -43,6 +43,7 @@ def tune_shard(send, redis, job_id: str, shard: int, settings: TunerSettings, ch
     valid sampling and warm seeds."""
     from services.tuner.metaschedule.lane_runner import CandidateStash, TimeSplit
     from services.tuner.metaschedule.rounds import Shard, ShardLoop
+    from services.tuner.stopping import StopRules
 
     job = load_shard(redis, job_id, shard, settings.work_dir)
     pop = settings.population(job.spec.trials_per_iter)
@@ -56,7 +57,8 @@ def tune_shard(send, redis, job_id: str, shard: int, settings: TunerSettings, ch
     loop = ShardLoop(Shard(redis, job_id, shard, job.tasks, spec.trials_per_iter, spec.max_trials_per_task or spec.trials,
                            job.first_round),
                      parts, check=check, cold_start=settings.cold_start, screen=spec.timing == "screen",
-                     rounds_ahead=settings.rounds_ahead if spec.rounds_ahead is None else spec.rounds_ahead)
+                     rounds_ahead=settings.rounds_ahead if spec.rounds_ahead is None else spec.rounds_ahead,
+                     stop_rules=StopRules(spec.time_limit_s, spec.patience, spec.min_gain_pct))
     run = loop.run()
     store.put_split(redis, job_id, shard, shard_times(split, run, time.time() - t0, pop, parts.seeds,
                                                       getattr(parts.cost_model, "ranked_rounds", 0)))
@@ -195,6 +197,7 @@ def finish_job(send, redis, job_id: str, settings: TunerSettings) -> JobResult:
         timings=timings,
         timing_spread=spread,
         accounting=TrialAccounting(**accounting) if accounting else None,
+        stopped=store.job_hash(redis, job_id).stopped,
     )
     store.set_result(redis, result)
     store.set_state(redis, job_id, JobState.DONE)

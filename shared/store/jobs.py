@@ -360,6 +360,7 @@ def put_progress(r: redis.Redis, job_id: str, prog: TaskProgress) -> None:
 # Claim up to ARGV[1] trials from the job's budget for shard ARGV[2]; returns how many were granted.
 # Atomic, so concurrent clients never overspend; the claim stays on the shard until its records land.
 _CLAIM = _script("""
+if redis.call('HEXISTS', KEYS[3], 'stopped') == 1 then return 0 end
 local left = tonumber(redis.call('GET', KEYS[1]) or '0')
 local want = tonumber(ARGV[1])
 local k = math.min(left, want)
@@ -370,14 +371,42 @@ end
 return k
 """)
 
-# Hand back what a shard claimed but never recorded (its client died); returns the amount.
+# Hand back what a shard claimed but never recorded (its client died); returns the amount. A stopped search's
+# refund is unspent, not budget again.
 _REFUND = _script("""
 local k = tonumber(redis.call('HGET', KEYS[2], ARGV[1]) or '0')
 if k > 0 then
-  redis.call('INCRBY', KEYS[1], k)
+  if redis.call('HEXISTS', KEYS[3], 'stopped') == 1 then
+    redis.call('HINCRBY', KEYS[3], 'stopped_unspent', k)
+  else
+    redis.call('INCRBY', KEYS[1], k)
+  end
   redis.call('HSET', KEYS[2], ARGV[1], 0)
 end
 return k
+""")
+
+# End the job's search before its budget (ARGV[1]: why, ARGV[2]: now): what is left of the budget becomes
+# unspent, so every client's next claim gets nothing and its shard ends after the rounds in flight, as when the
+# budget is spent. Once only; returns 1 when this call stopped it.
+_STOP = _script("""
+if redis.call('HEXISTS', KEYS[2], 'stopped') == 1 then return 0 end
+local left = tonumber(redis.call('GET', KEYS[1]) or '0')
+if left > 0 then redis.call('DECRBY', KEYS[1], left) end
+redis.call('HSET', KEYS[2], 'stopped', ARGV[1], 'stopped_at', ARGV[2], 'stopped_unspent', left)
+return 1
+""")
+
+# Patience's mark (ARGV: the estimate in seconds, the job's trials, the fraction that counts as a gain): moved to
+# this estimate when there is none yet or it is below the mark by the gain; returns the mark as it stands.
+_MARK = _script("""
+local mark = tonumber(redis.call('HGET', KEYS[1], 'estimate_mark_s') or '')
+local est, gain = tonumber(ARGV[1]), tonumber(ARGV[3])
+if mark == nil or est < mark * (1 - gain) then
+  redis.call('HSET', KEYS[1], 'estimate_mark_s', ARGV[1], 'estimate_mark_trials', ARGV[2])
+  return {ARGV[1], ARGV[2]}
+end
+return {tostring(mark), redis.call('HGET', KEYS[1], 'estimate_mark_trials')}
 """)
 
 
@@ -386,8 +415,23 @@ def budget_left(r: redis.Redis, job_id: str) -> int:
 
 
 def claim_trials(r: redis.Redis, job_id: str, shard: int, want: int) -> int:
-    return int(_CLAIM(keys=[names.job_budget_key(job_id), names.job_claims_key(job_id)], args=[int(want), str(shard)],
+    return int(_CLAIM(keys=[names.job_budget_key(job_id), names.job_claims_key(job_id), names.job_key(job_id)],
+                      args=[int(want), str(shard)], client=r))
+
+
+def stop_search(r: redis.Redis, job_id: str, reason: str) -> bool:
+    """End the job's search before its budget is spent (a time limit, patience): no client claims another trial,
+    the rounds in flight are measured and the job finishes as usual. True when this call stopped it."""
+    return bool(_STOP(keys=[names.job_budget_key(job_id), names.job_key(job_id)], args=[reason, repr(time.time())],
                       client=r))
+
+
+def mark_estimate(r: redis.Redis, job_id: str, estimate_s: float, trials: int, gain: float) -> tuple[float, int]:
+    """Patience's mark after this estimate of the model's latency at `trials` (moved when the estimate is
+    below it by `gain`, a fraction): (the estimate at the last improvement, the job's trials then)."""
+    mark, at = _MARK(keys=[names.job_key(job_id)], args=[repr(float(estimate_s)), int(trials), repr(float(gain))],
+                     client=r)
+    return float(_s(mark)), int(_s(at))
 
 
 def settle_claim(r: redis.Redis, job_id: str, shard: int, recorded: int) -> None:
@@ -396,7 +440,8 @@ def settle_claim(r: redis.Redis, job_id: str, shard: int, recorded: int) -> None
 
 
 def refund_claim(r: redis.Redis, job_id: str, shard: int) -> int:
-    return int(_REFUND(keys=[names.job_budget_key(job_id), names.job_claims_key(job_id)], args=[str(shard)], client=r))
+    return int(_REFUND(keys=[names.job_budget_key(job_id), names.job_claims_key(job_id), names.job_key(job_id)],
+                       args=[str(shard)], client=r))
 
 
 # ---- a job's per-task history and per-shard time split ------------------------------------------------------

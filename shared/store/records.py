@@ -7,7 +7,7 @@ import redis
 from shared import names
 from shared.errors import JobError
 from shared.messages import DefaultTiming, Record, TaskProgress, Workload, WorkloadShape
-from shared.store._redis import _script
+from shared.store._redis import _s, _script
 from shared.store.jobs import budget_left, job_progress, job_result, job_spec, job_tasks, put_progress, settle_claim
 from shared.store.results import resend_counts
 
@@ -145,7 +145,8 @@ def trial_accounting(r: redis.Redis, job_id: str) -> dict | None:
     if not r.exists(names.job_budget_key(job_id)):
         res = job_result(r, job_id)
         return res.accounting.model_dump() if res is not None and res.accounting is not None else None
-    claimed = job_spec(r, job_id).trials - budget_left(r, job_id)
+    unspent = int(_s(r.hget(names.job_key(job_id), "stopped_unspent")) or 0)  # a search stopped early
+    claimed = job_spec(r, job_id).trials - budget_left(r, job_id) - unspent
     outstanding = sum(max(0, int(v)) for v in r.hvals(names.job_claims_key(job_id)))
     recorded = sum(1 for t in job_tasks(r, job_id) for rec in records(r, t.wkey) if rec.job_id == job_id)
     recorded += int(r.get(names.job_recorded_elsewhere_key(job_id)) or 0)

@@ -9,7 +9,8 @@ from shared import store
 from shared.messages import ShardPhase
 from services.tuner.metaschedule.loop_parts import Shard, ShardRun
 from services.tuner.metaschedule.task_search import TaskSearch
-from shared.ranking import default_secs
+from shared.ranking import default_secs, model_estimate
+from services.tuner.stopping import StopRules
 from services.tuner.allocation import (Steering, behind, first_round_sizes, first_rounds_reserve, flops_shares,
                                        head_tasks, next_task, priority)
 
@@ -18,6 +19,8 @@ from services.tuner.allocation import (Steering, behind, first_round_sizes, firs
 RESERVE_WAIT_S = 300.0
 # how often a client whose every task is being measured looks for a batch that came back
 LANDING_POLL_S = 0.05
+# how often a client looks at the job's stopping rules (a few store reads each time)
+STOP_CHECK_S = 1.0
 
 
 class FirstRounds:
@@ -68,16 +71,63 @@ class FirstRounds:
         return self._head
 
 
+class SearchStop:
+    """The job's stopping rules (stopping.StopRules), looked at before a round claims trials, at most every
+    STOP_CHECK_S: the first client to find one met stops the search for all (store.stop_search), and the job then
+    ends as one whose budget is spent."""
+
+    def __init__(self, shard: Shard, rules: StopRules):
+        self.redis, self.job_id, self.rules = shard.redis, shard.job_id, rules
+        self._tasks = None
+        self._checked = 0.0
+
+    def check(self) -> None:
+        now = time.time()
+        if not self.rules.any or now - self._checked < STOP_CHECK_S:
+            return
+        self._checked = now
+        state = store.job_hash(self.redis, self.job_id)
+        if state.stopped:
+            return
+        reason = self.rules.over_time(now, state.tuning_at or state.spec.submitted_at)
+        if reason is None and self.rules.patience is not None:
+            estimate_s, trials = self.estimate()
+            if estimate_s is not None:
+                mark_s, mark_trials = store.mark_estimate(self.redis, self.job_id, estimate_s, trials, self.rules.gain)
+                reason = self.rules.out_of_patience(trials, mark_s, mark_trials)
+        if reason is not None:
+            store.stop_search(self.redis, self.job_id, reason)
+
+    def estimate(self) -> tuple[float | None, int]:
+        """(the model's estimated latency in seconds from the store, None while a task has neither a record nor a
+        timed default; the job's recorded trials)."""
+        if self._tasks is None:
+            self._tasks = store.job_tasks(self.redis, self.job_id)
+        progress = store.job_progress(self.redis, self.job_id)
+        defaults = store.default_timings(self.redis, [t.wkey for t in self._tasks])
+        parts, trials = [], 0
+        for t in self._tasks:
+            p = progress.get(t.task_id)
+            trials += p.trials if p else 0
+            best = p.best_us * 1e-6 if p and p.best_us is not None else None
+            parts.append((t.weight, best, default_secs(defaults[t.wkey])))
+        return model_estimate(parts), trials
+
+
 class JobBudget:
     """The job's trials, claimed atomically before each batch is sent, so N clients together spend exactly what
-    the job was given; a later round leaves what the job's remaining first rounds need."""
+    the job was given; a later round leaves what the job's remaining first rounds need. With stopping rules
+    (SearchStop), what is left is 0 once one is met."""
 
-    def __init__(self, shard: Shard, first_rounds: FirstRounds | None = None):
+    def __init__(self, shard: Shard, first_rounds: FirstRounds | None = None, stop: SearchStop | None = None):
         self.redis, self.job_id, self.shard = shard.redis, shard.job_id, shard.shard
         self.first_rounds = first_rounds or FirstRounds(shard)
+        self.stop = stop
         self._reserve_since: float | None = None
 
     def left(self) -> int:
+        if self.stop is not None:
+            self.stop.check()
         return store.budget_left(self.redis, self.job_id)
 
     def claim(self, n: int) -> int:

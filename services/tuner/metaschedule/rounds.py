@@ -21,7 +21,8 @@ from tvm.s_tir.meta_schedule.runner import RunnerInput, RunnerResult
 
 from shared import store
 from shared.ranking import screen_bar
-from services.tuner.metaschedule.job_wide import RESERVE_WAIT_S, FirstRounds, JobBudget, RoundPicker
+from services.tuner.metaschedule.job_wide import RESERVE_WAIT_S, FirstRounds, JobBudget, RoundPicker, SearchStop
+from services.tuner.stopping import StopRules
 from services.tuner.metaschedule.loop_parts import PHASES, SearchParts, Shard, ShardRun, Stopped
 from services.tuner.metaschedule.task_search import EMPTY_ROUNDS, SEARCH_ROOM, SearchState, TaskSearch
 from services.tuner.allocation import Steering, first_round_order
@@ -51,7 +52,7 @@ class ShardLoop:
 
     def __init__(self, shard: Shard, parts: SearchParts, steering: Steering | None = None,
                  check: Callable[..., None] | None = None, cold_start: bool = True, screen: bool = False,
-                 rounds_ahead: int = 0):
+                 rounds_ahead: int = 0, stop_rules: StopRules | None = None):
         self.redis, self.job_id, self.shard = shard.redis, shard.job_id, shard.shard
         self.builder, self.runner = parts.builder, parts.runner
         self.cost_model, self.records = parts.cost_model, parts.records
@@ -66,7 +67,7 @@ class ShardLoop:
         self.run_stats = ShardRun()
         self.tasks = [TaskSearch(t, shard, parts, self.run_stats) for t in shard.tasks]
         self.first_rounds = FirstRounds(shard)
-        self.budget = JobBudget(shard, self.first_rounds)
+        self.budget = JobBudget(shard, self.first_rounds, SearchStop(shard, stop_rules) if stop_rules and stop_rules.any else None)
         self.picker = RoundPicker(shard, steering or Steering(), self.check, self.run_stats)
         self.flights: dict[str, list[InFlight]] = {}  # task id -> its batches being measured, oldest first
         # while every task of the shard is being measured, a task may have this many more rounds searched and sent
