@@ -214,13 +214,19 @@ def job_recorded_elsewhere_key(job_id: str) -> str:
     return f"{PREFIX}:job:{job_id}:recorded_elsewhere"
 
 
+def job_first_rounds_key(job_id: str) -> str:
+    """Set of the task ids whose first round some client has claimed trials for (the first-round reserve leaves
+    nothing more for them)."""
+    return f"{PREFIX}:job:{job_id}:first_rounds"
+
+
 def job_transient_keys(job_id: str) -> list[str]:
-    """What only a running job needs: its model, plan, budget, claims, gradient history, finish guard, time
-    splits and cancel flag: the model above all is tens of MB. They expire shared.timeouts.ENDED_JOB_STATE_TTL_S
+    """What only a running job needs: its model, plan, budget, claims, first rounds claimed, gradient history,
+    finish guard, time splits and cancel flag: the model above all is tens of MB. They expire shared.timeouts.ENDED_JOB_STATE_TTL_S
     after the job ends; its status, tasks, progress, shards, batches and result stay."""
     return [job_model_key(job_id), job_plan_key(job_id), plan_lease_key(job_id), job_budget_key(job_id),
             job_claims_key(job_id), job_history_key(job_id), job_finish_key(job_id), job_splits_key(job_id),
-            job_cancel_key(job_id), job_recorded_elsewhere_key(job_id)]
+            job_cancel_key(job_id), job_recorded_elsewhere_key(job_id), job_first_rounds_key(job_id)]
 
 
 def job_resends_key(job_id: str) -> str:

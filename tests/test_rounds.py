@@ -429,7 +429,7 @@ class _Budget:
     def reserve(self, tasks):
         return 0
 
-    def claim(self, n):
+    def claim(self, n, first_round_of=None):
         return n
 
 
@@ -481,3 +481,41 @@ def test_a_client_takes_turns_within_its_job_only_after_a_round_of_its_own_unles
     loop.check(True)
     loop.check(False)
     assert asked == [(False, False), (True, True), (True, False), (False, False)]
+
+
+def test_a_first_round_in_flight_holds_neither_the_budget_nor_the_other_clients(redis_conn):
+    """A first round another client claimed is not reserved again (its trials left the budget when claimed), and
+    until it lands its task ranks by its default schedule's time, not as a task yet to have a round (+inf): the
+    job's second rounds start as soon as a task has landed, not after the job's last first round."""
+    import math
+    import uuid
+
+    from shared import store
+    from shared.messages import DefaultTiming, JobTask, ShardState
+    from services.tuner.allocation import Steering, gradient
+    from services.tuner.metaschedule.job_wide import FirstRounds, JobBudget, RoundPicker
+    from services.tuner.metaschedule.loop_parts import Shard, ShardRun
+
+    job = "inflight-" + uuid.uuid4().hex[:8]
+    tasks = [JobTask(task_id=f"t{i}", name=f"task{i}", weight=1, wkey=f"{job}-w{i}", flops=1.0) for i in range(4)]
+    store.put_tasks(redis_conn, job, tasks, {})
+    store.put_shards(redis_conn, job, [ShardState(shard=i, task_ids=[f"t{i}"]) for i in range(4)], 100)
+    for t, us in zip(tasks, (40, 30, 25, 20)):  # none under half an equal share: first rounds of 16 each
+        store.put_default(redis_conn, DefaultTiming(wkey=t.wkey, run_secs=[us * 1e-6]))
+    try:
+        shard = Shard(redis=redis_conn, job_id=job, shard=0, tasks=tasks[:1], trials_per_iter=16, max_trials_per_task=100,
+                      first_round=16)
+        budget, first = JobBudget(shard), FirstRounds(shard)
+        assert budget.reserve([]) == 64  # four first rounds of 16 owed
+        assert store.claim_trials(redis_conn, job, 0, 16, first_round_of="t0") == 16
+        assert store.claim_trials(redis_conn, job, 1, 16, first_round_of="t1") == 16
+        assert store.claim_trials(redis_conn, job, 1, 4) == 4  # a later round marks nothing
+        assert store.first_rounds_claimed(redis_conn, job) == {"t0", "t1"}
+        assert budget.reserve([]) == 32  # t2's and t3's: t1's is claimed, though not measured yet
+        store.push_history(redis_conn, job, "t0", 25e-6)  # t0 landed; t1 is still measured
+        _, prio = RoundPicker(shard, Steering(), lambda *a, **k: None, ShardRun(), first).priorities()
+        assert prio("t0") == gradient([25e-6], 1)
+        assert prio("t1") == gradient([30e-6], 1)  # its default stands in until it lands
+        assert prio("t2") == prio("t3") == math.inf  # no first round yet: theirs come first
+    finally:
+        store.deactivate_job(redis_conn, job)  # not a real job: keep the stack's clients and reaper off it

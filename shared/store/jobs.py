@@ -358,7 +358,8 @@ def put_progress(r: redis.Redis, job_id: str, prog: TaskProgress) -> None:
 # ---- the job-wide budget ---------------------------------------------------------------------------------
 
 # Claim up to ARGV[1] trials from the job's budget for shard ARGV[2]; returns how many were granted.
-# Atomic, so concurrent clients never overspend; the claim stays on the shard until its records land.
+# Atomic, so concurrent clients never overspend; the claim stays on the shard until its records land. ARGV[3],
+# when not empty: the task whose first round this is, added to the job's first rounds claimed.
 _CLAIM = _script("""
 if redis.call('HEXISTS', KEYS[3], 'stopped') == 1 then return 0 end
 local left = tonumber(redis.call('GET', KEYS[1]) or '0')
@@ -367,6 +368,7 @@ local k = math.min(left, want)
 if k > 0 then
   redis.call('DECRBY', KEYS[1], k)
   redis.call('HINCRBY', KEYS[2], ARGV[2], k)
+  if ARGV[3] ~= '' then redis.call('SADD', KEYS[4], ARGV[3]) end
 end
 return k
 """)
@@ -414,9 +416,17 @@ def budget_left(r: redis.Redis, job_id: str) -> int:
     return int(r.get(names.job_budget_key(job_id)) or 0)
 
 
-def claim_trials(r: redis.Redis, job_id: str, shard: int, want: int) -> int:
-    return int(_CLAIM(keys=[names.job_budget_key(job_id), names.job_claims_key(job_id), names.job_key(job_id)],
-                      args=[int(want), str(shard)], client=r))
+def claim_trials(r: redis.Redis, job_id: str, shard: int, want: int, first_round_of: str | None = None) -> int:
+    """Up to `want` trials of the job's budget for the shard's next batch (0 once it is spent or the search
+    stopped); `first_round_of`: the task whose first round the batch is (first_rounds_claimed)."""
+    keys = [names.job_budget_key(job_id), names.job_claims_key(job_id), names.job_key(job_id),
+            names.job_first_rounds_key(job_id)]
+    return int(_CLAIM(keys=keys, args=[int(want), str(shard), first_round_of or ""], client=r))
+
+
+def first_rounds_claimed(r: redis.Redis, job_id: str) -> set[str]:
+    """The tasks whose first round some client claimed trials for, measured or still in flight."""
+    return {_s(t) for t in r.smembers(names.job_first_rounds_key(job_id))}
 
 
 def stop_search(r: redis.Redis, job_id: str, reason: str) -> bool:

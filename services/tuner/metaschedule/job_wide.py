@@ -130,18 +130,21 @@ class JobBudget:
             self.stop.check()
         return store.budget_left(self.redis, self.job_id)
 
-    def claim(self, n: int) -> int:
-        """Up to n trials for this shard's next batch; 0 once the job's budget is spent."""
-        return store.claim_trials(self.redis, self.job_id, self.shard, n)
+    def claim(self, n: int, first_round_of: str | None = None) -> int:
+        """Up to n trials for this shard's next batch (`first_round_of`: the task whose first round it is); 0 once
+        the job's budget is spent."""
+        return store.claim_trials(self.redis, self.job_id, self.shard, n, first_round_of)
 
     def reserve(self, tasks: list[TaskSearch]) -> int:
-        """Trials to leave for first rounds no client has made yet (`tasks`: this shard's; a task whose first
-        round found nothing new counts as having had it); 0 once this client has waited RESERVE_WAIT_S for them."""
+        """Trials to leave for first rounds no client has claimed yet (`tasks`: this shard's; a task whose first
+        round found nothing new counts as having had it; one whose first round is being measured has its trials
+        claimed already); 0 once this client has waited RESERVE_WAIT_S for them."""
         if self._reserve_since is None:
             self._reserve_since = time.time()
         if time.time() - self._reserve_since > RESERVE_WAIT_S:
             return 0
-        had = set(store.history(self.redis, self.job_id)) | {t.task_id for t in tasks if t.started or t.done or t.dry}
+        had = (set(store.history(self.redis, self.job_id)) | store.first_rounds_claimed(self.redis, self.job_id)
+               | {t.task_id for t in tasks if t.started or t.done or t.dry})
         reserve = first_rounds_reserve([t.task_id for t in store.job_tasks(self.redis, self.job_id)], had,
                                        self.first_rounds.sizes() or self.first_rounds.uniform)
         if reserve == 0:
@@ -153,9 +156,11 @@ class RoundPicker:
     """After every task's first round: the task with the largest priority (allocation.priority, job-wide), once
     other live shards' tasks do not have clearly more (Steering; at most its max_wait_s)."""
 
-    def __init__(self, shard: Shard, steering: Steering, check: Callable[..., None], stats: ShardRun):
+    def __init__(self, shard: Shard, steering: Steering, check: Callable[..., None], stats: ShardRun,
+                 first_rounds: FirstRounds | None = None):
         self.redis, self.job_id, self.shard = shard.redis, shard.job_id, shard.shard
         self.steering, self.check, self.stats = steering, check, stats
+        self.first_rounds = first_rounds
 
     def pick(self, tasks: list[TaskSearch], touch: Callable[[], None],
              in_flight: Callable[[TaskSearch], bool] = lambda t: False) -> TaskSearch | None:
@@ -192,9 +197,18 @@ class RoundPicker:
         job_tasks = {t.task_id: t for t in store.job_tasks(self.redis, self.job_id)}
         shares = flops_shares(list(job_tasks.values()))
         trials = {tid: p.trials for tid, p in store.job_progress(self.redis, self.job_id).items()}
+        # a task whose first round is being measured has had its round: until it lands, its default schedule's
+        # time stands in for its best (not the +inf of a task yet to have one, which would hold every other
+        # client's next round until the job's last first round lands)
+        costs = self.first_rounds.costs() if self.first_rounds is not None else {}
+        landing = {tid for tid in store.first_rounds_claimed(self.redis, self.job_id) - set(hist)
+                   if tid in job_tasks and costs.get(tid)}
+        for tid in landing:
+            hist[tid] = [costs[tid] / job_tasks[tid].weight]
 
         def prio(tid: str) -> float:
-            return priority(hist.get(tid, []), job_tasks[tid].weight, behind(tid, shares, trials))
+            return priority(hist.get(tid, []), job_tasks[tid].weight,
+                            tid not in landing and behind(tid, shares, trials))
 
         return job_tasks, prio
 

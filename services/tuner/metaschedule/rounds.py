@@ -68,7 +68,7 @@ class ShardLoop:
         self.tasks = [TaskSearch(t, shard, parts, self.run_stats) for t in shard.tasks]
         self.first_rounds = FirstRounds(shard)
         self.budget = JobBudget(shard, self.first_rounds, SearchStop(shard, stop_rules) if stop_rules and stop_rules.any else None)
-        self.picker = RoundPicker(shard, steering or Steering(), self.check, self.run_stats)
+        self.picker = RoundPicker(shard, steering or Steering(), self.check, self.run_stats, self.first_rounds)
         self.flights: dict[str, list[InFlight]] = {}  # task id -> its batches being measured, oldest first
         # while every task of the shard is being measured, a task may have this many more rounds searched and sent
         # before its batch lands (from what the search knew when it was sent): the host and the lanes are not left
@@ -161,7 +161,7 @@ class ShardLoop:
         fresh = t.propose(room)
         if not fresh:
             return True
-        claimed = self.budget.claim(min(len(fresh), left))
+        claimed = self.budget.claim(min(len(fresh), left), None if t.started else t.task_id)
         if claimed == 0:
             t.absorb(fresh, [RunnerResult(None, "not measured: the job's budget is spent")] * len(fresh))
             return False
