@@ -378,6 +378,10 @@ def test_a_round_ahead_goes_to_the_task_with_fewest_in_flight_then_the_largest_g
     def waiting():
         return InFlight([], [], [_Pending()], 8)
 
+    loop.flights = {t.task_id: [waiting()] for t in loop.tasks}
+    assert loop._ahead() is None  # no round of theirs back yet: a round ahead would be a blind draw
+    for t in loop.tasks:
+        t.landed = 1
     loop.flights = {"t0": [waiting()], "t1": [waiting()]}
     assert loop._ahead() is None  # t2 is ready: the picker's turn, as without rounds ahead
     loop.flights["t2"] = [waiting()]
@@ -450,7 +454,7 @@ def test_a_round_ahead_is_sent_while_the_first_is_in_flight_and_both_are_joined_
     loop.picker.priorities = lambda: ({}, lambda tid: 1.0)
     t.may_evolve = lambda: False  # sampling rounds (the random model is never trained)
     t.restart(cold=True)
-    t.started = True
+    t.started, t.landed = True, 1  # its first round came back
     assert loop._round(t) and len(loop.flights["t0"]) == 1
     first = {candidate_key("w0", c) for c in loop.flights["t0"][0].candidates}
     assert loop._ahead() is t
@@ -461,7 +465,7 @@ def test_a_round_ahead_is_sent_while_the_first_is_in_flight_and_both_are_joined_
     for f in lanes.futures:
         f.landed = True
     loop._touch()
-    assert joined == [len(first), len(second)] and "t0" not in loop.flights and t.pending == set()
+    assert joined == [len(first), len(second)] and "t0" not in loop.flights and t.pending == set() and t.landed == 3
 
 
 def test_a_client_takes_turns_within_its_job_only_after_a_round_of_its_own_unless_blocked():

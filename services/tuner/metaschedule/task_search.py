@@ -66,6 +66,7 @@ class TaskSearch:
         self.dry = 0  # rounds in a row that found nothing new
         self.reused = 0  # proposed candidates the store already held
         self.started = False  # had its first round (job-wide: a resumed shard's tasks may have)
+        self.landed = 0  # its rounds whose results came back (a resumed shard's: the job's history of it)
         self.fixed = False  # its design space has no sampled decisions: a handful of schedules, all known at once
         self.proposes = 0  # candidates its search proposes a round (what the round may measure)
         self.full_draws = False  # a small draw found nothing new (the store held it): every round draws a full one
@@ -95,7 +96,7 @@ class TaskSearch:
         """The search before the loop's first round: `past`, the job's round bests of this task (a resumed
         shard's task has had its first round); `default_s`, its default schedule's seconds: a task runs that
         until a candidate beats it, so it is the task's latency to the gradient."""
-        self.started = bool(past)
+        self.started, self.landed = bool(past), len(past)
         self.restart(cold_start and not self.may_evolve(), self.draw_size())
         self.best_s = min(past) if past else self._best_in_store()
         if default_s:
