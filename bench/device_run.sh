@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # On the GPU machine, after ../shared/device/stage.sh's install step (PYTHONPATH=/tmp/site:$PWD):
-#   bash bench/device_run.sh smoke|gputest|matrix|matrix-bg|matrix-wait|gpufault|scale|scale1|scale1-wait|ttq-bg|ttq-wait
+#   bash bench/device_run.sh smoke|gputest|matrix-bg|matrix-wait|gpufault|scale1|scale1-wait|ab|ab-wait|ttq-bg|ttq-wait
 #   -> writes under $OUT
-# (retired: stock, ours, sharding, searchq* at b7de8c6 (git show b7de8c6:bench/device_run.sh), scale B at fb8195c)
+# (retired, `git show C:bench/device_run.sh`: stock, ours, sharding, searchq* at b7de8c6, scale B at fb8195c, matrix, scale at e5392c3)
 set -uo pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site:$PWD
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -50,11 +50,6 @@ PY
     tar czf "$OUT/smoke_logs.tgz" -C /tmp/smoke logs mps 2>/dev/null
     ;;
   gputest) python3 -m pytest -q -m gpu tests/test_gpu.py -p no:cacheprovider 2>&1 | tail -30 ;;
-  # tuned-at x served-at matrix, resnet18 + transformer, every task; one model per GPU when there are two (~9.5 min)
-  matrix) nvidia-smi --query-gpu=index,uuid,name --format=csv,noheader
-          timeout 585 python3 -m bench.share_matrix "${@:2}" 2>&1 | tail -60
-          tar czf "$OUT/matrix_logs.tgz" -C /tmp/share_matrix . --exclude='*.so' --exclude=redis --exclude=database \
-              --exclude='*.npz' --exclude=ms 2>/dev/null ;;
   # issue 23, one GPU, the full matrix (> one call): in the background from a copy outside the working tree;
   # `matrix-wait` (the next calls, back to back) waits and collects. Issue 40, a run over several sessions: what an
   # earlier session left in $OUT, carried in as runs/matrix_carry/ (matrix_kept.tgz: its finished tunings;
@@ -84,9 +79,6 @@ PY
     keep_logs "$M/work" matrix_logs ;;
   # issue 22, one GPU: 4x25 % lanes (job A; illegal-address, hung-kernel and launch-failure culprits) and a
   # CPU lane (the bystander job): rows in $OUT/gpu_fault_h200.json (<= 340 s; the script stops waiting at 300 s)
-  # issue 12: stock's window beside the 16-core configurations (what was part A)
-  scale) timeout 580 python3 -m bench.scale_h200 "${@:2}" 2>&1 | tail -40
-         keep_logs /tmp/scale_bench scale_logs_A ;;
   # issue 21, one GPU: stock's windows, then the service's configurations, in the background (setsid) from a
   # copy outside the working tree; `scale1-wait` (the next calls, back to back) waits and collects the JSON
   # SCALE_RESUME_FROM=<a results JSON of the same models and budget>: its rows and stocks are kept, the rest runs
@@ -126,6 +118,15 @@ PY
     cp -r /tmp/ttq/out/. "$OUT/" 2>/dev/null
     tail -c 20000 /tmp/ttq/driver.log
     keep_logs /tmp/ttq/work ttq_logs ;;
+  # issue 38, A/B of two code trees: `ab MODELS ARGS`, control .dev/control.tgz (`git archive C -- services shared sharetune
+  # bench/*.py bench/harness pyproject.toml | gzip`); per model its row, then this tree's, in the background; `ab-wait`
+  ab) rm -rf /tmp/ab && mkdir -p /tmp/ab/control-tree && tar xzf .dev/control.tgz -C /tmp/ab/control-tree && cp -r . /tmp/ab/new-tree
+      (setsid nohup bash -c 'for m in ${0//,/ }; do for s in control new; do mkdir -p /tmp/ab/$s-$m && (cd /tmp/ab/$s-tree \
+          && OUT=/tmp/ab/$s-$m PYTHONPATH=/tmp/site:$PWD python3 -m bench.scale_h200 --work-dir /tmp/ab/work-$s-$m \
+          --models $m "$@" > /tmp/ab/$s-$m/driver.log 2>&1); done; done; touch /tmp/ab/DONE' "$2" "${@:3}" > /tmp/ab/driver.log 2>&1 < /dev/null &); bash "$0" ab-wait ;;
+  ab-wait) t0=$(date +%s); while [ $(( $(date +%s) - t0 )) -lt "${AB_WAIT_S:-560}" ] && [ ! -e /tmp/ab/DONE ]; do sleep 5; done
+      tail -n 2 /tmp/ab/*/driver.log | cut -c1-300
+      (cd /tmp/ab && tar czf "$OUT/ab.tgz" --exclude='*-tree' --exclude='work-*' .) ;;
   gpufault) nvidia-smi --query-gpu=index,uuid,name --format=csv,noheader
     timeout 340 python3 -m bench.gpu_fault "${@:2}" 2>&1 | tail -60
     keep_logs /tmp/gpu_fault gpu_fault_logs ;;
