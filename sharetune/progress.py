@@ -82,7 +82,7 @@ def render(st: dict, now: float, width: int = 100) -> list[str]:
     best = _job_estimate_us(st)
     lines = [
         f"job {st['job_id']} ({st.get('name', '')}, {st.get('target', '')} at {st.get('share', '?')} %): {st.get('state')}"
-        + (f" - {st['error']}" if st.get("error") else ""),
+        + (f" - {st['error']}" if st.get("error") else "") + (f" - stopped early: {st['stopped']}" if st.get("stopped") else ""),
         f"  {bar(est['fraction'], 30)} {st.get('trials', 0)}/{st.get('budget', '?')} trials"
         f"  {('%.2f' % est['rate']) + ' trials/s' if est['rate'] else '-'}  elapsed {fmt_s(est['elapsed_s'])}"
         f"  ETA {fmt_s(est['eta_s'])}  sum of task bests x weight {fmt_us(best)}",
@@ -110,7 +110,8 @@ def live_view(st: dict, now: float):
     head = Text.assemble(
         (f"job {st['job_id']}", "bold"), f" ({st.get('name', '')}, {st.get('target', '')} at {st.get('share', '?')} %): ",
         (str(st.get("state")), "bold green" if st.get("state") == JobState.DONE else "bold"),
-        (f" - {st['error']}", "red") if st.get("error") else "")
+        (f" - {st['error']}", "red") if st.get("error") else "",
+        f" - stopped early: {st['stopped']}" if st.get("stopped") else "")
     total = Table.grid(padding=(0, 2))
     total.add_row(ProgressBar(total=1.0, completed=est["fraction"], width=30),
                   f"{st.get('trials', 0)}/{st.get('budget', '?')} trials",

@@ -53,3 +53,16 @@ def test_the_terminal_view_shows_what_the_lines_show():
     assert text.splitlines()[0] == "job j1 (tiny, llvm at 50 %): tuning"
     assert "10/20 trials" in text and "ETA 10s" in text and "x weight 1.12 ms" in text
     assert "t0" in text and "t1" in text and "100.0 us" in text and "510.0 us" in text
+
+
+def test_a_job_stopped_early_says_why_in_both_views():
+    from rich.console import Console
+
+    from sharetune.progress import live_view
+
+    st = {**_status(state="done", trials=(5, 5)), "stopped": "time limit: 60 s of tuning passed"}
+    assert render(st, now=1010.0)[0].endswith("done - stopped early: time limit: 60 s of tuning passed")
+    console = Console(width=140, record=True, color_system=None)
+    console.print(live_view(st, now=1010.0))
+    assert "stopped early: time limit: 60 s" in console.export_text().splitlines()[0]
+    assert "stopped early" not in render(_status(), now=1010.0)[0]
