@@ -8,7 +8,7 @@ from shared import names, store
 from shared.messages import JobOptions, ShardState
 from shared.errors import SpecError
 from shared.ranking import model_estimate
-from services.tuner.stopping import StopRules
+from shared.stopping import StopRules
 
 
 def test_the_model_estimate_takes_each_tasks_faster_of_best_and_default():
@@ -98,3 +98,24 @@ def test_a_job_past_its_time_limit_finishes_on_what_it_has(client, lane_share):
     assert res.stopped.startswith("time limit") and res.trials < 400
     _accounted_exactly(job)
     assert res.tuned_module_path
+
+
+def test_the_mark_moves_only_by_the_gain_as_the_stores_does():
+    rules = StopRules(patience=10, min_gain_pct=5)
+    mark = rules.marked(None, 100e-6, 10)
+    assert mark == (100e-6, 10)
+    assert rules.marked(mark, 97e-6, 20) == mark  # 3 %: not a gain of 5
+    assert rules.marked(mark, 94e-6, 30) == (94e-6, 30)
+
+
+def test_patience_replayed_over_a_recorded_curve_counts_from_every_tasks_first_round():
+    from sharetune.experiments.stopping import every_task_by, stopped_at
+
+    events = [(1.0, "a", 2e-5), (2.0, "a", None), (3.0, "b", 1e-5), (4.0, "a", 1e-5)]
+    assert every_task_by(events) == 3
+    # flat while the first task's rounds land, 20 % lower once the second's does, then flat
+    curve = [(float(n), n, est) for n, est in enumerate((10.0, 10.0, 10.0, 8.0, 8.0, 7.99), start=1)]
+    rules = StopRules(patience=2, min_gain_pct=1)
+    assert stopped_at(curve, rules) == {"trials": 3, "t_s": 3.0, "estimate_s": 10.0}  # from the start: too early
+    assert stopped_at(curve, rules, from_trial=3) == {"trials": 6, "t_s": 6.0, "estimate_s": 7.99}
+    assert stopped_at(curve, StopRules(patience=10), from_trial=3) is None  # runs to its budget

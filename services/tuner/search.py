@@ -43,7 +43,7 @@ def tune_shard(send, redis, job_id: str, shard: int, settings: TunerSettings, ch
     valid sampling and warm seeds."""
     from services.tuner.metaschedule.lane_runner import CandidateStash, TimeSplit
     from services.tuner.metaschedule.rounds import Shard, ShardLoop
-    from services.tuner.stopping import StopRules
+    from shared.stopping import StopRules
 
     job = load_shard(redis, job_id, shard, settings.work_dir)
     pop = settings.population(job.spec.trials_per_iter)

@@ -400,7 +400,8 @@ return 1
 """)
 
 # Patience's mark (ARGV: the estimate in seconds, the job's trials, the fraction that counts as a gain): moved to
-# this estimate when there is none yet or it is below the mark by the gain; returns the mark as it stands.
+# this estimate when there is none yet or it is below the mark by the gain (shared.stopping.StopRules.marked, done
+# atomically for every client of the job); returns the mark as it stands.
 _MARK = _script("""
 local mark = tonumber(redis.call('HGET', KEYS[1], 'estimate_mark_s') or '')
 local est, gain = tonumber(ARGV[1]), tonumber(ARGV[3])

@@ -10,7 +10,7 @@ from shared.messages import ShardPhase
 from services.tuner.metaschedule.loop_parts import Shard, ShardRun
 from services.tuner.metaschedule.task_search import TaskSearch
 from shared.ranking import default_secs, model_estimate
-from services.tuner.stopping import StopRules
+from shared.stopping import StopRules
 from services.tuner.allocation import (Steering, behind, first_round_sizes, first_rounds_reserve, flops_shares,
                                        head_tasks, next_task, priority)
 
@@ -91,27 +91,28 @@ class SearchStop:
             return
         reason = self.rules.over_time(now, state.tuning_at or state.spec.submitted_at)
         if reason is None and self.rules.patience is not None:
-            estimate_s, trials = self.estimate()
-            if estimate_s is not None:
+            estimate_s, trials, every_task = self.estimate()
+            if estimate_s is not None and every_task:  # patience counts from every task's first round
                 mark_s, mark_trials = store.mark_estimate(self.redis, self.job_id, estimate_s, trials, self.rules.gain)
                 reason = self.rules.out_of_patience(trials, mark_s, mark_trials)
         if reason is not None:
             store.stop_search(self.redis, self.job_id, reason)
 
-    def estimate(self) -> tuple[float | None, int]:
+    def estimate(self) -> tuple[float | None, int, bool]:
         """(the model's estimated latency in seconds from the store, None while a task has neither a record nor a
-        timed default; the job's recorded trials)."""
+        timed default; the job's recorded trials; whether every task has had a round recorded)."""
         if self._tasks is None:
             self._tasks = store.job_tasks(self.redis, self.job_id)
         progress = store.job_progress(self.redis, self.job_id)
         defaults = store.default_timings(self.redis, [t.wkey for t in self._tasks])
-        parts, trials = [], 0
+        parts, trials, every_task = [], 0, True
         for t in self._tasks:
             p = progress.get(t.task_id)
             trials += p.trials if p else 0
+            every_task = every_task and bool(p and (p.trials or p.exhausted))
             best = p.best_us * 1e-6 if p and p.best_us is not None else None
             parts.append((t.weight, best, default_secs(defaults[t.wkey])))
-        return model_estimate(parts), trials
+        return model_estimate(parts), trials, every_task
 
 
 class JobBudget:

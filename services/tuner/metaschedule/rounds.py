@@ -22,7 +22,7 @@ from tvm.s_tir.meta_schedule.runner import RunnerInput, RunnerResult
 from shared import store
 from shared.ranking import screen_bar
 from services.tuner.metaschedule.job_wide import RESERVE_WAIT_S, FirstRounds, JobBudget, RoundPicker, SearchStop
-from services.tuner.stopping import StopRules
+from shared.stopping import StopRules
 from services.tuner.metaschedule.loop_parts import PHASES, SearchParts, Shard, ShardRun, Stopped
 from services.tuner.metaschedule.task_search import EMPTY_ROUNDS, SEARCH_ROOM, SearchState, TaskSearch
 from services.tuner.allocation import Steering, first_round_order

@@ -1,7 +1,11 @@
 """When a job's search ends before its budget is spent: its time limit has passed since tuning started
 (JobOptions.time_limit_s), or its patience ran out: the model's estimated latency (shared.ranking.model_estimate)
-has not improved by min_gain_pct over `patience` trials (JobOptions.patience). Pure rules; job_wide.SearchStop
-reads the store and stops the search for every client (store.stop_search)."""
+has not improved by min_gain_pct over `patience` trials (JobOptions.patience), counted from when every task has had
+a round: before that a round of one task (tens of trials) that does not move the estimate says nothing about the
+others, and replayed over the H100/H200 panel tunings, a patience counted from the start stopped them at up to
+1.8x their final estimate (sharetune.experiments.stopping). Pure rules; the tuner's
+job_wide.SearchStop reads the store and stops the search for every client (store.stop_search, store.mark_estimate:
+`marked` done atomically), and sharetune.experiments.stopping replays them over recorded tunings."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -27,6 +31,13 @@ class StopRules:
         if self.time_limit_s is not None and now - started_at >= self.time_limit_s:
             return f"time limit: {self.time_limit_s:g} s of tuning passed"
         return None
+
+    def marked(self, mark: tuple[float, int] | None, estimate_s: float, trials: int) -> tuple[float, int]:
+        """Patience's mark (the estimate at the last improvement, the trials then) after an estimate at `trials`:
+        moved when there is none yet or the estimate is below it by the gain."""
+        if mark is None or estimate_s < mark[0] * (1.0 - self.gain):
+            return estimate_s, trials
+        return mark
 
     def out_of_patience(self, trials: int, mark_s: float, mark_trials: int) -> str | None:
         """Why the search ends, when `trials` (the job's, recorded) are `patience` past the last improvement (the
