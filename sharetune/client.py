@@ -53,7 +53,7 @@ class Job:
         error = st.get("error") or st.get("gpu_error")
         return {"job_id": self.job_id, "name": spec.name, "state": st.get("state"), "error": error,
                 "gpu_error": st.get("gpu_error"), "waiting_for": st.get("waiting_for"), "advice": st.get("advice"),
-                "stopped": st.get("stopped"),
+                "stopped": st.get("stopped"), "stopping": _stopping(spec, st),
                 "target": spec.target, "share": spec.share, "budget": spec.trials,
                 "trials": sum(r["trials"] for r in rows), "submitted_at": spec.submitted_at, "times": stamps,
                 "tasks": rows, "shards": shards, "quarantined": quarantined,
@@ -255,3 +255,12 @@ def still_down(down: dict[str, dict], live) -> dict[str, dict]:
     """A given-up GPU whose lanes were started again later (a new stack) is no longer down."""
     return {g: e for g, e in down.items()
             if not any(lanes.fault_domain(l.queue) == g and l.started_at > e["at"] for l in live)}
+
+
+def _stopping(spec, st: dict) -> dict | None:
+    """The job's stopping rules and where patience's count stands (None without rules)."""
+    if spec.time_limit_s is None and spec.patience is None:
+        return None
+    mark = st.get("estimate_mark_trials")
+    return {"time_limit_s": spec.time_limit_s, "patience": spec.patience, "min_gain_pct": spec.min_gain_pct,
+            "mark_trials": int(mark) if mark is not None else None}

@@ -87,6 +87,8 @@ def render(st: dict, now: float, width: int = 100) -> list[str]:
         f"  {('%.2f' % est['rate']) + ' trials/s' if est['rate'] else '-'}  elapsed {fmt_s(est['elapsed_s'])}"
         f"  ETA {fmt_s(est['eta_s'])}  sum of task bests x weight {fmt_us(best)}",
     ]
+    if stopping_line(st, now):
+        lines.append(f"  {stopping_line(st, now)}")
     name_w = max([len(t["task"]) for t in st.get("tasks", [])] + [4])
     name_w = min(name_w, max(12, width - 70))
     for t, e in zip(st.get("tasks", []), est["tasks"]):
@@ -97,6 +99,27 @@ def render(st: dict, now: float, width: int = 100) -> list[str]:
             + (f"  (+{t['reused_trials']} reused)" if t.get("reused_trials") else "")
         )
     return lines
+
+
+def stopping_line(st: dict, now: float) -> str | None:
+    """Where a job with stopping rules stands against them while it searches (None without rules, or once over)."""
+    rules = st.get("stopping")
+    searching = (JobState.QUEUED, JobState.PLANNING, JobState.PLANNED, JobState.TUNING)
+    if not rules or st.get("stopped") or st.get("state") not in searching:
+        return None
+    parts = []
+    if rules.get("time_limit_s") is not None:
+        started = (st.get("times") or {}).get("tuning_at")
+        left = rules["time_limit_s"] - (now - started) if started else None
+        parts.append(f"time limit {rules['time_limit_s']:g} s" + (f" ({fmt_s(max(0.0, left))} left)" if left is not None
+                                                               else ""))
+    if rules.get("patience") is not None:
+        gain = f"{rules.get('min_gain_pct', 1.0):g} %"
+        mark = rules.get("mark_trials")
+        parts.append(f"patience {rules['patience']}: " + (
+            f"{max(0, st.get('trials', 0) - mark)} trials since the estimate last fell {gain}" if mark is not None
+            else "counts once every task has had a round"))
+    return "stops at: " + "; ".join(parts)
 
 
 def live_view(st: dict, now: float):
@@ -125,7 +148,7 @@ def live_view(st: dict, now: float):
         tasks.add_row(t["task"], ProgressBar(total=1.0, completed=e["fraction"], width=12), str(t["trials"]),
                       str(t["errors"]), fmt_us(t["best_us"]), f"x{t['weight']}", fmt_s(e["eta_s"]),
                       str(t.get("reused_trials") or ""))
-    return Group(head, total, tasks)
+    return Group(head, total, Text(stopping_line(st, now)), tasks) if stopping_line(st, now) else Group(head, total, tasks)
 
 
 def _job_estimate_us(st: dict) -> float | None:

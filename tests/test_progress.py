@@ -66,3 +66,17 @@ def test_a_job_stopped_early_says_why_in_both_views():
     console.print(live_view(st, now=1010.0))
     assert "stopped early: time limit: 60 s" in console.export_text().splitlines()[0]
     assert "stopped early" not in render(_status(), now=1010.0)[0]
+
+
+def test_a_job_with_stopping_rules_shows_where_it_stands_against_them():
+    from sharetune.progress import stopping_line
+
+    st = {**_status(), "stopping": {"time_limit_s": 60.0, "patience": 32, "min_gain_pct": 1.0, "mark_trials": None}}
+    line = stopping_line(st, now=1010.0)
+    assert line == "stops at: time limit 60 s (50s left); patience 32: counts once every task has had a round"
+    st["stopping"]["mark_trials"] = 4
+    assert stopping_line(st, now=1010.0).endswith("patience 32: 6 trials since the estimate last fell 1 %")
+    assert any(line.strip().startswith("stops at:") for line in render(st, now=1010.0))
+    assert stopping_line(_status(), now=1010.0) is None  # no rules
+    assert stopping_line({**st, "state": "done"}, now=1010.0) is None
+    assert stopping_line({**st, "stopped": "patience: ..."}, now=1010.0) is None  # the header says why

@@ -83,7 +83,8 @@ def test_a_job_out_of_patience_finishes_early_with_what_it_measured(client, lane
     assert job.wait(timeout_s=900)["state"] == "done"
     res = job.result()
     assert res.stopped.startswith("patience") and 0 < res.trials < 400
-    assert job.status()["stopped"] == res.stopped
+    st = job.status()
+    assert st["stopped"] == res.stopped and st["stopping"]["patience"] == 2 and st["stopping"]["mark_trials"] > 0
     _accounted_exactly(job)
     assert res.tuned_module_path and res.database_dir
 
