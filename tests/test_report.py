@@ -77,3 +77,13 @@ def test_report_renders_in_headless_chromium(tuned_tiny, stack, tmp_path):
     keep = os.environ.get("SHARETUNE_KEEP_SCREENSHOTS")
     if keep:
         shutil.copy(png, Path(keep) / "report.png")
+
+
+def test_the_page_says_why_a_job_stopped_early():
+    from sharetune.experiments.report import render_html
+
+    data = {"job_id": "j1", "name": "tiny", "target": "llvm", "share": 50, "budget": 64, "state": "done", "error": None,
+            "tasks": {}, "job_curve": [], "lanes": {}, "utilisation": {}, "end_s": 1.0, "accounting": None,
+            "result": {"wall_s": 3.0, "time_split_s": {}, "stopped": "time limit: 60 s of tuning passed"}}
+    assert "done</b> - stopped early: time limit: 60 s of tuning passed" in render_html(data)
+    assert "stopped early" not in render_html({**data, "result": {**data["result"], "stopped": None}})
