@@ -521,5 +521,10 @@ def test_a_first_round_in_flight_holds_neither_the_budget_nor_the_other_clients(
         assert prio("t0") == gradient([25e-6], 1)
         assert prio("t1") == gradient([30e-6], 1)  # its default stands in until it lands
         assert prio("t2") == prio("t3") == math.inf  # no first round yet: theirs come first
+        # shard 1's client died with t1's first round in flight: its refund makes t1 owed its first round again
+        assert store.refund_claim(redis_conn, job, 1, ["t1"]) == 20
+        assert store.first_rounds_claimed(redis_conn, job) == {"t0"} and budget.reserve([]) == 48
+        assert store.refund_claim(redis_conn, job, 0, ["t0"]) == 16 and store.first_rounds_claimed(redis_conn, job) == {
+            "t0"}  # t0's round came back (it is in the history): not owed again
     finally:
         store.deactivate_job(redis_conn, job)  # not a real job: keep the stack's clients and reaper off it

@@ -49,7 +49,7 @@ def reap(redis, send_shard: Callable[[ShardRef], None], send_finish: Callable[[s
                     nonlocal refunded
                     if not orphaned(cur):  # changed since this pass read it (e.g. its client finished it)
                         return False
-                    refunded += store.refund_claim(redis, job_id, cur.shard)  # once: a second call finds 0
+                    refunded += store.refund_claim(redis, job_id, cur.shard, cur.task_ids)  # once: then 0
                     cur.state, cur.owner, cur.queued_at = ShardPhase.PENDING, None, now
                     cur.refunded += refunded
 

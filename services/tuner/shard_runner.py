@@ -157,7 +157,7 @@ class ShardRunner:
         log.warning("job %s shard %s handed back: %s", ref.job_id, ref.shard, why)
         state = store.job_status(r, ref.job_id)
         if lease.held() and state not in (JobState.FAILED, JobState.CANCELLED):
-            refunded = store.refund_claim(r, ref.job_id, ref.shard)
+            refunded = store.refund_claim(r, ref.job_id, ref.shard, store.shards(r, ref.job_id)[ref.shard].task_ids)
 
             def handed_back(sh):
                 sh.refunded += refunded

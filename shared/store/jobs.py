@@ -374,7 +374,8 @@ return k
 """)
 
 # Hand back what a shard claimed but never recorded (its client died); returns the amount. A stopped search's
-# refund is unspent, not budget again.
+# refund is unspent, not budget again. ARGV[2..]: the shard's tasks; one with no round in the history (KEYS[5]) is
+# owed its first round again (out of the first rounds claimed, KEYS[4]).
 _REFUND = _script("""
 local k = tonumber(redis.call('HGET', KEYS[2], ARGV[1]) or '0')
 if k > 0 then
@@ -384,6 +385,9 @@ if k > 0 then
     redis.call('INCRBY', KEYS[1], k)
   end
   redis.call('HSET', KEYS[2], ARGV[1], 0)
+  for i = 2, #ARGV do
+    if redis.call('HEXISTS', KEYS[5], ARGV[i]) == 0 then redis.call('SREM', KEYS[4], ARGV[i]) end
+  end
 end
 return k
 """)
@@ -450,9 +454,12 @@ def settle_claim(r: redis.Redis, job_id: str, shard: int, recorded: int) -> None
     r.hincrby(names.job_claims_key(job_id), str(shard), -int(recorded))
 
 
-def refund_claim(r: redis.Redis, job_id: str, shard: int) -> int:
-    return int(_REFUND(keys=[names.job_budget_key(job_id), names.job_claims_key(job_id), names.job_key(job_id)],
-                       args=[str(shard)], client=r))
+def refund_claim(r: redis.Redis, job_id: str, shard: int, task_ids: tuple[str, ...] | list[str] = ()) -> int:
+    """Hand the shard's unrecorded claim back to the budget (a stopped search's: unspent); `task_ids`, the shard's
+    tasks: one whose first round never came back is owed it again (the first-round reserve covers it)."""
+    keys = [names.job_budget_key(job_id), names.job_claims_key(job_id), names.job_key(job_id),
+            names.job_first_rounds_key(job_id), names.job_history_key(job_id)]
+    return int(_REFUND(keys=keys, args=[str(shard), *task_ids], client=r))
 
 
 # ---- a job's per-task history and per-shard time split ------------------------------------------------------
