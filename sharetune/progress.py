@@ -87,8 +87,9 @@ def render(st: dict, now: float, width: int = 100) -> list[str]:
         f"  {('%.2f' % est['rate']) + ' trials/s' if est['rate'] else '-'}  elapsed {fmt_s(est['elapsed_s'])}"
         f"  ETA {fmt_s(est['eta_s'])}  sum of task bests x weight {fmt_us(best)}",
     ]
-    if stopping_line(st, now):
-        lines.append(f"  {stopping_line(st, now)}")
+    stops = stopping_line(st, now)
+    if stops:
+        lines.append(f"  {stops}")
     name_w = max([len(t["task"]) for t in st.get("tasks", [])] + [4])
     name_w = min(name_w, max(12, width - 70))
     for t, e in zip(st.get("tasks", []), est["tasks"]):
@@ -148,7 +149,8 @@ def live_view(st: dict, now: float):
         tasks.add_row(t["task"], ProgressBar(total=1.0, completed=e["fraction"], width=12), str(t["trials"]),
                       str(t["errors"]), fmt_us(t["best_us"]), f"x{t['weight']}", fmt_s(e["eta_s"]),
                       str(t.get("reused_trials") or ""))
-    return Group(head, total, Text(stopping_line(st, now)), tasks) if stopping_line(st, now) else Group(head, total, tasks)
+    stops = stopping_line(st, now)
+    return Group(head, total, Text(stops), tasks) if stops else Group(head, total, tasks)
 
 
 def _job_estimate_us(st: dict) -> float | None:

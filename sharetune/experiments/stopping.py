@@ -33,10 +33,10 @@ def stopped_at(curve: list, rules: StopRules, from_trial: int = 1) -> dict | Non
 def every_task_by(events: list) -> int:
     """The trial (in time order) by which every task of a tuning's `events` ([seconds, task, seconds or None]) had
     one recorded."""
-    seen, order = set(), sorted(events, key=lambda e: e[0])
+    seen, order, every = set(), sorted(events, key=lambda e: e[0]), {e[1] for e in events}
     for n, (_, task, _) in enumerate(order, start=1):
         seen.add(task)
-        if len(seen) == len({e[1] for e in events}):
+        if seen == every:
             return n
     return len(order)
 

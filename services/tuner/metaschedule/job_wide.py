@@ -34,9 +34,12 @@ class FirstRounds:
         self._tasks: list | None = None  # the job's tasks: fixed once planned
         self._sizes: dict[str, int] | None = None
         self._head: set[str] | None = None
+        self._fixed: dict[str, float | None] | None = None  # the costs once every default is in the store
 
     def _costs(self) -> tuple[dict[str, float | None], bool]:
         """(task_id -> cost, None where its default is untimed or failed; whether every default is in the store)."""
+        if self._fixed is not None:  # the round picker asks every pass of its wait: the store is read until then
+            return self._fixed, True
         if self._tasks is None:
             self._tasks = store.job_tasks(self.redis, self.job_id)
         timings = store.default_timings(self.redis, [t.wkey for t in self._tasks])
@@ -44,7 +47,10 @@ class FirstRounds:
         for t in self._tasks:
             d = default_secs(timings[t.wkey])
             costs[t.task_id] = d * t.weight if d else None
-        return costs, bool(self._tasks) and all(timings[t.wkey] is not None for t in self._tasks)
+        complete = bool(self._tasks) and all(timings[t.wkey] is not None for t in self._tasks)
+        if complete:
+            self._fixed = costs
+        return costs, complete
 
     def costs(self) -> dict[str, float | None]:
         return self._costs()[0]
@@ -83,7 +89,7 @@ class SearchStop:
 
     def check(self) -> None:
         now = time.time()
-        if not self.rules.any or now - self._checked < STOP_CHECK_S:
+        if now - self._checked < STOP_CHECK_S:
             return
         self._checked = now
         state = store.job_hash(self.redis, self.job_id)
