@@ -1,7 +1,6 @@
 #!/usr/bin/env bash
-# On the GPU machine, after ../shared/device/stage.sh's install step (PYTHONPATH=/tmp/site:$PWD):
+# On the GPU machine, after ../shared/device/stage.sh's install step (PYTHONPATH=/tmp/site:$PWD), writes under $OUT:
 #   bash bench/device_run.sh smoke|gputest|matrix-bg|matrix-wait|gpufault|scale1|scale1-wait|ab|ab-wait|ttq-bg|ttq-wait
-#   -> writes under $OUT
 # (retired, `git show C:bench/device_run.sh`: stock, ours, sharding, searchq* at b7de8c6, scale B at fb8195c, matrix, scale at e5392c3)
 set -uo pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site:$PWD
@@ -13,8 +12,7 @@ keep_logs() {  # SRC NAME
      mkdir -p "$tmp/$(dirname "$f")"; tail -c 200000 "$f" > "$tmp/$f"; done)
   tar czf "$OUT/$2.tgz" -C "$tmp" . 2>/dev/null; rm -rf "$tmp"
 }
-# A background run's JSON: wait until it says "phase": "done", its log shows ERROR_RE, or WAIT_S pass; then
-# copy the JSON to $OUT and show the log's end.
+# A background run's JSON: wait until it says "phase": "done", its log shows ERROR_RE, or WAIT_S pass; then copy it.
 wait_for_background() {  # JSON LOG ERROR_RE WAIT_S
   local t0; t0=$(date +%s)
   while [ $(( $(date +%s) - t0 )) -lt "$4" ]; do

@@ -29,8 +29,7 @@ from sharetune.experiments.time_to_quality import (
 )
 
 PHASES = ("stock", "cold", "warm")
-# what a step is expected to take, to leave one that cannot finish before the deadline (stock: ~40 trials a
-# minute on one H200 at 64 a round, plus its start-up)
+# what a step is expected to take, to leave one that cannot finish before the deadline
 STOCK_TRIALS_PER_MIN = 31.0  # the slowest panel model so far (vit-s-encoder, 31.4 a minute)
 STOCK_STARTUP_S = 90.0
 SERVICE_STEP_S = 150.0  # a 384-trial job ~60-90 s on the H200, its stack ~20 s
@@ -62,9 +61,7 @@ class FileLines:
         self.seen += [now] * max(0, n - len(self.seen))
 
     def stop(self) -> list[float]:
-        self._stop.set()
-        self._thread.join()
-        self._read()
+        self._stop.set(), self._thread.join(), self._read()
         return self.seen
 
 
@@ -80,8 +77,7 @@ def run_stock(args, model: str, work: Path) -> dict:
     except subprocess.TimeoutExpired:
         kill_group(proc)
         raise
-    wall = time.time() - t0
-    seen = lines.stop()
+    wall, seen = time.time() - t0, lines.stop()
     row = {"wall_s": round(wall, 1), "exit": proc.returncode, "trials_per_min": None}
     if proc.returncode != 0:
         row["error"] = (work / "stock.log").read_text()[-1500:]
@@ -281,6 +277,8 @@ def main(argv=None) -> int:
     ap.add_argument("--warm-trials", type=int, default=384)
     ap.add_argument("--phases", default=",".join(PHASES), help="the steps to run now (stock,cold,warm)")
     ap.add_argument("--resume", action="store_true", help="keep the steps the JSON already holds")
+    ap.add_argument("--again", default="", help="kept steps to run again (cold,warm): the kept ones, their served "
+                    "timings and summary go to the model's `earlier`")
     ap.add_argument("--deadline-s", type=float, default=None, help="start no step that cannot end before this")
     ap.add_argument("--lease", default=time.strftime("%Y-%m-%d %H:%M"), help="names the lease a step ran in")
     ap.add_argument("--stock-timeout", type=float, default=3600)
@@ -321,6 +319,10 @@ def main(argv=None) -> int:
 
     for model in args.models.split(","):
         row = result["models"].setdefault(model, {})
+        if old := {k: row.pop(k) for k in args.again.split(",") if k in ("cold", "warm") and k in row}:
+            old.update({k: row.pop(k) for k in ("served", "summary") if k in row})
+            row.pop("curves", None)
+            row.setdefault("earlier", []).append(old)
         run_model(args, model, row, work, warm_store, save, deadline)
         print(json.dumps({model: row.get("summary")}), flush=True)
     result["phase"] = "done"
