@@ -26,3 +26,18 @@ def test_a_candidate_recorded_by_another_job_first_counts_as_recorded_elsewhere(
     assert redis_conn.get(names.job_recorded_elsewhere_key(second)) in (b"1", "1")
     assert redis_conn.get(names.job_recorded_elsewhere_key(first)) is None
     assert names.job_recorded_elsewhere_key(second) in names.job_transient_keys(second)
+
+
+def test_a_failure_answers_a_lookup_only_in_the_job_that_measured_it(redis_conn):
+    """A candidate that failed in this job is not measured again by it (a source over the size limit failed
+    every time, and each time cost a trial that left no record of its own); another job measures it again."""
+    from shared import store
+
+    wkey, failed, ok = f"w-{uuid.uuid4().hex}", uuid.uuid4().hex, uuid.uuid4().hex
+    job, later = f"a-{uuid.uuid4().hex[:8]}", f"b-{uuid.uuid4().hex[:8]}"
+    bad = _record(job, wkey, failed).model_copy(update={"run_secs": None, "error": "build: source over the limit"})
+    store.put_record(redis_conn, bad)
+    store.put_record(redis_conn, _record(job, wkey, ok))
+    assert set(store.known_records(redis_conn, wkey, [failed, ok], job)) == {failed, ok}
+    assert set(store.known_records(redis_conn, wkey, [failed, ok], later)) == {ok}
+    assert set(store.known_records(redis_conn, wkey, [failed, ok])) == {ok}

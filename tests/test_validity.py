@@ -281,8 +281,6 @@ def test_valid_evolution_breeds_within_the_limits_from_the_measured_best(tasks, 
     """An evolutionary CUDA round with valid sampling: every candidate passes TVM's own chain, none repeats a measured schedule or an earlier round's, and the round breeds from the measured
     best (some candidates are one mutation away from a stored schedule)."""
     from services.tuner.metaschedule.evolution import ValidEvolution, genome_of
-    from services.tuner.metaschedule.records import record_json, tuning_record
-    from services.tuner.metaschedule.sampling import ValidReplay
 
     task = tasks["conv2d1"]
     assert type(tune_context(task.mod, target, task.name, cold=False, population=64).search_strategy).__name__ \
@@ -290,21 +288,9 @@ def test_valid_evolution_breeds_within_the_limits_from_the_measured_best(tasks, 
     off = tune_context(task.mod, target, task.name, cold=False, population=64, num_threads=1, valid_sampling=False)
     assert type(off.search_strategy).__name__ == "EvolutionarySearch"
 
-    def context(strategy):
-        ctx = ms.TuneContext(mod=task.mod, target=target, search_strategy=strategy, task_name=task.name,
-                             rand_state=3, num_threads=1, space_generator=ms.space_generator.PostOrderApply(
-                                 postprocs=validity.cuda_postprocs(target)))
-        ctx.pre_tuning(1 << 20, 8, ctx.generate_design_space(), db, ms.cost_model.RandomModel(seed=7))
-        return ctx
-
-    db = ms.database.MemoryDatabase()
-    measured = context(ValidReplay(seed=5, threads=1)).generate_measure_candidates()
-    workload = db.commit_workload(task.mod)
-    for i, c in enumerate(measured):  # as the store holds them: JSON and back
-        rec = ms.database.TuningRecord(c.sch.trace, workload, [1e-5 * (i + 1)], target, c.args_info)
-        db.commit_tuning_record(tuning_record(record_json(rec), workload))
+    db, measured = _measured_round(task, target)
     strategy = ValidEvolution(seed=3, threads=1, population=16)
-    ctx = context(strategy)
+    ctx = _search_context(task, target, strategy, 8, db)
     stock = ms.postproc.Postproc.create(validity.rule_kind(target))
     for p in stock:
         p._initialize_with_tune_context(ctx)  # noqa: SLF001 -- TVM's chain, as the context would set it up
@@ -324,6 +310,51 @@ def test_valid_evolution_breeds_within_the_limits_from_the_measured_best(tasks, 
     # no tensor-core block here: VerifyGPUCode leaves the replays' chain and checks only the proposals
     assert [type(p).__name__ for p in strategy.verifiers] == ["VerifyGPUCode"]
     assert "VerifyGPUCode" not in [type(p).__name__ for p in strategy.postprocs]
+
+
+def _search_context(task, target, strategy, per_iter: int, db):
+    ctx = ms.TuneContext(mod=task.mod, target=target, search_strategy=strategy, task_name=task.name, rand_state=3,
+                         num_threads=1, space_generator=ms.space_generator.PostOrderApply(
+                             postprocs=validity.cuda_postprocs(target)))
+    ctx.pre_tuning(1 << 20, per_iter, ctx.generate_design_space(), db, ms.cost_model.RandomModel(seed=7))
+    return ctx
+
+
+def _measured_round(task, target):
+    """(a database holding one cold round of 8 of the task, with made-up timings, as the store holds them; the
+    round's candidates)."""
+    from services.tuner.metaschedule.records import record_json, tuning_record
+    from services.tuner.metaschedule.sampling import ValidReplay
+
+    db = ms.database.MemoryDatabase()
+    measured = _search_context(task, target, ValidReplay(seed=5, threads=1), 8, db).generate_measure_candidates()
+    workload = db.commit_workload(task.mod)
+    for i, c in enumerate(measured):  # JSON and back
+        rec = ms.database.TuningRecord(c.sch.trace, workload, [1e-5 * (i + 1)], target, c.args_info)
+        db.commit_tuning_record(tuning_record(record_json(rec), workload))
+    return db, measured
+
+
+def test_a_small_evolutionary_round_breeds_a_population_its_size(tasks, target):
+    """A round that proposes 4 candidates breeds MIN_POPULATION, not the setting's 64: it scores a few times what
+    it proposes (a light task's round of 8 in a job scored as much as a round of 64)."""
+    from services.tuner.metaschedule import evolution
+    from services.tuner.metaschedule.evolution import ValidEvolution
+
+    task = tasks["conv2d1"]
+    db, _ = _measured_round(task, target)
+    scored = {}
+    for per_iter in (4, 64):
+        strategy = ValidEvolution(seed=3, threads=1, population=64)
+        counted = []
+        strategy._score = lambda pool, keys, inner=strategy._score, counted=counted: (  # noqa: SLF001
+            counted.append(len(keys)), inner(pool, keys))
+        cands = _search_context(task, target, strategy, per_iter, db).generate_measure_candidates()
+        assert cands and len(cands) <= per_iter
+        scored[per_iter] = counted
+    assert max(scored[4]) <= evolution.MIN_POPULATION
+    assert sum(scored[4]) <= (evolution.GENERATIONS + 1) * evolution.MIN_POPULATION
+    assert sum(scored[64]) > 2 * sum(scored[4]), scored
 
 
 def test_a_cold_round_of_tile_draws_replays_little_more_than_it_proposes(tasks, target):

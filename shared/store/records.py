@@ -33,7 +33,7 @@ CANCELLED = "job cancelled"
 
 
 def valid_record(rec: Record) -> bool:
-    """A measurement: no error and some figures. Only these answer a reuse lookup or count as reused."""
+    """A measurement: no error and some figures. Only these answer another job's reuse lookup."""
     return rec.error is None and bool(rec.run_secs)
 
 
@@ -130,13 +130,15 @@ def default_timings(r: redis.Redis, wkeys: list[str]) -> dict[str, DefaultTiming
     return {w: DefaultTiming.parse(raw) if raw else None for w, raw in zip(wkeys, raws)}
 
 
-def known_records(r: redis.Redis, wkey: str, keys: list[str]) -> dict[str, Record]:
-    """The valid records the store holds for these candidate keys; an error record is not an answer."""
+def known_records(r: redis.Redis, wkey: str, keys: list[str], job_id: str = "") -> dict[str, Record]:
+    """The records the store holds that answer these candidate keys: the valid ones, and `job_id`'s own error
+    records (measured again in the same job, a candidate fails again: the same code, limits and lanes). Another
+    job's error record is not an answer: what failed then may build or run now."""
     if not keys:
         return {}
     raw = r.hmget(names.records_key(wkey), keys)
     found = {k: Record.parse(v) for k, v in zip(keys, raw) if v is not None}
-    return {k: rec for k, rec in found.items() if valid_record(rec)}
+    return {k: rec for k, rec in found.items() if valid_record(rec) or (job_id and rec.job_id == job_id)}
 
 def trial_accounting(r: redis.Redis, job_id: str) -> dict | None:
     """The job's trials as the store knows them (the fields: shared.messages.TrialAccounting). A finished

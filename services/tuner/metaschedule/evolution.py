@@ -39,6 +39,9 @@ GENERATIONS = 3
 MUTATION_TRIES = 10
 # replayed schedules a task keeps across its rounds (beyond this, a round starts with none)
 CACHE = 4096
+# the smallest population a round breeds: a round proposing fewer candidates than the population breeds only as
+# many as it proposes (a light task's round of 8 scored ~4 times its candidates instead of ~32 times)
+MIN_POPULATION = 16
 # the share of a round drawn at random instead of by the cost model (EvolutionarySearch's eps_greedy)
 EPS_GREEDY = 0.05
 # of a mutation, the chance it changes a tiling (else a categorical choice), as the CUDA mutators weigh them
@@ -155,13 +158,14 @@ class ValidEvolution(PySearchStrategy):
         if len(self.replays) > CACHE:
             self.replays.clear()
             self.verified.clear()
-        measured, parents = self._measured()
+        size = min(self.population, max(MIN_POPULATION, want))
+        measured, parents = self._measured(size // 2)
         pool: dict[tuple[int, Genome], tuple] = {}  # (space, genome) -> (candidate, score)
-        self._score(pool, parents + self._random(self.population - len(parents)))
-        population = self._fittest(pool, self.population)
+        self._score(pool, parents + self._random(size - len(parents)))
+        population = self._fittest(pool, size)
         for _ in range(GENERATIONS):
             self._score(pool, self._children(population, pool))
-            population = self._fittest(pool, self.population)
+            population = self._fittest(pool, size)
         fresh = [k for k in self._fittest(pool, len(pool)) if k not in measured and k not in self.sent]
         picked = self._passing(fresh, want - int(round(want * EPS_GREEDY)))
         picked += self._random_verified(want - len(picked), set(picked) | measured | self.sent)
@@ -169,9 +173,8 @@ class ValidEvolution(PySearchStrategy):
         self.proposed += len(picked)
         return distinct([self.replays[k] for k in picked]) or None
 
-    def _measured(self) -> tuple[set, list]:
-        """(every stored schedule's key for this workload; the best ones', up to half the population, to breed
-        from)."""
+    def _measured(self, parents: int) -> tuple[set, list]:
+        """(every stored schedule's key for this workload; the best ones', up to `parents`, to breed from)."""
         if self.database is None or not self.database.has_workload(self.ctx.mod):
             return set(), []
         records = self.database.get_top_k(self.database.commit_workload(self.ctx.mod), 1 << 16)
@@ -180,7 +183,7 @@ class ValidEvolution(PySearchStrategy):
             key = self._key_of(rec.trace)
             if key is None:
                 continue
-            if key not in keys and len(best) < self.population // 2:
+            if key not in keys and len(best) < parents:
                 best.append(key)
             keys.add(key)
         return keys, best

@@ -141,9 +141,10 @@ class StoreRecords:
 
     def known(self, wkey: str, keys: list[str]) -> dict[str, Record]:
         """The records the store already holds for these candidate keys (measured by an earlier job or
-        by a client of this job that died): they are reused, never measured again. Only valid records:
-        a candidate that failed (or was never measured) is measured again."""
-        return store.known_records(self.redis, wkey, keys)
+        by a client of this job that died): they are reused, never measured again. Valid records, and this job's
+        failures (a source over the size limit fails every time: proposed again, it cost a trial and left no
+        record of its own); a candidate that failed in an earlier job, or was never measured, is measured again."""
+        return store.known_records(self.redis, wkey, keys, self.job_id)
 
     def record_round(self, ctx, measure_candidates, builder_results, runner_results, claimed: int) -> TaskProgress:
         name = ctx.task_name
