@@ -17,16 +17,18 @@ def tune_context(mod, target, task_name: str, cold: bool, population: int, rand_
     (validity.GPUPrecheck first among the postprocessors). `first_round_pool`: a cold CUDA round, once
     `ranking_model` (the central cost model) is trained, draws that many times its candidates and proposes the
     model's best (sampling.ValidReplay). `pad_awkward`: a CUDA design space also holds, for a matmul-like block
-    with an awkward extent (ViT's 197 tokens), the block padded to tile (padding.PadAwkwardEinsum)."""
+    with an awkward extent (ViT's 197 tokens), the block padded to tile (padding.PadAwkwardEinsum). A CUDA design
+    space leaves out the blocks whose output nothing reads (dead_blocks.InlineDeadBlocks)."""
     load_tensor_intrinsics(target.kind.name)  # else TuneContext imports every backend's (idempotent)
     space = "post-order-apply"
     threads = num_threads or "physical"
     cuda = valid_sampling and target.kind.name == "cuda"
     if cuda:
+        from services.tuner.metaschedule.dead_blocks import InlineDeadBlocks
         from services.tuner.metaschedule.padding import PadAwkwardEinsum
         from services.tuner.metaschedule.validity import cuda_postprocs, rule_kind
 
-        rules = ms.schedule_rule.ScheduleRule.create(rule_kind(target))
+        rules = [InlineDeadBlocks(), *ms.schedule_rule.ScheduleRule.create(rule_kind(target))]
         space = ms.space_generator.PostOrderApply(sch_rules=[PadAwkwardEinsum(), *rules] if pad_awkward else rules,
                                                   postprocs=cuda_postprocs(target))
     if not cold and cuda:
