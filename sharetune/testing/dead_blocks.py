@@ -109,9 +109,9 @@ def build_sets(models: list[str], stock_dbs: Path, out: Path, samples: int) -> l
 
 def summarise(rows: list[dict]) -> dict:
     """Per set, the sum over tasks of weight x median µs, where every set has a figure."""
-    full = [r for r in rows if all(r.get("us", {}).get(s) is not None for s in SETS)]
+    full = [row for row in rows if all(row.get("us", {}).get(s) is not None for s in SETS)]
     return {"tasks": len(rows), "timed_in_every_set": len(full),
-            "weighted_us": {s: round(sum(r["weight"] * r["us"][s] for r in full), 2) for s in SETS}}
+            "weighted_us": {s: round(sum(row["weight"] * row["us"][s] for row in full), 2) for s in SETS}}
 
 
 def main(argv=None) -> int:
