@@ -113,7 +113,7 @@ PY
       sleep 5
     done
     [ -e /tmp/ttq/DONE ] && echo "time-to-quality run finished"
-    cp -r /tmp/ttq/out/. "$OUT/" 2>/dev/null
+    (cd /tmp/ttq/out && find . -maxdepth 1 -type f ! -name zoo_store.tgz -exec cp {} "$OUT/" \; && tar czf "$OUT/ttq_dbs.tgz" --exclude=zoo_store.tgz cold-* warm-* stock-* 2>/dev/null)  # a call brings back few files
     tail -c 20000 /tmp/ttq/driver.log
     keep_logs /tmp/ttq/work ttq_logs ;;
   # issue 38, A/B of two code trees: `ab MODELS ARGS`, control .dev/control.tgz (`git archive C -- services shared sharetune
