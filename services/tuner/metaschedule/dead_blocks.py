@@ -40,7 +40,10 @@ class InlineDeadBlocks(PyScheduleRule):
     once from the workload, so a space's trace gains only the inlining of each."""
 
     def _initialize_with_tune_context(self, context) -> None:
-        self.dead = dead_blocks(context.mod) if context.mod is not None else set()
+        try:
+            self.dead = dead_blocks(context.mod) if context.mod is not None else set()
+        except Exception:  # noqa: BLE001 -- a function this rule cannot read (no root block): nothing left out
+            self.dead = set()
 
     def apply(self, sch, block):
         if sch.get(block).name_hint in getattr(self, "dead", ()):
