@@ -98,9 +98,6 @@ PY
   # collects. Keeps what an earlier session finished: its JSON is copied in from bench/results for --resume
   ttq-bg) rm -rf /tmp/ttq/repo /tmp/ttq/DONE && mkdir -p /tmp/ttq/out && cp -r . /tmp/ttq/repo
           [ -f bench/results/time_to_quality_h200.json ] && cp bench/results/time_to_quality_h200.json /tmp/ttq/out/
-          # the zoo store an earlier lease made (carry .dev/zoo_store.tgz): the warm runs need not tune it again
-          [ -f .dev/zoo_store.tgz ] && [ ! -e /tmp/ttq/work/zoo/DONE.json ] && mkdir -p /tmp/ttq/work/zoo \
-              && tar xzf .dev/zoo_store.tgz -C /tmp/ttq/work/zoo
           nvidia-smi --query-gpu=index,uuid,name --format=csv,noheader
           (cd /tmp/ttq/repo && PYTHONPATH=/tmp/site:/tmp/ttq/repo OUT=/tmp/ttq/out setsid nohup bash -c \
               "python3 -m bench.time_to_quality --work-dir /tmp/ttq/work $(printf '%q ' "${@:2}"); touch /tmp/ttq/DONE" \
@@ -113,7 +110,10 @@ PY
       sleep 5
     done
     [ -e /tmp/ttq/DONE ] && echo "time-to-quality run finished"
-    (cd /tmp/ttq/out && find . -maxdepth 1 -type f ! -name zoo_store.tgz -exec cp {} "$OUT/" \; && tar czf "$OUT/ttq_dbs.tgz" --exclude=zoo_store.tgz cold-* warm-* stock-* 2>/dev/null)  # a call brings back few files
+    # a call brings back 8 files of 16 MiB at most: the kept databases in one archive, the zoo store in parts (carried
+    # back in a call of its own: mkdir -p /tmp/ttq/work/zoo && cat .dev/zoo/zoo_store.tgz.part-* | tar xzf - -C /tmp/ttq/work/zoo)
+    (cd /tmp/ttq/out && find . -maxdepth 1 -type f ! -name zoo_store.tgz -exec cp {} "$OUT/" \; && tar czf "$OUT/ttq_dbs.tgz" --exclude=zoo_store.tgz cold-* warm-* stock-* 2>/dev/null
+     [ -f zoo_store.tgz ] && split -b 15M zoo_store.tgz "$OUT/zoo_store.tgz.part-")
     tail -c 20000 /tmp/ttq/driver.log
     keep_logs /tmp/ttq/work ttq_logs ;;
   # issue 38, A/B of two code trees: `ab MODELS ARGS`, control .dev/control.tgz (`git archive C -- services shared sharetune
