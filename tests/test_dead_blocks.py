@@ -2,13 +2,10 @@
 a batch norm's copies of its running statistics. CPU only: spaces, sampled schedules and CUDA source need no GPU."""
 from __future__ import annotations
 
-import re
-
 import pytest
 
 pytest.importorskip("tvm")
 
-import tvm  # noqa: E402
 import tvm_ffi  # noqa: E402
 from tvm.s_tir.schedule import Schedule  # noqa: E402
 
@@ -17,6 +14,7 @@ from services.tuner.metaschedule.context import tune_context  # noqa: E402
 from services.tuner.metaschedule.dead_blocks import dead_blocks  # noqa: E402
 from services.tuner.metaschedule.extract import extract  # noqa: E402
 from sharetune.intake import to_relax  # noqa: E402
+from sharetune.testing.dead_blocks import kernel_count  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -36,13 +34,6 @@ def _dead(mod) -> list[str]:
     return sorted(dead_blocks(mod))
 
 
-def _kernels(mod, target) -> int:
-    with target:
-        lib = tvm.compile(mod, target=target)
-    source = lib.mod.imports[0].inspect_source()  # a kernel is declared, then defined
-    return len(set(re.findall(r"__global__ void (?:__launch_bounds__\(\d+\) )?(\w+)\(", source)))
-
-
 def test_a_batch_norm_has_dead_copies_and_a_convolution_none(tasks):
     assert _dead(tasks["fused_batch_norm_relu"].mod) == ["T_multiply_1", "T_multiply_2"]
     assert _dead(tasks["conv2d1"].mod) == []
@@ -59,7 +50,7 @@ def test_a_sampled_batch_norm_schedule_is_one_kernel_and_replays_on_the_workload
     assert cands
     for cand in cands:
         assert _dead(cand.sch.mod) == []
-        assert _kernels(cand.sch.mod, target) == 1
+        assert kernel_count(cand.sch.mod, target) == 1
         again = Schedule(task.mod)
         cand.sch.trace.apply_to_schedule(again, remove_postproc=False)
         assert tvm_ffi.structural_equal(again.mod, cand.sch.mod)

@@ -24,7 +24,7 @@ from pathlib import Path
 SETS = ("default", "stock", "stock_one", "sampled")
 
 
-def _kernels(mod, target) -> int:
+def kernel_count(mod, target) -> int:
     """How many CUDA kernels the scheduled workload launches."""
     import tvm
 
@@ -92,7 +92,7 @@ def build_sets(models: list[str], stock_dbs: Path, out: Path, samples: int) -> l
                 name = f"{key}" if group == label else f"{key}.{label.split('/')[1]}"
                 try:
                     if group not in row["kernels"]:
-                        row["kernels"][group] = _kernels(sched, target)
+                        row["kernels"][group] = kernel_count(sched, target)
                     folder = out / group
                     folder.mkdir(parents=True, exist_ok=True)
                     _build(sched, target, folder / f"w{name}.so")
