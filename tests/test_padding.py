@@ -7,6 +7,8 @@ import pytest
 
 pytest.importorskip("tvm")
 
+import re  # noqa: E402
+
 import numpy as np  # noqa: E402
 import tvm  # noqa: E402
 from tvm import relax  # noqa: E402
@@ -80,7 +82,7 @@ def _pads(space) -> list:
 
 
 def test_awkward_extents():
-    assert [n for n in (16, 17, 24, 64, 77, 197, 200, 384, 799) if padding.awkward(n)] == [17, 77, 197, 799]
+    assert [n for n in (16, 17, 24, 28, 64, 77, 98, 197, 200, 384, 799) if padding.awkward(n)] == [17, 77, 98, 197, 799]
 
 
 def test_a_cuda_space_holds_a_matmul_over_197_rows_padded_and_as_it_is(cuda):
@@ -93,12 +95,33 @@ def test_a_cuda_space_holds_a_matmul_over_197_rows_padded_and_as_it_is(cuda):
     assert not any(_pads(s) for s in plain) and len(plain) < len(spaces)
 
 
-def test_a_matmul_writing_the_output_pads_only_its_reduction(cuda):
-    """Padded rows would need a copy kernel to drop them; a padded reduction reads zeros and needs none."""
+def _kernels(space) -> int:
+    return len(re.findall(r'thread="blockIdx', space.mod.script()))
+
+
+def _unbound_nests(space) -> int:
+    """Loop nests left at the function's root, not yet bound to a kernel (postprocessing would make each one)."""
+    return len(re.findall(r"^        for ", space.mod.script(), re.M))
+
+
+def test_a_block_writing_the_output_is_padded_whole_and_stays_one_kernel(cuda):
+    """The copy that drops the padded rows is folded into the tiled block's write cache: a predicated store,
+    not a kernel of its own."""
     _, spaces = _spaces(_task(_batched(197, 197, 64), cuda), cuda)
-    assert [[1, 1, 1, 16]] in [_pads(s) for s in spaces]
-    _, spaces = _spaces(_task(_batched(197, 64, 197), cuda), cuda)
-    assert not any(_pads(s) for s in spaces)  # nothing awkward it may pad
+    padded = [s for s in spaces if _pads(s)]
+    assert padded and all(_pads(s) == [[1, 16, 1, 16]] for s in padded)
+    assert all(_kernels(s) == 1 and _unbound_nests(s) == 0 for s in spaces)
+    assert all("T.where" in s.mod.script() for s in padded)
+
+
+def test_a_convolution_is_reindexed_then_padded(cuda):
+    """wav2vec 2.0's shape of convolution (its output 99 = 9 x 11 columns): the input, read at `yy * 2 + ry`,
+    becomes an einsum operand; the columns are padded to 112 and the output written through a predicate."""
+    _, spaces = _spaces(_task(_conv1d, cuda), cuda)
+    padded = [s for s in spaces if _pads(s)]
+    assert padded and all(_pads(s) == [[1, 1, 16, 1, 1]] for s in padded)
+    assert all(_kernels(s) == 1 and _unbound_nests(s) == 0 for s in spaces)
+    assert all({"ReIndex", "ReverseComputeInline"} <= {i.kind.name for i in s.trace.insts} for s in padded)
 
 
 def test_blocks_that_are_not_tiled_einsums_stay_as_they_are(cuda):
@@ -110,7 +133,7 @@ def test_blocks_that_are_not_tiled_einsums_stay_as_they_are(cuda):
                 out = bb.emit_output(relax.op.nn.layer_norm(x, g, b, axes=[-1]))
             bb.emit_func_output(out)
 
-    for build in (_conv1d, layer_norm, _linear(192, 96, 64)):
+    for build in (layer_norm, _linear(192, 96, 64)):
         _, spaces = _spaces(_task(build, cuda), cuda)
         assert not any(_pads(s) for s in spaces)
 
@@ -136,6 +159,29 @@ def test_a_padded_schedule_computes_what_the_unpadded_one_does():
         out = tvm.runtime.tensor(np.zeros((37, 8), "float32"), dev)
         lib(*(tvm.runtime.tensor(a, dev) for a in (x, w, b)), out)
         np.testing.assert_allclose(out.numpy(), x @ w + b, rtol=1e-5, atol=1e-5)
+
+
+def test_a_padded_convolution_writing_the_output_through_a_predicate_computes_the_convolution():
+    """The convolution reindexed and padded, given a write cache as a GPU's tiling gives it, the copy that drops
+    the padded columns folded into that cache (InlinePaddedOutput: a predicated store), built for the host,
+    against numpy."""
+    target = tvm.target.Target({"kind": "llvm", "num-cores": 1})
+    task = _task(_conv1d, target)
+    sch = tvm.s_tir.Schedule(task.mod)
+    block = sch.get_sblock("conv1d_ncw")
+    padded = padding.padded_state(sch, block)
+    assert padded is not None
+    padded.cache_write(block, 0, "global")
+    (folded,) = padding.InlinePaddedOutput().apply(padded, block)
+    assert "T.where" in folded.mod.script() and "ReverseComputeInline" in [i.kind.name for i in folded.trace.insts]
+    rng = np.random.default_rng(0)
+    x, w = rng.standard_normal((1, 16, 199)).astype("float32"), rng.standard_normal((16, 16, 3)).astype("float32")
+    expected = np.stack([sum(w[:, :, k] @ x[0, :, k:k + 197:2] for k in range(3))])
+    lib = tvm.tirx.build(folded.mod, target=target)
+    dev = tvm.cpu()
+    out = tvm.runtime.tensor(np.zeros((1, 16, 99), "float32"), dev)
+    lib(tvm.runtime.tensor(x, dev), tvm.runtime.tensor(w, dev), out)
+    np.testing.assert_allclose(out.numpy(), expected, rtol=1e-4, atol=1e-4)
 
 
 def test_a_cold_cuda_round_draws_checks_and_lowers_padded_candidates(cuda):

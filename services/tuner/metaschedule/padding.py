@@ -2,19 +2,21 @@
 
 MetaSchedule tiles a loop only by exact divisors of its extent (SamplePerfectTile; a decision whose product is
 not the extent falls back to [1, ..., extent]). An awkward extent leaves it nothing to tile with: ViT's 197
-tokens are prime, so every matmul over them puts all 197 rows at one tile level. On the H200 no tuned schedule
-of ViT-S's MLP matmul (197x1536x384) came near the untuned module's (DLight pads and predicates): 106.9 us
-after 64 trials against 66.7 us. `PadAwkwardEinsum` runs before the target's rules and, for an einsum block
-with an awkward extent, adds a state where that extent is padded to a multiple of PAD (TVM's pad_einsum, the
-padding blocks inlined: the inputs read as zero beyond their bounds, the padded rows never written out), so
-the usual rules tile 208 = 16 x 13 rows as well as 197. The unpadded state stays: the search picks between
-them. A block pad_einsum cannot pad (a convolution's composite indices), or whose padded output cannot be
-inlined into a consumer (it would cost a copy kernel), is left as it is. Off by default
-(TunerSettings.pad_awkward): docs/time_to_quality.md has what it gave on the H200.
+tokens are prime, so every matmul over them puts all 197 rows at one tile level; wav2vec 2.0's convolutions
+write 799 = 17 x 47 and 399 = 3 x 7 x 19 columns. `PadAwkwardEinsum` runs before the target's rules and, for a
+block that reduces a product of two buffers with an awkward extent, adds a state where that extent is padded to
+a multiple of PAD (TVM's pad_einsum, the padding blocks inlined: the inputs read as zero beyond their bounds),
+so the usual rules tile 208 = 16 x 13 rows as well as 197. A convolution's input, read at composite indices
+(`yy * 2 + ry`), is first reindexed into an einsum operand (and inlined again with the padding). The padded
+rows are never written: a consumer takes the padded output inlined; where the block writes the function's own
+output, `InlinePaddedOutput` (after the target's rules) folds the copy that drops the padded rows into the
+tiled block's write cache, a predicated store instead of a kernel. The unpadded state stays: the search picks
+between them. Off by default (TunerSettings.pad_awkward): docs/time_to_quality.md has what it gave on the H200.
 """
 from __future__ import annotations
 
 from tvm import tirx
+from tvm.tirx import analysis
 from tvm.ir.utils import derived_object
 from tvm.s_tir.meta_schedule.schedule_rule import PyScheduleRule
 
@@ -23,8 +25,13 @@ PAD = 16
 
 
 def awkward(extent: int) -> bool:
-    """An extent whose divisors tile badly: above PAD and not a multiple of 8 (197, 799; not 200 or 384)."""
-    return extent > PAD and extent % 8 != 0
+    """An extent whose divisors tile badly: above PAD and odd or twice odd (197, 799, 98; not 28, 200 or 384,
+    which tile by 4 at least: padding 28 to 32 would compute 30 % more for little)."""
+    return extent > PAD and extent % 4 != 0
+
+
+# marks the block that copies a padded output into the function's own buffer, for InlinePaddedOutput
+PADDED_OUTPUT = "sharetune.padded_output"
 
 
 def _neighbours(sch, block) -> dict[str, object]:
@@ -32,16 +39,34 @@ def _neighbours(sch, block) -> dict[str, object]:
     return {sch.get(b).name_hint: b for b in [*sch.get_producers(block), *sch.get_consumers(block)]}
 
 
+def _composite_reads(block) -> list[int]:
+    """The reads indexed by more than a bare iterator or a constant (a convolution's `yy * 2 + ry`)."""
+    written = {w.source.name for w in block.writes}
+    return [i for i, read in enumerate(block.reads) if read.source.name not in written
+            and any(not isinstance(r.min, (tirx.Var, tirx.IntImm)) for r in read.region)]
+
+
 def _padded(sch, block, padding: list[int]):
-    """A copy of `sch` with `block` padded and the padding blocks (the producers and consumer pad_einsum adds)
-    inlined, or None where it cannot be."""
+    """A copy of `sch` with `block` padded (its composite reads reindexed first) and the blocks this adds
+    inlined: the producers into `block`, the consumer into its own consumer, or, where it writes the function's
+    output, marked for InlinePaddedOutput. None where it cannot be."""
     before = set(_neighbours(sch, block))
     out = sch.copy()
     try:
+        # reindexing shifts no read's position: a read reindexed stays where it was, reading the new buffer
+        for i in _composite_reads(out.get(block)):
+            out.reindex(block, ("read", i))
         out.pad_einsum(block, padding)
+        consumers = {out.get(b).name_hint for b in out.get_consumers(block)}
         for name, added in sorted(_neighbours(out, block).items()):
-            if name not in before:
+            if name in before:
+                continue
+            if name not in consumers:
                 out.compute_inline(added)
+            elif out.get_consumers(added):
+                out.compute_inline(added)
+            else:
+                out.annotate(added, PADDED_OUTPUT, 1)
     except Exception:  # noqa: BLE001 -- TVM's schedule errors: this padding does not apply
         return None
     return out
@@ -49,28 +74,25 @@ def _padded(sch, block, padding: list[int]):
 
 def _reused_reads(block) -> int:
     """How many buffers the block reads along fewer than all its spatial iterators (a matmul's two operands;
-    none of a layer norm's): MultiLevelTiling tiles a block for such reuse. 0 where an index is not a bare
-    iterator or a constant (not an einsum)."""
+    none of a layer norm's): MultiLevelTiling tiles a block for such reuse. A read at composite indices counts
+    by the iterators it uses (a convolution's input: its channel, column and tap, not its filter)."""
     spatial = {iv.var.name for iv in block.iter_vars if iv.iter_type != tirx.IterVar.CommReduce}
     written = {w.source.name for w in block.writes}
     out = 0
     for read in block.reads:
         if read.source.name in written:
             continue
-        used = set()
+        used: set[str] = set()
         for r in read.region:
-            if isinstance(r.min, tirx.Var):
-                used.add(r.min.name)
-            elif not isinstance(r.min, tirx.IntImm):
-                return 0
+            used.update(v.name for v in analysis.undefined_vars(r.min))
         out += bool(spatial - used)
     return out
 
 
 def padded_state(sch, block):
     """`sch` with `block`'s awkward extents padded, or None (no awkward extent, not a reduction over a product
-    of two buffers, not an einsum). Where the padded output has no consumer to be inlined into (the block
-    writes the function's output), only its reduction extents are padded, where one is awkward."""
+    of two buffers, a padding TVM cannot apply). Where the whole block cannot be padded, its reduction extents
+    alone, where one is awkward."""
     realized = sch.get(block)
     extents = []
     for iv in realized.iter_vars:
@@ -105,3 +127,34 @@ class PadAwkwardEinsum(PyScheduleRule):
 
     def clone(self):
         return PadAwkwardEinsum()
+
+
+def _write_cache_of(sch, block):
+    """The block's single consumer where it is a complete block (MultiLevelTiling's write cache), or None."""
+    consumers = sch.get_consumers(block)
+    return consumers[0] if len(consumers) == 1 else None
+
+
+@derived_object
+class InlinePaddedOutput(PyScheduleRule):
+    """After the target's rules: a tiled padded block whose write cache feeds the copy that drops its padded
+    rows into the function's output gets that copy folded into the write cache (a predicated store), so the
+    padded block stays one kernel. Any other block, or a fold TVM refuses, is left as it is."""
+
+    def _initialize_with_tune_context(self, context) -> None:
+        pass
+
+    def apply(self, sch, block):
+        try:
+            cache = _write_cache_of(sch, block)
+            copy = _write_cache_of(sch, cache) if cache is not None else None
+            if copy is not None and PADDED_OUTPUT in sch.get(copy).annotations:
+                out = sch.copy()
+                out.reverse_compute_inline(copy)
+                return [out]
+        except Exception:  # noqa: BLE001 -- the root block, a block already gone, a fold TVM refuses
+            pass
+        return [sch]
+
+    def clone(self):
+        return InlinePaddedOutput()
