@@ -122,6 +122,10 @@ def test_a_convolution_is_reindexed_then_padded(cuda):
     assert padded and all(_pads(s) == [[1, 1, 16, 1, 1]] for s in padded)
     assert all(_kernels(s) == 1 and _unbound_nests(s) == 0 for s in spaces)
     assert all({"ReIndex", "ReverseComputeInline"} <= {i.kind.name for i in s.trace.insts} for s in padded)
+    # the bounds check is made where the input is fetched into shared memory, not once per multiply-add
+    for s in padded:
+        checks = [line for line in s.mod.script().splitlines() if "if_then_else" in line]
+        assert checks and all("_shared[" in line.split("=")[0] for line in checks), checks
 
 
 def test_blocks_that_are_not_tiled_einsums_stay_as_they_are(cuda):
@@ -163,7 +167,7 @@ def test_a_padded_schedule_computes_what_the_unpadded_one_does():
 
 def test_a_padded_convolution_writing_the_output_through_a_predicate_computes_the_convolution():
     """The convolution reindexed and padded, given a write cache as a GPU's tiling gives it, the copy that drops
-    the padded columns folded into that cache (InlinePaddedOutput: a predicated store), built for the host,
+    the padded columns folded into that cache (FinishPadding: a predicated store), built for the host,
     against numpy."""
     target = tvm.target.Target({"kind": "llvm", "num-cores": 1})
     task = _task(_conv1d, target)
@@ -172,7 +176,7 @@ def test_a_padded_convolution_writing_the_output_through_a_predicate_computes_th
     padded = padding.padded_state(sch, block)
     assert padded is not None
     padded.cache_write(block, 0, "global")
-    (folded,) = padding.InlinePaddedOutput().apply(padded, block)
+    (folded,) = padding.FinishPadding().apply(padded, block)
     assert "T.where" in folded.mod.script() and "ReverseComputeInline" in [i.kind.name for i in folded.trace.insts]
     rng = np.random.default_rng(0)
     x, w = rng.standard_normal((1, 16, 199)).astype("float32"), rng.standard_normal((16, 16, 3)).astype("float32")

@@ -25,11 +25,11 @@ def tune_context(mod, target, task_name: str, cold: bool, population: int, rand_
     cuda = valid_sampling and target.kind.name == "cuda"
     if cuda:
         from services.tuner.metaschedule.dead_blocks import InlineDeadBlocks
-        from services.tuner.metaschedule.padding import InlinePaddedOutput, PadAwkwardEinsum
+        from services.tuner.metaschedule.padding import FinishPadding, PadAwkwardEinsum
         from services.tuner.metaschedule.validity import cuda_postprocs, rule_kind
 
         rules = [InlineDeadBlocks(), *ms.schedule_rule.ScheduleRule.create(rule_kind(target))]
-        space = ms.space_generator.PostOrderApply(sch_rules=[PadAwkwardEinsum(), *rules, InlinePaddedOutput()] if pad_awkward else rules,
+        space = ms.space_generator.PostOrderApply(sch_rules=[PadAwkwardEinsum(), *rules, FinishPadding()] if pad_awkward else rules,
                                                   postprocs=cuda_postprocs(target))
     if not cold and cuda:
         from services.tuner.metaschedule.evolution import ValidEvolution

@@ -5,12 +5,13 @@ not the extent falls back to [1, ..., extent]). An awkward extent leaves it noth
 tokens are prime, so every matmul over them puts all 197 rows at one tile level; wav2vec 2.0's convolutions
 write 799 = 17 x 47 and 399 = 3 x 7 x 19 columns. `PadAwkwardEinsum` runs before the target's rules and, for a
 block that reduces a product of two buffers with an awkward extent, adds a state where that extent is padded to
-a multiple of PAD (TVM's pad_einsum, the padding blocks inlined: the inputs read as zero beyond their bounds),
-so the usual rules tile 208 = 16 x 13 rows as well as 197. A convolution's input, read at composite indices
-(`yy * 2 + ry`), is first reindexed into an einsum operand (and inlined again with the padding). The padded
-rows are never written: a consumer takes the padded output inlined; where the block writes the function's own
-output, `InlinePaddedOutput` (after the target's rules) folds the copy that drops the padded rows into the
-tiled block's write cache, a predicated store instead of a kernel. The unpadded state stays: the search picks
+a multiple of PAD (TVM's pad_einsum), so the usual rules tile 208 = 16 x 13 rows as well as 197. A convolution's
+input, read at composite indices (`yy * 2 + ry`), is first reindexed into an einsum operand. `FinishPadding`
+(after the target's rules) inlines the padding blocks into what reads them then, the shared-memory fetches (the
+bounds check once per element fetched: inlined before the tiling it sat in the innermost loop, once per
+multiply-add, and the padded convolutions' best draws were 1.8-2.5x slower than the unpadded ones'), and folds
+the copy that drops a padded output's extra rows into the tiled block's write cache (a predicated store, not a
+kernel). The unpadded state stays: the search picks
 between them. Off by default (TunerSettings.pad_awkward): docs/time_to_quality.md has what it gave on the H200.
 """
 from __future__ import annotations
@@ -30,7 +31,9 @@ def awkward(extent: int) -> bool:
     return extent > PAD and extent % 4 != 0
 
 
-# marks the block that copies a padded output into the function's own buffer, for InlinePaddedOutput
+# marks the blocks pad_einsum adds, for FinishPadding: the producers that read the inputs as zero beyond their
+# bounds, and the copy of a padded output into the function's own buffer
+PADDED_INPUT = "sharetune.padded_input"
 PADDED_OUTPUT = "sharetune.padded_output"
 
 
@@ -47,9 +50,10 @@ def _composite_reads(block) -> list[int]:
 
 
 def _padded(sch, block, padding: list[int]):
-    """A copy of `sch` with `block` padded (its composite reads reindexed first) and the blocks this adds
-    inlined: the producers into `block`, the consumer into its own consumer, or, where it writes the function's
-    output, marked for InlinePaddedOutput. None where it cannot be."""
+    """A copy of `sch` with `block` padded (its composite reads reindexed first). The blocks this adds are left
+    for after the tiling (FinishPadding): a producer inlined now would put its bounds check in the innermost
+    loop, once per multiply-add; inlined after the tiling it lands in the shared-memory fetch. A consumer that
+    has a consumer of its own is inlined now. None where it cannot be padded."""
     before = set(_neighbours(sch, block))
     out = sch.copy()
     try:
@@ -58,15 +62,17 @@ def _padded(sch, block, padding: list[int]):
             out.reindex(block, ("read", i))
         out.pad_einsum(block, padding)
         consumers = {out.get(b).name_hint for b in out.get_consumers(block)}
-        for name, added in sorted(_neighbours(out, block).items()):
-            if name in before:
-                continue
-            if name not in consumers:
-                out.compute_inline(added)
-            elif out.get_consumers(added):
-                out.compute_inline(added)
+        added = [(name, b) for name, b in sorted(_neighbours(out, block).items()) if name not in before]
+        for name, b in added:
+            if name in consumers and out.get_consumers(b):
+                out.compute_inline(b)
             else:
-                out.annotate(added, PADDED_OUTPUT, 1)
+                out.annotate(b, PADDED_OUTPUT if name in consumers else PADDED_INPUT, 1)
+        # a reindex block sits behind its padding block: not a neighbour of `block`, marked as well
+        for b in out.get_child_blocks(out.get_sblock("root", func_name="main")):
+            if out.get(b).name_hint not in before and not out.get(b).annotations and b not in [x for _, x in added]:
+                if out.get(b).name_hint != out.get(block).name_hint:
+                    out.annotate(b, PADDED_INPUT, 1)
     except Exception:  # noqa: BLE001 -- TVM's schedule errors: this padding does not apply
         return None
     return out
@@ -135,26 +141,47 @@ def _write_cache_of(sch, block):
     return consumers[0] if len(consumers) == 1 else None
 
 
+def _marked(sch, key: str) -> list:
+    return [b for b in sch.get_child_blocks(sch.get_sblock("root", func_name="main")) if key in sch.get(b).annotations]
+
+
 @derived_object
-class InlinePaddedOutput(PyScheduleRule):
-    """After the target's rules: a tiled padded block whose write cache feeds the copy that drops its padded
-    rows into the function's output gets that copy folded into the write cache (a predicated store), so the
-    padded block stays one kernel. Any other block, or a fold TVM refuses, is left as it is."""
+class FinishPadding(PyScheduleRule):
+    """After the target's rules, on a padded block (PadAwkwardEinsum): the padding producers inlined into what
+    reads them now (the shared-memory fetches: the bounds check once per element fetched, not per
+    multiply-add), and the copy that drops the padded rows into the function's output folded into the tiled
+    block's write cache (a predicated store, not a kernel of its own). A padded state where either fails is
+    dropped (it would launch extra kernels); any other block is left as it is."""
 
     def _initialize_with_tune_context(self, context) -> None:
         pass
 
     def apply(self, sch, block):
         try:
-            cache = _write_cache_of(sch, block)
-            copy = _write_cache_of(sch, cache) if cache is not None else None
-            if copy is not None and PADDED_OUTPUT in sch.get(copy).annotations:
-                out = sch.copy()
+            if not _marked(sch, PADDED_INPUT) and not _marked(sch, PADDED_OUTPUT):
+                return [sch]
+        except Exception:  # noqa: BLE001 -- a schedule this rule cannot read: left as it is
+            return [sch]
+        out = sch.copy()
+        try:
+            while pending := _marked(out, PADDED_INPUT):
+                # the one whose consumers are all unmarked first: a padding block before the reindex it reads
+                ready = [b for b in pending
+                         if not any(PADDED_INPUT in out.get(c).annotations for c in out.get_consumers(b))]
+                out.compute_inline(ready[0])
+            for copy in _marked(out, PADDED_OUTPUT):
                 out.reverse_compute_inline(copy)
-                return [out]
-        except Exception:  # noqa: BLE001 -- the root block, a block already gone, a fold TVM refuses
-            pass
-        return [sch]
+        except Exception:  # noqa: BLE001 -- the block is not the padded one (its marks stay), or TVM refuses
+            return [sch] if sch.get(block).name_hint not in _padded_names(sch) else []
+        return [out]
 
     def clone(self):
-        return InlinePaddedOutput()
+        return FinishPadding()
+
+
+def _padded_names(sch) -> set[str]:
+    """The blocks that read or write what the marked blocks make."""
+    names = set()
+    for b in [*_marked(sch, PADDED_INPUT), *_marked(sch, PADDED_OUTPUT)]:
+        names.update(sch.get(c).name_hint for c in [*sch.get_consumers(b), *sch.get_producers(b)])
+    return names
