@@ -133,11 +133,13 @@ def time_rows(rows: list[dict], rounds: int, errors: dict[str, str]) -> None:
 
 def summarise(rows: list[dict]) -> dict:
     """Per task the best padded against the best plain and the default; the weighted sums where all three are."""
-    full = [r for r in rows if all(s in r.get("us", {}) for s in SETS)]
+    full = [row for row in rows if all(s in row.get("us", {}) for s in SETS)]
     return {"tasks": len(rows), "timed_in_every_set": len(full),
-            "weighted_best_us": {s: round(sum(r["weight"] * r["us"][s]["best"] for r in full), 2) for s in SETS},
-            "padded_vs_plain_best": {f"{r['model']}:{r['task']}": round(r["us"]["padded"]["best"]
-                                                                        / r["us"]["plain"]["best"], 3) for r in full}}
+            "weighted_best_us": {s: round(sum(row["weight"] * row["us"][s]["best"] for row in full), 2)
+                                 for s in SETS},
+            "padded_vs_plain_best": {f"{row['model']}:{row['task']}": round(row["us"]["padded"]["best"]
+                                                                            / row["us"]["plain"]["best"], 3)
+                                     for row in full}}
 
 
 def main(argv=None) -> int:
