@@ -214,11 +214,11 @@ class TunerSettings(LaneWaitSettings):
     # many times its candidates within the limits and measures the model's best, a quarter of them at random from
     # the rest (services/tuner/metaschedule/sampling.py ValidReplay); 1: every round drawn at random
     first_round_pool: int = Field(3, ge=1, le=16)
-    # a CUDA design space also holds, for a matmul-like block with an awkward extent (above 16, not a multiple of
-    # 8: ViT's 197 tokens), the block padded to a multiple of 16, which MultiLevelTiling's exact divisors can
-    # tile (services/tuner/metaschedule/padding.py); the unpadded spaces stay. Off by default: on the H200 at 384
-    # trials it found 1.4-2.3x faster kernels for two of ViT-S's matmuls, slower ones for two others (their trials
-    # split between the spaces), the same model latency, at 1.9x the search CPU a candidate
+    # a CUDA design space also holds, for a matmul or convolution with an awkward extent (above 16, odd or twice
+    # odd: ViT's 197 tokens, wav2vec 2.0's 799 columns), the block padded to a multiple of 16, which
+    # MultiLevelTiling's exact divisors can tile (services/tuner/metaschedule/padding.py); the unpadded spaces stay.
+    # Off by default: on the H200 at 384 trials (matmuls only, as first built) the same model latency at 1.9x the
+    # search CPU a candidate; on an H100 the padded convolutions' draws were slower (docs/time_to_quality.md)
     pad_awkward: bool = False
     # a task's first round starts with the best records of the nearest stored workloads of its operator kind,
     # their traces re-fitted to it (services/tuner/metaschedule/seeds.py)
