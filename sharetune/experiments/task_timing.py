@@ -257,6 +257,16 @@ def time_kernels(sets: dict[str, str], device: str = "cpu", rounds: int = 10,
     return out, errors
 
 
+def kernel_experiment_options(ap, samples: int, work: str) -> None:
+    """The options of an experiment that draws schedules, builds them and times them side by side on a GPU
+    (sharetune.testing.dead_blocks, padded_spaces)."""
+    ap.add_argument("--samples", type=int, default=samples)
+    ap.add_argument("--rounds", type=int, default=10)
+    ap.add_argument("--work", default=work)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--dry", action="store_true", help="build only, time nothing (no GPU)")
+
+
 def _build_main(argv=None) -> int:
     """`python -m sharetune.experiments.task_timing --db DIR --target JSON --out DIR`: build_kernels in a process of
     its own."""

@@ -115,16 +115,12 @@ def summarise(rows: list[dict]) -> dict:
 
 
 def main(argv=None) -> int:
-    from sharetune.experiments.task_timing import time_kernels
+    from sharetune.experiments.task_timing import kernel_experiment_options, time_kernels
 
     ap = argparse.ArgumentParser(prog="python -m sharetune.testing.dead_blocks")
     ap.add_argument("--models", default="efficientnet-mbconv,regnety-stage")
     ap.add_argument("--stock-dbs", required=True, help="DIR/<model>/: a stock tuning's JSON database")
-    ap.add_argument("--samples", type=int, default=16)
-    ap.add_argument("--rounds", type=int, default=10)
-    ap.add_argument("--work", default="/tmp/dead_blocks")
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--dry", action="store_true", help="build only, time nothing (no GPU)")
+    kernel_experiment_options(ap, 16, "/tmp/dead_blocks")
     args = ap.parse_args(argv)
     t0 = time.time()
     work = Path(args.work)

@@ -143,13 +143,11 @@ def summarise(rows: list[dict]) -> dict:
 
 
 def main(argv=None) -> int:
+    from sharetune.experiments.task_timing import kernel_experiment_options
+
     ap = argparse.ArgumentParser(prog="python -m sharetune.testing.padded_spaces")
     ap.add_argument("--tasks", default=TASKS, help="model:task,...")
-    ap.add_argument("--samples", type=int, default=32)
-    ap.add_argument("--rounds", type=int, default=10)
-    ap.add_argument("--work", default="/tmp/padded_spaces")
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--dry", action="store_true", help="build only, time nothing (no GPU)")
+    kernel_experiment_options(ap, 32, "/tmp/padded_spaces")
     args = ap.parse_args(argv)
     t0 = time.time()
     rows, errors = draw(args.tasks.split(","), args.samples, Path(args.work))
