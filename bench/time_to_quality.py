@@ -32,9 +32,9 @@ PHASES = ("stock", "cold", "warm")
 # what a step is expected to take, to leave one that cannot finish before the deadline
 STOCK_TRIALS_PER_MIN = 31.0  # the slowest panel model so far (vit-s-encoder, 31.4 a minute)
 STOCK_STARTUP_S = 90.0
-SERVICE_STEP_S = 150.0  # a 384-trial job ~60-90 s on the H200, its stack ~20 s
+SERVICE_STEP_S = 100.0  # a 384-trial panel job 32-55 s on an H200 or H100, its stack ~20 s
 SERVE_S = 90.0
-WARM_STORE_S = 360.0  # three zoo models at 384 trials
+WARM_STORE_S = 260.0  # three zoo models at 384 trials: 218 s on the H200, 207 s on an H100
 
 
 class FileLines:
