@@ -11,8 +11,7 @@ input, read at composite indices (`yy * 2 + ry`), is first reindexed into an ein
 bounds check once per element fetched: inlined before the tiling it sat in the innermost loop, once per
 multiply-add, and the padded convolutions' best draws were 1.8-2.5x slower than the unpadded ones'), and folds
 the copy that drops a padded output's extra rows into the tiled block's write cache (a predicated store, not a
-kernel). The unpadded state stays: the search picks
-between them. Off by default (TunerSettings.pad_awkward): docs/time_to_quality.md has what it gave on the H200.
+kernel). The unpadded state stays: the search picks between them. Off by default (TunerSettings.pad_awkward): docs/time_to_quality.md has what it gave on the H200.
 """
 from __future__ import annotations
 
@@ -37,9 +36,8 @@ PADDED_INPUT = "sharetune.padded_input"
 PADDED_OUTPUT = "sharetune.padded_output"
 
 
-def _neighbours(sch, block) -> dict[str, object]:
-    """The block's producers and consumers, by name."""
-    return {sch.get(b).name_hint: b for b in [*sch.get_producers(block), *sch.get_consumers(block)]}
+def _root_blocks(sch) -> list:
+    return sch.get_child_blocks(sch.get_sblock("root", func_name="main"))
 
 
 def _composite_reads(block) -> list[int]:
@@ -54,25 +52,24 @@ def _padded(sch, block, padding: list[int]):
     for after the tiling (FinishPadding): a producer inlined now would put its bounds check in the innermost
     loop, once per multiply-add; inlined after the tiling it lands in the shared-memory fetch. A consumer that
     has a consumer of its own is inlined now. None where it cannot be padded."""
-    before = set(_neighbours(sch, block))
     out = sch.copy()
+    before = {out.get(b).name_hint for b in _root_blocks(out)}
     try:
         # reindexing shifts no read's position: a read reindexed stays where it was, reading the new buffer
         for i in _composite_reads(out.get(block)):
             out.reindex(block, ("read", i))
         out.pad_einsum(block, padding)
         consumers = {out.get(b).name_hint for b in out.get_consumers(block)}
-        added = [(name, b) for name, b in sorted(_neighbours(out, block).items()) if name not in before]
-        for name, b in added:
-            if name in consumers and out.get_consumers(b):
+        for b in _root_blocks(out):
+            name = out.get(b).name_hint
+            if name in before:
+                continue
+            if name not in consumers:  # a padding block, or the reindex one behind it
+                out.annotate(b, PADDED_INPUT, 1)
+            elif out.get_consumers(b):
                 out.compute_inline(b)
             else:
-                out.annotate(b, PADDED_OUTPUT if name in consumers else PADDED_INPUT, 1)
-        # a reindex block sits behind its padding block: not a neighbour of `block`, marked as well
-        for b in out.get_child_blocks(out.get_sblock("root", func_name="main")):
-            if out.get(b).name_hint not in before and not out.get(b).annotations and b not in [x for _, x in added]:
-                if out.get(b).name_hint != out.get(block).name_hint:
-                    out.annotate(b, PADDED_INPUT, 1)
+                out.annotate(b, PADDED_OUTPUT, 1)
     except Exception:  # noqa: BLE001 -- TVM's schedule errors: this padding does not apply
         return None
     return out
@@ -135,23 +132,18 @@ class PadAwkwardEinsum(PyScheduleRule):
         return PadAwkwardEinsum()
 
 
-def _write_cache_of(sch, block):
-    """The block's single consumer where it is a complete block (MultiLevelTiling's write cache), or None."""
-    consumers = sch.get_consumers(block)
-    return consumers[0] if len(consumers) == 1 else None
-
-
 def _marked(sch, key: str) -> list:
-    return [b for b in sch.get_child_blocks(sch.get_sblock("root", func_name="main")) if key in sch.get(b).annotations]
+    return [b for b in _root_blocks(sch) if key in sch.get(b).annotations]
 
 
 @derived_object
 class FinishPadding(PyScheduleRule):
-    """After the target's rules, on a padded block (PadAwkwardEinsum): the padding producers inlined into what
-    reads them now (the shared-memory fetches: the bounds check once per element fetched, not per
-    multiply-add), and the copy that drops the padded rows into the function's output folded into the tiled
-    block's write cache (a predicated store, not a kernel of its own). A padded state where either fails is
-    dropped (it would launch extra kernels); any other block is left as it is."""
+    """After the target's rules, on a padded state (PadAwkwardEinsum): the padding producers inlined into what
+    reads them now (the shared-memory fetches: the bounds check once per element fetched, not per multiply-add),
+    and the copy that drops the padded rows into the function's output folded into the tiled block's write cache
+    (a predicated store, not a kernel of its own). PostOrderApply applies a rule to every block before the next
+    rule, so the first block this meets finds the tiling done and finishes the state; a state it cannot finish is
+    dropped (it would launch extra kernels). A state with nothing marked is left as it is."""
 
     def _initialize_with_tune_context(self, context) -> None:
         pass
@@ -160,10 +152,7 @@ class FinishPadding(PyScheduleRule):
         try:
             if not _marked(sch, PADDED_INPUT) and not _marked(sch, PADDED_OUTPUT):
                 return [sch]
-        except Exception:  # noqa: BLE001 -- a schedule this rule cannot read: left as it is
-            return [sch]
-        out = sch.copy()
-        try:
+            out = sch.copy()
             while pending := _marked(out, PADDED_INPUT):
                 # the one whose consumers are all unmarked first: a padding block before the reindex it reads
                 ready = [b for b in pending
@@ -171,17 +160,9 @@ class FinishPadding(PyScheduleRule):
                 out.compute_inline(ready[0])
             for copy in _marked(out, PADDED_OUTPUT):
                 out.reverse_compute_inline(copy)
-        except Exception:  # noqa: BLE001 -- the block is not the padded one (its marks stay), or TVM refuses
-            return [sch] if sch.get(block).name_hint not in _padded_names(sch) else []
+        except Exception:  # noqa: BLE001 -- TVM refuses: the padded state is dropped
+            return []
         return [out]
 
     def clone(self):
         return FinishPadding()
-
-
-def _padded_names(sch) -> set[str]:
-    """The blocks that read or write what the marked blocks make."""
-    names = set()
-    for b in [*_marked(sch, PADDED_INPUT), *_marked(sch, PADDED_OUTPUT)]:
-        names.update(sch.get(c).name_hint for c in [*sch.get_consumers(b), *sch.get_producers(b)])
-    return names
