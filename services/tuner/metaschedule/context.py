@@ -16,9 +16,10 @@ def tune_context(mod, target, task_name: str, cold: bool, population: int, rand_
     (evolution.ValidEvolution), and samples that break the limits are rejected before TVM lowers them
     (validity.GPUPrecheck first among the postprocessors). `first_round_pool`: a cold CUDA round, once
     `ranking_model` (the central cost model) is trained, draws that many times its candidates and proposes the
-    model's best (sampling.ValidReplay). `pad_awkward`: a CUDA design space also holds, for a matmul or convolution
-    with an awkward extent (ViT's 197 tokens), the block padded to tile (padding.PadAwkwardEinsum, FinishPadding). A CUDA design
-    space leaves out the blocks whose output nothing reads (dead_blocks.InlineDeadBlocks)."""
+    model's best (sampling.ValidReplay). `pad_awkward`: a CUDA design space also holds, for a matmul or
+    convolution with an awkward extent (ViT's 197 tokens), the block padded to tile (padding.PadAwkwardEinsum,
+    FinishPadding). A CUDA design space leaves out the blocks whose output nothing reads
+    (dead_blocks.InlineDeadBlocks)."""
     load_tensor_intrinsics(target.kind.name)  # else TuneContext imports every backend's (idempotent)
     space = "post-order-apply"
     threads = num_threads or "physical"
@@ -29,8 +30,9 @@ def tune_context(mod, target, task_name: str, cold: bool, population: int, rand_
         from services.tuner.metaschedule.validity import cuda_postprocs, rule_kind
 
         rules = [InlineDeadBlocks(), *ms.schedule_rule.ScheduleRule.create(rule_kind(target))]
-        space = ms.space_generator.PostOrderApply(sch_rules=[PadAwkwardEinsum(), *rules, FinishPadding()] if pad_awkward else rules,
-                                                  postprocs=cuda_postprocs(target))
+        if pad_awkward:
+            rules = [PadAwkwardEinsum(), *rules, FinishPadding()]
+        space = ms.space_generator.PostOrderApply(sch_rules=rules, postprocs=cuda_postprocs(target))
     if not cold and cuda:
         from services.tuner.metaschedule.evolution import ValidEvolution
 
