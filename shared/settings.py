@@ -214,18 +214,30 @@ class TunerSettings(LaneWaitSettings):
     # many times its candidates within the limits and measures the model's best, a quarter of them at random from
     # the rest (services/tuner/metaschedule/sampling.py ValidReplay); 1: every round drawn at random
     first_round_pool: int = Field(3, ge=1, le=16)
-    # a CUDA design space also holds, for a matmul or convolution with an awkward extent (above 16, odd or twice
-    # odd: ViT's 197 tokens, wav2vec 2.0's 799 columns), the block padded to a multiple of 16, which
-    # MultiLevelTiling's exact divisors can tile (services/tuner/metaschedule/padding.py); the unpadded spaces stay.
-    # Off by default: on the H200 at 384 trials (matmuls only, as first built) the same model latency at 1.9x the
-    # search CPU a candidate; on an H100 the padded convolutions' draws were slower (docs/time_to_quality.md)
-    pad_awkward: bool = False
+    # a CUDA design space also holds, for a matmul (`matmul`: an einsum whose operands are read at plain indices)
+    # or also a convolution (`all`) with an awkward extent (above 16, odd or twice odd: ViT's 197 tokens, wav2vec
+    # 2.0's 799 columns), the block padded to a multiple of 16, which MultiLevelTiling's exact divisors can tile
+    # (services/tuner/metaschedule/padding.py); the unpadded spaces stay. `off` by default until a whole model
+    # gains from it: on an H100 the padded matmuls' draws were 2.2-2.9x faster than the unpadded ones and the
+    # convolutions' slower; on the H200, as first built, the same model latency at 1.9x the search CPU a
+    # candidate (docs/time_to_quality.md). 1/true mean `all`, 0/false `off`
+    pad_awkward: Literal["off", "matmul", "all"] = "off"
     # a task's first round starts with the best records of the nearest stored workloads of its operator kind,
     # their traces re-fitted to it (services/tuner/metaschedule/seeds.py)
     warm_seeds: bool = True
     # while several jobs run, a job with more than an equal share of the candidates in flight sends its rounds
     # behind the others' (a broker priority, services/tuner/allocation.py round_priority); nothing is held back
     fair_rounds: bool = True
+
+    @field_validator("pad_awkward", mode="before")
+    @classmethod
+    def _pad_mode(cls, value: Any) -> Any:
+        if isinstance(value, bool):
+            return "all" if value else "off"
+        if isinstance(value, str):
+            value = value.strip().lower()
+            return {"1": "all", "true": "all", "on": "all", "0": "off", "false": "off", "": "off"}.get(value, value)
+        return value
 
     def population(self, trials_per_iter: int) -> int:
         """Evolutionary search's population for a job measuring `trials_per_iter` a round: the setting, else

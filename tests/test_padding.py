@@ -70,7 +70,7 @@ def cuda():
     return family_target("cuda.sm_90")
 
 
-def _spaces(task, target, pad: bool = True):
+def _spaces(task, target, pad: str = "all"):
     ctx = tune_context(task.mod, target, task.name, cold=True, population=16, rand_state=1, num_threads=1,
                        pad_awkward=pad)
     return ctx, ctx.generate_design_space()
@@ -91,7 +91,7 @@ def test_a_cuda_space_holds_a_matmul_over_197_rows_padded_and_as_it_is(cuda):
     pads = [_pads(s) for s in spaces]
     assert [] in pads, "the unpadded spaces stay"
     assert [[16, 1, 1]] in pads, pads  # rows padded to 208; 64 columns and 96 inner are tiled as they are
-    _, plain = _spaces(task, cuda, pad=False)
+    _, plain = _spaces(task, cuda, pad="off")
     assert not any(_pads(s) for s in plain) and len(plain) < len(spaces)
 
 
@@ -210,6 +210,21 @@ def test_the_padded_spaces_are_off_unless_the_setting_turns_them_on(monkeypatch)
     from shared.settings import TunerSettings
 
     monkeypatch.delenv("SHARETUNE_PAD_AWKWARD", raising=False)
-    assert TunerSettings().pad_awkward is False
-    monkeypatch.setenv("SHARETUNE_PAD_AWKWARD", "1")
-    assert TunerSettings().pad_awkward is True
+    assert TunerSettings().pad_awkward == "off"
+    for given, mode in (("1", "all"), ("true", "all"), ("0", "off"), ("Matmul", "matmul"), ("all", "all")):
+        monkeypatch.setenv("SHARETUNE_PAD_AWKWARD", given)
+        assert TunerSettings().pad_awkward == mode, given
+    monkeypatch.setenv("SHARETUNE_PAD_AWKWARD", "convs")
+    with pytest.raises(ValueError, match="pad_awkward"):
+        TunerSettings()
+
+
+def test_matmul_mode_pads_matmuls_and_leaves_convolutions_as_they_are(cuda):
+    """The padded convolutions' draws were slower than their unpadded ones on an H100 and the matmuls' faster:
+    `matmul` offers the padded spaces to einsums read at plain indices only."""
+    _, spaces = _spaces(_task(_linear(197, 96, 64), cuda), cuda, pad="matmul")
+    assert [[16, 1, 1]] in [_pads(s) for s in spaces]
+    _, spaces = _spaces(_task(_conv1d, cuda), cuda, pad="matmul")
+    assert spaces and not any(_pads(s) for s in spaces)
+    _, spaces = _spaces(_task(_conv1d, cuda), cuda, pad="all")
+    assert any(_pads(s) for s in spaces)

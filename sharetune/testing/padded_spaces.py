@@ -61,7 +61,7 @@ def draw(tasks: list[str], samples: int, work: Path) -> tuple[list[dict], dict[s
             extracted[model] = {t.name: t for t in extract(relax(model), target)}
         task = extracted[model][name]
         ctx = tune_context(task.mod, target, name, cold=True, population=64, num_threads=1, rand_state=1,
-                           pad_awkward=True)
+                           pad_awkward="all")
         spaces = ctx.generate_design_space()
         pads = [[list(map(int, i.attrs[0])) for i in s.trace.insts if i.kind.name == "PadEinsum"] for s in spaces]
         row = {"model": model, "task": name, "weight": task.weight, "pads": sorted({json.dumps(p) for p in pads if p}),

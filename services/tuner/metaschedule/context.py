@@ -10,15 +10,15 @@ from services.tuner.metaschedule.intrinsics import load_tensor_intrinsics
 
 def tune_context(mod, target, task_name: str, cold: bool, population: int, rand_state: int = -1,
                  num_threads: int = 0, valid_sampling: bool = True, first_round_pool: int = 1,
-                 ranking_model=None, pad_awkward: bool = False) -> ms.TuneContext:
+                 ranking_model=None, pad_awkward: str = "off") -> ms.TuneContext:
     """`valid_sampling`: on CUDA, a cold round draws tile decisions within the target's limits before it
     replays them (sampling.ValidReplay), an evolutionary round mutates them within those limits
     (evolution.ValidEvolution), and samples that break the limits are rejected before TVM lowers them
     (validity.GPUPrecheck first among the postprocessors). `first_round_pool`: a cold CUDA round, once
     `ranking_model` (the central cost model) is trained, draws that many times its candidates and proposes the
-    model's best (sampling.ValidReplay). `pad_awkward`: a CUDA design space also holds, for a matmul or
-    convolution with an awkward extent (ViT's 197 tokens), the block padded to tile (padding.PadAwkwardEinsum,
-    FinishPadding). A CUDA design space leaves out the blocks whose output nothing reads
+    model's best (sampling.ValidReplay). `pad_awkward` (off, matmul, all): a CUDA design space also holds, for
+    a matmul (or also a convolution) with an awkward extent (ViT's 197 tokens), the block padded to tile
+    (padding.PadAwkwardEinsum, FinishPadding). A CUDA design space leaves out the blocks whose output nothing reads
     (dead_blocks.InlineDeadBlocks)."""
     load_tensor_intrinsics(target.kind.name)  # else TuneContext imports every backend's (idempotent)
     space = "post-order-apply"
@@ -30,8 +30,8 @@ def tune_context(mod, target, task_name: str, cold: bool, population: int, rand_
         from services.tuner.metaschedule.validity import cuda_postprocs, rule_kind
 
         rules = [InlineDeadBlocks(), *ms.schedule_rule.ScheduleRule.create(rule_kind(target))]
-        if pad_awkward:
-            rules = [PadAwkwardEinsum(), *rules, FinishPadding()]
+        if pad_awkward != "off":
+            rules = [PadAwkwardEinsum(convolutions=pad_awkward == "all"), *rules, FinishPadding()]
         space = ms.space_generator.PostOrderApply(sch_rules=rules, postprocs=cuda_postprocs(target))
     if not cold and cuda:
         from services.tuner.metaschedule.evolution import ValidEvolution

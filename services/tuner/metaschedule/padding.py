@@ -11,7 +11,8 @@ input, read at composite indices (`yy * 2 + ry`), is first reindexed into an ein
 bounds check once per element fetched: inlined before the tiling it sat in the innermost loop, once per
 multiply-add, and the padded convolutions' best draws were 1.8-2.5x slower than the unpadded ones'), and folds
 the copy that drops a padded output's extra rows into the tiled block's write cache (a predicated store, not a
-kernel). The unpadded state stays: the search picks between them. Off by default (TunerSettings.pad_awkward):
+kernel). The unpadded state stays: the search picks between them. Off by default (TunerSettings.pad_awkward: off,
+matmul, all; convolutions only with `all`, their padded draws measured slower than the unpadded ones):
 docs/time_to_quality.md has what it gave on the H200 and an H100.
 """
 from __future__ import annotations
@@ -93,11 +94,13 @@ def _reused_reads(block) -> int:
     return out
 
 
-def padded_state(sch, block):
+def padded_state(sch, block, convolutions: bool = True):
     """`sch` with `block`'s awkward extents padded, or None (no awkward extent, not a reduction over a product
-    of two buffers, a padding TVM cannot apply). Where the whole block cannot be padded, its reduction extents
-    alone, where one is awkward."""
+    of two buffers, a convolution where `convolutions` is off, a padding TVM cannot apply). Where the whole block
+    cannot be padded, its reduction extents alone, where one is awkward."""
     realized = sch.get(block)
+    if not convolutions and _composite_reads(realized):
+        return None
     extents = []
     for iv in realized.iter_vars:
         if not isinstance(iv.dom.extent, tirx.IntImm):
@@ -117,20 +120,25 @@ def padded_state(sch, block):
 
 @derived_object
 class PadAwkwardEinsum(PyScheduleRule):
-    """The block as it is, and (see the module's doc) padded where it has an awkward extent."""
+    """The block as it is, and (see the module's doc) padded where it has an awkward extent; a convolution (a
+    read at composite indices) only where `convolutions` is on."""
+
+    def __init__(self, convolutions: bool = True):
+        super().__init__()
+        self.convolutions = convolutions
 
     def _initialize_with_tune_context(self, context) -> None:
         pass
 
     def apply(self, sch, block):
         try:
-            state = padded_state(sch, block)
+            state = padded_state(sch, block, self.convolutions)
         except Exception:  # noqa: BLE001 -- a block this rule does not know: the unpadded state alone
             state = None
         return [sch] if state is None else [sch, state]
 
     def clone(self):
-        return PadAwkwardEinsum()
+        return PadAwkwardEinsum(self.convolutions)
 
 
 def _marked(sch, key: str) -> list:
