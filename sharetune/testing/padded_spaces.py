@@ -9,6 +9,7 @@ each kernel's output checked against the default kernel's on the same inputs.
 
     python -m sharetune.testing.padded_spaces --out $OUT/padded_spaces.json     # the tasks below, on the GPU
     ... --dry                                                                   # build only (no GPU): a rehearsal
+    ... --search-cpu --samples 64 --out bench/results/padded_search_cpu.json    # the search's CPU a candidate, no GPU
 
 Writes {"rows": [{model, task, weight, pads, us: {set: {best, median, n}}, max_abs_err: {set: worst}}],
 "errors", "summary"}."""
@@ -142,14 +143,66 @@ def summarise(rows: list[dict]) -> dict:
                                      for row in full}}
 
 
+MODES = ("off", "matmul", "all")
+
+
+def search_cpu(tasks: list[str], candidates: int, threads: int = 1) -> list[dict]:
+    """What each padding mode costs the search (no GPU): per task and mode, the CPU seconds a candidate of a cold
+    round (ValidReplay) and of an evolutionary round (ValidEvolution, from no measured parent, against an
+    untrained XGBoost model: the replays and the limits' checks, not a trained model's features), and how many
+    of them are padded."""
+    from tvm.s_tir import meta_schedule as ms
+
+    from bench.panel import relax
+    from services.measurer.metaschedule.targets import family_target
+    from services.tuner.metaschedule.context import tune_context
+    from services.tuner.metaschedule.extract import extract
+    from services.tuner.metaschedule.intrinsics import load_tensor_intrinsics
+
+    load_tensor_intrinsics("cuda")
+    target = family_target("cuda.sm_90")
+    rows, extracted = [], {}
+    for spec in tasks:
+        model, name = spec.split(":")
+        if model not in extracted:
+            extracted[model] = {t.name: t for t in extract(relax(model), target)}
+        task = extracted[model][name]
+        for mode in MODES:
+            row = {"model": model, "task": name, "mode": mode}
+            for kind, cold in (("cold", True), ("evolution", False)):
+                ctx = tune_context(task.mod, target, name, cold=cold, population=2 * candidates, num_threads=threads,
+                                   rand_state=1, pad_awkward=mode)
+                spaces = ctx.generate_design_space()
+                model_ = ms.cost_model.RandomModel() if cold else ms.cost_model.XGBModel(adaptive_training=False)
+                ctx.pre_tuning(candidates, candidates, spaces, ms.database.MemoryDatabase(), model_)
+                t = time.process_time()
+                cands = ctx.generate_measure_candidates() or []
+                cpu = time.process_time() - t
+                padded = sum(any(i.kind.name == "PadEinsum" for i in c.sch.trace.insts) for c in cands)
+                row[kind] = {"spaces": len(spaces), "candidates": len(cands), "padded": padded,
+                             "cpu_s_per_candidate": round(cpu / max(1, len(cands)), 4)}
+            print(json.dumps(row), flush=True)
+            rows.append(row)
+    return rows
+
+
 def main(argv=None) -> int:
     from sharetune.experiments.task_timing import kernel_experiment_options
 
     ap = argparse.ArgumentParser(prog="python -m sharetune.testing.padded_spaces")
     ap.add_argument("--tasks", default=TASKS, help="model:task,...")
     kernel_experiment_options(ap, 32, "/tmp/padded_spaces")
+    ap.add_argument("--search-cpu", action="store_true",
+                    help="instead: the search's CPU a candidate in each padding mode (off, matmul, all), no GPU")
     args = ap.parse_args(argv)
     t0 = time.time()
+    if args.search_cpu:
+        result = {"command": "python -m sharetune.testing.padded_spaces " + " ".join(argv or sys.argv[1:]),
+                  "what": search_cpu.__doc__.split(":", 1)[1].strip(), "threads": 1,
+                  "rows": search_cpu(args.tasks.split(","), args.samples)}
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(result, indent=1))
+        return 0
     rows, errors = draw(args.tasks.split(","), args.samples, Path(args.work))
     result = {"command": "python -m sharetune.testing.padded_spaces " + " ".join(argv or sys.argv[1:]),
               "build_s": round(time.time() - t0, 1)}
