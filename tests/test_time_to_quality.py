@@ -108,3 +108,26 @@ def test_a_row_is_compared_with_its_strict_control_on_rate_lane_time_and_time_to
     # the slower final (6.5 µs): the default row's estimate is 2 + 8 = 10 at 1 s, 2 + 2 = 4 at 2 s
     assert pair["seconds_to_slower_final"] == {"default": 2.0, "strict": 4.0}
     assert variant_pairs([row], "-strict") == {} and estimated_us({"config": "x"}) is None
+
+
+def test_an_ab_of_settings_keeps_each_run_and_means_each_figure_per_value():
+    from sharetune.experiments.time_to_quality import settings_ab
+
+    def run(best_mm: float | None, served: float, cpu: float) -> dict:
+        events = [(1.0, "mm", None), (2.0, "mm", best_mm), (3.0, "ln", 3e-6)]
+        cold = {"events": events, "weights": {"mm": 2, "ln": 1}, "defaults": {"mm": 10e-6, "ln": 4e-6},
+                "wall_s": 30.0, "trials": 3, "lease": "l", "search_cpu_s_per_valid_candidate": cpu}
+        return {"models": {"m": {"cold": cold, "served": {"latency_us": {"cold": served, "untuned": 30.0}}}}}
+
+    ab = settings_ab([("matmul", run(6e-6, 20.0, 0.2)), ("off", run(None, 26.0, 0.1)),
+                      ("matmul", run(8e-6, 22.0, 0.3))], "m")
+    assert [r["label"] for r in ab["runs"]] == ["matmul", "off", "matmul"]
+    first = ab["runs"][0]
+    assert first["final_estimate_us"] == 15.0 and first["untuned_estimate_us"] == 24.0
+    assert first["tasks"]["mm"] == {"untuned_us": 10.0, "best_us": 6.0, "trials": 2}
+    assert ab["runs"][1]["tasks"]["mm"]["best_us"] is None  # no fully timed trial: none, not the default
+    s = ab["summary"]
+    assert s["final_estimate_us"] == {"matmul": 17.0, "off": 23.0}  # off: the default kept where faster
+    assert s["served_cold_us"] == {"matmul": 21.0, "off": 26.0}
+    assert s["search_cpu_s_per_valid_candidate"] == {"matmul": 0.25, "off": 0.1}
+    assert s["mm_best_us"] == {"matmul": 7.0, "off": None} and "ln_best_us" not in s  # heavy tasks only

@@ -271,3 +271,51 @@ def search_cpu_split(splits: list[dict]) -> dict:
             "sample_cpu_s": round(sample_cpu - evolve_cpu, 2),
             "evolve_cpu_s_per_candidate": round(evolve_cpu / evolved, 3) if evolved else None,
             "sample_cpu_s_per_candidate": round((sample_cpu - evolve_cpu) / drawn, 3) if drawn else None}
+
+
+HEAVY_TASK_US = 8.0  # a task whose untuned kernel takes this long gets its own line in an A/B's summary
+
+
+def settings_ab(runs: list[tuple[str, dict]], model: str) -> dict:
+    """One model's cold runs under two or more settings (e.g. SHARETUNE_PAD_AWKWARD=matmul against off), each a
+    time-to-quality result of its own: per run its label, wall, final and untuned estimates, served latencies,
+    search CPU and, per task, the untuned and best fully timed microseconds and the trials it took; and the
+    summary, each figure's mean per label."""
+    out = []
+    for label, result in runs:
+        row = result["models"][model]
+        cold, served = row["cold"], (row.get("served") or {}).get("latency_us", {})
+        curve = latency_curve(cold["events"], cold["weights"], cold["defaults"])
+        best: dict[str, float] = {}
+        trials: dict[str, int] = {}
+        for _, task, secs in cold["events"]:
+            trials[task] = trials.get(task, 0) + 1
+            if secs is not None:
+                best[task] = min(best.get(task, math.inf), secs)
+        out.append({
+            "label": label, "lease": cold.get("lease"), "wall_s": cold["wall_s"], "trials": cold["trials"],
+            "final_estimate_us": round(1e6 * curve[-1][2], 3) if curve else None,
+            "untuned_estimate_us": round(1e6 * untuned_estimate(cold["weights"], cold["defaults"]), 3),
+            "served_us": {k: round(v, 1) for k, v in served.items()},
+            "search_cpu_s_per_valid_candidate": cold.get("search_cpu_s_per_valid_candidate"),
+            "tasks": {name: {"untuned_us": round(1e6 * d, 2),
+                             "best_us": round(1e6 * best[name], 2) if name in best else None,
+                             "trials": trials.get(name, 0)}
+                      for name, d in cold["defaults"].items() if d}})
+
+    def mean(values: list) -> float | None:
+        values = [v for v in values if v is not None]
+        return round(statistics.fmean(values), 3) if values else None
+
+    labels = list(dict.fromkeys(r["label"] for r in out))
+    by = {label: [r for r in out if r["label"] == label] for label in labels}
+    summary = {key: {label: mean([get(r) for r in rs]) for label, rs in by.items()} for key, get in (
+        ("final_estimate_us", lambda r: r["final_estimate_us"]),
+        ("served_cold_us", lambda r: r["served_us"].get("cold")),
+        ("served_untuned_us", lambda r: r["served_us"].get("untuned")),
+        ("search_cpu_s_per_valid_candidate", lambda r: r["search_cpu_s_per_valid_candidate"]))}
+    heavy = sorted({name for r in out for name, t in r["tasks"].items() if t["untuned_us"] >= HEAVY_TASK_US})
+    for name in heavy:
+        summary[f"{name}_best_us"] = {label: mean([r["tasks"].get(name, {}).get("best_us") for r in rs])
+                                      for label, rs in by.items()}
+    return {"model": model, "runs": out, "summary": summary}
