@@ -124,7 +124,7 @@ PY
           (cd /tmp/ttq/repo && setsid nohup bash -c "bash bench/device_run.sh ttq-ab-run $(printf '%q ' "${@:2}"); \
               touch /tmp/ttq/DONE" > /tmp/ttq/driver.log 2>&1 < /dev/null &)
           bash "$0" ttq-wait ;;
-  ttq-ab-run) model=$2 reps=$3 var=${4%%=*}; IFS=, read -ra values <<< "${4#*=}"; shift 4; merged=()
+  ttq-ab-run) model=$2 reps=$3 var=${4%%=*}; IFS=, read -ra values <<< "${4#*=}"; shift 4; merged=(); mkdir -p /tmp/ttq/out
     for i in $(seq 1 "$reps"); do for v in "${values[@]}"; do
       d=/tmp/ttq/ab/$v-$i; mkdir -p "$d"
       env "$var=$v" OUT="$d" python3 -m bench.time_to_quality --work-dir "/tmp/ttq/work/$v-$i" --models "$model" \
