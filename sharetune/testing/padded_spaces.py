@@ -42,25 +42,32 @@ def _build_one(i: int) -> str | None:
         return f"{type(err).__name__}: {str(err).strip()[-300:]}"
 
 
-def draw(tasks: list[str], samples: int, work: Path) -> tuple[list[dict], dict[str, str]]:
-    """Every set's schedules of every task, built under `work` (in parallel); the rows, without timings."""
-    from tvm.s_tir import meta_schedule as ms
-
+def _panel_tasks(tasks: list[str]):
+    """(model, task name, task, target) of each `model:task`, extracted for an sm_90 CUDA target."""
     from bench.panel import relax
     from services.measurer.metaschedule.targets import family_target
-    from services.tuner.metaschedule.context import tune_context
-    from services.tuner.metaschedule.defaults import default_module
     from services.tuner.metaschedule.extract import extract
     from services.tuner.metaschedule.intrinsics import load_tensor_intrinsics
 
     load_tensor_intrinsics("cuda")
     target = family_target("cuda.sm_90")
-    rows, extracted = [], {}
+    extracted: dict[str, dict] = {}
     for spec in tasks:
         model, name = spec.split(":")
         if model not in extracted:
             extracted[model] = {t.name: t for t in extract(relax(model), target)}
-        task = extracted[model][name]
+        yield model, name, extracted[model][name], target
+
+
+def draw(tasks: list[str], samples: int, work: Path) -> tuple[list[dict], dict[str, str]]:
+    """Every set's schedules of every task, built under `work` (in parallel); the rows, without timings."""
+    from tvm.s_tir import meta_schedule as ms
+
+    from services.tuner.metaschedule.context import tune_context
+    from services.tuner.metaschedule.defaults import default_module
+
+    rows = []
+    for model, name, task, target in _panel_tasks(tasks):
         ctx = tune_context(task.mod, target, name, cold=True, population=64, num_threads=1, rand_state=1,
                            pad_awkward="all")
         spaces = ctx.generate_design_space()
@@ -153,20 +160,10 @@ def search_cpu(tasks: list[str], candidates: int, threads: int = 1) -> list[dict
     of them are padded."""
     from tvm.s_tir import meta_schedule as ms
 
-    from bench.panel import relax
-    from services.measurer.metaschedule.targets import family_target
     from services.tuner.metaschedule.context import tune_context
-    from services.tuner.metaschedule.extract import extract
-    from services.tuner.metaschedule.intrinsics import load_tensor_intrinsics
 
-    load_tensor_intrinsics("cuda")
-    target = family_target("cuda.sm_90")
-    rows, extracted = [], {}
-    for spec in tasks:
-        model, name = spec.split(":")
-        if model not in extracted:
-            extracted[model] = {t.name: t for t in extract(relax(model), target)}
-        task = extracted[model][name]
+    rows = []
+    for model, name, task, target in _panel_tasks(tasks):
         for mode in MODES:
             row = {"model": model, "task": name, "mode": mode}
             for kind, cold in (("cold", True), ("evolution", False)):
