@@ -116,22 +116,12 @@ PY
      [ -f zoo_store.tgz ] && split -b 15M zoo_store.tgz "$OUT/zoo_store.tgz.part-")
     tail -c 20000 /tmp/ttq/driver.log
     keep_logs /tmp/ttq/work ttq_logs ;;
-  # issue 35, one model's cold runs under a setting's values, alternating (an A/B on one card): `ttq-ab MODEL REPEATS
-  # VAR=V1,V2 [time_to_quality args]`, each run with its own $OUT and work dir, in the background; after each run the
-  # ones so far merged into time_to_quality_ab.json (bench.time_to_quality --ab); `ttq-wait` (the next calls) collects
+  # issue 35, one model's cold runs under a setting's values, alternating (sharetune.testing.settings_ab's args), in
+  # the background; merged after each run into time_to_quality_ab.json; `ttq-wait` (the next calls) collects
   ttq-ab) rm -rf /tmp/ttq && mkdir -p /tmp/ttq/out && cp -r . /tmp/ttq/repo
-          nvidia-smi --query-gpu=index,uuid,name --format=csv,noheader
-          (cd /tmp/ttq/repo && setsid nohup bash -c "bash bench/device_run.sh ttq-ab-run $(printf '%q ' "${@:2}"); \
-              touch /tmp/ttq/DONE" > /tmp/ttq/driver.log 2>&1 < /dev/null &)
+          (cd /tmp/ttq/repo && OUT=/tmp/ttq/out setsid nohup bash -c "python3 -m sharetune.testing.settings_ab \
+              --work /tmp/ttq/work $(printf '%q ' "${@:2}"); touch /tmp/ttq/DONE" > /tmp/ttq/driver.log 2>&1 < /dev/null &)
           bash "$0" ttq-wait ;;
-  ttq-ab-run) model=$2 reps=$3 var=${4%%=*}; IFS=, read -ra values <<< "${4#*=}"; shift 4; merged=(); mkdir -p /tmp/ttq/out
-    for i in $(seq 1 "$reps"); do for v in "${values[@]}"; do
-      d=/tmp/ttq/ab/$v-$i; mkdir -p "$d"
-      env "$var=$v" OUT="$d" python3 -m bench.time_to_quality --work-dir "/tmp/ttq/work/$v-$i" --models "$model" \
-          --phases cold --lease "$(date -u '+%Y-%m-%d %H:%M') $var=$v run $i" "$@"
-      cp "$d"/time_to_quality_*.json "/tmp/ttq/out/ab_$v-$i.json" && merged+=("$v=/tmp/ttq/out/ab_$v-$i.json")
-      python3 -m bench.time_to_quality --ab "$model" /tmp/ttq/out/time_to_quality_ab.json "${merged[@]}"
-    done; done ;;
   # issue 38, A/B of two code trees: `ab MODELS ARGS`, control .dev/control.tgz (`git archive C -- services shared sharetune
   # bench/*.py bench/harness pyproject.toml | gzip`); per model its row, then this tree's, in the background; `ab-wait`
   ab) rm -rf /tmp/ab && mkdir -p /tmp/ab/control-tree && tar xzf .dev/control.tgz -C /tmp/ab/control-tree && cp -r . /tmp/ab/new-tree

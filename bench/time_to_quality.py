@@ -6,7 +6,6 @@ one GPU. Protocol and results: docs/time_to_quality.md.
     python -m bench.time_to_quality --rehearse --models efficientnet-mbconv --trials 24 --per-iter 8
     python -m bench.time_to_quality --table bench/results/time_to_quality_h200.json
     -> $OUT/time_to_quality_h200.json (rehearsal: time_to_quality_rehearsal.json) and a PNG beside it
-    python -m bench.time_to_quality --ab vit-s-encoder OUT.json LABEL=RUN.json ...   # one model's A/B, merged
 """
 from __future__ import annotations
 
@@ -26,7 +25,7 @@ from bench.harness.serving import compile_module, export_job_records, serve
 from bench.harness.stock import kill_group, spawn_tune_tasks
 from bench.panel import PANEL, build
 from sharetune.experiments.time_to_quality import (
-    job_events, markdown_table, plot, settings_ab, stock_events, summarise, summarise_model, table_again,
+    job_events, markdown_table, plot, stock_events, summarise, summarise_model, table_again,
 )
 
 PHASES = ("stock", "cold", "warm")
@@ -284,20 +283,10 @@ def main(argv=None) -> int:
     ap.add_argument("--lease", default=time.strftime("%Y-%m-%d %H:%M"), help="names the lease a step ran in")
     ap.add_argument("--stock-timeout", type=float, default=3600)
     ap.add_argument("--service-timeout", type=float, default=1800)
-    ap.add_argument("--ab", nargs="+", metavar="ARG", help="MODEL OUT.json LABEL=RUN.json ...: one model's cold "
-                    "runs under different settings merged into one A/B file (sharetune.experiments.time_to_quality"
-                    ".settings_ab)")
     ap.add_argument("--table", metavar="JSON", help="derive a results file's summaries again, print its table (markdown), draw its PNG")
     args = ap.parse_args(argv)
     if args.table:  # the figures are derived again from the recorded events
         print(table_again(Path(args.table)))
-        return 0
-    if args.ab:
-        model, dest, *runs = args.ab
-        pairs = [(label, json.loads(Path(path).read_text())) for label, path in (r.split("=", 1) for r in runs)]
-        merged = settings_ab(pairs, model)
-        Path(dest).write_text(json.dumps(merged, indent=1))
-        print(json.dumps(merged["summary"], indent=1))
         return 0
     args.phases = set(args.phases.split(","))
     deadline = time.time() + args.deadline_s if args.deadline_s else None
