@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # On the GPU machine, after ../shared/device/stage.sh's install step (PYTHONPATH=/tmp/site:$PWD), writes under $OUT:
-#   bash bench/device_run.sh smoke|gputest|matrix-bg|matrix-wait|gpufault|scale1|scale1-wait|ab|ab-wait|ttq-bg|ttq-ab|ttq-wait
+#   bash bench/device_run.sh smoke|gputest|matrix-bg|matrix-wait|gpufault|scale1|scale1-wait|ab|ab-wait|ttq-bg|ttq-wait
 # (retired, `git show C:bench/device_run.sh`: stock, ours, sharding, searchq* at b7de8c6, scale B at fb8195c, matrix, scale at e5392c3)
 set -uo pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site:$PWD
@@ -93,14 +93,14 @@ PY
     (cd /tmp/scale1 && tar czf "$OUT/scale1_png.tgz" timeline-*.png 2>/dev/null)
     # each row's records as TVM's JSON database, for offline analysis (a few MB compressed)
     (cd /tmp/scale1/work && find . -type d -name records_db -print0 | tar czf "$OUT/scale1_records.tgz" --null -T -) ;;
-  # issue 35, time to quality on the panel (bench/panel.py): stock, then the service cold and warm, model by
-  # model, in the background from a copy outside the working tree; `ttq-wait` (the next call) waits and
-  # collects. Keeps what an earlier session finished: its JSON is copied in from bench/results for --resume
+  # issue 35, time to quality on the panel (bench/panel.py): stock, cold, warm, model by model, in the background from a
+  # copy outside the tree; `ttq-wait` (the next call) collects. Its JSON in bench/results is copied in for --resume.
+  # TTQ_MODULE=sharetune.testing.settings_ab: one model's cold runs under a setting's values instead (an A/B)
   ttq-bg) rm -rf /tmp/ttq/repo /tmp/ttq/DONE && mkdir -p /tmp/ttq/out && cp -r . /tmp/ttq/repo
           [ -f bench/results/time_to_quality_h200.json ] && cp bench/results/time_to_quality_h200.json /tmp/ttq/out/
           nvidia-smi --query-gpu=index,uuid,name --format=csv,noheader
           (cd /tmp/ttq/repo && PYTHONPATH=/tmp/site:/tmp/ttq/repo OUT=/tmp/ttq/out setsid nohup bash -c \
-              "python3 -m bench.time_to_quality --work-dir /tmp/ttq/work $(printf '%q ' "${@:2}"); touch /tmp/ttq/DONE" \
+              "python3 -m ${TTQ_MODULE:-bench.time_to_quality} --work-dir /tmp/ttq/work $(printf '%q ' "${@:2}"); touch /tmp/ttq/DONE" \
               > /tmp/ttq/driver.log 2>&1 < /dev/null &)
           bash "$0" ttq-wait ;;
   ttq-wait)
@@ -116,12 +116,6 @@ PY
      [ -f zoo_store.tgz ] && split -b 15M zoo_store.tgz "$OUT/zoo_store.tgz.part-")
     tail -c 20000 /tmp/ttq/driver.log
     keep_logs /tmp/ttq/work ttq_logs ;;
-  # issue 35, one model's cold runs under a setting's values, alternating (sharetune.testing.settings_ab's args), in
-  # the background; merged after each run into time_to_quality_ab.json; `ttq-wait` (the next calls) collects
-  ttq-ab) rm -rf /tmp/ttq && mkdir -p /tmp/ttq/out && cp -r . /tmp/ttq/repo
-          (cd /tmp/ttq/repo && OUT=/tmp/ttq/out setsid nohup bash -c "python3 -m sharetune.testing.settings_ab \
-              --work /tmp/ttq/work $(printf '%q ' "${@:2}"); touch /tmp/ttq/DONE" > /tmp/ttq/driver.log 2>&1 < /dev/null &)
-          bash "$0" ttq-wait ;;
   # issue 38, A/B of two code trees: `ab MODELS ARGS`, control .dev/control.tgz (`git archive C -- services shared sharetune
   # bench/*.py bench/harness pyproject.toml | gzip`); per model its row, then this tree's, in the background; `ab-wait`
   ab) rm -rf /tmp/ab && mkdir -p /tmp/ab/control-tree && tar xzf .dev/control.tgz -C /tmp/ab/control-tree && cp -r . /tmp/ab/new-tree

@@ -7,7 +7,8 @@ $OUT and work dir; after each run, the runs so far are merged into $OUT/time_to_
     ... efficientnet-mbconv 1 SHARETUNE_PAD_AWKWARD=matmul,off --rehearse --trials 16 --per-iter 8   # CPU lanes
     python -m sharetune.testing.settings_ab --merge MODEL OUT.json VALUE=RUN.json ...                 # merge only
 
-(bench/device_run.sh ttq-ab runs it in the background on the GPU machine.)"""
+(`TTQ_MODULE=sharetune.testing.settings_ab bash bench/device_run.sh ttq-bg ARGS` runs it in the background on the
+GPU machine.)"""
 from __future__ import annotations
 
 import argparse
@@ -35,23 +36,23 @@ def main(argv=None) -> int:
         return 0
     ap = argparse.ArgumentParser(prog="python -m sharetune.testing.settings_ab", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--work", default="/tmp/settings_ab", help="each run's work dir and $OUT go under here")
+    ap.add_argument("--work-dir", default="/tmp/settings_ab", help="each run's work dir and $OUT go under here")
     ap.add_argument("model")
     ap.add_argument("repeats", type=int)
     ap.add_argument("setting", help="VAR=V1,V2: the environment variable and the values it takes in turn")
     args, rest = ap.parse_known_args(argv)
     var, _, values = args.setting.partition("=")
-    out = Path(os.environ.get("OUT", args.work))
+    out = Path(os.environ.get("OUT", args.work_dir))
     out.mkdir(parents=True, exist_ok=True)
     done: list[str] = []
     for i in range(1, args.repeats + 1):
         for value in values.split(","):
-            run_out = Path(args.work) / "out" / f"{value}-{i}"
+            run_out = Path(args.work_dir) / "out" / f"{value}-{i}"
             run_out.mkdir(parents=True, exist_ok=True)
             env = {**os.environ, var: value, "OUT": str(run_out)}
             lease = f"{time.strftime('%Y-%m-%d %H:%M', time.gmtime())} {var}={value} run {i}"
             rc = subprocess.call([sys.executable, "-m", "bench.time_to_quality", "--work-dir",
-                                  str(Path(args.work) / f"{value}-{i}"), "--models", args.model, "--phases", "cold",
+                                  str(Path(args.work_dir) / f"{value}-{i}"), "--models", args.model, "--phases", "cold",
                                   "--lease", lease, *rest], env=env)
             found = sorted(run_out.glob("time_to_quality_*.json"))
             if rc != 0 or not found:
