@@ -217,11 +217,10 @@ class TunerSettings(LaneWaitSettings):
     # a CUDA design space also holds, for a matmul (`matmul`: an einsum whose operands are read at plain indices)
     # or also a convolution (`all`) with an awkward extent (above 16, odd or twice odd: ViT's 197 tokens, wav2vec
     # 2.0's 799 columns), the block padded to a multiple of 16, which MultiLevelTiling's exact divisors can tile
-    # (services/tuner/metaschedule/padding.py); the unpadded spaces stay. `off` by default until a whole model
-    # gains from it: on an H100 the padded matmuls' draws were 2.2-2.9x faster than the unpadded ones and the
-    # convolutions' slower; on the H200, as first built, the same model latency at 1.9x the search CPU a
-    # candidate (docs/time_to_quality.md). 1/true mean `all`, 0/false `off`
-    pad_awkward: Literal["off", "matmul", "all"] = "off"
+    # (services/tuner/metaschedule/padding.py); the unpadded spaces stay. `matmul` by default: on an H100 it served
+    # ViT-S tuned cold at 384 trials in 157 us against 226 us without it (two runs each, docs/time_to_quality.md);
+    # convolutions' padded draws were slower than their unpadded ones. 1/true mean `all`, 0/false `off`
+    pad_awkward: Literal["off", "matmul", "all"] = "matmul"
     # a task's first round starts with the best records of the nearest stored workloads of its operator kind,
     # their traces re-fitted to it (services/tuner/metaschedule/seeds.py)
     warm_seeds: bool = True

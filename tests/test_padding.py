@@ -206,12 +206,12 @@ def test_a_cold_cuda_round_draws_checks_and_lowers_padded_candidates(cuda):
         tvm.ir.assert_structural_equal(again.mod, c.sch.mod)
 
 
-def test_the_padded_spaces_are_off_unless_the_setting_turns_them_on(monkeypatch):
+def test_the_padded_spaces_default_to_matmuls_and_the_setting_chooses(monkeypatch):
     from shared.settings import TunerSettings
 
     monkeypatch.delenv("SHARETUNE_PAD_AWKWARD", raising=False)
-    assert TunerSettings().pad_awkward == "off"
-    for given, mode in (("1", "all"), ("true", "all"), ("0", "off"), ("Matmul", "matmul"), ("all", "all")):
+    assert TunerSettings().pad_awkward == "matmul"
+    for given, mode in (("1", "all"), ("true", "all"), ("0", "off"), ("off", "off"), ("Matmul", "matmul"), ("all", "all")):
         monkeypatch.setenv("SHARETUNE_PAD_AWKWARD", given)
         assert TunerSettings().pad_awkward == mode, given
     monkeypatch.setenv("SHARETUNE_PAD_AWKWARD", "convs")

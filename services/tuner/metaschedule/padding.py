@@ -11,9 +11,9 @@ input, read at composite indices (`yy * 2 + ry`), is first reindexed into an ein
 bounds check once per element fetched: inlined before the tiling it sat in the innermost loop, once per
 multiply-add, and the padded convolutions' best draws were 1.8-2.5x slower than the unpadded ones'), and folds
 the copy that drops a padded output's extra rows into the tiled block's write cache (a predicated store, not a
-kernel). The unpadded state stays: the search picks between them. Off by default (TunerSettings.pad_awkward: off,
-matmul, all; convolutions only with `all`, their padded draws measured slower than the unpadded ones):
-docs/time_to_quality.md has what it gave on the H200 and an H100.
+kernel). The unpadded state stays: the search picks between them. Matmuls only by default
+(TunerSettings.pad_awkward: off, matmul, all; convolutions only with `all`, their padded draws measured slower
+than the unpadded ones): docs/time_to_quality.md has what it gave on the H200 and an H100.
 """
 from __future__ import annotations
 
