@@ -90,13 +90,13 @@ def test_a_trace_applies_to_a_nearby_shape_and_one_of_another_operator_is_skippe
     src.pre_tuning(100, 4, src.generate_design_space(), ms.database.MemoryDatabase(), ms.cost_model.RandomModel())
     traces = [c.sch.trace for c in src.generate_measure_candidates()]
     dst = tune_context(large.mod, cpu, large.name, True, 16, rand_state=2, num_threads=1)
-    moved = [transfer(tr, dst) for tr in traces]
+    moved = [transfer(tr, dst, dst.generate_design_space()) for tr in traces]
     assert all(m is not None for m in moved)
     for m in moved:  # a schedule of the new workload: its trace replays on it alone
         again = tvm.s_tir.Schedule(large.mod)
         m.sch.trace.apply_to_schedule(again, remove_postproc=False)
     other = tune_context(mm.mod, cpu, mm.name, True, 16, rand_state=1, num_threads=1)
-    assert transfer(other.generate_design_space()[0].trace, dst) is None  # skipped, never raised
+    assert transfer(other.generate_design_space()[0].trace, dst, dst.generate_design_space()) is None  # fits no space
 
 
 def test_a_new_job_seeds_its_first_rounds_from_a_nearby_workload(client, lane_share, redis_conn, tuned_tiny):
@@ -211,3 +211,100 @@ def test_an_isolated_jobs_workload_keys_are_its_own():
     common = workload_key(task.mod, target, 50)
     assert common == workload_key(task.mod, target, 50, scope=None)  # keys of earlier jobs unchanged
     assert len({common, workload_key(task.mod, target, 50, "job-a"), workload_key(task.mod, target, 50, "job-b")}) == 3
+
+
+def _cuda_linear(rows: int, target, bias: bool = True):
+    """x @ w (+ b) over `rows` tokens (a transformer's dense layer, its bias fused): one CUDA task."""
+    from tvm import relax
+
+    from services.tuner.metaschedule.extract import extract
+
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((rows, 384), "float32"))
+    w = relax.Var("w", relax.TensorType((384, 384), "float32"))
+    b = relax.Var("b", relax.TensorType((384,), "float32"))
+    with bb.function("main", [x, w, b] if bias else [x, w]):
+        with bb.dataflow():
+            out = relax.op.matmul(x, w)
+            out = bb.emit_output(relax.op.add(out, b) if bias else out)
+        bb.emit_func_output(out)
+    (task,) = extract(bb.get(), target)
+    return task
+
+
+def _row_tiles(trace) -> list[int]:
+    """The first tile decision after any padding: the matmul's rows."""
+    return next([int(d) for d in trace.decisions[i]] for i in trace.insts if i.kind.name == "SamplePerfectTile")
+
+
+def test_an_awkward_matmul_takes_its_seeds_in_its_padded_space():
+    """A 128-token matmul's tiles re-fitted to 197 (prime) rows keep no row factor but the outermost, and most
+    such seeds break the thread limits; in the padded space's 208 rows they keep their inner factors. Each seed
+    is a draw of one of the task's own spaces (evolution breeds from it)."""
+    import math
+
+    import tvm
+    from tvm.s_tir import meta_schedule as ms
+
+    from services.measurer.metaschedule.targets import family_target
+    from services.tuner.metaschedule.context import tune_context
+    from services.tuner.metaschedule.evolution import _signature
+    from services.tuner.metaschedule.intrinsics import load_tensor_intrinsics
+    from services.tuner.metaschedule.padding import is_padded
+    from services.tuner.metaschedule.seeds import transfer
+
+    load_tensor_intrinsics("cuda")
+    cuda = family_target("cuda.sm_90")
+    small, awkward = _cuda_linear(128, cuda), _cuda_linear(197, cuda)
+    src = tune_context(small.mod, cuda, small.name, True, 16, rand_state=3, num_threads=1, pad_awkward="matmul")
+    src.pre_tuning(100, 16, src.generate_design_space(), ms.database.MemoryDatabase(), ms.cost_model.RandomModel())
+    traces = [c.sch.trace for c in src.generate_measure_candidates()]
+    assert traces and not any(is_padded(t) for t in traces)  # 128 rows tile as they are
+
+    def seeds(pad: str):
+        dst = tune_context(awkward.mod, cuda, awkward.name, True, 16, rand_state=3, num_threads=1, pad_awkward=pad)
+        spaces = dst.generate_design_space()
+        return [transfer(t, dst, spaces) for t in traces], {_signature(s.trace.insts) for s in spaces}
+
+    plain, _ = seeds("off")
+    padded, signatures = seeds("matmul")
+    assert sum(p is not None for p in padded) > sum(p is not None for p in plain)
+    kept = 0
+    for trace, seed in zip(traces, padded):
+        if seed is None:
+            continue
+        assert _signature(seed.sch.trace.insts) in signatures
+        again = tvm.s_tir.Schedule(awkward.mod)  # a schedule of the new workload: its trace replays on it alone
+        seed.sch.trace.apply_to_schedule(again, remove_postproc=False)
+        assert is_padded(seed.sch.trace)  # the tiles fit neither space exactly: the padded one first
+        rows = _row_tiles(seed.sch.trace)
+        assert math.prod(rows) == 208
+        kept += rows[1:] == _row_tiles(trace)[1:]
+    assert kept >= 1
+    for seed in plain:
+        if seed is not None:
+            assert _row_tiles(seed.sch.trace)[1:] == [1, 1, 1, 1]  # 197 is prime: only the outermost factor
+
+
+def test_a_fused_matmuls_decisions_seed_a_matmul_without_the_fused_bias():
+    """The same operator kind with another epilogue: the stored trace names a bias block the new task lacks, so
+    replayed as it was it applies nowhere; its decisions fit the new task's own space."""
+    from tvm.s_tir import meta_schedule as ms
+
+    from services.measurer.metaschedule.targets import family_target
+    from services.tuner.metaschedule.context import tune_context
+    from services.tuner.metaschedule.evolution import _signature
+    from services.tuner.metaschedule.intrinsics import load_tensor_intrinsics
+    from services.tuner.metaschedule.seeds import transfer
+
+    load_tensor_intrinsics("cuda")
+    cuda = family_target("cuda.sm_90")
+    fused, bare = _cuda_linear(128, cuda), _cuda_linear(256, cuda, bias=False)
+    src = tune_context(fused.mod, cuda, fused.name, True, 8, rand_state=3, num_threads=1)
+    src.pre_tuning(100, 8, src.generate_design_space(), ms.database.MemoryDatabase(), ms.cost_model.RandomModel())
+    traces = [c.sch.trace for c in src.generate_measure_candidates()]
+    dst = tune_context(bare.mod, cuda, bare.name, True, 8, rand_state=3, num_threads=1)
+    spaces = dst.generate_design_space()
+    seeds = [transfer(t, dst, spaces) for t in traces]
+    assert traces and all(s is not None for s in seeds)
+    assert {_signature(s.sch.trace.insts) for s in seeds} <= {_signature(s.trace.insts) for s in spaces}

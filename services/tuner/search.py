@@ -155,7 +155,8 @@ def shard_times(split, run, tune_s: float, population: int, seeds, ranked_rounds
     times.update(rounds=run.rounds, ahead_rounds=run.ahead_rounds, trials=run.trials, reused=run.reused,
                  warm_switches=run.warm_switches,
                  population=population, seeds_measured=run.seeds, seeds_applied=seeds.applied if seeds else 0,
-                 seeds_skipped=seeds.skipped if seeds else 0, ranked_rounds=ranked_rounds)
+                 seeds_skipped=seeds.skipped if seeds else 0, seeds_padded=seeds.padded if seeds else 0,
+                 ranked_rounds=ranked_rounds)
     return times
 
 

@@ -118,6 +118,11 @@ def padded_state(sch, block, convolutions: bool = True):
     return None
 
 
+def is_padded(trace) -> bool:
+    """Whether a schedule's trace pads a block (a candidate of a padded state)."""
+    return any(inst.kind.name == "PadEinsum" for inst in trace.insts)
+
+
 @derived_object
 class PadAwkwardEinsum(PyScheduleRule):
     """The block as it is, and (see the module's doc) padded where it has an awkward extent; a convolution (a

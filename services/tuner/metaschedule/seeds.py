@@ -1,12 +1,16 @@
 """Warm seeds: a new task's first round starts from the best records of the nearest stored workloads of the same
-operator kind (services.tuner.similarity chooses them), their traces re-fitted to the task's loop extents.
+operator kind (services.tuner.similarity chooses them), their decisions replayed in the task's own design spaces.
 
-A stored trace is replayed on the new task's workload with its tile decisions (SamplePerfectTile) re-fitted:
-from the innermost factor outwards each keeps what of it divides the extent left (its gcd with it), and the
-outermost takes the rest, so the product is the new extent and no inner factor grows (the innermost stays within
-its max_innermost_factor). Other decisions (unroll steps, compute locations, ...) are kept as they are. The
-context's postprocessors then run as they do on every sampled candidate; a trace that raises on the new workload,
-or that a postprocessor rejects, is skipped and counted, never an error."""
+A stored trace's decisions (its tiles, unroll steps, compute locations, ...) are taken in order onto a design space
+of the task whose sampling instructions are the same in kind and attributes, and that space's trace is replayed
+with them, each tile (SamplePerfectTile) re-fitted to the loop it splits: from the innermost factor outwards each
+keeps what of it divides the extent left (its gcd with it), and the outermost takes the rest, so the product is
+the new extent and no inner factor grows (the innermost stays within its max_innermost_factor). A seed is thus a
+draw of the task's own space (evolution breeds from it as from any), and where the space pads an awkward extent
+(padding.PadAwkwardEinsum) the source's tiles are re-fitted to the padded extent: a transformer's 128-token tiles
+keep their inner factors on ViT's 208 padded rows, where on 197 (prime) they keep none. A space the tiles fit
+exactly is taken first, then a padded one, then the others. The context's postprocessors run as on every sampled
+candidate; a trace that fits no space, raises or is rejected is skipped and counted, never an error."""
 from __future__ import annotations
 
 import logging
@@ -15,11 +19,13 @@ from typing import Iterator
 
 import tvm
 from tvm import tirx
+from tvm.s_tir import Trace
 from tvm.s_tir import meta_schedule as ms
 
 from shared import store
 from shared.messages import JobTask, WorkloadShape
 from services.tuner.metaschedule.ir_codec import load_ir
+from services.tuner.metaschedule.padding import is_padded
 from services.tuner.metaschedule.records import ranked, tuning_record
 from services.tuner.similarity import nearest, op_kind
 
@@ -76,38 +82,73 @@ def refit_tile(factors: list[int], extent: int) -> list[int]:
     return out
 
 
-def transfer(trace, ctx: ms.TuneContext) -> ms.MeasureCandidate | None:
-    """A stored trace applied to the context's workload, tiles re-fitted, postprocessed; None when it does not
-    apply (an instruction raises: another operator, a block or loop the workload lacks; or a postprocessor
-    rejects the schedule)."""
+def _sampled(trace) -> list:
+    """The trace's sampling instructions (those with a decision) before its postprocessing, in order."""
+    out = []
+    for inst in trace.insts:
+        if inst.kind.name == "EnterPostproc":
+            break
+        if inst in trace.decisions:
+            out.append(inst)
+    return out
+
+
+def transfer(trace, ctx: ms.TuneContext, spaces) -> ms.MeasureCandidate | None:
+    """A stored trace's decisions replayed in one of the task's design spaces `spaces` (the module's doc), the
+    postprocessors run; None when it fits no space or does not apply in any (an instruction raises: a compute
+    location the workload lacks; or a postprocessor rejects the schedule)."""
+    source = _sampled(trace)
+    shape = [(inst.kind.name, str(inst.attrs)) for inst in source]
+    found = []
+    for space in spaces:
+        own = _sampled(space.trace)
+        if [(inst.kind.name, str(inst.attrs)) for inst in own] != shape:
+            continue
+        cand, refitted = _replayed(space.trace, {o: trace.decisions[i] for o, i in zip(own, source)}, ctx)
+        if cand is not None and not refitted:
+            return cand
+        if cand is not None:
+            found.append((not is_padded(space.trace), len(found), cand))
+    return min(found)[2] if found else None
+
+
+def _replayed(space_trace, decisions: dict, ctx: ms.TuneContext) -> tuple[ms.MeasureCandidate | None, bool]:
+    """(the space's trace replayed with `decisions`, tiles re-fitted, postprocessed, as a candidate or None;
+    whether a tile was re-fitted)."""
+    refitted = False
+
     def refit(inst, inputs, attrs, decision):
+        nonlocal refitted
         if inst.kind.name != "SamplePerfectTile" or decision is None:
             return decision
         extent = sch.get(inputs[0]).extent
         if not isinstance(extent, tirx.IntImm):
             return decision
-        return refit_tile([int(d) for d in decision], int(extent))
+        given = [int(d) for d in decision]
+        fitted = refit_tile(given, int(extent))
+        refitted |= fitted != given
+        return fitted
 
     try:
         sch = tvm.s_tir.Schedule(ctx.mod, debug_mask=0, error_render_level="none")
-        trace.apply_to_schedule(sch, remove_postproc=True, decision_provider=refit)
+        Trace(space_trace.insts, decisions).apply_to_schedule(sch, remove_postproc=True, decision_provider=refit)
         sch.enter_postproc()  # as MetaSchedule's own search marks it: a replay may drop what follows
         for postproc in ctx.space_generator.postprocs:
             if not postproc.apply(sch):
-                return None
-        # the re-fitted trace must replay on this workload as evolution (from the database) replays it: without
-        # its postprocessing, which the postprocessors then redo; a trace whose replay differs is no seed
+                return None, refitted
+        # the seed must replay on this workload as evolution (from the database) replays it: without its
+        # postprocessing, which the postprocessors then redo; a trace whose replay differs is no seed
         from tvm_ffi import structural_equal
 
         again = tvm.s_tir.Schedule(ctx.mod, debug_mask=0, error_render_level="none")
         sch.trace.apply_to_schedule(again, remove_postproc=True)
         again.enter_postproc()
         if not all(p.apply(again) for p in ctx.space_generator.postprocs) or not structural_equal(again.mod, sch.mod):
-            return None
-        return ms.MeasureCandidate(sch, ms.arg_info.ArgInfo.from_entry_func(sch.mod, remove_preproc=True))
-    except Exception as err:  # noqa: BLE001 - a trace of another workload may fail anywhere in its replay
-        log.debug("trace does not apply to %s: %s", ctx.task_name, err)
-        return None
+            return None, refitted
+        return ms.MeasureCandidate(sch, ms.arg_info.ArgInfo.from_entry_func(sch.mod, remove_preproc=True)), refitted
+    except Exception as err:  # noqa: BLE001 - another workload's decisions may fail anywhere in the replay
+        log.debug("decisions do not apply to %s: %s", ctx.task_name, err)
+        return None, refitted
 
 
 class SeedSource:
@@ -122,6 +163,7 @@ class SeedSource:
         self.within = within  # an isolated job's workload keys: seeds only from these (None: the whole store)
         self.applied = 0  # traces that applied to the new task's workload
         self.skipped = 0  # traces that did not
+        self.padded = 0  # of those applied, into a padded space (padding.PadAwkwardEinsum)
 
     def knows(self, task: JobTask) -> bool:
         """Whether the store has measured this task's workload or one within NEAR_DISTANCE of it. A cost model
@@ -148,6 +190,7 @@ class SeedSource:
         if shape is None:
             return
         near = nearest(shape, self.stored(shape.op), self.nearest_k)
+        spaces = _Lazy(ctx.generate_design_space)
         sources = []
         for _, src in near:
             recs = ranked(store.records(self.redis, src.wkey), full_only=True)[:self.per_workload]
@@ -165,9 +208,22 @@ class SeedSource:
                 except Exception:  # noqa: BLE001 - a record that no longer decodes is as good as absent
                     self.skipped += 1
                     continue
-                cand = transfer(trace, ctx)
+                cand = transfer(trace, ctx, spaces)
                 if cand is None:
                     self.skipped += 1
                     continue
                 self.applied += 1
+                self.padded += is_padded(cand.sch.trace)
                 yield cand, wkey
+
+
+class _Lazy:
+    """The task's design spaces, generated when a trace first needs them."""
+
+    def __init__(self, make):
+        self.make, self.made = make, None
+
+    def __iter__(self):
+        if self.made is None:
+            self.made = list(self.make())
+        return iter(self.made)
