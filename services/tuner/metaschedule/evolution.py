@@ -28,7 +28,8 @@ from dataclasses import dataclass
 from tvm.ir.utils import derived_object
 from tvm.s_tir.meta_schedule.search_strategy import PySearchStrategy
 
-from services.tuner.metaschedule.sampling import SpaceDraws, TileLimits, candidate, distinct, prime_factors, replay
+from services.tuner.metaschedule.sampling import (SpaceDraws, TileLimits, candidate, distinct, prime_factors, replay,
+                                                  sampled)
 
 log = logging.getLogger("sharetune.tuner.evolution")
 
@@ -70,14 +71,8 @@ def _signature(insts) -> tuple:
 
 def genome_of(trace) -> Genome:
     """A trace's decisions in instruction order (postprocessing aside)."""
-    out = []
-    for inst in trace.insts:
-        if inst.kind.name == "EnterPostproc":
-            break
-        if inst in trace.decisions:
-            d = trace.decisions[inst]
-            out.append(tuple(int(x) for x in d) if inst.kind.name == "SamplePerfectTile" else int(d))
-    return tuple(out)
+    return tuple(tuple(int(x) for x in trace.decisions[inst]) if inst.kind.name == "SamplePerfectTile"
+                 else int(trace.decisions[inst]) for inst in sampled(trace))
 
 
 def _verifies(postproc) -> bool:

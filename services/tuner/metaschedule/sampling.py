@@ -435,12 +435,25 @@ def perfect_tile(rng: random.Random, extent: int, n: int, max_innermost: int) ->
     return out
 
 
-def replay(mod, trace, decisions: dict, postprocs, seed: int):
-    """The design space's trace replayed on `mod` with the given decisions (the others sampled from `seed`),
+def sampled(trace) -> list:
+    """The trace's sampling instructions (those with a decision) before its postprocessing, in order."""
+    out = []
+    for inst in trace.insts:
+        if inst.kind.name == "EnterPostproc":
+            break
+        if inst in trace.decisions:
+            out.append(inst)
+    return out
+
+
+def replay(mod, trace, decisions: dict, postprocs, seed: int, refit=None):
+    """The design space's trace replayed on `mod` with the given decisions (the others sampled from `seed`;
+    `refit(sch, inst, inputs, attrs, decision)` may change each on the way, `sch` the schedule being replayed),
     then the postprocessors; the schedule, or None when TVM cannot schedule it or a postprocessor rejects it."""
     sch = Schedule(mod, seed=seed, debug_mask=0, error_render_level="none")
+    provider = None if refit is None else functools.partial(refit, sch)
     try:
-        Trace(trace.insts, decisions).apply_to_schedule(sch, remove_postproc=True)
+        Trace(trace.insts, decisions).apply_to_schedule(sch, remove_postproc=True, decision_provider=provider)
         sch.enter_postproc()
         return sch if all(p.apply(sch) for p in postprocs) else None
     except Exception:  # noqa: BLE001 -- a sample TVM cannot schedule is a rejected sample

@@ -17,9 +17,8 @@ import logging
 import math
 from typing import Iterator
 
-import tvm
+import tvm_ffi
 from tvm import tirx
-from tvm.s_tir import Trace
 from tvm.s_tir import meta_schedule as ms
 
 from shared import store
@@ -27,6 +26,7 @@ from shared.messages import JobTask, WorkloadShape
 from services.tuner.metaschedule.ir_codec import load_ir
 from services.tuner.metaschedule.padding import is_padded
 from services.tuner.metaschedule.records import ranked, tuning_record
+from services.tuner.metaschedule.sampling import candidate, replay, sampled
 from services.tuner.similarity import nearest, op_kind
 
 log = logging.getLogger("sharetune.tuner.seeds")
@@ -82,26 +82,15 @@ def refit_tile(factors: list[int], extent: int) -> list[int]:
     return out
 
 
-def _sampled(trace) -> list:
-    """The trace's sampling instructions (those with a decision) before its postprocessing, in order."""
-    out = []
-    for inst in trace.insts:
-        if inst.kind.name == "EnterPostproc":
-            break
-        if inst in trace.decisions:
-            out.append(inst)
-    return out
-
-
 def transfer(trace, ctx: ms.TuneContext, spaces) -> ms.MeasureCandidate | None:
     """A stored trace's decisions replayed in one of the task's design spaces `spaces` (the module's doc), the
     postprocessors run; None when it fits no space or does not apply in any (an instruction raises: a compute
     location the workload lacks; or a postprocessor rejects the schedule)."""
-    source = _sampled(trace)
+    source = sampled(trace)
     shape = [(inst.kind.name, str(inst.attrs)) for inst in source]
     found = []
     for space in spaces:
-        own = _sampled(space.trace)
+        own = sampled(space.trace)
         if [(inst.kind.name, str(inst.attrs)) for inst in own] != shape:
             continue
         cand, refitted = _replayed(space.trace, {o: trace.decisions[i] for o, i in zip(own, source)}, ctx)
@@ -117,7 +106,7 @@ def _replayed(space_trace, decisions: dict, ctx: ms.TuneContext) -> tuple[ms.Mea
     whether a tile was re-fitted)."""
     refitted = False
 
-    def refit(inst, inputs, attrs, decision):
+    def refit(sch, inst, inputs, attrs, decision):
         nonlocal refitted
         if inst.kind.name != "SamplePerfectTile" or decision is None:
             return decision
@@ -130,22 +119,15 @@ def _replayed(space_trace, decisions: dict, ctx: ms.TuneContext) -> tuple[ms.Mea
         return fitted
 
     try:
-        sch = tvm.s_tir.Schedule(ctx.mod, debug_mask=0, error_render_level="none")
-        Trace(space_trace.insts, decisions).apply_to_schedule(sch, remove_postproc=True, decision_provider=refit)
-        sch.enter_postproc()  # as MetaSchedule's own search marks it: a replay may drop what follows
-        for postproc in ctx.space_generator.postprocs:
-            if not postproc.apply(sch):
-                return None, refitted
+        sch = replay(ctx.mod, space_trace, decisions, ctx.space_generator.postprocs, seed=1, refit=refit)
+        if sch is None:
+            return None, refitted
         # the seed must replay on this workload as evolution (from the database) replays it: without its
         # postprocessing, which the postprocessors then redo; a trace whose replay differs is no seed
-        from tvm_ffi import structural_equal
-
-        again = tvm.s_tir.Schedule(ctx.mod, debug_mask=0, error_render_level="none")
-        sch.trace.apply_to_schedule(again, remove_postproc=True)
-        again.enter_postproc()
-        if not all(p.apply(again) for p in ctx.space_generator.postprocs) or not structural_equal(again.mod, sch.mod):
+        again = replay(ctx.mod, sch.trace, dict(sch.trace.decisions), ctx.space_generator.postprocs, seed=1)
+        if again is None or not tvm_ffi.structural_equal(again.mod, sch.mod):
             return None, refitted
-        return ms.MeasureCandidate(sch, ms.arg_info.ArgInfo.from_entry_func(sch.mod, remove_preproc=True)), refitted
+        return candidate(sch), refitted
     except Exception as err:  # noqa: BLE001 - another workload's decisions may fail anywhere in the replay
         log.debug("decisions do not apply to %s: %s", ctx.task_name, err)
         return None, refitted
