@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from sharetune.experiments.time_to_quality import (heaviest_task_landed, latency_curve, summarise_model, time_to_reach,
-                                                   untuned_estimate)
+from sharetune.experiments.time_to_quality import (heaviest_task_landed, latency_curve, seed_tasks, summarise_model,
+                                                   time_to_reach, untuned_estimate)
 
 
 def test_the_estimate_counts_an_unmeasured_task_at_its_default_and_only_improvements():
@@ -131,3 +131,10 @@ def test_an_ab_of_settings_keeps_each_run_and_means_each_figure_per_value():
     assert s["served_cold_us"] == {"matmul": 21.0, "off": 26.0}
     assert s["search_cpu_s_per_valid_candidate"] == {"matmul": 0.25, "off": 0.1}
     assert s["mm_best_us"] == {"matmul": 7.0, "off": None} and "ln_best_us" not in s  # heavy tasks only
+
+
+def test_each_seeded_task_reports_its_best_seed_beside_its_best_trial():
+    events = [(1.0, "mm", 20e-6), (1.1, "mm", None), (2.0, "mm", 8e-6), (3.0, "conv", 5e-6)]
+    got = seed_tasks({"mm": [20e-6, None], "ln": [None]}, events)
+    assert got == {"mm": {"seeds": 2, "best_seed_us": 20.0, "task_best_us": 8.0},
+                   "ln": {"seeds": 1, "best_seed_us": None, "task_best_us": None}}

@@ -237,15 +237,19 @@ def job_events(r, job_id: str, t0: float, wall: float, threads: int) -> dict:
     recs = sorted(((x, t) for t in tasks for x in store.records(r, t.wkey) if x.job_id == job_id),
                   key=lambda p: p[0].measured_at)
     events, seeds, valid = [], 0, 0
+    seeded: dict[str, list] = {}  # task -> its seeds' seconds (None: not fully timed)
     for rec, t in recs:
-        seeds += bool(getattr(rec, "seeded_from", None))
         valid += store.valid_record(rec)  # timed, briefly or fully
         ok = store.valid_record(rec) and rec.timing == "full"  # what an export may use
         events.append((rec.measured_at - t0, t.name, statistics.median(rec.run_secs) if ok else None))
+        if getattr(rec, "seeded_from", None):
+            seeds += 1
+            seeded.setdefault(t.name, []).append(events[-1][2])
     splits = store.splits(r, job_id)
     row = {"trials": len(events), "weights": {t.name: t.weight for t in tasks}, "defaults": defaults,
            "full_windows": full_windows([x for x, _ in recs]), "events": events, "seeds_measured": seeds, "trials_per_min": round(60 * len(events) / max(wall, 1e-9), 1),
            "splits": splits, "valid_trials": valid, "fully_timed_trials": sum(1 for e in events if e[2] is not None)}
+    row["seed_tasks"] = seed_tasks(seeded, events)
     # the sample phase is wall time, so this is its CPU only while its threads are busy
     sample_s = sum(s.get("sample", 0.0) for s in splits)
     sample_cpu = sum(s.get("sample_cpu", 0.0) for s in splits)
@@ -256,6 +260,21 @@ def job_events(r, job_id: str, t0: float, wall: float, threads: int) -> dict:
         row["search_cpu_s_per_valid_candidate"] = round(sample_s * threads / max(1, valid), 3)
     row.update(search_cpu_split(splits))
     return row
+
+
+def seed_tasks(seeded: dict[str, list], events: list) -> dict:
+    """Per task with warm seeds: how many were measured, the best seed's µs and the task's best µs in the run
+    (fully timed trials; None where none was): how near the seeds started it."""
+    best: dict[str, float] = {}
+    for _, name, secs in events:
+        if secs is not None:
+            best[name] = min(best.get(name, secs), secs)
+
+    def us(secs):
+        return None if secs is None else round(secs * 1e6, 2)
+
+    return {name: {"seeds": len(times), "best_seed_us": us(min((x for x in times if x is not None), default=None)),
+                   "task_best_us": us(best.get(name))} for name, times in sorted(seeded.items())}
 
 
 def search_cpu_split(splits: list[dict]) -> dict:
