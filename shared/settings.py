@@ -222,7 +222,7 @@ class TunerSettings(LaneWaitSettings):
     # convolutions' padded draws were slower than their unpadded ones. 1/true mean `all`, 0/false `off`
     pad_awkward: Literal["off", "matmul", "all"] = "matmul"
     # a task's first round starts with the best records of the nearest stored workloads of its operator kind,
-    # their traces re-fitted to it (services/tuner/metaschedule/seeds.py)
+    # their decisions replayed in its own design spaces (services/tuner/metaschedule/seeds.py)
     warm_seeds: bool = True
     # while several jobs run, a job with more than an equal share of the candidates in flight sends its rounds
     # behind the others' (a broker priority, services/tuner/allocation.py round_priority); nothing is held back

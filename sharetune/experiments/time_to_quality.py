@@ -4,6 +4,7 @@ per model and over the panel, its markdown table and its plot (bench/time_to_qua
 docs/time_to_quality.md has the protocol)."""
 from __future__ import annotations
 
+import collections
 import json
 import math
 import statistics
@@ -262,13 +263,19 @@ def job_events(r, job_id: str, t0: float, wall: float, threads: int) -> dict:
     return row
 
 
-def seed_tasks(seeded: dict[str, list], events: list) -> dict:
-    """Per task with warm seeds: how many were measured, the best seed's µs and the task's best µs in the run
-    (fully timed trials; None where none was): how near the seeds started it."""
+def task_bests(events: list) -> dict[str, float]:
+    """Each task's best fully timed seconds among the events (a task with none is absent)."""
     best: dict[str, float] = {}
     for _, name, secs in events:
         if secs is not None:
             best[name] = min(best.get(name, secs), secs)
+    return best
+
+
+def seed_tasks(seeded: dict[str, list], events: list) -> dict:
+    """Per task with warm seeds: how many were measured, the best seed's µs and the task's best µs in the run
+    (fully timed trials; None where none was): how near the seeds started it."""
+    best = task_bests(events)
 
     def us(secs):
         return None if secs is None else round(secs * 1e6, 2)
@@ -305,12 +312,8 @@ def settings_ab(runs: list[tuple[str, dict]], model: str) -> dict:
         row = result["models"][model]
         cold, served = row["cold"], (row.get("served") or {}).get("latency_us", {})
         curve = latency_curve(cold["events"], cold["weights"], cold["defaults"])
-        best: dict[str, float] = {}
-        trials: dict[str, int] = {}
-        for _, task, secs in cold["events"]:
-            trials[task] = trials.get(task, 0) + 1
-            if secs is not None:
-                best[task] = min(best.get(task, math.inf), secs)
+        best = task_bests(cold["events"])
+        trials = collections.Counter(task for _, task, _ in cold["events"])
         out.append({
             "label": label, "lease": cold.get("lease"), "wall_s": cold["wall_s"], "trials": cold["trials"],
             "final_estimate_us": round(1e6 * curve[-1][2], 3) if curve else None,

@@ -161,6 +161,7 @@ def search_cpu(tasks: list[str], candidates: int, threads: int = 1) -> list[dict
     from tvm.s_tir import meta_schedule as ms
 
     from services.tuner.metaschedule.context import tune_context
+    from services.tuner.metaschedule.padding import is_padded
 
     rows = []
     for model, name, task, target in _panel_tasks(tasks):
@@ -175,7 +176,7 @@ def search_cpu(tasks: list[str], candidates: int, threads: int = 1) -> list[dict
                 t = time.process_time()
                 cands = ctx.generate_measure_candidates() or []
                 cpu = time.process_time() - t
-                padded = sum(any(i.kind.name == "PadEinsum" for i in c.sch.trace.insts) for c in cands)
+                padded = sum(is_padded(c.sch.trace) for c in cands)
                 row[kind] = {"spaces": len(spaces), "candidates": len(cands), "padded": padded,
                              "cpu_s_per_candidate": round(cpu / max(1, len(cands)), 4)}
             print(json.dumps(row), flush=True)
