@@ -214,12 +214,13 @@ class TunerSettings(LaneWaitSettings):
     # many times its candidates within the limits and measures the model's best, a quarter of them at random from
     # the rest (services/tuner/metaschedule/sampling.py ValidReplay); 1: every round drawn at random
     first_round_pool: int = Field(3, ge=1, le=16)
-    # a CUDA design space also holds, for a matmul (`matmul`: an einsum whose operands are read at plain indices)
-    # or also a convolution (`all`) with an awkward extent (above 16, odd or twice odd: ViT's 197 tokens, wav2vec
-    # 2.0's 799 columns), the block padded to a multiple of 16, which MultiLevelTiling's exact divisors can tile
-    # (services/tuner/metaschedule/padding.py); the unpadded spaces stay. `matmul` by default: on an H100 it served
-    # ViT-S tuned cold at 384 trials in 157 us against 226 us without it (two runs each, docs/time_to_quality.md);
-    # convolutions' padded draws were slower than their unpadded ones. 1/true mean `all`, 0/false `off`
+    # `matmul`: a CUDA design space also holds, for a matmul (an einsum whose operands are read at plain indices)
+    # with an awkward extent (above 16, odd or twice odd: ViT's 197 tokens), the block padded to a multiple of 16,
+    # which MultiLevelTiling's exact divisors can tile (services/tuner/metaschedule/padding.py); the unpadded
+    # spaces stay. The default: on an H100 it served ViT-S tuned cold at 384 trials in 157 us against 226 us
+    # without it (two runs each, docs/time_to_quality.md). `all`: also every convolution whose output has an
+    # awkward extent (wav2vec 2.0's 799 columns) computed over the padded extent and sliced, in the graph the job
+    # tunes and compiles (conv_padding.py). 1/true mean `all`, 0/false `off`
     pad_awkward: Literal["off", "matmul", "all"] = "matmul"
     # a task's first round starts with the best records of the nearest stored workloads of its operator kind,
     # their decisions replayed in its own design spaces (services/tuner/metaschedule/seeds.py)

@@ -17,8 +17,8 @@ def tune_context(mod, target, task_name: str, cold: bool, population: int, rand_
     (validity.GPUPrecheck first among the postprocessors). `first_round_pool`: a cold CUDA round, once
     `ranking_model` (the central cost model) is trained, draws that many times its candidates and proposes the
     model's best (sampling.ValidReplay). `pad_awkward` (off, matmul, all): a CUDA design space also holds, for
-    a matmul (or also a convolution) with an awkward extent (ViT's 197 tokens), the block padded to tile
-    (padding.PadAwkwardEinsum, FinishPadding). A CUDA design space leaves out the blocks whose output nothing reads
+    a matmul (or also a convolution, where the graph left one awkward: conv_padding) with an awkward extent (ViT's
+    197 tokens), the block padded to tile (padding.PadAwkwardEinsum, FinishPadding). A CUDA design space leaves out the blocks whose output nothing reads
     (dead_blocks.InlineDeadBlocks)."""
     load_tensor_intrinsics(target.kind.name)  # else TuneContext imports every backend's (idempotent)
     space = "post-order-apply"

@@ -35,11 +35,22 @@ def fuse(mod: tvm.IRModule) -> tvm.IRModule:
         return seq(mod)
 
 
-def extract(mod: tvm.IRModule, target: tvm.target.Target) -> list[Task]:
+def tuning_tasks(mod: tvm.IRModule, target: tvm.target.Target) -> list:
+    """MetaSchedule's tasks of a Relax model (ExtractedTask), fused first."""
+    return ms.relax_integration.extract_tasks(fuse(mod), target)
+
+
+def extract(mod: tvm.IRModule, target: tvm.target.Target, pad_convolutions: bool = False) -> list[Task]:
+    """The model's tasks; `pad_convolutions`: its convolutions with awkward output extents computed over padded
+    ones (conv_padding; a compile finds that form again from the records, conv_padding.for_database)."""
     if "main" not in [gv.name_hint for gv in mod.get_global_vars()]:
         raise ModelError("the model has no 'main' function")
     try:
-        extracted = ms.relax_integration.extract_tasks(fuse(mod), target)
+        if pad_convolutions:
+            from services.tuner.metaschedule.conv_padding import pad_convolutions as padded
+
+            mod = padded(mod)[0]
+        extracted = tuning_tasks(mod, target)
     except Exception as err:  # noqa: BLE001 - name the problem for the user
         raise ModelError(f"cannot lower the model for {target.kind.name}: {type(err).__name__}: {err}") from None
     tasks = []
