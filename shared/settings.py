@@ -220,7 +220,7 @@ class TunerSettings(LaneWaitSettings):
     # spaces stay. The default: on an H100 it served ViT-S tuned cold at 384 trials in 157 us against 226 us
     # without it (two runs each, docs/time_to_quality.md). `all`: also every convolution whose output has an
     # awkward extent (wav2vec 2.0's 799 columns) computed over the padded extent and sliced, in the graph the job
-    # tunes and compiles (conv_padding.py). 1/true mean `all`, 0/false `off`
+    # tunes and compiles (conv_padding.py; on an H100 no faster on wav2vec2-conv). 1/true mean `all`, 0/false `off`
     pad_awkward: Literal["off", "matmul", "all"] = "matmul"
     # a task's first round starts with the best records of the nearest stored workloads of its operator kind,
     # their decisions replayed in its own design spaces (services/tuner/metaschedule/seeds.py)
