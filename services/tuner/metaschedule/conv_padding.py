@@ -4,9 +4,9 @@ A convolution writing 799 = 17 x 47 columns (wav2vec 2.0's feature encoder) leav
 four choices for that loop. Padding it inside the design space (padding.PadAwkwardEinsum) needs an einsum, and the
 reindex that makes a convolution one turns its shared-memory tile into an im2col (1.49x the floats at stride 2 and
 3 taps). Here the graph is rewritten instead: the convolution's own padding grows on the far side so that it writes
-a multiple of padding.PAD columns (800), and a strided slice keeps the columns the model had. The slice is
-injective: FuseOps puts it in the kernel that reads the convolution (a transpose, a layer norm), not a kernel of
-its own; the convolution stays one kernel whose bounds check is its input padding's.
+a multiple of padding.PAD columns (800), and a strided slice keeps the columns the model had. FuseOps puts the
+slice in the convolution's own kernel (`fused_conv1d1_strided_slice1`), where MultiLevelTiling's write cache
+stores it with a predicate: still one kernel, its input padding fetched into shared memory as a raw window.
 
 The rewritten model is another model to the database: `for_database` picks the form a database was tuned on, so
 records of either form compile, and a database tuned on the original (stock's) keeps it.
@@ -37,9 +37,9 @@ def _static_shape(expr) -> list[int] | None:
         return None
 
 
-def padded_extents(call) -> list[int] | None:
-    """The output's spatial extents padded up to a multiple of PAD where awkward, or None when the call is not a
-    convolution in the channels-first layouts with static shapes, or none of its extents is awkward."""
+def padded_extents(call) -> tuple[list[int], list[int]] | None:
+    """(the output's spatial extents, each padded up to a multiple of PAD where awkward), or None when the call is
+    not a convolution in the channels-first layouts with static shapes, or none of its extents is awkward."""
     if not isinstance(call.op, tvm.ir.Op) or call.op.name not in _CONVOLUTIONS:
         return None
     layout = _CONVOLUTIONS[call.op.name]
@@ -52,7 +52,7 @@ def padded_extents(call) -> list[int] | None:
     spatial = out[2:]
     if not any(awkward(e) for e in spatial):
         return None
-    return [-(-e // PAD) * PAD if awkward(e) else e for e in spatial]
+    return spatial, [-(-e // PAD) * PAD if awkward(e) else e for e in spatial]
 
 
 @mutator
@@ -62,12 +62,12 @@ class _PadConvolutions(PyExprMutator):
         self.rewritten = 0
 
     def visit_call_(self, call):
-        wanted = padded_extents(call)  # the call as bound in the input (its shape known)
+        extents = padded_extents(call)  # the call as bound in the input (its shape known)
         visited = super().visit_call_(call)
-        if wanted is None:
+        if extents is None:
             return visited
+        spatial, wanted = extents
         attrs = call.attrs
-        spatial = _static_shape(call)[2:]
         dims = len(spatial)
         padding = _ints(attrs.padding)  # before..., after...
         strides = _ints(attrs.strides)
