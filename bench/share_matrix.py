@@ -23,7 +23,7 @@ from pathlib import Path
 
 from bench.harness.common import out_dir
 from bench.harness.jobs import gpus
-from sharetune.experiments.share_matrix import read_matrices
+from sharetune.experiments.share_matrix import merge_matrices
 
 
 def log(msg: str) -> None:
@@ -40,43 +40,15 @@ def write_and_print(reports: list, out_json: Path, png: Path | None, tables: boo
     log(f"wrote {out_json}" + (f" and {drawn}" if drawn else " (no heatmap: matplotlib missing)"))
 
 
-STACK_S = 45.0  # stack start with up to 11 lanes, H200 (bench/results: 23-40 s with 4-8 lanes)
-SERVE_S = 20.0  # one serving process: start, load, 30 rounds of every tuned model
-WHY_S = 120.0  # where a verdict is beyond noise: two tunings' task kernels built and timed at each share
-COMPILE_S = 40.0  # a kept tuning's module compiled again on a later machine (four at once)
-MIN_PER_TASK_FOR_10 = 8  # trials a task that four shares must still give before 10 % is added
-
-
-def plan(args, n_tasks: int, n_models_here: int, seconds: float) -> tuple[list[int], int]:
-    """Shares and trials a tuning for one model with `seconds` of this process's time (`args.tunings` a share)."""
-    from sharetune.experiments.share_matrix import default_trials, fit_trials, parse_shares, shares_from_cores
-
-    host = os.cpu_count() or 1
-    per_model = (seconds - STACK_S) / n_models_here
-    if args.cores:
-        shares = shares_from_cores(args.cores, host)
-    elif args.shares == "auto" and args.device == "cpu":  # one core and the whole host
-        shares = shares_from_cores([1, host], host)
-    elif args.shares == "auto":
-        four = fit_trials(n_tasks, 4 * args.tunings, per_model - SERVE_S * 4 - 10, per_iter=args.per_iter)
-        shares = [10, 25, 50, 100] if four >= MIN_PER_TASK_FOR_10 * n_tasks else [25, 50, 100]
-    else:
-        shares = parse_shares(args.shares, args.device, host)
-    if args.trials:
-        return shares, args.trials
-    fit = fit_trials(n_tasks, len(shares) * args.tunings, per_model - SERVE_S * len(shares) - 10, per_iter=args.per_iter)
-    # not even one trial a task fits: still try with that much; the deadline records what was skipped
-    return shares, min(default_trials(n_tasks), max(fit, n_tasks))
-
-
 def run_models(args, models: list[str], deadline: float) -> list:
     """All `models` on one GPU, one stack, one after another; the time left is split evenly."""
     from shared import store
     from sharetune.client import Client
     from services.measurer.agent import BuilderSpec
     from bench.panel import PANEL, build
-    from sharetune.experiments.share_matrix import (MatrixStack, Placement, Replicates, Serving, earlier_reports,
-                                                    model_tasks, run_matrix, write_outputs)
+    from sharetune.experiments.share_matrix import (COMPILE_S, SERVE_S, STACK_S, WHY_S, MatrixStack, Placement,
+                                                    Replicates, Serving, beyond_noise, earlier_reports, model_tasks,
+                                                    per_model, plan_budget, run_matrix, write_outputs)
     from sharetune.experiments.share_tunings import KeptTunings, tuning_key, tuning_plan
     from shared.settings import StackSettings
 
@@ -89,7 +61,9 @@ def run_models(args, models: list[str], deadline: float) -> list:
     built = {m: build(m) if m in PANEL else (m, None) for m in models}  # a panel model: torch module and inputs
     all_tasks = {m: model_tasks(built[m][0], args.device, built[m][1]) for m in models}
     chosen = {m: (all_tasks[m][:args.tasks] if args.tasks else None) for m in models}
-    plans = {m: plan(args, len(chosen[m] or all_tasks[m]), len(models), deadline - time.time()) for m in models}
+    per_model_s = (deadline - time.time() - STACK_S) / len(models)
+    plans = {m: plan_budget(args.shares, args.cores, args.device, args.trials, per_model(args.tunings, m),
+                            args.per_iter, len(chosen[m] or all_tasks[m]), per_model_s) for m in models}
     shares = sorted({p for m in models for p in plans[m][0]})
     log(f"{args.device} {gpu.label if gpu else ''}; models {models}; shares {shares}; "
         + "; ".join(f"{m}: {len(chosen[m] or all_tasks[m])} of {len(all_tasks[m])} tasks, {plans[m][1]} trials a share"
@@ -126,16 +100,20 @@ def run_models(args, models: list[str], deadline: float) -> list:
 
         for i, model in enumerate(models):
             my_shares, trials = plans[model]
-            done = earlier.get(model)
+            tunings = per_model(args.tunings, model)
+            done = earlier[model].rederived() if model in earlier else None  # by this code's statistics
             if (done is not None and done.complete and done.shares == my_shares and done.trials_per_share == trials
-                    and min(n for row in done.tunings or [[1]] for n in row) >= args.tunings):
-                log(f"[matrix {model}] complete in an earlier run: kept")
-                save(done)
-                continue
+                    and min(n for row in done.tunings or [[1]] for n in row) >= tunings):
+                if done.why or not beyond_noise(done):
+                    log(f"[matrix {model}] complete in an earlier run: kept")
+                    save(done)
+                    continue
+                log(f"[matrix {model}] complete in an earlier run, differences beyond noise unexplained: "
+                    "its tunings served again and explained")
             # the time left, split over the models still to run (resumed: in turn, the first model's tunings
             # first, so that it is served the soonest); serving reserve ~15 s per share
             my_deadline = time.time() + (deadline - time.time()) / (1 if args.resume else len(models) - i)
-            replicates = Replicates(args.tunings, 0, Path(args.kept or Path(args.work_dir) / "tunings"), args.resume)
+            replicates = Replicates(tunings, 0, Path(args.kept or Path(args.work_dir) / "tunings"), args.resume)
             keys = [tuning_key(model, p, seed, trials) for p, seed in tuning_plan(my_shares, replicates.seeds)]
             gone = KeptTunings(replicates.kept_dir).modules_gone(keys, chosen[model]) if args.resume else 0
             report = run_matrix(client, built[model][0], my_shares, placement, work / model, trials=trials,
@@ -194,9 +172,12 @@ def main(argv=None) -> None:
     ap.add_argument("--gpu-index", type=int, default=None, help="run on this GPU, to --out-json")
     ap.add_argument("--work-dir", default="/tmp/share_matrix")
     ap.add_argument("--out-json", default=None)
-    ap.add_argument("--merge", nargs="*", help="join these JSON files into --out-json (+ PNG) and stop")
-    ap.add_argument("--tunings", type=int, default=3, help="tunings a share, seeds 0..N-1 (intervals cover them)")
-    ap.add_argument("--kept", default=None, help="finished tunings, by model, share, seed, trials (WORK_DIR/tunings)")
+    ap.add_argument("--merge", nargs="*", help="join these JSON files into --out-json (+ PNG), each matrix derived "
+                                               "again from its rounds (a model in a later file wins), and stop")
+    ap.add_argument("--tunings", default="3", help="tunings a share, seeds 0..N-1 (intervals cover them); by model: "
+                                                   "resnet18=4,5 (4 for resnet18, 5 for the others)")
+    ap.add_argument("--kept", default=None, help="finished tunings, by model, share, seed, trials (WORK_DIR/tunings); "
+                                                 "with --merge: their kernels' launch facts added")
     ap.add_argument("--resume", action="store_true",
                     help="tune only what --kept lacks; keep complete models of the result JSON")
     ap.add_argument("--serve-when-complete", action="store_true",
@@ -207,9 +188,10 @@ def main(argv=None) -> None:
     args = ap.parse_args(argv)
     if args.rehearse:
         rehearsal(args, ap)
-    if args.merge:  # the JSON of separate runs (e.g. one call per model on one GPU) joined, with a heatmap
+    if args.merge:  # separate runs' JSON joined (a model in a later file replaces it), derived again, a heatmap
         out_json = Path(args.out_json or "bench/results/share_matrix_h200.json")
-        write_and_print([m for p in args.merge for m in read_matrices(p)], out_json, out_json.with_suffix(".png"))
+        merged = merge_matrices(args.merge, args.kept)
+        write_and_print(merged, out_json, out_json.with_suffix(".png"))
         return
     if args.cores and args.device != "cpu":
         ap.error("--cores is for --device cpu")

@@ -325,6 +325,141 @@ def test_a_matrix_of_tunings_reports_their_count_figure_interval_and_verdicts():
     assert "tuning here wins by" in m.table() and "within noise (tuning here vs at 100 %" in m.table()
 
 
+def seeded_cells(seed_scale, diagonal_factor=1.0, other_factor=1.15):
+    """Served at 25 %: tunings of seeds 0..n-1 at 25 % (diagonal) and at 100 %; seed k moves both shares'
+    tunings by seed_scale[k] (a search seed matters more than the share), the share by its factor."""
+    col25 = [[quiet_rounds(1000.0 * f * diagonal_factor, seed=k) for k, f in enumerate(seed_scale)],
+             [quiet_rounds(1000.0 * f * other_factor, seed=10 + k) for k, f in enumerate(seed_scale)]]
+    col100 = [[quiet_rounds(500.0 * f, seed=20 + k) for k, f in enumerate(seed_scale)],
+              [quiet_rounds(480.0 * f, seed=30 + k) for k, f in enumerate(seed_scale)]]
+    return [[col25[0], col100[0]], [col25[1], col100[1]]]
+
+
+def test_tunings_paired_by_seed_tell_a_share_effect_that_the_seeds_spread_would_hide():
+    from sharetune.experiments.share_stats import serving_verdict
+
+    cells = seeded_cells([1.0, 1.45, 1.3, 1.1])  # tuning at 100 % is 15 % slower with every seed
+    seeds = [[[0, 1, 2, 3]] * 2] * 2
+    alone = serving_verdict([25, 100], cells, 0)  # the cells resampled independently: the seeds' spread wins
+    assert alone["verdict"] == NOISE and alone["method"] == "independent"
+    paired = serving_verdict([25, 100], cells, 0, seeds)
+    assert paired["verdict"] == "wins" and paired["method"] == "paired"
+    assert paired["margin"] == pytest.approx(1 - 1 / 1.15, abs=0.01)
+    lo, hi = paired["margin_ci95"]
+    assert 0 < lo < paired["margin"] < hi and set(paired["against"][0]["per_seed"]) == {"0", "1", "2", "3"}
+    assert "(paired by seed)" in paired["says"]
+    # seeds that disagree about the share: no claim, however many tunings
+    mixed = seeded_cells([1.0, 1.45, 1.3])
+    mixed[1][0][1] = quiet_rounds(1000.0 * 1.45 * 0.9, seed=11)  # seed 1: tuning at 100 % the faster
+    assert serving_verdict([25, 100], mixed, 0, [[[0, 1, 2]] * 2] * 2)["verdict"] == NOISE
+
+
+def test_a_pair_needs_two_common_seeds_and_few_seeds_give_wide_intervals():
+    from sharetune.experiments.share_stats import margin_between, paired_margin, t975
+
+    cells = seeded_cells([1.0, 1.2, 1.1])
+    assert paired_margin(cells[0][0], cells[1][0], [0, 1, 2], [5, 6, 7]) is None  # no seed in common
+    assert margin_between(cells[0][0], cells[1][0], [0, 1, 2], [2, 6, 7])["method"] == "independent"
+    two = paired_margin(cells[0][0][:2], cells[1][0][:2], [0, 1], [0, 1])
+    three = paired_margin(cells[0][0], cells[1][0], [0, 1, 2], [0, 1, 2])
+    assert two["margin_ci95"][0] < three["margin_ci95"][0]  # one degree of freedom: t = 12.7
+    assert t975(1) == pytest.approx(12.706) and t975(3) == pytest.approx(3.182) and t975(11) == t975(10)
+    assert t975(200) == 2.0
+
+
+def test_advice_never_sends_a_serving_share_to_a_tuning_share_slower_there_beyond_noise():
+    from sharetune.experiments.share_stats import serving_advice, serving_verdicts
+
+    # three shares; served at 25 %: tuning at 50 % is within noise of it, tuning at 100 % 15 % slower
+    seeds = [0, 1, 2, 3]
+    scale = [1.0, 1.45, 1.3, 1.1]
+    factor = {0: 1.0, 1: 1.01, 2: 1.15}
+
+    def cell(t, s):
+        base = {0: 1000.0, 1: 700.0, 2: 500.0}[s]
+        f = factor[t] if s == 0 else 1.0
+        return [quiet_rounds(base * f * scale[k] * (1 + 0.02 * ((k + t) % 2)), seed=7 * t + k) for k in seeds]
+
+    cells = [[cell(t, s) for s in range(3)] for t in range(3)]
+    verdicts = serving_verdicts([25, 50, 100], cells, [[seeds] * 3] * 3)
+    at25 = verdicts[0]
+    assert at25["verdict"] == NOISE
+    assert {c["tuned_share"]: c["verdict"] for c in at25["against"]} == {50: NOISE, 100: "wins"}
+    advice = serving_advice(verdicts, recommended_share=100)
+    assert advice[0]["tune_at"] == 25 and advice[0]["avoid"] == [100]
+    assert "not at 100 %: tuning at 25 % is" in advice[0]["says"] and "beats tuning at 100 %" in at25["says"]
+    m = ShareMatrix.build("m", "gpu", [25, 50, 100], rounds_us=cells, seeds_us=[[seeds] * 3] * 3)
+    tuned_full = {c["served_share"]: c["separated"] for c in m.advice["tuned_full"]}
+    assert tuned_full[25] is True  # the pair's verdict, paired by seed, not the cells' overlapping intervals
+    assert compare(m.ci95_us[2][0], m.ci95_us[0][0]) == NOISE
+
+
+def test_a_matrix_written_without_seeds_is_paired_again_from_its_runs_seeds():
+    cells = seeded_cells([1.0, 1.45, 1.3, 1.1])
+    old = ShareMatrix.build("resnet18", "gpu", [25, 100], rounds_us=cells, info={"seeds": [0, 1, 2, 3]})
+    assert old.seeds_us is None and old.verdicts[0]["verdict"] == NOISE
+    again = ShareMatrix.model_validate_json(old.model_dump_json()).rederived()
+    assert again.seeds_us == [[[0, 1, 2, 3]] * 2] * 2 and again.verdicts[0]["verdict"] == "wins"
+    assert again.info == old.info and again.latency_us == old.latency_us
+    cells[0][0] = cells[0][0][:3]  # a tuning that failed to serve: which seed is gone is not known
+    partial = ShareMatrix.build("resnet18", "gpu", [25, 100], rounds_us=cells, info={"seeds": [0, 1, 2, 3]})
+    assert partial.rederived().seeds_us is None
+
+
+def test_each_comparison_beyond_noise_is_explained_by_one_seed_on_both_sides_when_paired():
+    from sharetune.experiments.share_matrix import beyond_noise, standing_seeds
+
+    seeds = [0, 1, 2, 3]
+    cells = seeded_cells([1.0, 1.45, 1.3, 1.1])
+    m = ShareMatrix.build("m", "gpu", [25, 100], rounds_us=cells, seeds_us=[[seeds] * 2] * 2)
+    pairs = beyond_noise(m)
+    # served at 100 %, tuning there is 4 % faster with every seed (480 against 500): beyond noise as well
+    assert [(p["served_share"], p["against_tuned_share"], p["verdict"]) for p in pairs] == [(25, 100, "wins"),
+                                                                                             (100, 25, "wins")]
+    samples = [[dict(zip(seeds, cell)) for cell in row] for row in cells]
+    sides = standing_seeds(pairs[0], samples, m.shares)
+    per_seed = pairs[0]["per_seed"]
+    nearest = min(per_seed, key=lambda k: abs(per_seed[k] - pairs[0]["margin"]))
+    assert sides == {25: int(nearest), 100: int(nearest)}
+    # unpaired (an older file's headline verdict): each side its tuning nearest its cell's figure
+    headline = {"served_share": 25, "against_tuned_share": 100, "verdict": "wins", "margin": 0.1}
+    three = [[{k: rounds for k, rounds in cell.items() if k < 3} for cell in row] for row in samples]
+    assert standing_seeds(headline, three, m.shares) == {25: 2, 100: 2}  # seed 2 (x1.3): the cells' middle
+
+
+def test_a_count_is_given_for_every_model_or_by_model():
+    from sharetune.experiments.share_matrix import per_model
+
+    assert per_model("3", "resnet18") == 3 and per_model(2, "tiny") == 2
+    assert per_model("resnet18=4,5", "resnet18") == 4 and per_model("resnet18=4,5", "transformer") == 5
+    for bad in ("0", "x", "resnet18=", "=4", "resnet18=4,2.5"):
+        with pytest.raises(ValueError, match="positive count"):
+            per_model(bad, "resnet18")
+    with pytest.raises(ValueError, match="no count for transformer"):
+        per_model("resnet18=4", "transformer")
+
+
+def test_launch_facts_by_share_compare_the_same_seeds_same_task():
+    from sharetune.experiments.task_timing import launch_summary, launch_words
+
+    facts = {(25, 0, 0): {"blocks": 16, "threads": 128}, (100, 0, 0): {"blocks": 64, "threads": 128},
+             (25, 0, 1): {"blocks": 32, "threads": 64}, (100, 0, 1): {"blocks": 32, "threads": 64},
+             (25, 1, 0): {"blocks": 8, "threads": 256}, (100, 1, 0): {"blocks": 32, "threads": 64},
+             (50, 0, 0): {"blocks": 32, "threads": 128}, (25, 1, 1): {"blocks": 4}}  # (25, 1, 1): no pair at 100
+    summary = launch_summary(facts)
+    assert summary["shares"] == [25, 50, 100]
+    blocks = summary["blocks"]
+    assert blocks["smallest_vs_largest"] == {"geo_mean_ratio": pytest.approx((0.25 * 1 * 0.25) ** (1 / 3), abs=1e-3),
+                                             "fewer": 2, "same": 1, "more": 0}
+    assert blocks["by_share"]["50"] == 32 and blocks["by_share"]["100"] == pytest.approx((64 * 32 * 32) ** (1 / 3), abs=0.1)
+    assert summary["threads"]["smallest_vs_largest"]["more"] == 1 and "parallel" not in summary
+    words = launch_words(summary)
+    assert words.startswith("tuned kernels' blocks (geometric mean): ") and "(2 fewer, 1 the same, 0 more)" in words
+    m = ShareMatrix.build("m", "gpu", [25, 100], rounds_us=seeded_cells([1.0, 1.2]), launch=summary)
+    assert words in m.table() and m.rederived().launch == summary
+    assert launch_words({"shares": [25]}) is None
+
+
 def test_earlier_files_of_one_tuning_a_cell_still_read():
     from pathlib import Path
 

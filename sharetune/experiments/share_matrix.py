@@ -57,6 +57,7 @@ from sharetune.experiments.share_stats import (NOISE, WINS, Verdict, bootstrap_c
                                                serving_verdicts, tunings_of)
 from sharetune.experiments.share_tunings import (KeptTunings, Replicates, ShareTuning, TuningRun, label,
                                                  tuning_plan)
+from sharetune.experiments.task_timing import launch_words
 from sharetune.stack.local import Stack
 
 TOLERANCE = 0.05
@@ -111,6 +112,55 @@ def shares_from_cores(cores: str | Sequence[int], host_cores: int) -> list[int]:
 
 TRIALS_PER_TASK = 32
 MIN_TRIALS = 256
+
+
+# a matrix run's time on a GPU host, for planning it (bench/share_matrix.py)
+STACK_S = 45.0  # stack start with up to 11 lanes, H200 (bench/results: 23-40 s with 4-8 lanes)
+SERVE_S = 20.0  # one serving process: start, load, 30 rounds of every tuned model
+WHY_S = 120.0  # where a verdict is beyond noise: the tunings' task kernels built and timed at each share
+COMPILE_S = 40.0  # a kept tuning's module compiled again on a later machine (four at once)
+MIN_PER_TASK_FOR_10 = 8  # trials a task that four shares must still give before 10 % is added
+
+
+def plan_budget(shares: str, cores: str | None, device: str, trials: int | None, tunings: int, per_iter: int,
+                n_tasks: int, seconds: float) -> tuple[list[int], int]:
+    """Shares and trials a tuning for one model given `seconds` of a run for it (`tunings` a share): `shares` a
+    list, or "auto" (25, 50, 100, and 10 when four shares still give each task MIN_PER_TASK_FOR_10 trials; on a
+    CPU one core and the whole host), `cores` a CPU run's core counts instead; `trials` given, or what fits."""
+    host = os.cpu_count() or 1
+    if cores:
+        chosen = shares_from_cores(cores, host)
+    elif shares == "auto" and device == "cpu":
+        chosen = shares_from_cores([1, host], host)
+    elif shares == "auto":
+        four = fit_trials(n_tasks, 4 * tunings, seconds - SERVE_S * 4 - 10, per_iter=per_iter)
+        chosen = [10, 25, 50, 100] if four >= MIN_PER_TASK_FOR_10 * n_tasks else [25, 50, 100]
+    else:
+        chosen = parse_shares(shares, device, host)
+    if trials:
+        return chosen, trials
+    fit = fit_trials(n_tasks, len(chosen) * tunings, seconds - SERVE_S * len(chosen) - 10, per_iter=per_iter)
+    # not even one trial a task fits: still try with that much; the deadline records what was skipped
+    return chosen, min(default_trials(n_tasks), max(fit, n_tasks))
+
+
+def per_model(spec: str | int, model: str) -> int:
+    """A count given for every model ("3") or by model ("resnet18=4,5": 4 for resnet18, 5 for the others);
+    ValueError naming the problem otherwise."""
+    default, named = None, {}
+    for part in str(spec).split(","):
+        name, eq, value = part.strip().rpartition("=")
+        if not value.strip().isdigit() or int(value) < 1 or (eq and not name.strip()):
+            raise ValueError(f"{spec!r}: expected a positive count, or model=count pairs and one bare count")
+        if eq:
+            named[name.strip()] = int(value)
+        else:
+            default = int(value)
+    if model in named:
+        return named[model]
+    if default is None:
+        raise ValueError(f"{spec!r} gives no count for {model} (add a bare count for the other models)")
+    return default
 
 
 def default_trials(n_tasks: int) -> int:
@@ -251,19 +301,25 @@ def diagonal_wins(shares: list[int], latency_us: Matrix, ci95_us: list[list[Inte
     return out
 
 
-def cross_costs(shares: list[int], latency_us: Matrix, ci95_us: list[list[Interval | None]]) -> dict[str, list[dict]]:
+def cross_costs(shares: list[int], latency_us: Matrix, ci95_us: list[list[Interval | None]],
+                verdicts: list[dict] | None = None) -> dict[str, list[dict]]:
     """What a mismatch costs. `serve_full`: each model tuned at a smaller share served at the largest
     share, against the model tuned there; `tuned_full`: the model tuned at the largest share served at each
     smaller share, against the model tuned at that share. slowdown > 1: the mismatch is slower;
-    `separated` says whether the two cells' intervals separate (else the difference is noise)."""
+    `separated` says whether the difference is beyond noise: by the serving verdict's comparison of the two
+    (paired by seed where it could be) when `verdicts` are given, else by the two cells' intervals."""
     full = len(shares) - 1
+    compared = {(c["tuned_share"], v["served_share"]): c["verdict"] for v in verdicts or [] for c in v.get("against", [])}
 
     def cost(t: int, s: int, ref: int) -> dict:
         a, b = latency_us[t][s], latency_us[ref][s]
         ok = _ok(a) and _ok(b)
-        verdict = compare(ci95_us[t][s], ci95_us[ref][s]) if ok else None
+        if (shares[t], shares[s]) in compared and ref == s:
+            separated = ok and compared[(shares[t], shares[s])] in ("wins", "loses")
+        else:
+            separated = ok and compare(ci95_us[t][s], ci95_us[ref][s]) in (True, False)
         return {"tuned_share": shares[t], "served_share": shares[s], "reference_tuned_share": shares[ref],
-                "slowdown": a / b if ok else None, "separated": verdict in (True, False)}
+                "slowdown": a / b if ok else None, "separated": separated}
 
     return {"serve_full": [cost(t, full, full) for t in range(full)],
             "tuned_full": [cost(full, s, s) for s in range(full)]}
@@ -302,6 +358,7 @@ class ShareMatrix(BaseModel):
     intervals: str | None = None  # what ci95_us covers, in words
     tunings: list[list[int]] = []  # [tuned][served]: how many tunings (search seeds) the cell's figure has
     rounds_us: TuningRounds | None = None  # [tuned][served][tuning]: each serving round's figure
+    seeds_us: list[list[list[int]]] | None = None  # [tuned][served]: the search seed of each of rounds_us' tunings
     normalised: Matrix = []
     tolerance: float = TOLERANCE
     recommended_share: int | None = None
@@ -312,6 +369,7 @@ class ShareMatrix(BaseModel):
     verdicts: list[dict[str, Any]] = []  # per served share: share_stats.serving_verdict
     advice: dict[str, Any] = {}  # recommended share, knee, cross costs (cross_costs), per serving share (serving)
     why: list[dict[str, Any]] = []  # per served share beyond noise: each task's kernels (task_timing.task_picture)
+    launch: dict[str, Any] = {}  # how the tuned kernels launch by tuning share (task_timing.launch_summary)
     errors: dict[str, str] = {}  # "tuned@served" or "tuned@*" -> why the cell is empty
     info: dict[str, Any] = Field(default_factory=dict)  # jobs, trials, timings, device facts
 
@@ -332,10 +390,12 @@ class ShareMatrix(BaseModel):
     @classmethod
     def build(cls, model: str, device: str, shares: list[int], latency_us: Matrix | None = None,
               tolerance: float = TOLERANCE, rounds_us: list | None = None,
-              ci95_us: list[list[Interval | None]] | None = None, **extra) -> "ShareMatrix":
+              ci95_us: list[list[Interval | None]] | None = None, seeds_us: list | None = None,
+              **extra) -> "ShareMatrix":
         """Everything derived from the latencies (None: each cell's figure from `rounds_us`); intervals and
         verdicts from `rounds_us` ([tuned][served][tuning][round], or one tuning's [tuned][served][round])
-        unless intervals are given."""
+        unless intervals are given; `seeds_us` ([tuned][served]: each tuning's search seed) pairs the verdicts'
+        margins by seed."""
         rounds = as_tuning_rounds(rounds_us)
         if latency_us is None:
             latency_us = [[cell_figure(cell) for cell in row] for row in rounds or []]
@@ -347,17 +407,33 @@ class ShareMatrix(BaseModel):
                    for t, row in enumerate(latency_us)]
         recommended, rows = robust_choice(shares, latency_us, tolerance)
         knee_share = knee(shares, latency_us, tolerance)
-        verdicts = serving_verdicts(shares, rounds) if rounds else []
+        verdicts = serving_verdicts(shares, rounds, seeds_us) if rounds else []
         wins = ({str(v["served_share"]): WINS[v["verdict"]] for v in verdicts} if verdicts
                 else diagonal_wins(shares, latency_us, ci95_us))
         advice = {"recommended_share": recommended, "knee_share": knee_share,
-                  **cross_costs(shares, latency_us, ci95_us), "serving": serving_advice(verdicts, recommended)}
+                  **cross_costs(shares, latency_us, ci95_us, verdicts), "serving": serving_advice(verdicts, recommended)}
         return cls(model=model, device=device, shares=shares, latency_us=latency_us, ci95_us=ci95_us,
                    intervals=intervals_statement(max((n for row in tunings for n in row), default=0)),
-                   tunings=tunings, rounds_us=rounds, normalised=normalise(latency_us), tolerance=tolerance,
+                   tunings=tunings, rounds_us=rounds, seeds_us=seeds_us, normalised=normalise(latency_us),
+                   tolerance=tolerance,
                    recommended_share=recommended, knee_share=knee_share, rows=rows,
                    diagonal=diagonal_report(shares, latency_us), diagonal_wins=wins, verdicts=verdicts,
                    advice=advice, **extra)
+
+    def rederived(self) -> "ShareMatrix":
+        """The same matrix with every figure, interval and verdict derived again from its serving rounds (by
+        this code's statistics); a file written before seeds were recorded gets them from info["seeds"] where
+        every cell holds one tuning of each. Without rounds, itself."""
+        if not self.rounds_us:
+            return self
+        seeds = self.seeds_us
+        known = self.info.get("seeds") or []
+        if seeds is None and known and all(len(cell) == len(known) for row in self.rounds_us for cell in row):
+            seeds = [[list(known) for _ in row] for row in self.rounds_us]
+        kept = self.model_dump(include={"cores", "tasks_tuned", "trials_per_share", "tolerance", "why", "launch",
+                                        "errors", "info"})
+        return ShareMatrix.build(self.model, self.device, self.shares, rounds_us=self.rounds_us, seeds_us=seeds,
+                                 **kept)
 
     @property
     def complete(self) -> bool:
@@ -403,6 +479,7 @@ class ShareMatrix(BaseModel):
                 cells.append(f"{v:.1f}{band} ({self.normalised[t][s]:4.2f}){n}" if v is not None else "failed")
             lines.append(f"{label[t]:<16}" + "".join(f"{c:>{width}}" for c in cells))
         lines += self.advice_lines() + self.verdict_lines() + self.why_lines()
+        lines += [w for w in [launch_words(self.launch)] if w] if self.launch else []
         lines += [f"failed {key}: {err}" for key, err in self.errors.items()]
         return "\n".join(lines)
 
@@ -565,9 +642,14 @@ class MatrixCells:
         """[tuned][served][tuning]: each served tuning's rounds, by seed."""
         return [[[cell[seed] for seed in sorted(cell)] for cell in row] for row in self.samples]
 
+    def cell_seeds(self) -> list[list[list[int]]]:
+        """[tuned][served]: the seeds of rounds()' tunings, in its order."""
+        return [[sorted(cell) for cell in row] for row in self.samples]
+
     def matrix(self, model: str, device: str, about: dict, info: dict, checked_against_torch: bool) -> ShareMatrix:
         """The matrix so far; `about`: ShareMatrix's other fields, `info`: the run's facts."""
-        return ShareMatrix.build(model, device, self.shares, rounds_us=self.rounds(), errors=dict(self.errors),
+        return ShareMatrix.build(model, device, self.shares, rounds_us=self.rounds(), seeds_us=self.cell_seeds(),
+                                 errors=dict(self.errors),
                                  **about, info={**info, "max_abs_err_vs_torch": self.max_err if checked_against_torch
                                                 else None})
 
@@ -642,13 +724,16 @@ def run_matrix(client, model: Any, shares: list[int], placement: Placement, work
             "target": placement.kind.target_kind, "serve_rounds": serving.rounds}
 
     def snapshot() -> ShareMatrix:
-        report = cells.matrix(name, device, about, {"jobs": dict(tunings.jobs), **info}, reference_path is not None)
+        report = cells.matrix(name, device, about | {"launch": launch}, {"jobs": dict(tunings.jobs), **info},
+                              reference_path is not None)
         report.errors.update(tunings.errors)
         return report
 
     report_partial = (lambda: on_partial(snapshot())) if on_partial else (lambda: None)
     plan = tuning_plan(shares, replicates.seeds)
+    launch: dict = {}
     tunings.run(plan, replicates.resume, (deadline, serve_reserve_s), report_partial)
+    launch.update(tuned_launch(tunings, tunings.tuning.say))
     if serving.only_complete and len(tunings.tuned) < len(plan):
         tunings.tuning.say(f"{len(tunings.tuned)} of {len(plan)} tunings kept: served once the rest are (--resume)")
         return snapshot()
@@ -659,6 +744,17 @@ def run_matrix(client, model: Any, shares: list[int], placement: Placement, work
     if serving.why and modules:
         report.why = why_it_differs(report, cells.samples, tunings, placement, (work_dir, inputs_path))
     return report
+
+
+def tuned_launch(tunings: TuningRun, say: Callable[[str], None]) -> dict:
+    """launch_summary of the finished tunings' kernels (nothing built); {} when it cannot be read, said so."""
+    from sharetune.experiments.task_timing import kept_launch_facts, launch_summary
+
+    try:
+        return launch_summary(kept_launch_facts([tunings.kept.database(k.key) for k in tunings.tuned.values()]))
+    except Exception as err:  # noqa: BLE001 - a summary lost must not lose the matrix
+        say(f"launch facts not read: {type(err).__name__}: {err}")
+        return {}
 
 
 def serve_every_share(cells: MatrixCells, modules: dict[str, str], placement: Placement,
@@ -693,24 +789,48 @@ def served_modules(tunings: TuningRun, relax_mod, compiled_dir: Path) -> dict[st
             if kept.key in by_key}
 
 
+def beyond_noise(report: ShareMatrix) -> list[dict]:
+    """Every comparison of a serving share's verdicts whose margin is beyond noise: the tuning at the serving
+    share against one other tuning share (served_share, against_tuned_share, verdict, margin, margin_ci95,
+    method, per_seed when paired)."""
+    out = []
+    for v in report.verdicts:
+        pairs = [{**c, "against_tuned_share": c["tuned_share"]} for c in v.get("against") or []
+                 if c["verdict"] in ("wins", "loses")]
+        if v["verdict"] in ("wins", "loses") and v["against_tuned_share"] not in {c["tuned_share"] for c in pairs}:
+            pairs.append({k: v.get(k) for k in ("verdict", "margin", "margin_ci95", "against_tuned_share", "method")})
+        out += [{"served_share": v["served_share"], **{k: c.get(k) for k in (
+            "against_tuned_share", "verdict", "margin", "margin_ci95", "method", "per_seed")}} for c in pairs]
+    return out
+
+
+def standing_seeds(pair: dict, samples: list[list[dict[int, list[float]]]], shares: list[int]) -> dict[int, int | None]:
+    """The tuning that stands for each side of a pair beyond noise: paired by seed, one seed for both sides, the
+    one whose own margin is nearest the pair's (the share's effect with the search's luck held fixed); else each
+    side's tuning nearest its cell's figure."""
+    from sharetune.experiments.task_timing import nearest_tuning
+
+    served, other = pair["served_share"], pair["against_tuned_share"]
+    if pair.get("per_seed"):
+        seed = int(min(pair["per_seed"], key=lambda k: abs(pair["per_seed"][k] - pair["margin"])))
+        return {served: seed, other: seed}
+    s = shares.index(served)
+    return {p: nearest_tuning(list(samples[t][s].values()), list(samples[t][s]))
+            for p in (served, other) for t in [shares.index(p)]}
+
+
 def why_it_differs(report: ShareMatrix, samples: list[list[dict[int, list[float]]]], tunings: TuningRun,
                    placement: Placement, where: tuple[Path, Path], kernel_rounds: int = 10) -> list[dict]:
-    """For each serving share whose verdict is beyond noise: the tuning there and the one it is against, each
-    share stood for by its tuning nearest the cell's figure (`samples[t][s]`: each seed's rounds); their task
-    kernels built (once a tuning, a child process each) and timed at every share in a fresh process there; each
-    task's figures and what differs between the two schedules (task_timing.task_picture). `where`: the work
-    dir and the inputs file."""
-    from sharetune.experiments.task_timing import build_all, nearest_tuning, task_picture
+    """For each comparison beyond noise (beyond_noise): the tuning at the serving share and the one it is against,
+    each side stood for by one tuning (standing_seeds; `samples[t][s]`: each seed's rounds); their task kernels
+    built (once a tuning, a child process each) and timed at every share in a fresh process there; each task's
+    figures and what differs between the two schedules (task_timing.task_picture). `where`: the work dir and
+    the inputs file."""
+    from sharetune.experiments.task_timing import build_all, task_picture
 
-    beyond = [v for v in report.verdicts if v["verdict"] in ("wins", "loses")]
-    sides = {}  # served share -> {tuning share: the seed that stands for it}
-    for v in beyond:
-        s = report.shares.index(v["served_share"])
-        sides[v["served_share"]] = {p: nearest_tuning(list(samples[t][s].values()), list(samples[t][s]))
-                                    for p in (v["served_share"], v["against_tuned_share"])
-                                    for t in [report.shares.index(p)]}
+    pairs = [(pair, standing_seeds(pair, samples, report.shares)) for pair in beyond_noise(report)]
     tuned = tunings.tuned
-    needed = {(p, seed) for pair in sides.values() for p, seed in pair.items() if (p, seed) in tuned}
+    needed = {(p, seed) for _, sides in pairs for p, seed in sides.items() if (p, seed) in tuned}
     if not needed:
         return []
     t0 = time.time()
@@ -722,16 +842,15 @@ def why_it_differs(report: ShareMatrix, samples: list[list[dict[int, list[float]
         timed[served], errors = got.kernel_us, {**errors, **got.kernel_errors}
     tunings.tuning.say(f"task kernels of {len(needed)} tuning(s) built and timed in {time.time() - t0:.0f} s")
     out = []
-    for v in beyond:
-        pair = sides[v["served_share"]]
-        if not all((p, seed) in tuned and label(p, seed) in folders for p, seed in pair.items()):
+    for pair, sides in pairs:
+        if not all((p, seed) in tuned and label(p, seed) in folders for p, seed in sides.items()):
             continue
-        manifests = {p: json.loads((folders[label(p, seed)] / "kernels.json").read_text()) for p, seed in pair.items()}
-        served = [v["served_share"]] + [p for p in report.shares if p != v["served_share"]]
-        picture = task_picture(tuned[next(iter(pair.items()))].tasks, served, manifests,
-                               {s: {p: timed[s].get(label(p, seed), {}) for p, seed in pair.items()} for s in served})
-        out.append({k: v[k] for k in ("served_share", "verdict", "margin", "margin_ci95", "against_tuned_share")}
-                   | {"seeds": {str(p): seed for p, seed in pair.items()}, "tasks": picture, "errors": errors})
+        manifests = {p: json.loads((folders[label(p, seed)] / "kernels.json").read_text()) for p, seed in sides.items()}
+        served = [pair["served_share"]] + [p for p in report.shares if p != pair["served_share"]]
+        picture = task_picture(tuned[next(iter(sides.items()))].tasks, served, manifests,
+                               {s: {p: timed[s].get(label(p, seed), {}) for p, seed in sides.items()} for s in served})
+        out.append({k: pair[k] for k in ("served_share", "verdict", "margin", "margin_ci95", "against_tuned_share")}
+                   | {"seeds": {str(p): seed for p, seed in sides.items()}, "tasks": picture, "errors": errors})
     return out
 
 
@@ -818,6 +937,20 @@ def read_matrices(path) -> list[ShareMatrix]:
     """The matrices of a result JSON (one model's, or several under "matrices")."""
     body = json.loads(Path(path).read_text())
     return [ShareMatrix.model_validate(m) for m in body.get("matrices", [body])]
+
+
+def merge_matrices(paths: list, kept: str | Path | None = None) -> list[ShareMatrix]:
+    """The matrices of several result files joined (a model in a later file replaces it), each derived again
+    from its serving rounds (ShareMatrix.rederived); with `kept` (a KeptTunings folder) each one's tuned kernels'
+    launch facts by share from its kept tunings (task_timing.launch_summary: no GPU, nothing is built)."""
+    from sharetune.experiments.share_tunings import tuning_key
+    from sharetune.experiments.task_timing import kept_launch_facts, launch_summary
+
+    merged = {m.model: m.rederived() for p in paths for m in read_matrices(p)}
+    for m in merged.values() if kept else []:
+        keys = [tuning_key(m.model, p, seed, m.trials_per_share) for p in m.shares for seed in m.info.get("seeds", [])]
+        m.launch = launch_summary(kept_launch_facts([Path(kept) / k for k in keys]))
+    return list(merged.values())
 
 
 def earlier_reports(path: Path) -> dict[str, ShareMatrix]:

@@ -104,6 +104,69 @@ def schedule_differences(a: dict | None, b: dict | None) -> list[str]:
 # ---- the picture (pure) -----------------------------------------------------------------------------------
 
 
+LAUNCH_KEYS = ("blocks", "threads", "parallel", "vector", "unroll")  # what launch_summary compares
+
+
+def launch_summary(facts: dict[tuple[int, int, int], dict[str, int]]) -> dict:
+    """How a model's tuned kernels launch by tuning share, from each tuned task's launch facts (`facts`: (tuning
+    share, seed, workload index) -> launch_facts). Per fact (blocks, threads, ...): `by_share` its geometric mean
+    over every tuning of that share; `smallest_vs_largest` the same seed's same task tuned at the smallest share
+    over tuned at the largest: geometric mean ratio and how many are fewer, the same, more (the search's luck
+    held fixed, so the ratio is the share's)."""
+    shares = sorted({k[0] for k in facts})
+    out: dict = {"shares": shares}
+    for key in LAUNCH_KEYS:
+        per = {p: [f[key] for (q, _, _), f in facts.items() if q == p and f.get(key)] for p in shares}
+        if not any(per.values()):
+            continue
+        geo = {str(p): round(math.exp(sum(map(math.log, v)) / len(v)), 1) if v else None for p, v in per.items()}
+        lo, hi = shares[0], shares[-1]
+        ratios = [facts[(lo, seed, w)][key] / facts[(hi, seed, w)][key] for (p, seed, w) in facts
+                  if p == lo and facts[(lo, seed, w)].get(key) and (facts.get((hi, seed, w)) or {}).get(key)]
+        pair = {"geo_mean_ratio": round(math.exp(sum(map(math.log, ratios)) / len(ratios)), 3) if ratios else None,
+                "fewer": sum(r < 1 for r in ratios), "same": sum(r == 1 for r in ratios),
+                "more": sum(r > 1 for r in ratios)}
+        out[key] = {"by_share": geo, "smallest_vs_largest": pair}
+    return out
+
+
+def launch_words(summary: dict) -> str | None:
+    """launch_summary in a line: the grid (blocks, else parallel extent) by tuning share and the paired ratio."""
+    key = next((k for k in ("blocks", "parallel") if k in summary), None)
+    if key is None or len(summary["shares"]) < 2:
+        return None
+    by, pair = summary[key]["by_share"], summary[key]["smallest_vs_largest"]
+    lo, hi = summary["shares"][0], summary["shares"][-1]
+    spread = ", ".join(f"{by[str(p)]:g} at {p} %" for p in summary["shares"] if by.get(str(p)) is not None)
+    if pair["geo_mean_ratio"] is None:
+        return f"tuned kernels' {key} (geometric mean): {spread}"
+    return (f"tuned kernels' {key} (geometric mean): {spread}; the same seed's task tuned at {lo} % over at {hi} %: "
+            f"{pair['geo_mean_ratio']:.2f}x ({pair['fewer']} fewer, {pair['same']} the same, {pair['more']} more)")
+
+
+def kept_launch_facts(folders: list[Path]) -> dict[tuple[int, int, int], dict[str, int]]:
+    """Each kept tuning's (share_tunings.KeptTunings folder: tuning.json and its database) tuned tasks' launch facts,
+    its records' traces applied, nothing built: (share, seed, workload index) -> launch_facts. A folder without
+    its files is left out."""
+    import tvm
+    from tvm.s_tir import meta_schedule as ms
+
+    out = {}
+    for db in map(Path, folders):
+        files = [db / name for name in ("tuning.json", "database_workload.json", "database_tuning_record.json")]
+        if not all(f.is_file() for f in files):
+            continue
+        tuning = json.loads(files[0].read_text())
+        records = dict(json.loads(line) for line in files[2].read_text().splitlines() if line.strip())
+        for index, line in enumerate(files[1].read_text().splitlines()):
+            if index in records:
+                workload = ms.database.Workload.from_json(json.loads(line))
+                sch = tvm.s_tir.Schedule(workload.mod)
+                ms.database.TuningRecord.from_json(records[index], workload).trace.apply_to_schedule(sch, False)
+                out[(tuning["share"], tuning["seed"], index)] = launch_facts(sch.mod.script())
+    return out
+
+
 def nearest_tuning(cell: list[list[float]], seeds: list[int]) -> int | None:
     """The seed of the cell's tuning whose median is nearest the cell's figure (the median over its tunings):
     the tuning that stands for its share in the per-task picture."""
