@@ -67,7 +67,8 @@ def test_where_a_verdict_is_beyond_noise_each_task_is_timed_at_each_share_and_it
 
     work, m = RESUMED["work"], cpu_matrix.model_copy(deep=True)
     a, b = m.shares
-    m.verdicts = [{**m.verdicts[0], "verdict": "wins", "against_tuned_share": b}, {**m.verdicts[1], "verdict": NOISE}]
+    m.verdicts = [{**m.verdicts[0], "verdict": "wins", "against_tuned_share": b, "against": []},
+                  {**m.verdicts[1], "verdict": NOISE, "against": []}]
     run = TuningRun(ShareTuning("tiny", None, 4, "", 0.0, None, print), KeptTunings(work / "tunings"))
     run.tuned = {(p, seed): run.kept.get(tuning_key("tiny", p, seed, 4)) for p in m.shares for seed in (0, 1)}
     samples = [[dict(enumerate(cell)) for cell in row] for row in m.rounds_us]  # every cell has seeds 0 and 1

@@ -710,7 +710,6 @@ def run_matrix(client, model: Any, shares: list[int], placement: Placement, work
     about = {"tasks_tuned": len(only_tasks) if only_tasks else "all", "trials_per_share": trials,
              "cores": [len(placement.lane(p).cores) for p in shares] if placement.kind.runs_on_host_cores else None}
     from sharetune.intake import to_relax
-
     relax_mod = to_relax(model, example_inputs).mod  # once, not once per tuning (torch.export takes seconds)
     # no untuned baseline: the matrix compares tuned models only, and each compile costs ~20 s on a GPU host;
     # isolated: each tuning searches from an empty store, so tunings are replicates, not a search continued
@@ -724,16 +723,14 @@ def run_matrix(client, model: Any, shares: list[int], placement: Placement, work
             "target": placement.kind.target_kind, "serve_rounds": serving.rounds}
 
     def snapshot() -> ShareMatrix:
-        report = cells.matrix(name, device, about | {"launch": launch}, {"jobs": dict(tunings.jobs), **info},
-                              reference_path is not None)
+        report = cells.matrix(name, device, about, {"jobs": dict(tunings.jobs), **info}, reference_path is not None)
         report.errors.update(tunings.errors)
         return report
 
     report_partial = (lambda: on_partial(snapshot())) if on_partial else (lambda: None)
     plan = tuning_plan(shares, replicates.seeds)
-    launch: dict = {}
     tunings.run(plan, replicates.resume, (deadline, serve_reserve_s), report_partial)
-    launch.update(tuned_launch(tunings, tunings.tuning.say))
+    about["launch"] = tuned_launch(tunings, tunings.tuning.say)  # the kernels' launch facts by share (no GPU)
     if serving.only_complete and len(tunings.tuned) < len(plan):
         tunings.tuning.say(f"{len(tunings.tuned)} of {len(plan)} tunings kept: served once the rest are (--resume)")
         return snapshot()
