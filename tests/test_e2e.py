@@ -237,7 +237,10 @@ def test_the_result_counts_how_candidates_were_timed(tuned_tiny, redis_conn):
     mine = [r for t in store.job_tasks(redis_conn, tuned_tiny.job_id) for r in store.records(redis_conn, t.wkey)
             if r.job_id == tuned_tiny.job_id and store.valid_record(r)]
     assert sum(res.timings.values()) == len(mine) > 0
-    assert res.timings["brief"] == sum(r.timing == "brief" for r in mine)
+    # a later job of this module on the same workloads may time one of these records fully (its exported best):
+    # a brief timing can become full since the result was written, never the other way
+    brief_now = sum(r.timing == "brief" for r in mine)
+    assert brief_now <= res.timings["brief"] and res.timings["full"] <= len(mine) - brief_now
     assert timing_line(res).startswith(f"timing: {res.timings['full']} candidates timed fully")
 
 
