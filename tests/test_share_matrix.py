@@ -460,6 +460,17 @@ def test_launch_facts_by_share_compare_the_same_seeds_same_task():
     assert launch_words({"shares": [25]}) is None
 
 
+def test_the_report_says_what_a_matrix_says_and_nothing_for_a_bare_table():
+    from sharetune.experiments.report import matrix_said
+
+    m = ShareMatrix.build("resnet18", "gpu", [25, 100], rounds_us=seeded_cells([1.0, 1.45, 1.3, 1.1]),
+                          seeds_us=[[[0, 1, 2, 3]] * 2] * 2)
+    said = matrix_said(json.loads(m.model_dump_json()))
+    assert said == m.said() and any("tuning here wins by" in line and "(paired by seed)" in line for line in said)
+    assert said[0].startswith("recommended tuning share: ")
+    assert matrix_said({"model": "tiny", "shares": [25, 100], "latency_us": [[1.0, 2.0], [3.0, 4.0]]}) == []
+
+
 def test_earlier_files_of_one_tuning_a_cell_still_read():
     from pathlib import Path
 

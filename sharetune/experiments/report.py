@@ -158,6 +158,19 @@ def matrix_rows(matrix: dict) -> list[dict]:
     return rows
 
 
+def matrix_said(matrix: dict) -> list[str]:
+    """What a `sharetune matrix` result says in words (ShareMatrix.said), its verdicts derived again from its
+    serving rounds; nothing for a bare table of latencies."""
+    from pydantic import ValidationError
+
+    from sharetune.experiments.share_matrix import ShareMatrix
+
+    try:
+        return ShareMatrix.model_validate(matrix).rederived().said()
+    except ValidationError:
+        return []
+
+
 # ---- page --------------------------------------------------------------------------------------------
 
 
@@ -194,7 +207,7 @@ def render_html(data: dict, matrix: dict | None = None) -> str:
         estimate=fmt_us(data["job_curve"][-1]["est_us"] if data["job_curve"] else None),
         split=", ".join(f"{k} {v} s" for k, v in (res.get("time_split_s") or {}).items()),
         accounting=accounting_line(data.get("accounting")),
-        matrix={"shares": matrix["shares"], "rows": matrix_rows(matrix)} if matrix else None)
+        matrix={"shares": matrix["shares"], "rows": matrix_rows(matrix), "said": matrix_said(matrix)} if matrix else None)
 
 
 def find_matrix(r, job_id: str) -> Path | None:

@@ -478,10 +478,13 @@ class ShareMatrix(BaseModel):
                 n = f" n{self.tunings[t][s]}" if self.tunings and self.tunings[t][s] > 1 else ""
                 cells.append(f"{v:.1f}{band} ({self.normalised[t][s]:4.2f}){n}" if v is not None else "failed")
             lines.append(f"{label[t]:<16}" + "".join(f"{c:>{width}}" for c in cells))
-        lines += self.advice_lines() + self.verdict_lines() + self.why_lines()
-        lines += [w for w in [launch_words(self.launch)] if w] if self.launch else []
-        lines += [f"failed {key}: {err}" for key, err in self.errors.items()]
+        lines += self.said() + [f"failed {key}: {err}" for key, err in self.errors.items()]
         return "\n".join(lines)
+
+    def said(self) -> list[str]:
+        """What the matrix says in words: advice, verdicts, why, the kernels' launch by share."""
+        launch = [w for w in [launch_words(self.launch)] if w] if self.launch else []
+        return self.advice_lines() + self.verdict_lines() + self.why_lines() + launch
 
     def why_lines(self, top: int = 3) -> list[str]:
         """Where a verdict is beyond noise, the tasks that make most of the gap, with what differs."""
