@@ -635,9 +635,10 @@ command("matrix", "tune at each share, serve at every share: the latency matrix\
         click.option("--cores", help="CPU only, instead of --shares: core counts, e.g. 1,2"),
         click.option("--device", type=click.Choice(["cpu", "gpu"]), default="cpu", show_default=True),
         click.option("--trials", type=int, help="trial budget of each tuning job (default 32 x tasks, at least 256)"),
-        click.option("--tunings", type=int, default=1, show_default=True,
+        click.option("--tunings", type=int, default=3, show_default=True,
                      help="tunings a share, each an isolated job of its own search seed: the intervals cover the "
-                          "spread between them (3 or more for a verdict that holds beyond one search)"),
+                          "spread between them and the verdicts compare the shares within each seed (1: one "
+                          "search, a verdict about those tuned modules only)"),
         click.option("--seed", type=int, default=0, show_default=True, help="the first tuning's seed (then +1, +2, ...)"),
         click.option("--resume", is_flag=True,
                      help="keep the tunings an earlier run finished (WORK_DIR/serve/tunings, by model, share, seed "
