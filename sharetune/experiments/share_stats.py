@@ -12,7 +12,7 @@ search seed each), that tuned model's serving rounds at the column's share:
   one lies below 0, else "within noise" (no claim); each comparison's own verdict is kept too (`against`);
 * the margin's interval, where the two cells share at least two search seeds: paired by seed. A seed's tunings
   at different shares start from the same random draws, and the seed moves a tuned model's latency more than
-  the share does (ResNet-18 on an H100: seed 1's tunings 30-45 % slower than seed 0's at every share), so the
+  the share does (ResNet-18 on an H100, served at 100 %: seed 1's tunings 44-52 % slower than seed 0's), so the
   share's effect is read within each seed: per seed the log of other / diagonal (each tuning's median round),
   their mean and its Student t interval over the seeds (few seeds give wide intervals: t = 4.3 for three).
   Cells without two common seeds: the two cells' hierarchical resamples drawn independently;
