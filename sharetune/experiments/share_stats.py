@@ -43,16 +43,16 @@ def intervals_statement(max_tunings: int) -> str:
             "module per cell; the spread between tuning runs (search seed) is not sampled")
 
 
-def _tunings(cell: Cell | None):
-    """The cell's tunings as arrays of finite figures; tunings without one left out."""
+def _finite(rounds):
+    """One tuning's rounds as an array of its finite figures."""
     import numpy as np
 
-    out = []
-    for rounds in cell or []:
-        x = np.asarray([v for v in rounds if v is not None and math.isfinite(v)], dtype=float)
-        if x.size:
-            out.append(x)
-    return out
+    return np.asarray([v for v in rounds if v is not None and math.isfinite(v)], dtype=float)
+
+
+def _tunings(cell: Cell | None):
+    """The cell's tunings as arrays of finite figures; tunings without one left out."""
+    return [x for x in map(_finite, cell or []) if x.size]
 
 
 def cell_figure(cell: Cell | None) -> float | None:
@@ -142,9 +142,7 @@ def paired_margin(diagonal: Cell | None, other: Cell | None, diagonal_seeds: Seq
     import numpy as np
 
     def by_seed(cell, seeds):
-        meds = [float(np.median(x)) if x.size else None
-                for x in (np.asarray([v for v in r if v is not None and math.isfinite(v)], dtype=float)
-                          for r in cell or [])]
+        meds = [float(np.median(x)) if x.size else None for x in map(_finite, cell or [])]
         return {seed: m for seed, m in zip(seeds, meds) if m is not None and m > 0}
 
     d, o = by_seed(diagonal, diagonal_seeds), by_seed(other, other_seeds)

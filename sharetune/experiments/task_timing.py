@@ -144,26 +144,42 @@ def launch_words(summary: dict) -> str | None:
             f"{pair['geo_mean_ratio']:.2f}x ({pair['fewer']} fewer, {pair['same']} the same, {pair['more']} more)")
 
 
+def kept_database(db_dir: str | Path) -> tuple[dict[int, list], list[str]]:
+    """A kept tuning's JSON database (at most one record a workload): its records by workload index, and its
+    workloads' lines in index order."""
+    db_dir = Path(db_dir)
+    records = dict(json.loads(line) for line in (db_dir / "database_tuning_record.json").read_text().splitlines()
+                   if line.strip())
+    return records, (db_dir / "database_workload.json").read_text().splitlines()
+
+
+def applied(workload, record: list):
+    """The workload's module scheduled by a record's trace (TVM's JSON record of that workload)."""
+    import tvm
+    from tvm.s_tir import meta_schedule as ms
+
+    sch = tvm.s_tir.Schedule(workload.mod)
+    ms.database.TuningRecord.from_json(record, workload).trace.apply_to_schedule(sch, False)
+    return sch.mod
+
+
 def kept_launch_facts(folders: list[Path]) -> dict[tuple[int, int, int], dict[str, int]]:
     """Each kept tuning's (share_tunings.KeptTunings folder: tuning.json and its database) tuned tasks' launch facts,
     its records' traces applied, nothing built: (share, seed, workload index) -> launch_facts. A folder without
     its files is left out."""
-    import tvm
     from tvm.s_tir import meta_schedule as ms
 
     out = {}
     for db in map(Path, folders):
-        files = [db / name for name in ("tuning.json", "database_workload.json", "database_tuning_record.json")]
-        if not all(f.is_file() for f in files):
+        if not all((db / name).is_file() for name in ("tuning.json", "database_workload.json",
+                                                      "database_tuning_record.json")):
             continue
-        tuning = json.loads(files[0].read_text())
-        records = dict(json.loads(line) for line in files[2].read_text().splitlines() if line.strip())
-        for index, line in enumerate(files[1].read_text().splitlines()):
+        tuning = json.loads((db / "tuning.json").read_text())
+        records, workloads = kept_database(db)
+        for index, line in enumerate(workloads):
             if index in records:
-                workload = ms.database.Workload.from_json(json.loads(line))
-                sch = tvm.s_tir.Schedule(workload.mod)
-                ms.database.TuningRecord.from_json(records[index], workload).trace.apply_to_schedule(sch, False)
-                out[(tuning["share"], tuning["seed"], index)] = launch_facts(sch.mod.script())
+                mod = applied(ms.database.Workload.from_json(json.loads(line)), records[index])
+                out[(tuning["share"], tuning["seed"], index)] = launch_facts(mod.script())
     return out
 
 
@@ -211,27 +227,21 @@ def build_kernels(db_dir: str | Path, out_dir: str | Path, target_json: str) -> 
     out_dir/w<index>.so for `target_json`: its record's schedule, or its default where it has none (the tuned model
     runs that one too); writes and returns kernels.json: {"kernels": {index: {file, args_info, schedule ("tuned" |
     "default"), launch, decisions}}, "errors": {index: why}}."""
-    import tvm
     from tvm.s_tir import meta_schedule as ms
 
     from services.tuner.metaschedule.defaults import default_module
     from services.tuner.metaschedule.ir_codec import target_from_json
 
-    db_dir, out_dir, target = Path(db_dir), Path(out_dir), target_from_json(target_json)
+    out_dir, target = Path(out_dir), target_from_json(target_json)
     out_dir.mkdir(parents=True, exist_ok=True)
-    records = {}
-    for line in (db_dir / "database_tuning_record.json").read_text().splitlines():
-        if line.strip():
-            index, record = json.loads(line)
-            records[index] = record
+    records, workloads = kept_database(db_dir)
     out: dict = {"kernels": {}, "errors": {}}
-    for index, line in enumerate((db_dir / "database_workload.json").read_text().splitlines()):
+    for index, line in enumerate(workloads):
         try:
             workload = ms.database.Workload.from_json(json.loads(line))
             if index in records:
-                sch = tvm.s_tir.Schedule(workload.mod)
-                ms.database.TuningRecord.from_json(records[index], workload).trace.apply_to_schedule(sch, False)
-                mod, args, decisions = sch.mod, records[index][3], trace_decisions(records[index][0])
+                record = records[index]
+                mod, args, decisions = applied(workload, record), record[3], trace_decisions(record[0])
             else:
                 mod, decisions = default_module(workload.mod, target), None
                 args = [a.as_json() for a in ms.arg_info.ArgInfo.from_entry_func(workload.mod, remove_preproc=True)]
