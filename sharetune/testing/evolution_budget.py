@@ -8,7 +8,8 @@ fresh state (no measured parents: the stock traces come from stock's design spac
 report is its search CPU and the judge's view of what it proposed (the mean judged score of its proposals and of
 their best eight; scores are the XGB ranking's, higher is faster), and how many of the default's proposals it
 shares. It says which budget cuts could keep a round's proposals; only a GPU run says whether the tuned model
-keeps its latency (sharetune.testing.settings_ab, SHARETUNE_SEARCH_POPULATION / SHARETUNE_SEARCH_GENERATIONS).
+keeps its latency (sharetune.testing.settings_ab with SHARETUNE_SEARCH_POPULATION). Results: docs/time_to_quality.md
+(What an evolutionary round's budget buys).
 
     python -m sharetune.testing.evolution_budget --stock-db DIR --model regnety-stage --tasks conv2d6 \\
         --variants 64x3,64x2,32x3 --seeds 3 --out /tmp/evolution_budget.json
@@ -23,7 +24,6 @@ import time
 
 def _records_by_task(db, tasks: dict) -> dict:
     """{task name: [TuningRecord, ...]} for the tasks whose workload the stock database holds."""
-    from tvm.s_tir import meta_schedule as ms
 
     out = {}
     for name, task in tasks.items():
