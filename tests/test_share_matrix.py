@@ -588,9 +588,12 @@ def test_the_table_names_the_tasks_that_make_the_gap():
     m = ShareMatrix.build("resnet18", "gpu", [25, 100], rounds_us=cells)
     m.why = [{"served_share": 25, "against_tuned_share": 100, "tasks": [
         {"task": "fused_conv2d_add_relu", "weight": 4, "weighted_gap_us": {"25": -60.0},
+         "us": {"25": {"25": 50.0, "100": 50.2}, "100": {"25": 65.0, "100": 30.0}},
          "differs": ["threads 128 vs 256", "tile 2 [1, 4] vs [2, 2]"],
          "schedule": {"25": "tuned", "100": "tuned"}},
         {"task": "dense", "weight": 1, "weighted_gap_us": {"25": 1.5}, "differs": [],
          "schedule": {"25": "default", "100": "default"}}]}]
-    assert ("served at 25 %, tuned here vs at 100 %, heaviest gaps: fused_conv2d_add_relu x4 -60.0 us (threads 128 "
-            "vs 256; tile 2 [1, 4] vs [2, 2]), dense x1 +1.5 us (the same default kernel)") in m.table()
+    # each kernel's time at every serving share: the one tuned here ignores the share, the other follows it
+    assert ("served at 25 %, tuned here vs at 100 %, heaviest gaps: fused_conv2d_add_relu x4 -60.0 us (at 25/100 %: "
+            "50/50.2 us vs 65/30; threads 128 vs 256; tile 2 [1, 4] vs [2, 2]), dense x1 +1.5 us (the same default "
+            "kernel)") in m.table()
