@@ -328,19 +328,19 @@ def cross_costs(shares: list[int], latency_us: Matrix, ci95_us: list[list[Interv
 TuningRounds = list[list[list[list[float]]]]  # [tuned][served][tuning]: each serving round's figure
 
 
+def _us(x: float) -> str:
+    """A latency as the table shows it: whole µs, three figures under 100 µs."""
+    return f"{x:.0f}" if x >= 100 else f"{x:.3g}"
+
+
 def _by_share(us: dict, here: int, other: int) -> str:
     """A task's two kernels timed alone at every serving share: whether each follows the share or ignores it."""
     mine, theirs = us.get(str(here)) or {}, us.get(str(other)) or {}
     shares = sorted(int(k) for k in mine if k in theirs)
     if not shares or any(mine[str(p)] is None or theirs[str(p)] is None for p in shares):
         return ""
-    row = ["/".join(f"{d[str(p)]:.3g}" for p in shares) for d in (mine, theirs)]
+    row = ["/".join(_us(d[str(p)]) for p in shares) for d in (mine, theirs)]
     return f"at {'/'.join(map(str, shares))} %: {row[0]} us vs {row[1]}; "
-
-
-def _us(x: float) -> str:
-    """A latency as the table shows it: whole µs, three figures under 100 µs."""
-    return f"{x:.0f}" if x >= 100 else f"{x:.3g}"
 
 
 def as_tuning_rounds(rounds: list | None) -> TuningRounds | None:
