@@ -222,6 +222,11 @@ class TunerSettings(LaneWaitSettings):
     # awkward extent (wav2vec 2.0's 799 columns) computed over the padded extent and sliced, in the graph the job
     # tunes and compiles (conv_padding.py; on an H100 no faster on wav2vec2-conv). 1/true mean `all`, 0/false `off`
     pad_awkward: Literal["off", "matmul", "all"] = "matmul"
+    # a layer norm over the channel axis imported as transpose, last-axis layer norm, transpose (wav2vec 2.0's
+    # feature encoder) is tuned and compiled as one layer norm over that axis, the activation after it in its kernel
+    # (services/tuner/metaschedule/norm_folding.py: 13 tasks of wav2vec2-conv become 7, the same output on a CPU);
+    # off until a GPU run shows the folded kernels faster
+    fold_norm_transposes: bool = False
     # a task's first round starts with the best records of the nearest stored workloads of its operator kind,
     # their decisions replayed in its own design spaces (services/tuner/metaschedule/seeds.py)
     warm_seeds: bool = True

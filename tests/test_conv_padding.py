@@ -13,7 +13,8 @@ from tvm import relax  # noqa: E402
 from tvm.s_tir import meta_schedule as ms  # noqa: E402
 
 from services.tuner.metaschedule.compile import compile_tuned  # noqa: E402
-from services.tuner.metaschedule.conv_padding import for_database, pad_convolutions  # noqa: E402
+from services.tuner.metaschedule.conv_padding import pad_convolutions  # noqa: E402
+from services.tuner.metaschedule.graph_forms import for_database  # noqa: E402
 from services.tuner.metaschedule.extract import extract  # noqa: E402
 
 LLVM = tvm.target.Target({"kind": "llvm", "num-cores": 1})

@@ -57,11 +57,13 @@ def live_tuners(redis) -> int:
     return store.live_tuners(redis)
 
 
-def plan(redis, job_id: str, policy: lanes.LiveLanePolicy, pad_convolutions: bool = False) -> list[ShardState]:
+def plan(redis, job_id: str, policy: lanes.LiveLanePolicy, pad_convolutions: bool = False,
+         fold_norms: bool = False) -> list[ShardState]:
     """Extract the job's tasks, store workloads (once per distinct workload), record the job's tasks
     with how many records the store already holds for each, and split them into shards, one per tuner
     client that will search them at the same time. `pad_convolutions`: the job's convolutions with awkward
-    output extents are tuned over padded ones (TunerSettings.pad_awkward `all`)."""
+    output extents are tuned over padded ones (TunerSettings.pad_awkward `all`); `fold_norms`: its transposed layer
+    norms over the channel axis (TunerSettings.fold_norm_transposes)."""
     from services.tuner.metaschedule.ir_codec import dump_ir, load_ir, target_from_json
     from services.tuner.metaschedule.extract import extract, workload_key
 
@@ -77,7 +79,7 @@ def plan(redis, job_id: str, policy: lanes.LiveLanePolicy, pad_convolutions: boo
     mod = load_ir(store.job_model(redis, job_id).decode())
     tasks: list[JobTask] = []
     reused: dict[str, int] = {}
-    extracted = extract(mod, target, pad_convolutions=pad_convolutions)
+    extracted = extract(mod, target, pad_convolutions=pad_convolutions, fold_norms=fold_norms)
     if spec.only_tasks:
         extracted = [t for t in extracted if t.name in set(spec.only_tasks)]
         missing = set(spec.only_tasks) - {t.name for t in extracted}

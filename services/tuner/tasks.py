@@ -152,7 +152,8 @@ def plan_job(payload):
                             "plan lease renewal")
     started = time.time()
     try:
-        shards = planner.plan(r, ref.job_id, WORKER.lane_policy, WORKER.settings.pad_awkward == "all")
+        shards = planner.plan(r, ref.job_id, WORKER.lane_policy, WORKER.settings.pad_awkward == "all",
+                              WORKER.settings.fold_norm_transposes)
     except planner.Parked as parked:  # look again later; the planner takes the next job meanwhile
         if ref.plan:
             store.plan_sent(r, ref.job_id, ref.plan)  # the same message again: not stranded

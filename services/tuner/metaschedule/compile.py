@@ -1,5 +1,5 @@
 """Compile the job's model with its tuned records (stock TVM applies the exported JSON database; the model in the
-form the records were tuned on, conv_padding.for_database) and without them, and export both as shared
+form the records were tuned on, graph_forms.for_database) and without them, and export both as shared
 libraries."""
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from tvm.s_tir import meta_schedule as ms
 
 
 def compile_tuned(mod: tvm.IRModule, target: tvm.target.Target, database_dir: str, out_path: str) -> str:
-    from services.tuner.metaschedule.conv_padding import for_database
+    from services.tuner.metaschedule.graph_forms import for_database
 
     db = ms.database.JSONDatabase(work_dir=database_dir, module_equality="structural")
     ex = ms.relax_integration.compile_relax(db, for_database(mod, target, db), target, params=None)

@@ -8,8 +8,8 @@ a multiple of padding.PAD columns (800), and a strided slice keeps the columns t
 slice in the convolution's own kernel (`fused_conv1d1_strided_slice1`), where MultiLevelTiling's write cache
 stores it with a predicate: still one kernel, its input padding fetched into shared memory as a raw window.
 
-The rewritten model is another model to the database: `for_database` picks the form a database was tuned on, so
-records of either form compile, and a database tuned on the original (stock's) keeps it.
+The rewritten model is another model to the database: graph_forms.for_database picks the form a database was tuned
+on, so records of either form compile, and a database tuned on the original (stock's) keeps it.
 """
 from __future__ import annotations
 
@@ -93,16 +93,3 @@ def pad_convolutions(mod: tvm.IRModule) -> tuple[tvm.IRModule, int]:
         return mod, 0
     return relax.transform.Normalize()(rewriter.builder_.get()), rewriter.rewritten
 
-
-def for_database(mod: tvm.IRModule, target: tvm.target.Target, database) -> tvm.IRModule:
-    """The form of `mod` that `database` was tuned on: the padded one where the database holds a workload that
-    only the padded form has (a job tuned with padded convolutions), else `mod` as it is."""
-    padded, rewritten = pad_convolutions(mod)
-    if not rewritten:
-        return mod
-    from services.tuner.metaschedule.extract import tvm_ffi_structural_hash, tuning_tasks
-
-    plain = {tvm_ffi_structural_hash(t.dispatched[0]) for t in tuning_tasks(mod, target)}
-    padded_only = [t.dispatched[0] for t in tuning_tasks(padded, target)
-                   if tvm_ffi_structural_hash(t.dispatched[0]) not in plain]
-    return padded if any(database.has_workload(m) for m in padded_only) else mod

@@ -40,17 +40,17 @@ def tuning_tasks(mod: tvm.IRModule, target: tvm.target.Target) -> list:
     return ms.relax_integration.extract_tasks(fuse(mod), target)
 
 
-def extract(mod: tvm.IRModule, target: tvm.target.Target, pad_convolutions: bool = False) -> list[Task]:
+def extract(mod: tvm.IRModule, target: tvm.target.Target, pad_convolutions: bool = False,
+            fold_norms: bool = False) -> list[Task]:
     """The model's tasks; `pad_convolutions`: its convolutions with awkward output extents computed over padded
-    ones (conv_padding; a compile finds that form again from the records, conv_padding.for_database)."""
+    ones (conv_padding); `fold_norms`: its transposed layer norms over the channel axis (norm_folding). A compile
+    finds the form again from the records (graph_forms.for_database)."""
     if "main" not in [gv.name_hint for gv in mod.get_global_vars()]:
         raise ModelError("the model has no 'main' function")
     try:
-        if pad_convolutions:
-            from services.tuner.metaschedule.conv_padding import pad_convolutions as padded
+        from services.tuner.metaschedule.graph_forms import rewritten
 
-            mod = padded(mod)[0]
-        extracted = tuning_tasks(mod, target)
+        extracted = tuning_tasks(rewritten(mod, pad_convolutions, fold_norms), target)
     except Exception as err:  # noqa: BLE001 - name the problem for the user
         raise ModelError(f"cannot lower the model for {target.kind.name}: {type(err).__name__}: {err}") from None
     tasks = []
