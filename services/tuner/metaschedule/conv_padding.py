@@ -85,11 +85,9 @@ class _PadConvolutions(PyExprMutator):
 
 def pad_convolutions(mod: tvm.IRModule) -> tuple[tvm.IRModule, int]:
     """(the module with every awkward convolution computed over its padded extent, how many were rewritten)."""
+    from services.tuner.metaschedule.graph_forms import rewrite_functions
+
     rewriter = _PadConvolutions(mod)
-    for gv, func in list(mod.functions.items()):
-        if isinstance(func, relax.Function):
-            rewriter.builder_.update_func(gv, rewriter.visit_expr(func))
-    if not rewriter.rewritten:
-        return mod, 0
-    return relax.transform.Normalize()(rewriter.builder_.get()), rewriter.rewritten
+    padded = rewrite_functions(mod, rewriter)
+    return (padded, rewriter.rewritten) if rewriter.rewritten else (mod, 0)
 

@@ -7,6 +7,7 @@ import itertools
 
 import tvm
 import tvm_ffi
+from tvm import relax
 
 
 def rewritten(mod: tvm.IRModule, pad_convolutions: bool = False, fold_norms: bool = False) -> tvm.IRModule:
@@ -21,6 +22,15 @@ def rewritten(mod: tvm.IRModule, pad_convolutions: bool = False, fold_norms: boo
 
         mod = padded(mod)[0]
     return mod
+
+
+def rewrite_functions(mod: tvm.IRModule, mutator) -> tvm.IRModule:
+    """Every Relax function of `mod` visited by `mutator` (a PyExprMutator made on `mod`), the result normalised
+    and the bindings the rewrite left unused dropped."""
+    for gv, func in list(mod.functions.items()):
+        if isinstance(func, relax.Function):
+            mutator.builder_.update_func(gv, mutator.visit_expr(func))
+    return relax.transform.DeadCodeElimination()(relax.transform.Normalize()(mutator.builder_.get()))
 
 
 def for_database(mod: tvm.IRModule, target: tvm.target.Target, database) -> tvm.IRModule:

@@ -65,11 +65,8 @@ class _FoldNormTransposes(PyExprMutator):
 
 def fold_norm_transposes(mod: tvm.IRModule) -> tuple[tvm.IRModule, int]:
     """(the module with every transposed last-axis layer norm folded into one over the channel axis, how many)."""
+    from services.tuner.metaschedule.graph_forms import rewrite_functions
+
     folder = _FoldNormTransposes(mod)
-    for gv, func in list(mod.functions.items()):
-        if isinstance(func, relax.Function):
-            folder.builder_.update_func(gv, folder.visit_expr(func))
-    if not folder.folded:
-        return mod, 0
-    # the transposes folded away are left unused: dropped
-    return relax.transform.DeadCodeElimination()(relax.transform.Normalize()(folder.builder_.get())), folder.folded
+    folded = rewrite_functions(mod, folder)  # the transposes folded away are dropped
+    return (folded, folder.folded) if folder.folded else (mod, 0)
