@@ -224,9 +224,9 @@ class TunerSettings(LaneWaitSettings):
     pad_awkward: Literal["off", "matmul", "all"] = "matmul"
     # a layer norm over the channel axis imported as transpose, last-axis layer norm, transpose (wav2vec 2.0's
     # feature encoder) is tuned and compiled as one layer norm over that axis, the activation after it in its kernel
-    # (services/tuner/metaschedule/norm_folding.py: 13 tasks of wav2vec2-conv become 7, the same output on a CPU);
-    # off until a GPU run shows the folded kernels faster
-    fold_norm_transposes: bool = False
+    # (services/tuner/metaschedule/norm_folding.py: 13 tasks of wav2vec2-conv become 7, the same output; on an H100
+    # its norm kernels 27.6-27.9 us a model instead of 35.2-37.0 in three paired runs, docs/time_to_quality.md)
+    fold_norm_transposes: bool = True
     # a task's first round starts with the best records of the nearest stored workloads of its operator kind,
     # their decisions replayed in its own design spaces (services/tuner/metaschedule/seeds.py)
     warm_seeds: bool = True
