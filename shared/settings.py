@@ -227,6 +227,10 @@ class TunerSettings(LaneWaitSettings):
     # (services/tuner/metaschedule/norm_folding.py: 13 tasks of wav2vec2-conv become 7, the same output; on an H100
     # its norm kernels 27.6-27.9 us a model instead of 35.2-37.0 in three paired runs, docs/time_to_quality.md)
     fold_norm_transposes: bool = True
+    # a function whose reductions run over a non-innermost axis (a layer norm over the channels, as folding makes
+    # wav2vec 2.0's) also gets a CUDA design space that computes it as one kernel, a warp reading neighbouring
+    # elements (services/tuner/metaschedule/column_reduction.py); off until a GPU run shows it faster
+    column_reductions: bool = False
     # a task's first round starts with the best records of the nearest stored workloads of its operator kind,
     # their decisions replayed in its own design spaces (services/tuner/metaschedule/seeds.py)
     warm_seeds: bool = True

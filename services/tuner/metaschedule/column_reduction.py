@@ -1,0 +1,117 @@
+"""Reductions over a non-innermost axis as one coalesced kernel, in a CUDA design space beside the others.
+
+A layer norm over the channel axis of a channels-first tensor (wav2vec 2.0's feature encoder once its transposes
+are folded, norm_folding.py) reduces `x[c, t]` over `c` for every `t`. DLight binds the channels to the threads
+of a block per time step, and MetaSchedule's CUDA rules do the same (CrossThreadReduction) or give each reduction
+a kernel of its own (AutoBind): either way a warp reads 32 addresses a row apart, or three kernels read the tensor.
+`ColumnReduction` adds a state where the function's injective blocks are inlined into its output, the output's
+innermost axis is split across threadIdx.x (a warp reads 32 neighbouring floats), the reduced axis across
+threadIdx.y, and each reduction is computed at the output's block loop into shared memory, its in-thread partial
+sums then combined across threadIdx.y: one kernel. Both thread extents are sampled (categorical decisions the
+search mutates); the blocks it scheduled carry `schedule_rule: None`, so the target's rules leave them alone and
+only the unrolling is added. A function it does not fit keeps the target's states alone.
+"""
+from __future__ import annotations
+
+from tvm.ir.utils import derived_object
+from tvm.s_tir.meta_schedule.schedule_rule import PyScheduleRule
+
+# threads across the innermost axis (a warp's coalesced reads) and across the reduced one (combined in shared memory)
+INNER_THREADS = (16, 32, 64)
+REDUCE_THREADS = (1, 2, 4, 8, 16)
+_REDUCE = 2  # IterVar.CommReduce
+
+
+def _root_blocks(sch) -> list:
+    return list(sch.get_child_blocks(sch.get_sblock("root")))
+
+
+def _is_reduction(block) -> bool:
+    return any(int(iv.iter_type) == _REDUCE for iv in block.iter_vars)
+
+
+def _reduces_a_column(block) -> bool:
+    """One reduced variable, read at an index other than the last of a buffer whose last index is spatial."""
+    reduced = [iv.var for iv in block.iter_vars if int(iv.iter_type) == _REDUCE]
+    spatial = [iv.var for iv in block.iter_vars if int(iv.iter_type) != _REDUCE]
+    if len(reduced) != 1:
+        return False
+    for region in block.reads:
+        mins = [r.min for r in region.region]
+        if len(mins) >= 2 and any(m.same_as(reduced[0]) for m in mins[:-1]) and \
+                any(mins[-1].same_as(v) for v in spatial):
+            return True
+    return False
+
+
+def fits(sch, block) -> bool:
+    """Whether `block` is the function's one output, the others being column reductions and injective blocks,
+    with at least one column reduction."""
+    root = sch.get_sblock("root")
+    outputs = sch.get_output_blocks(root)
+    if len(outputs) != 1 or sch.get(outputs[0]).name_hint != sch.get(block).name_hint:
+        return False
+    if _is_reduction(sch.get(block)) or len(sch.get_loops(block)) < 2:
+        return False
+    reductions = [b for b in _root_blocks(sch) if _is_reduction(sch.get(b))]
+    return bool(reductions) and all(_reduces_a_column(sch.get(b)) for b in reductions)
+
+
+def coalesced_state(sch, block):
+    """A copy of `sch` scheduled as the module's doc says (the thread extents sampled), or None where TVM
+    refuses a step."""
+    out = sch.copy()
+    name = out.get(block).name_hint
+    reductions, scheduled = [], [name]
+    for b in _root_blocks(out):
+        blk = out.get(b)
+        if blk.name_hint == name:
+            continue
+        if _is_reduction(blk):
+            reductions.append(b)
+            scheduled.append(blk.name_hint)
+        else:
+            out.compute_inline(b)
+    block = out.get_sblock(name)
+    tx = out.sample_categorical(list(INNER_THREADS), [1 / len(INNER_THREADS)] * len(INNER_THREADS))
+    ty = out.sample_categorical(list(REDUCE_THREADS), [1 / len(REDUCE_THREADS)] * len(REDUCE_THREADS))
+    *outer, c, t = out.get_loops(block)
+    t_block, t_thread = out.split(t, [None, tx])
+    c_serial, c_thread = out.split(c, [None, ty])
+    out.reorder(*outer, t_block, c_thread, t_thread, c_serial)
+    bx = out.fuse(*outer, t_block) if outer else t_block
+    out.bind(bx, "blockIdx.x")
+    out.bind(c_thread, "threadIdx.y")
+    out.bind(t_thread, "threadIdx.x")
+    for r in reversed(reductions):  # the last producer first: each lands before its consumers
+        out.compute_at(r, bx, preserve_unit_loops=True)
+    for r in reductions:
+        out.set_scope(r, 0, "shared")
+        *_, t_local, k = out.get_loops(r)
+        k_serial, k_thread = out.split(k, [None, ty])
+        # cross-thread reduction wants every reduction loop innermost: the spatial thread loop goes outside
+        out.reorder(t_local, k_thread, k_serial)
+        out.bind(k_thread, "threadIdx.y")
+        out.bind(t_local, "threadIdx.x")
+    for n in scheduled:
+        out.annotate(out.get_sblock(n), "schedule_rule", "None")
+    return out
+
+
+@derived_object
+class ColumnReduction(PyScheduleRule):
+    """The block as it is, and (see the module's doc) where the function is an output fed by column reductions,
+    a state with one coalesced kernel."""
+
+    def _initialize_with_tune_context(self, context) -> None:
+        pass
+
+    def apply(self, sch, block):
+        try:
+            state = coalesced_state(sch, block) if fits(sch, block) else None
+        except Exception:  # noqa: BLE001 -- a function this rule does not know: the target's states alone
+            state = None
+        return [sch] if state is None else [sch, state]
+
+    def clone(self):
+        return ColumnReduction()
