@@ -231,6 +231,11 @@ class TunerSettings(LaneWaitSettings):
     # wav2vec 2.0's) also gets a CUDA design space that computes it as one kernel, a warp reading neighbouring
     # elements (services/tuner/metaschedule/column_reduction.py); off until a GPU run shows it faster
     column_reductions: bool = False
+    # what the task gradient's forward term (best / rounds) is worth for a task whose last three rounds gained
+    # nothing (services/tuner/allocation.py gradient): 1 is MetaSchedule's rule, under which a 12 us kernel that
+    # stopped improving kept a client searching it while a 31 us one still improved at the budget's end
+    # (wav2vec2-conv, docs/time_to_quality.md); below 1 such a task yields to the ones still improving
+    stalled_task_weight: float = Field(1.0, gt=0, le=1)
     # a task's first round starts with the best records of the nearest stored workloads of its operator kind,
     # their decisions replayed in its own design spaces (services/tuner/metaschedule/seeds.py)
     warm_seeds: bool = True

@@ -116,6 +116,19 @@ def test_steering_holds_a_light_task_back_while_a_heavy_one_pays_far_more():
     assert s.may_run(4.0, [math.inf, -1e9], live_shards=4)
 
 
+def test_a_task_that_stopped_improving_has_its_forward_term_weighed_only_when_asked():
+    flat, improving = [12.0, 12.0, 12.0, 12.0], [40.0, 36.0, 33.0, 31.0]
+    assert gradient(flat, 1, stalled=0.25) == pytest.approx(0.25 * gradient(flat, 1))
+    assert gradient(improving, 1, stalled=0.25) == gradient(improving, 1)
+    assert gradient(flat[:3], 1, stalled=0.25) == gradient(flat[:3], 1)  # too few rounds to call it stalled
+    assert priority(flat, 1, False, stalled=0.25) == gradient(flat, 1, stalled=0.25)
+    # wav2vec2-conv's case: a 12 us norm flat for three rounds beside a 31 us convolution still improving
+    steer, wait = Steering(per_shard=2), Steering(per_shard=2, stalled=0.25)
+    others = [gradient(improving, 1)]
+    assert steer.may_run(priority(flat, 1, False, steer.stalled), others, live_shards=4)
+    assert not wait.may_run(priority(flat, 1, False, wait.stalled), others, live_shards=4)
+
+
 def test_a_task_whose_batch_came_back_goes_before_one_still_measured():
     prio = {"a": 9.0, "b": 3.0, "c": 3.0}
     assert next_task(["a", "b", "c"], prio, in_flight=set()) == "a"

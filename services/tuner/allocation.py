@@ -114,9 +114,12 @@ def first_rounds_reserve(job_task_ids: list[str], had_round: set[str], first_rou
     return sum(size(tid) or 0 for tid in job_task_ids if tid not in had_round)
 
 
-def gradient(history: list[float], weight: float, alpha: float = ALPHA, window: int = WINDOW) -> float:
+def gradient(history: list[float], weight: float, alpha: float = ALPHA, window: int = WINDOW,
+             stalled: float = 1.0) -> float:
     """MetaSchedule's task gradient: how much the weighted latency of a task is expected to fall with
-    its next round. A task with no round yet comes first (+inf); a task with no valid result last."""
+    its next round. A task with no round yet comes first (+inf); a task with no valid result last.
+    `stalled`: what the forward term (best / rounds) of a task whose last `window` rounds gained nothing is
+    worth (1: MetaSchedule's rule, which keeps a large kernel that stopped improving near the top)."""
     n = len(history)
     if n == 0:
         return math.inf
@@ -125,6 +128,8 @@ def gradient(history: list[float], weight: float, alpha: float = ALPHA, window: 
         return -1e9
     g1 = (history[n - 1 - window] - best) / window if n >= 1 + window else 0.0
     g2 = best / n
+    if n >= 1 + window and g1 <= 0:
+        g2 *= stalled
     return (alpha * g1 + (1 - alpha) * g2) * weight
 
 
@@ -146,9 +151,9 @@ def behind(task_id: str, shares: dict[str, float], trials: dict[str, int]) -> bo
     return most_light is not None and trials.get(task_id, 0) < most_light
 
 
-def priority(history: list[float], weight: float, is_behind: bool) -> float:
+def priority(history: list[float], weight: float, is_behind: bool, stalled: float = 1.0) -> float:
     """What orders the next round job-wide: a heavy task left behind first, then the gradient."""
-    return math.inf if is_behind else gradient(history, weight)
+    return math.inf if is_behind else gradient(history, weight, stalled=stalled)
 
 
 def next_task(order: list[str], priorities: dict[str, float], in_flight: set[str]) -> str:
@@ -169,11 +174,13 @@ class Steering:
     unfinished tasks than the ranks allow, so every client would spend the budget on its light tasks while
     the heavy ones are being measured. The owner of the job's best task always proceeds, so clients never wait on
     each other in a circle; `max_wait_s` bounds a wait on figures that stopped changing (it must outlast a
-    heavy task's round: search, builds and timing)."""
+    heavy task's round: search, builds and timing). `stalled` weighs the forward term of a task that stopped
+    improving (gradient's `stalled`; TunerSettings.stalled_task_weight)."""
 
     per_shard: int = 2
     min_share: float = 0.25
     max_wait_s: float = 60.0
+    stalled: float = 1.0
 
     def may_run(self, mine: float, others: list[float], live_shards: int) -> bool:
         if math.isinf(mine) and mine > 0:

@@ -215,7 +215,7 @@ class RoundPicker:
 
         def prio(tid: str) -> float:
             return priority(hist.get(tid, []), job_tasks[tid].weight,
-                            tid not in landing and behind(tid, shares, trials))
+                            tid not in landing and behind(tid, shares, trials), self.steering.stalled)
 
         return job_tasks, prio
 
