@@ -1,11 +1,13 @@
 """What valid sampling saves in a cold CUDA round of 64 candidates, one thread, per task, three ways (MODES of
 sharetune.testing.sampling_rounds; --evolution: an evolutionary round after a cold one): search CPU a valid candidate,
-samples replayed, rejections; --builds: a cold round built now and before (sharetune.testing.build_cost). No GPU.
+samples replayed, rejections; --builds: a cold round built now and before (sharetune.testing.build_cost); --ranked: a
+warm first round ranking a 3x pool, VerifyGPUCode on every draw against on the picks only. No GPU.
 Results: docs/time_to_quality.md (Valid first rounds), docs/benchmarks.md (What a build costs).
 
     python -m bench.valid_sampling     # bench/results/valid_sampling_cpu.json
     python -m bench.valid_sampling --evolution --tasks efficientnet-mbconv:conv2d1 --out /tmp/evolution.json
     python -m bench.valid_sampling --builds --candidates 16 --out bench/results/build_cost_cpu.json
+    python -m bench.valid_sampling --ranked --out bench/results/ranked_round_cpu.json
 """
 from __future__ import annotations
 
@@ -30,6 +32,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default="bench/results/valid_sampling_cpu.json")
     ap.add_argument("--evolution", action="store_true", help="an evolutionary round, three ways, instead")
     ap.add_argument("--builds", action="store_true", help="a cold round's builds, now against before, instead")
+    ap.add_argument("--ranked", action="store_true", help="a ranked (warm) first round, two ways, instead")
     args = ap.parse_args(argv)
     from services.measurer.metaschedule.targets import family_target
     from services.tuner.metaschedule.extract import extract
@@ -39,7 +42,8 @@ def main(argv=None) -> int:
 
     load_tensor_intrinsics("cuda")  # as a CUDA tuner does before its first TuneContext
     target = family_target(f"cuda.{args.arch}")
-    modes, one_round = ((build_cost.BUILD_MODES, build_cost.build_round) if args.builds else (rounds.EVOLUTION_MODES,
+    modes, one_round = ((build_cost.BUILD_MODES, build_cost.build_round) if args.builds else (
+        rounds.RANKED_MODES, rounds.ranked_round) if args.ranked else (rounds.EVOLUTION_MODES,
                         rounds.evolution_round) if args.evolution else (rounds.MODES, rounds.cold_round))
     models: dict = {}
     rows = []

@@ -268,6 +268,10 @@ def test_a_first_round_on_a_trained_model_measures_its_best_of_a_larger_pool(tas
         assert model.scored == [] and strategy.ranked_rounds == 0
         return
     assert strategy.ranked_rounds == model.ranked_rounds == 1
+    # the pool is replayed without TVM's VerifyGPUCode, which runs on the round's picks only: each passes it
+    assert [type(p).__name__ for p in strategy.verifiers] == ["VerifyGPUCode"]
+    assert "VerifyGPUCode" not in [type(p).__name__ for p in strategy.scoring]
+    assert all(strategy.verifiers[0].apply(c.sch) for c in cands)
     assert len(model.scored) > 16  # a pool of up to 24 distinct schedules
     pool = dict(model.scored)
     assert proposed <= set(pool)
@@ -408,3 +412,20 @@ def test_a_batch_of_draws_is_judged_as_one_by_one(tasks, target, name):
         verdicts = limits.fitting(tilings)
         assert verdicts.tolist() == [limits.fits([tiles[j].tolist() for tiles in tilings]) for j in range(3000)]
         assert not verdicts.all()  # random tilings break the limits
+
+
+def test_a_ranked_pick_that_fails_the_deferred_check_gives_its_slot_to_the_best_scored_one_left():
+    from types import SimpleNamespace
+
+    from services.tuner.metaschedule.sampling import ValidReplay
+
+    class RejectsBad:  # stands in for TVM's VerifyGPUCode
+        def apply(self, sch):
+            return sch != "bad"
+
+    strategy = ValidReplay(seed=1, threads=2)
+    strategy.verifiers = [RejectsBad()]
+    picks = [SimpleNamespace(sch=s) for s in ("a", "bad", "b")]
+    rest = iter(SimpleNamespace(sch=s) for s in ("bad", "d", "e"))  # the pool's others, best scored first
+    assert [c.sch for c in strategy._checked(picks, rest, 3)] == ["a", "b", "d"]
+    assert strategy.verify_rejected == 2

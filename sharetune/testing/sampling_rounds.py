@@ -1,6 +1,7 @@
 """One search round of a CUDA task on the CPU, counted: what the tile limits and the precheck save in a cold round
 (MODES: TVM's replay-trace with its postprocessors alone, with the precheck first, and tile draws within the
-limits, what a cold round runs), and an evolutionary round after a cold one (EVOLUTION_MODES). Each row: the
+limits, what a cold round runs), an evolutionary round after a cold one (EVOLUTION_MODES) and a warm first round
+ranked by a trained model (RANKED_MODES). Each row: the
 candidates, the samples replayed, which postprocessor rejected them, search CPU seconds per valid candidate. Needs
 no GPU. bench/valid_sampling.py runs it over tasks; tests/test_validity.py asserts with it."""
 from __future__ import annotations
@@ -76,7 +77,7 @@ def evolution_round(task, target, mode: str, candidates: int, population: int = 
     from tvm.s_tir import meta_schedule as ms
     from tvm.s_tir.meta_schedule.runner import RunnerResult
 
-    from services.tuner.metaschedule import evolution, validity
+    from services.tuner.metaschedule import sampling, validity
     from services.tuner.metaschedule.evolution import ValidEvolution
     from services.tuner.metaschedule.sampling import ValidReplay
 
@@ -102,20 +103,76 @@ def evolution_round(task, target, mode: str, candidates: int, population: int = 
     lazy = mode == "ValidEvolution"
     strategy = (ms.search_strategy.EvolutionarySearch(population_size=population, init_min_unmeasured=16)
                 if mode == "EvolutionarySearch" else ValidEvolution(seed=1, threads=1, population=population // 2))
-    verifies = evolution._verifies
+    verifies = sampling.verifies
     if mode == "ValidEvolution, all verified":
-        evolution._verifies = lambda _p: False  # VerifyGPUCode stays in the replays' chain
+        sampling.verifies = lambda _p: False  # VerifyGPUCode stays in the replays' chain
     try:
         ctx = context(strategy, wrapped)
         c0 = time.process_time()
         cands = ctx.generate_measure_candidates() or []
         cpu = time.process_time() - c0
     finally:
-        evolution._verifies = verifies
+        sampling.verifies = verifies
     return {"mode": mode, "valid": len(cands), "drawn": wrapped[0].calls, "search_cpu_s": round(cpu, 2),
             "cpu_s_per_valid": round(cpu / max(1, len(cands)), 3),
             "rejected": {**{w.name: w.rejects for w in wrapped if getattr(w, "rejects", 0)},
                          **({"VerifyGPUCode": strategy.verify_rejected} if lazy else {})}}
+
+
+# a warm first round (ValidReplay ranking a 3x pool with a trained model) with VerifyGPUCode on every draw of the pool,
+# and as it runs: the pool replayed without it, the check run on the round's picks only
+RANKED_MODES = ("ranked, all verified", "ranked")
+
+
+def _random_ranker():
+    """A cost model that says it is trained and scores at random (what is counted is the search's own work)."""
+    import numpy as np
+    from tvm.ir.utils import derived_object
+    from tvm.s_tir.meta_schedule.cost_model import PyCostModel
+
+    @derived_object
+    class RandomRanker(PyCostModel):
+        def load(self, path):
+            pass
+
+        def save(self, path):
+            pass
+
+        def update(self, context, candidates, results):
+            pass
+
+        def trained(self):
+            return True
+
+        def predict(self, context, candidates):
+            return np.random.default_rng(len(candidates)).uniform(size=len(candidates))
+
+    return RandomRanker()
+
+
+def ranked_round(task, target, mode: str, candidates: int, pool: int = 3) -> dict:
+    from tvm.s_tir import meta_schedule as ms
+
+    from services.tuner.metaschedule import sampling, validity
+
+    model = _random_ranker()
+    strategy = sampling.ValidReplay(seed=1, threads=1, pool=pool, model=model)
+    verifies = sampling.verifies
+    if mode == "ranked, all verified":
+        sampling.verifies = lambda _p: False  # VerifyGPUCode stays in the replays' chain
+    try:
+        ctx = ms.TuneContext(mod=task.mod, target=target, search_strategy=strategy, task_name=task.name, rand_state=1,
+                             num_threads=1, space_generator=ms.space_generator.PostOrderApply(
+                                 postprocs=validity.cuda_postprocs(target)))
+        ctx.pre_tuning(candidates, candidates, ctx.generate_design_space(), ms.database.MemoryDatabase(), model)
+        c0 = time.process_time()
+        cands = ctx.generate_measure_candidates() or []
+        cpu = time.process_time() - c0
+    finally:
+        sampling.verifies = verifies
+    return {"mode": mode, "valid": len(cands), "pool": pool, "replayed": strategy.replayed,
+            "search_cpu_s": round(cpu, 2), "cpu_s_per_valid": round(cpu / max(1, len(cands)), 3),
+            "rejected": {"VerifyGPUCode": strategy.verify_rejected}}
 
 
 def sampled(task, target, candidates: int, seed: int = 1) -> list:

@@ -28,8 +28,8 @@ from dataclasses import dataclass
 from tvm.ir.utils import derived_object
 from tvm.s_tir.meta_schedule.search_strategy import PySearchStrategy
 
-from services.tuner.metaschedule.sampling import (SpaceDraws, TileLimits, candidate, distinct, prime_factors, replay,
-                                                  sampled)
+from services.tuner.metaschedule.sampling import (SpaceDraws, TileLimits, candidate, deferred_check, distinct,
+                                                  prime_factors, replay, sampled)
 
 log = logging.getLogger("sharetune.tuner.evolution")
 
@@ -75,17 +75,6 @@ def genome_of(trace) -> Genome:
                  else int(trace.decisions[inst]) for inst in sampled(trace))
 
 
-def _verifies(postproc) -> bool:
-    """Whether the postprocessor only checks a schedule (TVM's VerifyGPUCode) rather than rewriting it."""
-    return type(postproc).__name__ == "VerifyGPUCode"
-
-
-def _tensorizes(trace) -> bool:
-    """Whether a design space marks blocks for RewriteTensorize (tensor-core tiling)."""
-    return any(inst.kind.name == "Annotate" and "meta_schedule.auto_tensorize" in str(inst.attrs)
-               for inst in trace.insts)
-
-
 @derived_object
 class ValidEvolution(PySearchStrategy):
     """Evolutionary search over decisions within the limits (see the module's doc)."""
@@ -115,14 +104,7 @@ class ValidEvolution(PySearchStrategy):
         self.draws = SpaceDraws([space.limits for space in self.spaces])
         self.rng = random.Random(None if self.seed < 0 else self.seed)
         self.sent: set[tuple[int, Genome]] = set()  # what this search proposed
-        postprocs = list(self.ctx.space_generator.postprocs)
-        at = next((i for i, p in enumerate(postprocs) if _verifies(p)), None)
-        # TVM runs RewriteTensorize after VerifyGPUCode: only where it has nothing to rewrite can the check move
-        # to the end of the chain and give the same answer
-        if at is not None and not any(_tensorizes(sp.trace) for sp in design_spaces):
-            self.postprocs, self.verifiers = postprocs[:at] + postprocs[at + 1:], [postprocs[at]]
-        else:
-            self.postprocs, self.verifiers = postprocs, []
+        self.postprocs, self.verifiers = deferred_check(list(self.ctx.space_generator.postprocs), design_spaces)
         self.replays: dict[tuple[int, Genome], object] = {}  # key -> its candidate (None: TVM refused it)
         self.verified: set[tuple[int, Genome]] = set()  # keys whose schedule passed the verifiers
 

@@ -460,6 +460,28 @@ def replay(mod, trace, decisions: dict, postprocs, seed: int, refit=None):
         return None
 
 
+def verifies(postproc) -> bool:
+    """Whether the postprocessor only checks a schedule (TVM's VerifyGPUCode) rather than rewriting it."""
+    return type(postproc).__name__ == "VerifyGPUCode"
+
+
+def tensorizes(trace) -> bool:
+    """Whether a design space marks blocks for RewriteTensorize (tensor-core tiling)."""
+    return any(inst.kind.name == "Annotate" and "meta_schedule.auto_tensorize" in str(inst.attrs)
+               for inst in trace.insts)
+
+
+def deferred_check(postprocs: list, design_spaces) -> tuple[list, list]:
+    """(the chain a search replays the schedules it scores with, the checks it runs on those it proposes only):
+    TVM's VerifyGPUCode lowers a schedule through ~20 passes to say yes or no, and the cost model's features do not
+    need it. TVM runs RewriteTensorize after it, so only where no space marks tensor cores can the check move to
+    the end of the chain and give the same answer; elsewhere the whole chain stays and nothing is deferred."""
+    at = next((i for i, p in enumerate(postprocs) if verifies(p)), None)
+    if at is None or any(tensorizes(sp.trace) for sp in design_spaces):
+        return list(postprocs), []
+    return list(postprocs[:at]) + list(postprocs[at + 1:]), [postprocs[at]]
+
+
 def candidate(sch) -> ms.MeasureCandidate:
     """A schedule as MetaSchedule measures it."""
     return ms.MeasureCandidate(sch, ms.arg_info.ArgInfo.from_entry_func(sch.mod, remove_preproc=True))
@@ -505,6 +527,7 @@ class ValidReplay(PySearchStrategy):
         self.ctx = None
         self.ranked_rounds = 0
         self.replayed = 0  # what it cost: replays (self.draws.drawn: decision draws; self.proposed: candidates)
+        self.verify_rejected = 0  # a ranked round's picks the deferred checks turned down
         self.draws = SpaceDraws([])
 
     def _initialize_with_tune_context(self, context) -> None:
@@ -518,6 +541,8 @@ class ValidReplay(PySearchStrategy):
         self.rng = random.Random(None if self.seed < 0 else self.seed)
         self.seen: set[int] = set()
         self.postprocs = list(self.ctx.space_generator.postprocs)
+        # a ranked round scores its pool without the deferred checks and runs them on its picks only
+        self.scoring, self.verifiers = deferred_check(self.postprocs, design_spaces)
 
     def post_tuning(self) -> None:
         pass
@@ -528,14 +553,17 @@ class ValidReplay(PySearchStrategy):
             return None
         ranked = self.pool > 1 and self._model_trained()
         seeds = [self.rng.getrandbits(31) for _ in range(want * self.pool if ranked else want)]
+        chain = self.scoring if ranked else self.postprocs
         with ThreadPoolExecutor(self.threads) as pool:
-            schs = list(pool.map(self._one, seeds))
+            schs = list(pool.map(functools.partial(self._one, postprocs=chain), seeds))
         out = distinct([candidate(sch) for sch in schs if sch is not None], set(self.seen))
         if ranked and len(out) > want:
             out = self._ranked(out, want)
             self.ranked_rounds += 1
             if hasattr(self.model, "ranked_rounds"):  # the tuner's model: the job's split counts them
                 self.model.ranked_rounds += 1
+        elif ranked:
+            out = self._checked(out, iter(()), want)
         out = distinct(out[:want], self.seen)
         self.proposed += len(out)
         return out or None
@@ -545,11 +573,28 @@ class ValidReplay(PySearchStrategy):
         return bool(trained is not None and trained())
 
     def _ranked(self, cands: list, want: int) -> list:
-        """The model's ranked round of `want` from the pool (ranked_pick)."""
-        return [cands[i] for i in ranked_pick(self.model.predict(self.ctx, cands), want, self.rng)]
+        """The model's ranked round of `want` from the pool (ranked_pick), each pick that fails the deferred checks
+        replaced by the best-scored one left."""
+        scores = self.model.predict(self.ctx, cands)
+        picked = ranked_pick(scores, want, self.rng)
+        taken = set(picked)
+        rest = (cands[i] for i in sorted(range(len(cands)), key=lambda i: -float(scores[i])) if i not in taken)
+        return self._checked([cands[i] for i in picked], rest, want)
 
-    def _one(self, seed: int):
-        """One valid schedule (a slot of the round), or None after MAX_REPLAYS replays."""
+    def _checked(self, picks: list, rest, want: int) -> list:
+        """Up to `want` of `picks` that pass the deferred checks, in order, then of `rest` as picks fail."""
+        out: list = []
+        while picks:
+            with ThreadPoolExecutor(self.threads) as ex:
+                passed = list(ex.map(lambda c: all(p.apply(c.sch) for p in self.verifiers), picks))
+            self.verify_rejected += passed.count(False)
+            out += [c for c, ok in zip(picks, passed) if ok]
+            picks = [c for _, c in zip(range(want - len(out)), rest)]
+        return out
+
+    def _one(self, seed: int, postprocs=None):
+        """One schedule that passes `postprocs` (default: the whole chain), a slot of the round, or None after
+        MAX_REPLAYS replays."""
         rng = random.Random(seed)
         for _ in range(MAX_REPLAYS):
             drawn = self.draws.draw(rng)
@@ -558,7 +603,7 @@ class ValidReplay(PySearchStrategy):
             s, tiling = drawn
             self.replayed += 1
             decisions = {t.inst: tiling[i] for i, t in enumerate(self.draws.limits[s].tiles)}
-            sch = replay(self.ctx.mod, self.traces[s], decisions, self.postprocs, rng.getrandbits(31) + 1)
+            sch = replay(self.ctx.mod, self.traces[s], decisions, postprocs or self.postprocs, rng.getrandbits(31) + 1)
             if sch is not None:
                 return sch
         return None
