@@ -211,42 +211,6 @@ def test_valid_replay_proposes_only_schedules_tvm_accepts(tasks, target):
     assert type(off.search_strategy).__name__ == "ReplayTrace"
 
 
-def _scripted_model(trained: bool):
-    """A cost model that says whether it is trained and scores candidates in the order it is asked (the ranking
-    logic under test is ValidReplay's; the central model's training is tests/test_updater's)."""
-    import numpy as np
-    from tvm.ir.utils import derived_object
-    from tvm.s_tir.meta_schedule.cost_model import PyCostModel
-
-    @derived_object
-    class Scripted(PyCostModel):
-        def __init__(self):
-            super().__init__()
-            self.scored: list = []
-            self.ranked_rounds = 0  # as the tuner's model: the job's split counts ranked rounds from it
-
-        def load(self, path):
-            pass
-
-        def save(self, path):
-            pass
-
-        def update(self, context, candidates, results):
-            pass
-
-        def trained(self):
-            return trained
-
-        def predict(self, context, candidates):
-            import tvm_ffi
-
-            scores = np.random.default_rng(len(self.scored)).uniform(size=len(candidates))
-            self.scored += [(tvm_ffi.structural_hash(c.sch.mod), float(x)) for c, x in zip(candidates, scores)]
-            return scores
-
-    return Scripted()
-
-
 @pytest.mark.parametrize("trained", [True, False])
 def test_a_first_round_on_a_trained_model_measures_its_best_of_a_larger_pool(tasks, target, trained):
     """Three times the round drawn within the limits, the model's best proposed but for a quarter drawn at random
@@ -255,7 +219,9 @@ def test_a_first_round_on_a_trained_model_measures_its_best_of_a_larger_pool(tas
 
     from services.tuner.metaschedule.sampling import RANKED_EXPLORE, ValidReplay
 
-    task, model = tasks["conv2d1"], _scripted_model(trained)
+    from sharetune.testing.sampling_rounds import scripted_model
+
+    task, model = tasks["conv2d1"], scripted_model(trained)
     strategy = ValidReplay(seed=5, threads=2, pool=3, model=model)
     ctx = ms.TuneContext(mod=task.mod, target=target, search_strategy=strategy, task_name=task.name, rand_state=5,
                          num_threads=2, space_generator=ms.space_generator.PostOrderApply(

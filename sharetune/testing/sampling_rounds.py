@@ -124,14 +124,21 @@ def evolution_round(task, target, mode: str, candidates: int, population: int = 
 RANKED_MODES = ("ranked, all verified", "ranked")
 
 
-def _random_ranker():
-    """A cost model that says it is trained and scores at random (what is counted is the search's own work)."""
+def scripted_model(trained: bool = True):
+    """A cost model that says whether it is trained and scores candidates at random, in the order it is asked, each
+    (structural hash, score) kept in `scored` (what is counted or tested is the search's own work, not a model's)."""
     import numpy as np
+    import tvm_ffi
     from tvm.ir.utils import derived_object
     from tvm.s_tir.meta_schedule.cost_model import PyCostModel
 
     @derived_object
-    class RandomRanker(PyCostModel):
+    class Scripted(PyCostModel):
+        def __init__(self):
+            super().__init__()
+            self.scored: list = []
+            self.ranked_rounds = 0  # as the tuner's model: the job's split counts ranked rounds from it
+
         def load(self, path):
             pass
 
@@ -142,12 +149,14 @@ def _random_ranker():
             pass
 
         def trained(self):
-            return True
+            return trained
 
         def predict(self, context, candidates):
-            return np.random.default_rng(len(candidates)).uniform(size=len(candidates))
+            scores = np.random.default_rng(len(self.scored)).uniform(size=len(candidates))
+            self.scored += [(tvm_ffi.structural_hash(c.sch.mod), float(x)) for c, x in zip(candidates, scores)]
+            return scores
 
-    return RandomRanker()
+    return Scripted()
 
 
 def ranked_round(task, target, mode: str, candidates: int, pool: int = 3) -> dict:
@@ -155,7 +164,7 @@ def ranked_round(task, target, mode: str, candidates: int, pool: int = 3) -> dic
 
     from services.tuner.metaschedule import sampling, validity
 
-    model = _random_ranker()
+    model = scripted_model()
     strategy = sampling.ValidReplay(seed=1, threads=1, pool=pool, model=model)
     verifies = sampling.verifies
     if mode == "ranked, all verified":
