@@ -519,7 +519,8 @@ class ValidReplay(PySearchStrategy):
     one pre_tuning passes has lost its Python side), a round draws `pool` times as many and proposes the model's
     best, a quarter of them (RANKED_EXPLORE) drawn at random from the rest. Left one panel model out, a model
     trained on the other three's H200 records ranked a 3x pool so that the best of 16 was 1.07x the task's best
-    against 1.26x for 16 random draws (docs/time_to_quality.md, "Ranked first rounds")."""
+    against 1.26x for 16 random draws (docs/time_to_quality.md, "Ranked first rounds"). The pool is replayed
+    without the checks `deferred_check` defers (VerifyGPUCode), which run on the round's picks only."""
 
     def __init__(self, seed: int = -1, threads: int = 1, pool: int = 1, model=None):
         super().__init__()
