@@ -16,14 +16,12 @@ from __future__ import annotations
 from tvm.ir.utils import derived_object
 from tvm.s_tir.meta_schedule.schedule_rule import PyScheduleRule
 
+from services.tuner.metaschedule.padding import root_blocks
+
 # threads across the innermost axis (a warp's coalesced reads) and across the reduced one (combined in shared memory)
 INNER_THREADS = (16, 32, 64)
 REDUCE_THREADS = (1, 2, 4, 8, 16)
 _REDUCE = 2  # IterVar.CommReduce
-
-
-def _root_blocks(sch) -> list:
-    return list(sch.get_child_blocks(sch.get_sblock("root")))
 
 
 def _is_reduction(block) -> bool:
@@ -53,7 +51,7 @@ def fits(sch, block) -> bool:
         return False
     if _is_reduction(sch.get(block)) or len(sch.get_loops(block)) < 2:
         return False
-    reductions = [b for b in _root_blocks(sch) if _is_reduction(sch.get(b))]
+    reductions = [b for b in root_blocks(sch) if _is_reduction(sch.get(b))]
     return bool(reductions) and all(_reduces_a_column(sch.get(b)) for b in reductions)
 
 
@@ -63,7 +61,7 @@ def coalesced_state(sch, block):
     out = sch.copy()
     name = out.get(block).name_hint
     reductions, scheduled = [], [name]
-    for b in _root_blocks(out):
+    for b in root_blocks(out):
         blk = out.get(b)
         if blk.name_hint == name:
             continue

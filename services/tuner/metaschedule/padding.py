@@ -38,7 +38,8 @@ PADDED_INPUT = "sharetune.padded_input"
 PADDED_OUTPUT = "sharetune.padded_output"
 
 
-def _root_blocks(sch) -> list:
+def root_blocks(sch) -> list:
+    """The blocks directly under the function's root block."""
     return sch.get_child_blocks(sch.get_sblock("root", func_name="main"))
 
 
@@ -55,14 +56,14 @@ def _padded(sch, block, padding: list[int]):
     loop, once per multiply-add; inlined after the tiling it lands in the shared-memory fetch. A consumer that
     has a consumer of its own is inlined now. None where it cannot be padded."""
     out = sch.copy()
-    before = {out.get(b).name_hint for b in _root_blocks(out)}
+    before = {out.get(b).name_hint for b in root_blocks(out)}
     try:
         # reindexing shifts no read's position: a read reindexed stays where it was, reading the new buffer
         for i in _composite_reads(out.get(block)):
             out.reindex(block, ("read", i))
         out.pad_einsum(block, padding)
         consumers = {out.get(b).name_hint for b in out.get_consumers(block)}
-        for b in _root_blocks(out):
+        for b in root_blocks(out):
             name = out.get(b).name_hint
             if name in before:
                 continue
@@ -147,7 +148,7 @@ class PadAwkwardEinsum(PyScheduleRule):
 
 
 def _marked(sch, key: str) -> list:
-    return [b for b in _root_blocks(sch) if key in sch.get(b).annotations]
+    return [b for b in root_blocks(sch) if key in sch.get(b).annotations]
 
 
 @derived_object

@@ -593,9 +593,8 @@ class ValidReplay(PySearchStrategy):
             picks = [c for _, c in zip(range(want - len(out)), rest)]
         return out
 
-    def _one(self, seed: int, postprocs=None):
-        """One schedule that passes `postprocs` (default: the whole chain), a slot of the round, or None after
-        MAX_REPLAYS replays."""
+    def _one(self, seed: int, postprocs: list):
+        """One schedule that passes `postprocs`, a slot of the round, or None after MAX_REPLAYS replays."""
         rng = random.Random(seed)
         for _ in range(MAX_REPLAYS):
             drawn = self.draws.draw(rng)
@@ -604,7 +603,7 @@ class ValidReplay(PySearchStrategy):
             s, tiling = drawn
             self.replayed += 1
             decisions = {t.inst: tiling[i] for i, t in enumerate(self.draws.limits[s].tiles)}
-            sch = replay(self.ctx.mod, self.traces[s], decisions, postprocs or self.postprocs, rng.getrandbits(31) + 1)
+            sch = replay(self.ctx.mod, self.traces[s], decisions, postprocs, rng.getrandbits(31) + 1)
             if sch is not None:
                 return sch
         return None
