@@ -175,6 +175,16 @@ class LaneWaitSettings(CommonSettings):
         return LiveLanePolicy(park_s=self.lane_wait_s, recheck_s=self.lane_recheck_s, give_up_s=self.lane_give_up_s)
 
 
+def _switch_mode(value: Any, on: str) -> Any:
+    """A setting with named modes that also takes a switch: 1/true/on mean `on`, 0/false/empty `off`."""
+    if isinstance(value, bool):
+        return on if value else "off"
+    if isinstance(value, str):
+        value = value.strip().lower()
+        return {"1": on, "true": on, "on": on, "0": "off", "false": "off", "": "off"}.get(value, value)
+    return value
+
+
 class TunerSettings(LaneWaitSettings):
     """A tuner-service worker (planner, tuner client, updater's process): its search, and the live-lane policy."""
 
@@ -230,8 +240,10 @@ class TunerSettings(LaneWaitSettings):
     # a function whose reductions run over a non-innermost axis (a layer norm over the channels, as folding makes
     # wav2vec 2.0's) also gets a CUDA design space that computes it as one kernel, a warp reading neighbouring
     # elements (services/tuner/metaschedule/column_reduction.py): on an H100 wav2vec2-conv served 2.2-18.1 us faster
-    # in four paired runs of 384 trials, its first norm 6.9 us instead of 11.7-12.6 (docs/time_to_quality.md)
-    column_reductions: bool = True
+    # in four paired runs of 384 trials, its first norm 6.9 us instead of 11.7-12.6 (docs/time_to_quality.md).
+    # `wide`: that state alone for such a function (the default kernel still guards), more and smaller thread
+    # blocks; not yet measured on a GPU. 1/true mean `on`, 0/false `off`
+    column_reductions: Literal["off", "on", "wide"] = "on"
     # what the task gradient's forward term (best / rounds) is worth for a task whose last three rounds gained
     # nothing (services/tuner/allocation.py gradient): 1 is MetaSchedule's rule, under which a 12 us kernel that
     # stopped improving kept a client searching it while a 31 us one still improved at the budget's end
@@ -247,12 +259,12 @@ class TunerSettings(LaneWaitSettings):
     @field_validator("pad_awkward", mode="before")
     @classmethod
     def _pad_mode(cls, value: Any) -> Any:
-        if isinstance(value, bool):
-            return "all" if value else "off"
-        if isinstance(value, str):
-            value = value.strip().lower()
-            return {"1": "all", "true": "all", "on": "all", "0": "off", "false": "off", "": "off"}.get(value, value)
-        return value
+        return _switch_mode(value, on="all")
+
+    @field_validator("column_reductions", mode="before")
+    @classmethod
+    def _column_mode(cls, value: Any) -> Any:
+        return _switch_mode(value, on="on")
 
     def population(self, trials_per_iter: int) -> int:
         """Evolutionary search's population for a job measuring `trials_per_iter` a round: the setting, else

@@ -2,6 +2,8 @@
 (services/tuner/metaschedule/column_reduction.py); design spaces and CUDA source need no GPU."""
 from __future__ import annotations
 
+import re
+
 import pytest
 
 pytest.importorskip("tvm")
@@ -40,9 +42,9 @@ def _norm_task(fold: bool):
     return tasks[0]
 
 
-def _spaces(task, on: bool):
+def _spaces(task, mode: str):
     ctx = tune_context(task.mod, CUDA, task.name, cold=True, population=16, rand_state=1, num_threads=1,
-                       column_reductions=on)
+                       column_reductions=mode)
     return ctx, ctx.space_generator.generate_design_space(task.mod)
 
 
@@ -52,39 +54,58 @@ def _coalesced(spaces) -> list:
 
 def test_a_channel_axis_norm_gets_one_more_space_only_when_the_setting_is_on():
     task = _norm_task(fold=True)
-    _, off = _spaces(task, on=False)
-    _, on = _spaces(task, on=True)
+    _, off = _spaces(task, "off")
+    _, on = _spaces(task, "on")
     assert len(on) == len(off) + 1
     assert not _coalesced(off) and len(_coalesced(on)) == 1
 
 
 def test_a_last_axis_norm_gets_no_coalesced_space():
-    _, spaces = _spaces(_norm_task(fold=False), on=True)
-    assert not _coalesced(spaces)
+    for mode in ("on", "wide"):
+        _, spaces = _spaces(_norm_task(fold=False), mode)
+        assert spaces and not _coalesced(spaces)
 
 
-def test_every_draw_of_the_coalesced_space_passes_tvms_checks_and_is_one_kernel_reading_along_a_warp():
+def test_the_wide_variant_makes_the_coalesced_state_the_norms_only_one():
+    _, spaces = _spaces(_norm_task(fold=True), "wide")
+    assert len(spaces) == len(_coalesced(spaces)) == 1
+
+
+@pytest.mark.parametrize("mode", ["on", "wide"])
+def test_every_draw_of_the_coalesced_space_passes_tvms_checks_and_is_one_kernel_reading_along_a_warp(mode):
     task = _norm_task(fold=True)
-    ctx, spaces = _spaces(task, on=True)
+    ctx, spaces = _spaces(task, mode)
     space = _coalesced(spaces)[0]
-    decisions = set()
+    decisions, passed, valid = set(), 0, None
     for seed in range(1, 25):
         sch = tvm.s_tir.Schedule(task.mod, seed=seed)
         Trace(space.trace.insts, {}).apply_to_schedule(sch, remove_postproc=True)
-        assert all(p.apply(sch) for p in ctx.space_generator.postprocs)  # VerifyGPUCode among them
+        ok = all(p.apply(sch) for p in ctx.space_generator.postprocs)  # GPUPrecheck and VerifyGPUCode among them
+        extents = _thread_extents(sch.mod)
+        assert ok == (extents["threadIdx.x"] * extents["threadIdx.y"] <= 1024)
+        passed += ok
+        valid = sch if ok else valid
         decisions.add(tuple(int(v) for v in sch.trace.decisions.values()))
-    assert len(decisions) > 5  # the thread extents are sampled, not fixed
+    assert len(decisions) > 5 and passed > 12  # the thread extents are sampled, not fixed
     with CUDA:
-        source = tvm.compile(sch.mod, target=CUDA).mod.imports[0].inspect_source()
+        source = tvm.compile(valid.mod, target=CUDA).mod.imports[0].inspect_source()
     assert source.count("__global__ void") == 2  # one kernel: its declaration and its definition
     assert "threadIdx.y" in source and "__shared__" in source
+
+
+def _thread_extents(mod) -> dict:
+    """The largest extent bound to each threadIdx axis in `mod`'s script."""
+    extents = {"threadIdx.x": 1, "threadIdx.y": 1}
+    for n, tag in re.findall(r'thread_binding\((?:T\.int64\()?(\d+)\)?, thread="(threadIdx\.[xy])"', mod.script()):
+        extents[tag] = max(extents[tag], int(n))
+    return extents
 
 
 def test_the_search_proposes_coalesced_candidates_in_cold_and_evolutionary_rounds():
     task = _norm_task(fold=True)
     for cold in (True, False):
         ctx = tune_context(task.mod, CUDA, task.name, cold=cold, population=32, rand_state=3, num_threads=1,
-                           column_reductions=True)
+                           column_reductions="on")
         ctx.search_strategy.pre_tuning(64, 32, ctx.space_generator.generate_design_space(task.mod),
                                        ms.database.MemoryDatabase(), None)
         proposed = ctx.search_strategy.generate_measure_candidates()

@@ -10,6 +10,10 @@ threadIdx.y, and each reduction is computed at the output's block loop into shar
 sums then combined across threadIdx.y: one kernel. Both thread extents are sampled (categorical decisions the
 search mutates); the blocks it scheduled carry `schedule_rule: None`, so the target's rules leave them alone and
 only the unrolling is added. A function it does not fit keeps the target's states alone.
+
+Two variants (`TunerSettings.column_reductions`): `on` adds the state beside the target's, 16-64 threads across the
+inner axis; `wide` makes it the function's only state (the default kernel still guards the export) with 8-32
+threads across the inner axis and 8-64 across the reduced one, so a 399-column norm runs in 13-50 blocks, not 7-25.
 """
 from __future__ import annotations
 
@@ -18,9 +22,9 @@ from tvm.s_tir.meta_schedule.schedule_rule import PyScheduleRule
 
 from services.tuner.metaschedule.padding import root_blocks
 
-# threads across the innermost axis (a warp's coalesced reads) and across the reduced one (combined in shared memory)
-INNER_THREADS = (16, 32, 64)
-REDUCE_THREADS = (1, 2, 4, 8, 16)
+# per variant: threads across the innermost axis (a warp's coalesced reads, 8 floats being one 32-byte sector) and
+# across the reduced one (combined in shared memory)
+THREADS = {"on": ((16, 32, 64), (1, 2, 4, 8, 16)), "wide": ((8, 16, 32), (8, 16, 32, 64))}
 _REDUCE = 2  # IterVar.CommReduce
 
 
@@ -55,9 +59,9 @@ def fits(sch, block) -> bool:
     return bool(reductions) and all(_reduces_a_column(sch.get(b)) for b in reductions)
 
 
-def coalesced_state(sch, block):
-    """A copy of `sch` scheduled as the module's doc says (the thread extents sampled), or None where TVM
-    refuses a step."""
+def coalesced_state(sch, block, variant: str = "on"):
+    """A copy of `sch` scheduled as the module's doc says (the thread extents sampled from the variant's
+    choices), or None where TVM refuses a step."""
     out = sch.copy()
     name = out.get(block).name_hint
     reductions, scheduled = [], [name]
@@ -71,8 +75,9 @@ def coalesced_state(sch, block):
         else:
             out.compute_inline(b)
     block = out.get_sblock(name)
-    tx = out.sample_categorical(list(INNER_THREADS), [1 / len(INNER_THREADS)] * len(INNER_THREADS))
-    ty = out.sample_categorical(list(REDUCE_THREADS), [1 / len(REDUCE_THREADS)] * len(REDUCE_THREADS))
+    inner, reduce = THREADS[variant]
+    tx = out.sample_categorical(list(inner), [1 / len(inner)] * len(inner))
+    ty = out.sample_categorical(list(reduce), [1 / len(reduce)] * len(reduce))
     *outer, c, t = out.get_loops(block)
     t_block, t_thread = out.split(t, [None, tx])
     c_serial, c_thread = out.split(c, [None, ty])
@@ -99,17 +104,24 @@ def coalesced_state(sch, block):
 @derived_object
 class ColumnReduction(PyScheduleRule):
     """The block as it is, and (see the module's doc) where the function is an output fed by column reductions,
-    a state with one coalesced kernel."""
+    a state with one coalesced kernel: beside the block as it is (`on`) or instead of it (`wide`)."""
+
+    def __init__(self, variant: str = "on") -> None:
+        if variant not in THREADS:
+            raise ValueError(f"column reduction variant {variant!r}: expected one of {sorted(THREADS)}")
+        self.variant = variant
 
     def _initialize_with_tune_context(self, context) -> None:
         pass
 
     def apply(self, sch, block):
         try:
-            state = coalesced_state(sch, block) if fits(sch, block) else None
+            state = coalesced_state(sch, block, self.variant) if fits(sch, block) else None
         except Exception:  # noqa: BLE001 -- a function this rule does not know: the target's states alone
             state = None
-        return [sch] if state is None else [sch, state]
+        if state is None:
+            return [sch]
+        return [state] if self.variant == "wide" else [sch, state]
 
     def clone(self):
-        return ColumnReduction()
+        return ColumnReduction(self.variant)

@@ -10,7 +10,7 @@ from services.tuner.metaschedule.intrinsics import load_tensor_intrinsics
 
 def tune_context(mod, target, task_name: str, cold: bool, population: int, rand_state: int = -1,
                  num_threads: int = 0, valid_sampling: bool = True, first_round_pool: int = 1,
-                 ranking_model=None, pad_awkward: str = "off", column_reductions: bool = False) -> ms.TuneContext:
+                 ranking_model=None, pad_awkward: str = "off", column_reductions: str = "off") -> ms.TuneContext:
     """`valid_sampling`: on CUDA, a cold round draws tile decisions within the target's limits before it
     replays them (sampling.ValidReplay), an evolutionary round mutates them within those limits
     (evolution.ValidEvolution), and samples that break the limits are rejected before TVM lowers them
@@ -20,8 +20,8 @@ def tune_context(mod, target, task_name: str, cold: bool, population: int, rand_
     a matmul (or also a convolution, where the graph left one awkward: conv_padding) with an awkward extent (ViT's
     197 tokens), the block padded to tile (padding.PadAwkwardEinsum, FinishPadding). A CUDA design space leaves out the blocks whose output nothing reads
     (dead_blocks.InlineDeadBlocks). `column_reductions`: a function whose reductions run over a non-innermost axis
-    (a channel-axis layer norm) also gets a state that computes it as one coalesced kernel
-    (column_reduction.ColumnReduction)."""
+    (a channel-axis layer norm) also gets (`on`), or gets only (`wide`), a state that computes it as one coalesced
+    kernel (column_reduction.ColumnReduction)."""
     load_tensor_intrinsics(target.kind.name)  # else TuneContext imports every backend's (idempotent)
     space = "post-order-apply"
     threads = num_threads or "physical"
@@ -34,10 +34,10 @@ def tune_context(mod, target, task_name: str, cold: bool, population: int, rand_
         rules = [InlineDeadBlocks(), *ms.schedule_rule.ScheduleRule.create(rule_kind(target))]
         if pad_awkward != "off":
             rules = [PadAwkwardEinsum(convolutions=pad_awkward == "all"), *rules, FinishPadding()]
-        if column_reductions:
+        if column_reductions != "off":
             from services.tuner.metaschedule.column_reduction import ColumnReduction
 
-            rules = [ColumnReduction(), *rules]
+            rules = [ColumnReduction(column_reductions), *rules]
         space = ms.space_generator.PostOrderApply(sch_rules=rules, postprocs=cuda_postprocs(target))
     if not cold and cuda:
         from services.tuner.metaschedule.evolution import ValidEvolution
