@@ -101,12 +101,14 @@ def _thread_extents(mod) -> dict:
     return extents
 
 
-def test_the_search_proposes_coalesced_candidates_in_cold_and_evolutionary_rounds():
+@pytest.mark.parametrize("mode", ["on", "wide"])
+def test_the_search_proposes_coalesced_candidates_in_cold_and_evolutionary_rounds(mode):
     task = _norm_task(fold=True)
     for cold in (True, False):
         ctx = tune_context(task.mod, CUDA, task.name, cold=cold, population=32, rand_state=3, num_threads=1,
-                           column_reductions="on")
+                           column_reductions=mode)
         ctx.search_strategy.pre_tuning(64, 32, ctx.space_generator.generate_design_space(task.mod),
                                        ms.database.MemoryDatabase(), None)
         proposed = ctx.search_strategy.generate_measure_candidates()
-        assert any('"schedule_rule"' in str(c.sch.trace) for c in proposed)
+        coalesced = ['"schedule_rule"' in str(c.sch.trace) for c in proposed]
+        assert all(coalesced) if mode == "wide" else any(coalesced)
