@@ -202,6 +202,11 @@ class TunerSettings(LaneWaitSettings):
     cold_start: bool = True
     # evolutionary search's population; 0: twice the round's batch (trials_per_iter), 64 to 512
     search_population: int = Field(0, ge=0)
+    # an evolutionary CUDA round's generations breed twice their population in mutants and replay and score half
+    # the population's size, the ones a linear model of their decisions (fit on what the round scored) ranks
+    # best (services/tuner/metaschedule/evolution.py): ~27 % less search CPU a candidate on the CPU, proposals
+    # judged as good (docs/time_to_quality.md); off until a GPU run shows the tuned model keeps its latency
+    evolution_screen: bool = False
     # while every task of a client's shard is being measured, search and send up to this many more rounds of a task
     # before its batch lands (from what the search knew when it was sent; none of its in-flight candidates again),
     # so the builders and lanes are not left waiting for the slowest batch; 0: a task waits for its batch

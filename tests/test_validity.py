@@ -247,8 +247,10 @@ def test_a_first_round_on_a_trained_model_measures_its_best_of_a_larger_pool(tas
     assert not proposed & {tvm_ffi.structural_hash(c.sch.mod) for c in again}
 
 
-def test_valid_evolution_breeds_within_the_limits_from_the_measured_best(tasks, target):
-    """An evolutionary CUDA round with valid sampling: every candidate passes TVM's own chain, none repeats a measured schedule or an earlier round's, and the round breeds from the measured
+@pytest.mark.parametrize("screen", [False, True])
+def test_valid_evolution_breeds_within_the_limits_from_the_measured_best(tasks, target, screen):
+    """An evolutionary CUDA round with valid sampling, its mutants screened or not: every candidate passes TVM's own
+    chain, none repeats a measured schedule or an earlier round's, and the round breeds from the measured
     best (some candidates are one mutation away from a stored schedule)."""
     from services.tuner.metaschedule.evolution import ValidEvolution, genome_of
 
@@ -259,7 +261,7 @@ def test_valid_evolution_breeds_within_the_limits_from_the_measured_best(tasks, 
     assert type(off.search_strategy).__name__ == "EvolutionarySearch"
 
     db, measured = _measured_round(task, target)
-    strategy = ValidEvolution(seed=3, threads=1, population=16)
+    strategy = ValidEvolution(seed=3, threads=1, population=16, screen=screen)
     ctx = _search_context(task, target, strategy, 8, db)
     stock = ms.postproc.Postproc.create(validity.rule_kind(target))
     for p in stock:
@@ -325,6 +327,33 @@ def test_a_small_evolutionary_round_breeds_a_population_its_size(tasks, target):
     assert max(scored[4]) <= evolution.MIN_POPULATION
     assert sum(scored[4]) <= (evolution.GENERATIONS + 1) * evolution.MIN_POPULATION
     assert sum(scored[64]) > 2 * sum(scored[4]), scored
+
+
+def test_a_screened_generation_scores_half_its_population_and_the_model_picks_them(tasks, target):
+    """With screening, a generation breeds twice its population and replays and scores half the population's size:
+    the mutants a linear model of the decisions, fit on what the round scored, ranks best."""
+    from services.tuner.metaschedule import evolution
+    from services.tuner.metaschedule.evolution import ValidEvolution, decision_vector, screened
+
+    task = tasks["conv2d1"]
+    db, _ = _measured_round(task, target)
+    strategy = ValidEvolution(seed=3, threads=1, population=64, screen=True)
+    counted = []
+    inner = strategy._score  # noqa: SLF001
+    strategy._score = lambda pool, keys: (counted.append(len(keys)), inner(pool, keys))
+    assert _search_context(task, target, strategy, 64, db).generate_measure_candidates()
+    assert len(counted) == evolution.GENERATIONS + 1 and max(counted[1:]) <= 32, counted
+
+    # a pool whose scores follow one decision exactly: the screen keeps the mutants that decision favours
+    space, keys = strategy.spaces[0], [k for k in strategy.replays if k[0] == 0 and strategy.replays[k] is not None]
+    assert len(keys) > 40
+
+    def truth(key):
+        return sum(decision_vector(space, key[1])[1:4])
+    pool = {k: (None, truth(k)) for k in keys[:30]}
+    rest = keys[30:]
+    picked = screened(strategy.spaces, pool, rest, 5)
+    assert sorted(map(truth, picked), reverse=True) == sorted(map(truth, rest), reverse=True)[:5]
 
 
 def test_a_cold_round_of_tile_draws_replays_little_more_than_it_proposes(tasks, target):

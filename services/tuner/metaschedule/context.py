@@ -10,7 +10,8 @@ from services.tuner.metaschedule.intrinsics import load_tensor_intrinsics
 
 def tune_context(mod, target, task_name: str, cold: bool, population: int, rand_state: int = -1,
                  num_threads: int = 0, valid_sampling: bool = True, first_round_pool: int = 1,
-                 ranking_model=None, pad_awkward: str = "off", column_reductions: str = "off") -> ms.TuneContext:
+                 ranking_model=None, pad_awkward: str = "off", column_reductions: str = "off",
+                 evolution_screen: bool = False) -> ms.TuneContext:
     """`valid_sampling`: on CUDA, a cold round draws tile decisions within the target's limits before it
     replays them (sampling.ValidReplay), an evolutionary round mutates them within those limits
     (evolution.ValidEvolution), and samples that break the limits are rejected before TVM lowers them
@@ -21,7 +22,8 @@ def tune_context(mod, target, task_name: str, cold: bool, population: int, rand_
     197 tokens), the block padded to tile (padding.PadAwkwardEinsum, FinishPadding). A CUDA design space leaves out the blocks whose output nothing reads
     (dead_blocks.InlineDeadBlocks). `column_reductions`: a function whose reductions run over a non-innermost axis
     (a channel-axis layer norm) also gets (`on`), or gets only (`wide`), a state that computes it as one coalesced
-    kernel (column_reduction.ColumnReduction)."""
+    kernel (column_reduction.ColumnReduction). `evolution_screen`: an evolutionary CUDA round replays and scores
+    only the mutants a linear model of their decisions ranks best (evolution.ValidEvolution's `screen`)."""
     load_tensor_intrinsics(target.kind.name)  # else TuneContext imports every backend's (idempotent)
     space = "post-order-apply"
     threads = num_threads or "physical"
@@ -45,7 +47,7 @@ def tune_context(mod, target, task_name: str, cold: bool, population: int, rand_
         # every member it scores is within the limits, so half the population scores about as many valid
         # schedules as EvolutionarySearch's whole one (docs/time_to_quality.md has both measured)
         strategy = ValidEvolution(seed=rand_state, threads=num_threads or physical_cores(),
-                                  population=max(16, population // 2))
+                                  population=max(16, population // 2), screen=evolution_screen)
     elif not cold:
         strategy = ms.search_strategy.EvolutionarySearch(population_size=population)
     elif cuda:

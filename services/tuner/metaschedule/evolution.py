@@ -17,13 +17,21 @@ need it. It checks the schedules a round is about to propose, best first, until 
 rejects is dropped and never scored again. So every proposed candidate has passed TVM's whole chain.
 
 A task's replays are kept across its rounds, so the measured parents are not replayed again.
+
+With `screen` on, each generation breeds twice as many mutants as its population (arithmetic only) and replays
+and scores the half of its population's size that a linear model of the decisions ranks best: the model is fit,
+per design space, on the schedules the round has scored so far (log2 tile factors, one-hot categorical choices
+-> the cost model's score), so a generation costs a quarter of the replays and feature extractions.
 """
 from __future__ import annotations
 
 import logging
+import math
 import random
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+
+import numpy as np
 
 from tvm.ir.utils import derived_object
 from tvm.s_tir.meta_schedule.search_strategy import PySearchStrategy
@@ -47,6 +55,10 @@ MIN_POPULATION = 16
 EPS_GREEDY = 0.05
 # of a mutation, the chance it changes a tiling (else a categorical choice), as the CUDA mutators weigh them
 TILE_MUTATION = 0.9
+# with screening: the ridge penalty of the decisions' linear model, and the fewest scored schedules of a design
+# space it is fit on (below that its mutants are ranked by the space's mean score)
+SCREEN_RIDGE = 1.0
+SCREEN_MIN_ROWS = 16
 
 Genome = tuple  # one decision per sampled instruction of a design space: a tuple of ints (tiling) or an int
 
@@ -79,9 +91,10 @@ def genome_of(trace) -> Genome:
 class ValidEvolution(PySearchStrategy):
     """Evolutionary search over decisions within the limits (see the module's doc)."""
 
-    def __init__(self, seed: int = -1, threads: int = 1, population: int = 128):
+    def __init__(self, seed: int = -1, threads: int = 1, population: int = 128, screen: bool = False):
         super().__init__()
         self.seed, self.threads, self.population = seed, max(1, threads), max(8, population)
+        self.screen = screen
         self.ctx = None
         self.replayed = 0  # what it cost: schedules replayed (self.proposed: candidates)
         self.verify_rejected = 0  # proposals the verifiers turned down
@@ -115,7 +128,7 @@ class ValidEvolution(PySearchStrategy):
         pass
 
     def clone(self) -> "ValidEvolution":
-        return ValidEvolution(self.seed, self.threads, self.population)
+        return ValidEvolution(self.seed, self.threads, self.population, self.screen)
 
     # -- a round ---------------------------------------------------------------------------------------------
     def generate_measure_candidates(self):
@@ -141,7 +154,12 @@ class ValidEvolution(PySearchStrategy):
         self._score(pool, parents + self._random(size - len(parents)))
         population = self._fittest(pool, size)
         for _ in range(GENERATIONS):
-            self._score(pool, self._children(population, pool))
+            if self.screen:
+                children = screened(self.spaces, pool, self._children(population, pool, 2 * len(population)),
+                                    max(1, len(population) // 2))
+            else:
+                children = self._children(population, pool, len(population))
+            self._score(pool, children)
             population = self._fittest(pool, size)
         fresh = [k for k in self._fittest(pool, len(pool)) if k not in measured and k not in self.sent]
         picked = self._passing(fresh, want - int(round(want * EPS_GREEDY)))
@@ -259,15 +277,15 @@ class ValidEvolution(PySearchStrategy):
     def _fittest(pool: dict, n: int) -> list[tuple[int, Genome]]:
         return sorted(pool, key=lambda k: -pool[k][1])[:n]
 
-    def _children(self, population: list, pool: dict) -> list[tuple[int, Genome]]:
-        """One child a member: a parent drawn by its score, mutated once within the limits."""
+    def _children(self, population: list, pool: dict, n: int) -> list[tuple[int, Genome]]:
+        """n children, each of a parent drawn by its score, mutated once within the limits."""
         if not population:
             return []
         low = min(pool[k][1] for k in population)
         weights = [pool[k][1] - low + 1e-6 for k in population]
         out: list[tuple[int, Genome]] = []
         taken = set(pool)
-        for _ in range(len(population)):
+        for _ in range(n):
             for _ in range(MUTATION_TRIES):
                 s, genome = self.rng.choices(population, weights)[0]
                 child = self._mutate(self.spaces[s], genome)
@@ -305,3 +323,41 @@ class ValidEvolution(PySearchStrategy):
             return tuple(out)
         return None
 
+
+
+def decision_vector(space: _Space, genome: Genome) -> list[float]:
+    """A genome as numbers a linear model can weigh: a bias, log2 of each tile factor, each categorical choice one-hot,
+    any other decision as it is."""
+    out = [1.0]
+    for inst, d in zip(space.sampled, genome):
+        if isinstance(d, tuple):
+            out += [math.log2(max(1, f)) for f in d]
+        elif inst.kind.name == "SampleCategorical":
+            out += [1.0 if d == i else 0.0 for i in range(len(inst.attrs[0]))]
+        else:
+            out.append(float(d))
+    return out
+
+
+def screened(spaces: list, pool: dict, keys: list, n: int) -> list:
+    """The n of `keys` that a ridge model of the decisions, fit per design space on the pool's scores, ranks best
+    (a space with too few scored schedules ranks its keys at its mean score, or the pool's)."""
+    if len(keys) <= n:
+        return keys
+    mean = float(np.mean([score for _, score in pool.values()])) if pool else 0.0
+    predicted: dict = {}
+    for s in {k[0] for k in keys}:
+        mine = [k for k in keys if k[0] == s]
+        rows = [(decision_vector(spaces[s], g), pool[(s, g)][1]) for (t, g) in pool if t == s]
+        if not rows:
+            predicted.update((k, mean) for k in mine)
+            continue
+        x = np.asarray([r[0] for r in rows])
+        y = np.asarray([r[1] for r in rows])
+        if len(rows) < SCREEN_MIN_ROWS:
+            predicted.update((k, float(y.mean())) for k in mine)
+            continue
+        w = np.linalg.solve(x.T @ x + SCREEN_RIDGE * np.eye(x.shape[1]), x.T @ y)
+        got = np.asarray([decision_vector(spaces[s], g) for _, g in mine]) @ w
+        predicted.update(zip(mine, map(float, got)))
+    return sorted(keys, key=lambda k: -predicted[k])[:n]
