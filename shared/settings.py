@@ -250,7 +250,7 @@ class TunerSettings(LaneWaitSettings):
     # blocks; not yet measured on a GPU. 1/true mean `on`, 0/false `off`
     column_reductions: Literal["off", "on", "wide"] = "on"
     # what the task gradient's forward term (best / rounds) is worth for a task whose last three rounds gained
-    # under 0.5 % of its best a round (services/tuner/allocation.py gradient): 1 is MetaSchedule's rule, under which a 12 us kernel that
+    # nothing (services/tuner/allocation.py gradient): 1 is MetaSchedule's rule, under which a 12 us kernel that
     # stopped improving kept a client searching it while a 31 us one still improved at the budget's end
     # (wav2vec2-conv, docs/time_to_quality.md); below 1 such a task yields to the ones still improving
     stalled_task_weight: float = Field(1.0, gt=0, le=1)

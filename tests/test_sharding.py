@@ -122,10 +122,6 @@ def test_a_task_that_stopped_improving_has_its_forward_term_weighed_only_when_as
     assert gradient(improving, 1, stalled=0.25) == gradient(improving, 1)
     assert gradient(flat[:3], 1, stalled=0.25) == gradient(flat[:3], 1)  # too few rounds to call it stalled
     assert priority(flat, 1, False, stalled=0.25) == gradient(flat, 1, stalled=0.25)
-    # a convolution trickling down by ~0.3 % a round counts as stalled, one gaining 1 % a round does not
-    trickling, gaining = [39.4, 39.0, 38.9, 38.8, 38.64], [40.0, 39.6, 39.2, 38.8, 38.4]
-    assert gradient(trickling, 1, stalled=0.25) < 0.5 * gradient(trickling, 1)
-    assert gradient(gaining, 1, stalled=0.25) == gradient(gaining, 1)
     # wav2vec2-conv's case: a 12 us norm flat for three rounds beside a 31 us convolution still improving
     steer, wait = Steering(per_shard=2), Steering(per_shard=2, stalled=0.25)
     others = [gradient(improving, 1)]

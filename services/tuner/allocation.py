@@ -21,9 +21,6 @@ from shared.messages import JobTask, ShardState
 
 ALPHA = 0.2  # MetaSchedule's defaults for its gradient-based task scheduler
 WINDOW = 3
-# a task whose best fell by less than this fraction a round over the last WINDOW rounds counts as stalled: on an
-# H100, wav2vec2-conv's 38.6 us convolution trickled down by ~0.3 % a round for 120 trials (docs/time_to_quality.md)
-STALL_GAIN = 0.005
 HEAVY, LIGHT = 0.01, 0.001  # shares of the job's FLOPs (x weight)
 
 
@@ -121,9 +118,8 @@ def gradient(history: list[float], weight: float, alpha: float = ALPHA, window: 
              stalled: float = 1.0) -> float:
     """MetaSchedule's task gradient: how much the weighted latency of a task is expected to fall with
     its next round. A task with no round yet comes first (+inf); a task with no valid result last.
-    `stalled`: what the forward term (best / rounds) of a task whose last `window` rounds gained less than
-    STALL_GAIN of its best a round is worth (1: MetaSchedule's rule, which keeps a large kernel that stopped
-    improving near the top)."""
+    `stalled`: what the forward term (best / rounds) of a task whose last `window` rounds gained nothing is
+    worth (1: MetaSchedule's rule, which keeps a large kernel that stopped improving near the top)."""
     n = len(history)
     if n == 0:
         return math.inf
@@ -132,7 +128,7 @@ def gradient(history: list[float], weight: float, alpha: float = ALPHA, window: 
         return -1e9
     g1 = (history[n - 1 - window] - best) / window if n >= 1 + window else 0.0
     g2 = best / n
-    if n >= 1 + window and g1 <= STALL_GAIN * best:
+    if n >= 1 + window and g1 <= 0:
         g2 *= stalled
     return (alpha * g1 + (1 - alpha) * g2) * weight
 
