@@ -25,7 +25,7 @@ from bench.harness.serving import compile_module, export_job_records, serve
 from bench.harness.stock import kill_group, spawn_tune_tasks
 from bench.panel import PANEL, build
 from sharetune.experiments.time_to_quality import (
-    job_events, markdown_table, plot, stock_events, summarise, summarise_model, table_again,
+    job_events, markdown_table, plot, settings_in_effect, stock_events, summarise, summarise_model, table_again,
 )
 
 PHASES = ("stock", "cold", "warm")
@@ -198,6 +198,7 @@ def run_model(args, model: str, row: dict, work: Path, warm_store, save, deadlin
         ran = True
         row[phase] = run_service(args, model, mwork / phase, source)
         row[phase]["lease"] = args.lease
+        row[phase]["settings"] = settings_in_effect(dict(os.environ))
         keep_run(model, phase, mwork / phase, row[phase])
         save()
     if ("served" not in row or ran) and ("cold" in row or "warm" in row) and fits(deadline, SERVE_S):

@@ -133,6 +133,14 @@ def test_an_ab_of_settings_keeps_each_run_and_means_each_figure_per_value():
     assert s["mm_best_us"] == {"matmul": 7.0, "off": None} and "ln_best_us" not in s  # heavy tasks only
 
 
+def test_a_row_records_the_sharetune_settings_its_services_ran_under_and_no_secret():
+    from sharetune.experiments.time_to_quality import settings_in_effect
+
+    env = {"SHARETUNE_COLUMN_REDUCTIONS": "wide", "SHARETUNE_REDIS_PASSWORD": "x", "SHARETUNE_API_TOKEN": "y",
+           "PATH": "/bin", "SHARETUNE_EVOLUTION_SCREEN": "1"}
+    assert settings_in_effect(env) == {"SHARETUNE_COLUMN_REDUCTIONS": "wide", "SHARETUNE_EVOLUTION_SCREEN": "1"}
+
+
 def test_each_seeded_task_reports_its_best_seed_beside_its_best_trial():
     events = [(1.0, "mm", 20e-6), (1.1, "mm", None), (2.0, "mm", 8e-6), (3.0, "conv", 5e-6)]
     got = seed_tasks({"mm": [20e-6, None], "ln": [None]}, events)

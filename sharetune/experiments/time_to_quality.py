@@ -263,6 +263,14 @@ def job_events(r, job_id: str, t0: float, wall: float, threads: int) -> dict:
     return row
 
 
+def settings_in_effect(environ: dict) -> dict[str, str]:
+    """The SHARETUNE_ settings a run's services inherit (anything naming a secret left out): what a row was tuned
+    under, beside the defaults of its code."""
+    secret = ("PASSWORD", "SECRET", "TOKEN", "KEY")
+    return {k: v for k, v in sorted(environ.items())
+            if k.startswith("SHARETUNE_") and not any(word in k for word in secret)}
+
+
 def task_bests(events: list) -> dict[str, float]:
     """Each task's best fully timed seconds among the events (a task with none is absent)."""
     best: dict[str, float] = {}
@@ -315,7 +323,8 @@ def settings_ab(runs: list[tuple[str, dict]], model: str) -> dict:
         best = task_bests(cold["events"])
         trials = collections.Counter(task for _, task, _ in cold["events"])
         out.append({
-            "label": label, "lease": cold.get("lease"), "wall_s": cold["wall_s"], "trials": cold["trials"],
+            "label": label, "lease": cold.get("lease"), "settings": cold.get("settings"),
+            "wall_s": cold["wall_s"], "trials": cold["trials"],
             "final_estimate_us": round(1e6 * curve[-1][2], 3) if curve else None,
             "untuned_estimate_us": round(1e6 * untuned_estimate(cold["weights"], cold["defaults"]), 3),
             "served_us": {k: round(v, 1) for k, v in served.items()},
