@@ -117,7 +117,8 @@ def test_an_ab_of_settings_keeps_each_run_and_means_each_figure_per_value():
         events = [(1.0, "mm", None), (2.0, "mm", best_mm), (3.0, "ln", 3e-6)]
         cold = {"events": events, "weights": {"mm": 2, "ln": 1}, "defaults": {"mm": 10e-6, "ln": 4e-6},
                 "wall_s": 30.0, "trials": 3, "lease": "l", "search_cpu_s_per_valid_candidate": cpu}
-        return {"models": {"m": {"cold": cold, "served": {"latency_us": {"cold": served, "untuned": 30.0}}}}}
+        return {"models": {"m": {"cold": cold, "served": {"latency_us": {"cold": served, "untuned": 30.0,
+                                                                         "stock": 40.0}}}}}
 
     ab = settings_ab([("matmul", run(6e-6, 20.0, 0.2)), ("off", run(None, 26.0, 0.1)),
                       ("matmul", run(8e-6, 22.0, 0.3))], "m")
@@ -129,6 +130,7 @@ def test_an_ab_of_settings_keeps_each_run_and_means_each_figure_per_value():
     s = ab["summary"]
     assert s["final_estimate_us"] == {"matmul": 17.0, "off": 23.0}  # off: the default kept where faster
     assert s["served_cold_us"] == {"matmul": 21.0, "off": 26.0}
+    assert s["served_cold_vs_stock"] == {"matmul": 0.525, "off": 0.65}  # each run against stock in its process
     assert s["search_cpu_s_per_valid_candidate"] == {"matmul": 0.25, "off": 0.1}
     assert s["mm_best_us"] == {"matmul": 7.0, "off": None} and "ln_best_us" not in s  # heavy tasks only
 

@@ -307,6 +307,10 @@ def search_cpu_split(splits: list[dict]) -> dict:
             "sample_cpu_s_per_candidate": round((sample_cpu - evolve_cpu) / drawn, 3) if drawn else None}
 
 
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a is not None and b else None
+
+
 HEAVY_TASK_US = 8.0  # a task whose untuned kernel takes this long gets its own line in an A/B's summary
 
 
@@ -344,6 +348,8 @@ def settings_ab(runs: list[tuple[str, dict]], model: str) -> dict:
         ("final_estimate_us", lambda r: r["final_estimate_us"]),
         ("served_cold_us", lambda r: r["served_us"].get("cold")),
         ("served_untuned_us", lambda r: r["served_us"].get("untuned")),
+        # within one serving process: steadier across runs than the microseconds, which move with the card's state
+        ("served_cold_vs_stock", lambda r: _ratio(r["served_us"].get("cold"), r["served_us"].get("stock"))),
         ("search_cpu_s_per_valid_candidate", lambda r: r["search_cpu_s_per_valid_candidate"]))}
     heavy = sorted({name for r in out for name, t in r["tasks"].items() if t["untuned_us"] >= HEAVY_TASK_US})
     for name in heavy:
