@@ -324,7 +324,6 @@ class ValidEvolution(PySearchStrategy):
         return None
 
 
-
 def decision_vector(space: _Space, genome: Genome) -> list[float]:
     """A genome as numbers a linear model can weigh: a bias, log2 of each tile factor, each categorical choice one-hot,
     any other decision as it is."""
@@ -346,7 +345,7 @@ def screened(spaces: list, pool: dict, keys: list, n: int) -> list:
         return keys
     mean = float(np.mean([score for _, score in pool.values()])) if pool else 0.0
     predicted: dict = {}
-    for s in {k[0] for k in keys}:
+    for s in sorted({k[0] for k in keys}):
         mine = [k for k in keys if k[0] == s]
         rows = [(decision_vector(spaces[s], g), pool[(s, g)][1]) for (t, g) in pool if t == s]
         if not rows:
