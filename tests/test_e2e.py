@@ -226,8 +226,13 @@ def test_a_job_with_rounds_ahead_spends_its_budget_exactly_and_measures_no_candi
             if r.job_id == job.job_id]
     assert len(mine) == job.result().trials == 40
     assert len({(r.wkey, r.candidate_key) for r in mine}) == len(mine)
-    assert all("ahead_rounds" in s for s in store.splits(redis_conn, job.job_id))
+    splits = store.splits(redis_conn, job.job_id)
+    assert all("ahead_rounds" in s for s in splits)
     assert store.job_spec(redis_conn, job.job_id).rounds_ahead == 1
+    # each shard's round log: every round it sent, the claims adding up to the job's trials, first rounds marked
+    log = [r for s in splits for r in s["round_log"]]
+    assert sum(r[2] for r in log) == 40 and sum(s["rounds"] for s in splits) == len(log)
+    assert {r[1] for r in log if r[3]} == {t.name for t in store.job_tasks(redis_conn, job.job_id)}
 
 
 def test_the_result_counts_how_candidates_were_timed(tuned_tiny, redis_conn):

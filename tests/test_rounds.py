@@ -466,6 +466,10 @@ def test_a_round_ahead_is_sent_while_the_first_is_in_flight_and_both_are_joined_
         f.landed = True
     loop._touch()
     assert joined == [len(first), len(second)] and "t0" not in loop.flights and t.pending == set() and t.landed == 3
+    # the round log: both later rounds of the task, what they claimed, no picker figures for a round ahead
+    log = loop.run_stats.round_log
+    assert [(r[1], r[2], r[3]) for r in log] == [(t.job_task.name, len(first), 0), (t.job_task.name, len(second), 0)]
+    assert log[1][4:6] == [None, None] and log[0][0] <= log[1][0]
 
 
 def test_a_client_takes_turns_within_its_job_only_after_a_round_of_its_own_unless_blocked():

@@ -159,7 +159,7 @@ def shard_times(split, run, tune_s: float, population: int, seeds, ranked_rounds
                  warm_switches=run.warm_switches,
                  population=population, seeds_measured=run.seeds, seeds_applied=seeds.applied if seeds else 0,
                  seeds_skipped=seeds.skipped if seeds else 0, seeds_padded=seeds.padded if seeds else 0,
-                 ranked_rounds=ranked_rounds)
+                 ranked_rounds=ranked_rounds, round_log=run.round_log)
     return times
 
 

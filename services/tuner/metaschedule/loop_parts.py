@@ -43,6 +43,10 @@ class ShardRun:
     ahead_rounds: int = 0  # rounds sent while an earlier batch of the same task was still measured
     seeds: int = 0  # warm seeds sent to be measured (first rounds' re-fitted records of nearby workloads)
     per_task: dict[str, int] = field(default_factory=dict)
+    # each round sent: [s since the loop began, task, trials claimed, first round (0/1), its priority when picked,
+    # the other live shards' highest finite priority, s it waited to be let run]; priorities None for a first round
+    round_log: list = field(default_factory=list)
+    pick: tuple | None = None  # (priority, others' top, waited s) of the task the picker let run last
 
     def clock(self, phase: str, since: float) -> float:
         """Add the time since `since` (time.perf_counter) to `phase`; returns now, the next phase's start."""

@@ -12,6 +12,7 @@ searched), with three things the stock scheduler cannot do across processes:
 """
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 from typing import Callable
@@ -65,6 +66,7 @@ class ShardLoop:
         yields = check or (lambda passed, blocked=False: None)
         self.check = lambda passed, blocked=False: yields(passed and (blocked or self.run_stats.rounds > 0), blocked)
         self.run_stats = ShardRun()
+        self.t0 = time.perf_counter()  # the round log's clock (run() starts it again)
         self.tasks = [TaskSearch(t, shard, parts, self.run_stats) for t in shard.tasks]
         self.first_rounds = FirstRounds(shard)
         self.budget = JobBudget(shard, self.first_rounds, SearchStop(shard, stop_rules) if stop_rules and stop_rules.any else None)
@@ -76,6 +78,7 @@ class ShardLoop:
         self.rounds_ahead = rounds_ahead
 
     def run(self) -> ShardRun:
+        self.t0 = time.perf_counter()
         self._begin()
         try:
             # first every task once (MetaSchedule's round-robin start), the costliest to the untuned model first
@@ -167,9 +170,18 @@ class ShardLoop:
         if claimed == 0:
             t.absorb(fresh, [RunnerResult(None, "not measured: the job's budget is spent")] * len(fresh))
             return False
+        first = not t.started
         self._send(t, fresh[:claimed], claimed)
         self.run_stats.rounds += 1
+        self._log_round(t, claimed, first)
         return True
+
+    def _log_round(self, t: TaskSearch, claimed: int, first: bool) -> None:
+        """The round just sent, with what the picker saw when it let the task run (ShardRun.round_log)."""
+        prio, top, waited = (None, None, 0.0) if first else (self.run_stats.pick or (None, None, 0.0))
+        self.run_stats.pick = None
+        self.run_stats.round_log.append([round(time.perf_counter() - self.t0, 2), t.job_task.name, claimed,
+                                         int(first), _rounded(prio), _rounded(top), round(waited, 2)])
 
     def _send(self, t: TaskSearch, fresh: list, claimed: int) -> None:
         """Build the batch and send what built to the runner (the lanes); the task's round is then in flight."""
@@ -230,3 +242,13 @@ class _Failed:
 
     def result(self) -> RunnerResult:
         return RunnerResult(None, self.msg)
+
+
+def _rounded(x: float | None) -> float | None:
+    """A priority for the round log: 4 significant digits; +-inf (a task yet to have a round, one left behind) as
+    a large finite number, JSON having no infinity."""
+    if x is None:
+        return None
+    if math.isinf(x):
+        return 1e18 if x > 0 else -1e18
+    return float(f"{x:.4g}")
