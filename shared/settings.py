@@ -254,6 +254,11 @@ class TunerSettings(LaneWaitSettings):
     # stopped improving kept a client searching it while a 31 us one still improved at the budget's end
     # (wav2vec2-conv, docs/time_to_quality.md); below 1 such a task yields to the ones still improving
     stalled_task_weight: float = Field(1.0, gt=0, le=1)
+    # a later round of a task the picker lets run below the other clients' top task gets that share of a full
+    # round (its priority / the top's, 8 at least; services/tuner/allocation.py Steering.round_size): clients run
+    # rounds at once, and a task a quarter as promising as the top one otherwise takes as many trials; off until
+    # a GPU run shows it
+    prorata_rounds: bool = False
     # a task's first round starts with the best records of the nearest stored workloads of its operator kind,
     # their decisions replayed in its own design spaces (services/tuner/metaschedule/seeds.py)
     warm_seeds: bool = True

@@ -532,3 +532,29 @@ def test_a_first_round_in_flight_holds_neither_the_budget_nor_the_other_clients(
             "t0"}  # t0's round came back (it is in the history): not owed again
     finally:
         store.deactivate_job(redis_conn, job)  # not a real job: keep the stack's clients and reaper off it
+
+
+def test_a_later_round_below_the_top_task_gets_its_pro_rata_share_only_when_asked():
+    """With pro-rata rounds, a task the picker let run at an eighth of the other shards' top priority measures
+    PRORATA_MIN, not a full round; without, a full round (up to what its search finds)."""
+    from types import SimpleNamespace
+
+    from services.tuner.allocation import PRORATA_MIN, Steering
+
+    claimed = {}
+    for prorata in (False, True):
+        loop, t, _ = _loop(_task(_DepthwiseConv()), population=64)
+        loop.builder = loop.runner = _Lanes()
+        loop.budget = _Budget()
+        loop.cost_model = SimpleNamespace(update_rows=lambda ctx, cands, results, brief: None)
+        loop.picker.steering = Steering(prorata=prorata)
+        t.per_iter = 32
+        t.may_evolve = lambda: False
+        t.restart(cold=True)
+        t.started, t.landed = True, 1
+        loop.run_stats.pick = (1.0, 8.0, 0.0)
+        assert loop._round(t)
+        claimed[prorata] = loop.run_stats.round_log[-1][2]
+        assert loop.run_stats.round_log[-1][4:6] == [1.0, 8.0] and loop.run_stats.pick is None
+    assert claimed[True] <= PRORATA_MIN < claimed[False]
+

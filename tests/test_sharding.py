@@ -129,6 +129,18 @@ def test_a_task_that_stopped_improving_has_its_forward_term_weighed_only_when_as
     assert not wait.may_run(priority(flat, 1, False, wait.stalled), others, live_shards=4)
 
 
+def test_a_pro_rata_round_is_the_tasks_share_of_the_top_priority_and_never_below_its_floor():
+    from services.tuner.allocation import PRORATA_MIN
+
+    off, on = Steering(), Steering(prorata=True)
+    assert off.round_size(64, 2.7, 7.0) == 64  # MetaSchedule's: a full round whoever runs
+    assert on.round_size(64, 2.7, 7.0) == 25  # efficientnet-mbconv's mean beside conv2d4
+    assert on.round_size(64, 0.1, 7.0) == PRORATA_MIN
+    assert on.round_size(64, 9.0, 7.0) == 64 and on.round_size(64, 2.7, None) == 64  # the top task; no other
+    assert on.round_size(4, 0.1, 7.0) == 4  # never more than a full round
+    assert on.round_size(64, 2.7, math.inf) == 64 and on.round_size(64, -1e9, 7.0) == 64
+
+
 def test_a_task_whose_batch_came_back_goes_before_one_still_measured():
     prio = {"a": 9.0, "b": 3.0, "c": 3.0}
     assert next_task(["a", "b", "c"], prio, in_flight=set()) == "a"

@@ -152,6 +152,9 @@ class ShardLoop:
         if room <= 0:
             t.finish()
             return True
+        if t.started and not ahead and self.run_stats.pick is not None:
+            mine, top, _ = self.run_stats.pick
+            room = min(room, self.picker.steering.round_size(t.per_iter, mine, top))
         left = self.budget.left()
         if left <= 0:
             return False
