@@ -199,8 +199,13 @@ class Steering:
         ahead = sum(1 for g in others if g > mine)
         if ahead >= self.per_shard * max(1, live_shards):
             return False
-        top = max((g for g in others if 0 < g < math.inf), default=0.0)
-        return mine >= self.min_share * top
+        return mine >= self.min_share * (self.top(others) or 0.0)
+
+    @staticmethod
+    def top(others: list[float]) -> float | None:
+        """The largest finite positive priority among `others` (+inf: a task yet to have a round or left behind,
+        and -1e9: one without a valid result, are no measure of what a round pays); None where there is none."""
+        return max((g for g in others if 0 < g < math.inf), default=None)
 
 
 PRORATA_MIN = 8  # the smallest later round a pro-rata share gives a task (LIGHT_FIRST_ROUND's reasoning)

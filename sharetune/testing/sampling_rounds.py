@@ -6,6 +6,7 @@ candidates, the samples replayed, which postprocessor rejected them, search CPU 
 no GPU. bench/valid_sampling.py runs it over tasks; tests/test_validity.py asserts with it."""
 from __future__ import annotations
 
+import contextlib
 import time
 
 MODES = ("off", "precheck", "tile draws")
@@ -71,13 +72,28 @@ def cold_round(task, target, mode: str, candidates: int) -> dict:
 EVOLUTION_MODES = ("EvolutionarySearch", "ValidEvolution, all verified", "ValidEvolution")
 
 
+@contextlib.contextmanager
+def nothing_deferred(on: bool):
+    """With `on`, searches set up inside keep VerifyGPUCode in the chain they replay every schedule with (no check is
+    deferred to the proposals: sampling.deferred_check), as before that change; the figure it is compared with."""
+    from services.tuner.metaschedule import sampling
+
+    verifies = sampling.verifies
+    if on:
+        sampling.verifies = lambda _p: False
+    try:
+        yield
+    finally:
+        sampling.verifies = verifies
+
+
 def evolution_round(task, target, mode: str, candidates: int, population: int = 128) -> dict:
     import random
 
     from tvm.s_tir import meta_schedule as ms
     from tvm.s_tir.meta_schedule.runner import RunnerResult
 
-    from services.tuner.metaschedule import sampling, validity
+    from services.tuner.metaschedule import validity
     from services.tuner.metaschedule.evolution import ValidEvolution
     from services.tuner.metaschedule.sampling import ValidReplay
 
@@ -103,16 +119,11 @@ def evolution_round(task, target, mode: str, candidates: int, population: int = 
     lazy = mode == "ValidEvolution"
     strategy = (ms.search_strategy.EvolutionarySearch(population_size=population, init_min_unmeasured=16)
                 if mode == "EvolutionarySearch" else ValidEvolution(seed=1, threads=1, population=population // 2))
-    verifies = sampling.verifies
-    if mode == "ValidEvolution, all verified":
-        sampling.verifies = lambda _p: False  # VerifyGPUCode stays in the replays' chain
-    try:
+    with nothing_deferred(mode == "ValidEvolution, all verified"):
         ctx = context(strategy, wrapped)
         c0 = time.process_time()
         cands = ctx.generate_measure_candidates() or []
         cpu = time.process_time() - c0
-    finally:
-        sampling.verifies = verifies
     return {"mode": mode, "valid": len(cands), "drawn": wrapped[0].calls, "search_cpu_s": round(cpu, 2),
             "cpu_s_per_valid": round(cpu / max(1, len(cands)), 3),
             "rejected": {**{w.name: w.rejects for w in wrapped if getattr(w, "rejects", 0)},
@@ -166,10 +177,7 @@ def ranked_round(task, target, mode: str, candidates: int, pool: int = 3) -> dic
 
     model = scripted_model()
     strategy = sampling.ValidReplay(seed=1, threads=1, pool=pool, model=model)
-    verifies = sampling.verifies
-    if mode == "ranked, all verified":
-        sampling.verifies = lambda _p: False  # VerifyGPUCode stays in the replays' chain
-    try:
+    with nothing_deferred(mode == "ranked, all verified"):
         ctx = ms.TuneContext(mod=task.mod, target=target, search_strategy=strategy, task_name=task.name, rand_state=1,
                              num_threads=1, space_generator=ms.space_generator.PostOrderApply(
                                  postprocs=validity.cuda_postprocs(target)))
@@ -177,8 +185,6 @@ def ranked_round(task, target, mode: str, candidates: int, pool: int = 3) -> dic
         c0 = time.process_time()
         cands = ctx.generate_measure_candidates() or []
         cpu = time.process_time() - c0
-    finally:
-        sampling.verifies = verifies
     return {"mode": mode, "valid": len(cands), "pool": pool, "replayed": strategy.replayed,
             "search_cpu_s": round(cpu, 2), "cpu_s_per_valid": round(cpu / max(1, len(cands)), 3),
             "rejected": {"VerifyGPUCode": strategy.verify_rejected}}

@@ -2,7 +2,6 @@
 order of rounds (RoundPicker), both kept in the store so every client sees the same."""
 from __future__ import annotations
 
-import math
 import time
 from typing import Callable
 
@@ -195,8 +194,7 @@ class RoundPicker:
             others, live = self._others(job_tasks, prio)
             if waited > self.steering.max_wait_s or self.steering.may_run(grads[best.task_id], others, live):
                 self.stats.waited_s += time.time() - t0
-                top = max((g for g in others if 0 < g < math.inf), default=None)
-                self.stats.pick = (grads[best.task_id], top, time.time() - t0)
+                self.stats.pick = (grads[best.task_id], self.steering.top(others), time.time() - t0)
                 return best
             self.check(True)
             time.sleep(0.1)
