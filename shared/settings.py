@@ -254,6 +254,10 @@ class TunerSettings(LaneWaitSettings):
     # stopped improving kept a client searching it while a 31 us one still improved at the budget's end
     # (wav2vec2-conv, docs/time_to_quality.md); below 1 such a task yields to the ones still improving
     stalled_task_weight: float = Field(1.0, gt=0, le=1)
+    # how many rounds without a gain make a task stalled (its first round counts): with 3 (MetaSchedule's window)
+    # a task is stalled at its fifth round at the earliest, which a heavy task of a 384-trial job never reaches
+    # (wav2vec2-conv's conv1d1: three rounds, flat after its first); 1: stalled once a round gains nothing
+    stalled_task_rounds: int = Field(3, ge=1, le=8)
     # a later round of a task the picker lets run below the other clients' top task gets that share of a full
     # round (its priority / the top's, 8 at least; services/tuner/allocation.py Steering.round_size): clients run
     # rounds at once, and a task a quarter as promising as the top one otherwise takes as many trials; off until

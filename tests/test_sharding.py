@@ -129,6 +129,24 @@ def test_a_task_that_stopped_improving_has_its_forward_term_weighed_only_when_as
     assert not wait.may_run(priority(flat, 1, False, wait.stalled), others, live_shards=4)
 
 
+def test_a_heavy_task_flat_after_its_first_round_is_stalled_only_with_one_round_asked():
+    # wav2vec2-conv's conv1d1 at 384 trials: its best in its first round, then two rounds without a gain
+    conv, improving = [38.6e-6, 38.6e-6, 38.6e-6], [33.2e-6, 30.1e-6, 25.5e-6]
+    assert gradient(conv, 1, stalled=0.25) == gradient(conv, 1)  # three flat rounds need four entries
+    assert gradient(conv, 1, stalled=0.25, stalled_rounds=1) == pytest.approx(0.25 * gradient(conv, 1))
+    assert gradient(conv[:1], 1, stalled=0.25, stalled_rounds=1) == gradient(conv[:1], 1)  # one round: no verdict
+    assert gradient(improving, 1, stalled=0.25, stalled_rounds=1) == gradient(improving, 1)
+    assert gradient([40.0, 36.0, 36.0], 1, stalled=0.25, stalled_rounds=1) == pytest.approx(
+        0.25 * gradient([40.0, 36.0, 36.0], 1))
+    # with one round asked, the convolution still improving goes first; with MetaSchedule's window, the flat one
+    assert gradient(conv, 1) > gradient(improving, 1)
+    assert gradient(conv, 1, stalled=0.25, stalled_rounds=1) < gradient(improving, 1, stalled=0.25, stalled_rounds=1)
+    steer = Steering(per_shard=2, stalled=0.25, stalled_rounds=1)
+    assert priority(conv, 1, False, steer.stalled, steer.stalled_rounds) == gradient(conv, 1, stalled=0.25,
+                                                                                      stalled_rounds=1)
+    assert priority(conv, 1, True, steer.stalled, steer.stalled_rounds) == math.inf  # behind still goes first
+
+
 def test_a_pro_rata_round_is_the_tasks_share_of_the_top_priority_and_never_below_its_floor():
     from services.tuner.allocation import PRORATA_MIN
 

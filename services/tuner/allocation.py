@@ -115,11 +115,13 @@ def first_rounds_reserve(job_task_ids: list[str], had_round: set[str], first_rou
 
 
 def gradient(history: list[float], weight: float, alpha: float = ALPHA, window: int = WINDOW,
-             stalled: float = 1.0) -> float:
+             stalled: float = 1.0, stalled_rounds: int | None = None) -> float:
     """MetaSchedule's task gradient: how much the weighted latency of a task is expected to fall with
     its next round. A task with no round yet comes first (+inf); a task with no valid result last.
-    `stalled`: what the forward term (best / rounds) of a task whose last `window` rounds gained nothing is
-    worth (1: MetaSchedule's rule, which keeps a large kernel that stopped improving near the top)."""
+    `stalled`: what the forward term (best / rounds) of a task whose last `stalled_rounds` rounds (`window` when
+    None) gained nothing is worth (1: MetaSchedule's rule, which keeps a large kernel that stopped improving near
+    the top). A task's first round is one of them: at a few hundred trials a heavy task has three or four rounds in
+    all, so three flat rounds come too late to matter."""
     n = len(history)
     if n == 0:
         return math.inf
@@ -128,7 +130,8 @@ def gradient(history: list[float], weight: float, alpha: float = ALPHA, window: 
         return -1e9
     g1 = (history[n - 1 - window] - best) / window if n >= 1 + window else 0.0
     g2 = best / n
-    if n >= 1 + window and g1 <= 0:
+    flat = window if stalled_rounds is None else stalled_rounds
+    if n >= 1 + flat and history[n - 1 - flat] <= best:
         g2 *= stalled
     return (alpha * g1 + (1 - alpha) * g2) * weight
 
@@ -151,9 +154,10 @@ def behind(task_id: str, shares: dict[str, float], trials: dict[str, int]) -> bo
     return most_light is not None and trials.get(task_id, 0) < most_light
 
 
-def priority(history: list[float], weight: float, is_behind: bool, stalled: float = 1.0) -> float:
+def priority(history: list[float], weight: float, is_behind: bool, stalled: float = 1.0,
+             stalled_rounds: int = WINDOW) -> float:
     """What orders the next round job-wide: a heavy task left behind first, then the gradient."""
-    return math.inf if is_behind else gradient(history, weight, stalled=stalled)
+    return math.inf if is_behind else gradient(history, weight, stalled=stalled, stalled_rounds=stalled_rounds)
 
 
 def next_task(order: list[str], priorities: dict[str, float], in_flight: set[str]) -> str:
@@ -174,14 +178,16 @@ class Steering:
     unfinished tasks than the ranks allow, so every client would spend the budget on its light tasks while
     the heavy ones are being measured. The owner of the job's best task always proceeds, so clients never wait on
     each other in a circle; `max_wait_s` bounds a wait on figures that stopped changing (it must outlast a
-    heavy task's round: search, builds and timing). `stalled` weighs the forward term of a task that stopped
-    improving (gradient's `stalled`; TunerSettings.stalled_task_weight). `prorata`: a later round of a task that
-    ranks below the other shards' top gets that share of a full round (round_size; TunerSettings.prorata_rounds)."""
+    heavy task's round: search, builds and timing). `stalled` weighs the forward term of a task whose last
+    `stalled_rounds` rounds gained nothing (gradient's; TunerSettings.stalled_task_weight, stalled_task_rounds).
+    `prorata`: a later round of a task that ranks below the other shards' top gets that share of a full round
+    (round_size; TunerSettings.prorata_rounds)."""
 
     per_shard: int = 2
     min_share: float = 0.25
     max_wait_s: float = 60.0
     stalled: float = 1.0
+    stalled_rounds: int = WINDOW
     prorata: bool = False
 
     def round_size(self, full: int, mine: float | None, top: float | None) -> int:

@@ -57,7 +57,9 @@ def tune_shard(send, redis, job_id: str, shard: int, settings: TunerSettings, ch
     spec = job.spec
     loop = ShardLoop(Shard(redis, job_id, shard, job.tasks, spec.trials_per_iter, spec.max_trials_per_task or spec.trials,
                            job.first_round),
-                     parts, steering=Steering(stalled=settings.stalled_task_weight, prorata=settings.prorata_rounds),
+                     parts, steering=Steering(stalled=settings.stalled_task_weight,
+                                              stalled_rounds=settings.stalled_task_rounds,
+                                              prorata=settings.prorata_rounds),
                      check=check, cold_start=settings.cold_start, screen=spec.timing == "screen",
                      rounds_ahead=settings.rounds_ahead if spec.rounds_ahead is None else spec.rounds_ahead,
                      stop_rules=StopRules(spec.time_limit_s, spec.patience, spec.min_gain_pct))

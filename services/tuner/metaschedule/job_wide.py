@@ -216,7 +216,8 @@ class RoundPicker:
 
         def prio(tid: str) -> float:
             return priority(hist.get(tid, []), job_tasks[tid].weight,
-                            tid not in landing and behind(tid, shares, trials), self.steering.stalled)
+                            tid not in landing and behind(tid, shares, trials), self.steering.stalled,
+                            self.steering.stalled_rounds)
 
         return job_tasks, prio
 
