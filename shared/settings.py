@@ -239,7 +239,7 @@ class TunerSettings(LaneWaitSettings):
     pad_awkward: Literal["off", "matmul", "all"] = "matmul"
     # a layer norm over the channel axis imported as transpose, last-axis layer norm, transpose (wav2vec 2.0's
     # feature encoder) is tuned and compiled as one layer norm over that axis, the activation after it in its kernel
-    # (services/tuner/metaschedule/norm_folding.py: 13 tasks of wav2vec2-conv become 7, the same output; on an H100
+    # (services/tuner/metaschedule/norm_folding.py: 12 tasks of wav2vec2-conv become 6, the same output; on an H100
     # its norm kernels 27.6-27.9 us a model instead of 35.2-37.0 in three paired runs, docs/time_to_quality.md)
     fold_norm_transposes: bool = True
     # a function whose reductions run over a non-innermost axis (a layer norm over the channels, as folding makes
