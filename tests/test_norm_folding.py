@@ -107,6 +107,6 @@ def test_wav2vec2s_feature_encoder_loses_its_six_transpose_kernels_on_cuda():
     assert fold_norm_transposes(mod)[1] == 3
     cuda = family_target("cuda.sm_90")
     plain, folded = extract(mod, cuda), extract(mod, cuda, fold_norms=True)
-    assert (len(plain), len(folded)) == (13, 7)
+    assert (len(plain), len(folded)) == (12, 6)  # its input's expand_dims is a view, no task
     assert sorted(t.name for t in folded if "layer_norm" in t.name) == [
         "fused_layer_norm1_gelu1", "fused_layer_norm2_gelu2", "fused_layer_norm_gelu"]
