@@ -8,6 +8,7 @@ proposed, a quarter of the round drawn at random from the rest). Per task: the b
 the task's best record, and the same for a round drawn at random. No GPU.
 
     python -m sharetune.testing.ranked_pools [--archive bench/results/time_to_quality_dbs.tar.xz] [--out F.json]
+    python -m sharetune.testing.ranked_pools --rounds 8,16,27   # each round size, ranked from 3x and at random
 """
 from __future__ import annotations
 
@@ -116,7 +117,9 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m sharetune.testing.ranked_pools")
     ap.add_argument("--archive", default="bench/results/time_to_quality_dbs.tar.xz")
     ap.add_argument("--out", default=None, help="a JSON file for the per-task figures")
+    ap.add_argument("--rounds", default="16", help="round sizes, comma-separated (more than one: 3x pools only)")
     args = ap.parse_args(argv)
+    rounds = [int(k) for k in args.rounds.split(",")]
     load_tensor_intrinsics("cuda")
     target = family_target("cuda.sm_90")
     with tempfile.TemporaryDirectory() as tmp:
@@ -124,10 +127,17 @@ def main(argv=None) -> int:
             tar.extractall(tmp, members=[m for m in tar.getmembers() if m.name.startswith("time_to_quality_stock/")],
                            filter="data")
         data = {m: model_rows(Path(tmp) / "time_to_quality_stock", m, target) for m in MODELS}
-    result = leave_one_out(data)
-    figures = {"records": {m: len(v) for m, v in data.items()}, "round": 16, "summary": summary(result),
-               "per_model": result}
-    print(json.dumps(figures["summary"]), json.dumps(figures["records"]))
+    if len(rounds) > 1:
+        figures = {"records": {m: len(v) for m, v in data.items()}, "pool": 3,
+                   # the same tasks at every size: those with a 3x pool of the largest round
+                   "rounds": {k: summary(leave_one_out(data, pools=(3,), k=k, min_records=3 * max(rounds)),
+                                         pools=(3,))["pool_3x"] for k in rounds}}
+        print(json.dumps(figures["rounds"]))
+    else:
+        result = leave_one_out(data, k=rounds[0])
+        figures = {"records": {m: len(v) for m, v in data.items()}, "round": rounds[0], "summary": summary(result),
+                   "per_model": result}
+        print(json.dumps(figures["summary"]), json.dumps(figures["records"]))
     if args.out:
         Path(args.out).write_text(json.dumps(figures, indent=1) + "\n")
     return 0
