@@ -155,7 +155,7 @@ def behind(task_id: str, shares: dict[str, float], trials: dict[str, int]) -> bo
 
 
 def priority(history: list[float], weight: float, is_behind: bool, stalled: float = 1.0,
-             stalled_rounds: int = WINDOW) -> float:
+             stalled_rounds: int | None = None) -> float:
     """What orders the next round job-wide: a heavy task left behind first, then the gradient."""
     return math.inf if is_behind else gradient(history, weight, stalled=stalled, stalled_rounds=stalled_rounds)
 
