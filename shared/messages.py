@@ -345,6 +345,9 @@ class JobHash(BaseModel):
     # patience's mark: the estimated latency (s) at its last improvement and the job's trials then
     estimate_mark_s: float | None = None
     estimate_mark_trials: int | None = None
+    # whether the central cost model ranks the job's first rounds (store.decide_ranked_first_rounds: the first
+    # client's answer is every client's, so all size their first rounds alike)
+    ranked_first_rounds: bool | None = None
 
     JSON_FIELDS: ClassVar[frozenset[str]] = frozenset({"spec", "result", "lanes", "latency_us"})
 

@@ -229,6 +229,11 @@ class TunerSettings(LaneWaitSettings):
     # many times its candidates within the limits and measures the model's best, a quarter of them at random from
     # the rest (services/tuner/metaschedule/sampling.py ValidReplay); 1: every round drawn at random
     first_round_pool: int = Field(3, ge=1, le=16)
+    # a job whose first rounds that model ranks (decided once a job, by its first client: the model trained for
+    # the job's target family when the job starts, first_round_pool > 1, a CUDA job) measures this share of an
+    # even first round, 8 at least (allocation.ranked_first_round); the trials left go to evolutionary rounds.
+    # Offline on stock's panel records, a ranked round lands where a random one about twice its size does. 1: off
+    ranked_first_round_share: float = Field(0.5, gt=0, le=1)
     # `matmul`: a CUDA design space also holds, for a matmul (an einsum whose operands are read at plain indices)
     # with an awkward extent (above 16, odd or twice odd: ViT's 197 tokens), the block padded to a multiple of 16,
     # which MultiLevelTiling's exact divisors can tile (services/tuner/metaschedule/padding.py); the unpadded

@@ -349,6 +349,60 @@ def test_first_round_sizes_wait_for_every_tasks_default_in_the_store(redis_conn)
     assert rounds.head() == {"t0"}  # 30 of 42 us: its first round's messages go ahead
 
 
+def test_a_ranked_first_round_is_a_share_of_the_even_one_never_under_a_light_tasks():
+    from services.tuner.allocation import LIGHT_FIRST_ROUND, ranked_first_round
+
+    assert ranked_first_round(64, 0.5) == 32
+    assert ranked_first_round(64, 0.3) == 20  # rounded up
+    assert ranked_first_round(12, 0.5) == LIGHT_FIRST_ROUND
+    assert ranked_first_round(5, 0.5) == 5  # never over the even round
+    assert ranked_first_round(64, 1.0) == 64
+
+
+class _Model:
+    def __init__(self, trained: bool):
+        self.is_trained = trained
+
+    def trained(self) -> bool:
+        return self.is_trained
+
+
+def test_whether_a_jobs_first_rounds_are_ranked_is_decided_once_by_its_first_client(redis_conn, tmp_path):
+    """A CUDA job started while the central model is trained sizes its first rounds at the ranked share; a client
+    that starts later (or resumes) sizes them alike whatever the model says then. A CPU job, a pool of 1 or a
+    share of 1 keeps the even round and records no decision."""
+    import uuid
+
+    from shared import store
+    from shared.messages import JobSpec
+    from shared.settings import TunerSettings
+    from services.tuner.search import ShardJob, first_round_of
+
+    settings = TunerSettings(work_dir=str(tmp_path))
+
+    def job(target: str) -> ShardJob:
+        spec = JobSpec(job_id=f"ranked-{uuid.uuid4().hex[:8]}", target=target, trials=384, trials_per_iter=64)
+        store.create_job(redis_conn, spec, b"not a model: never read")
+        return ShardJob(spec.job_id, 0, spec, None, [], {}, 64)
+
+    warm = job("cuda")
+    assert first_round_of(redis_conn, warm, settings, _Model(True)) == 32
+    assert first_round_of(redis_conn, warm, settings, _Model(False)) == 32  # a second client: the same decision
+    assert store.job_hash(redis_conn, warm.job_id).ranked_first_rounds is True
+    cold = job("cuda")
+    assert first_round_of(redis_conn, cold, settings, _Model(False)) == 64
+    assert first_round_of(redis_conn, cold, settings, _Model(True)) == 64  # trained since: still the job's even round
+    assert store.job_hash(redis_conn, cold.job_id).ranked_first_rounds is False
+    cpu = job("llvm")
+    assert first_round_of(redis_conn, cpu, settings, _Model(True)) == 64
+    for off in (TunerSettings(work_dir=str(tmp_path), ranked_first_round_share=1.0),
+                TunerSettings(work_dir=str(tmp_path), first_round_pool=1)):
+        other = job("cuda")
+        assert first_round_of(redis_conn, other, off, _Model(True)) == 64
+        assert store.job_hash(redis_conn, other.job_id).ranked_first_rounds is None
+    assert store.job_hash(redis_conn, cpu.job_id).ranked_first_rounds is None
+
+
 def test_a_round_ahead_proposes_none_of_the_tasks_candidates_still_in_flight():
     """Searched before the task's batch lands: the draw's schedules in flight are not proposed again, a draw that
     finds only them does not count as dry, and the task's room counts them as spent."""

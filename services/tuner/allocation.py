@@ -80,6 +80,15 @@ def first_round_sizes(costs: dict[str, float | None], uniform: int) -> dict[str,
     return {t: min(uniform, LIGHT_FIRST_ROUND) if c and c < bar else uniform for t, c in costs.items()}
 
 
+def ranked_first_round(uniform: int, share: float) -> int:
+    """A task's first round when the central cost model ranks it (sampling.ValidReplay: the model's best of a
+    pool several times the round, trained on other jobs' records): `share` of the even round (first_round_size),
+    never under LIGHT_FIRST_ROUND nor over the even round. A ranked round's best lands where a random round about
+    twice its size does (docs/time_to_quality.md, "How small a ranked first round can be"), so the trials it
+    leaves go to evolutionary rounds, which the warm job reaches sooner."""
+    return min(uniform, max(LIGHT_FIRST_ROUND, math.ceil(uniform * share)))
+
+
 def first_round_order(costs: dict[str, float | None], order: list[str]) -> list[str]:
     """A shard's tasks in the order their first rounds go: the largest cost to the untuned model first (weight x
     default seconds), so the tasks the user waits on are measured first; a task whose default was not timed

@@ -55,8 +55,9 @@ def tune_shard(send, redis, job_id: str, shard: int, settings: TunerSettings, ch
     parts = search_parts(send, redis, job, settings, runner, stash, split, pop)
     t0 = time.time()
     spec = job.spec
+    first_round = first_round_of(redis, job, settings, parts.cost_model)
     loop = ShardLoop(Shard(redis, job_id, shard, job.tasks, spec.trials_per_iter, spec.max_trials_per_task or spec.trials,
-                           job.first_round),
+                           first_round),
                      parts, steering=Steering(stalled=settings.stalled_task_weight,
                                               stalled_rounds=settings.stalled_task_rounds,
                                               prorata=settings.prorata_rounds),
@@ -65,8 +66,23 @@ def tune_shard(send, redis, job_id: str, shard: int, settings: TunerSettings, ch
                      stop_rules=StopRules(spec.time_limit_s, spec.patience, spec.min_gain_pct))
     run = loop.run()
     store.put_split(redis, job_id, shard, shard_times(split, run, time.time() - t0, pop, parts.seeds,
-                                                      getattr(parts.cost_model, "ranked_rounds", 0)))
+                                                      getattr(parts.cost_model, "ranked_rounds", 0), first_round))
     return run
+
+
+def first_round_of(redis, job: ShardJob, settings: TunerSettings, cost_model) -> int:
+    """The size of the job's first rounds: the even one (allocation.first_round_size), or its ranked share
+    (allocation.ranked_first_round) where the central model ranks them: a CUDA job with valid sampling and a
+    pool, the model trained for the job's family when its first client starts (decided once for the job,
+    store.decide_ranked_first_rounds, so every client sizes its first rounds alike)."""
+    from services.tuner.allocation import ranked_first_round
+
+    share = settings.ranked_first_round_share
+    if share >= 1 or settings.first_round_pool <= 1 or not settings.valid_sampling or job.kind != "cuda":
+        return job.first_round
+    if not store.decide_ranked_first_rounds(redis, job.job_id, bool(cost_model.trained())):
+        return job.first_round
+    return ranked_first_round(job.first_round, share)
 
 
 def round_priority_of(redis, job_id: str) -> int:
@@ -149,9 +165,11 @@ def lane_runner(send, redis, spec: JobSpec, target, settings: TunerSettings, sta
                                  settings.batch_grace_s, settings.live_lane_policy()))
 
 
-def shard_times(split, run, tune_s: float, population: int, seeds, ranked_rounds: int = 0) -> dict:
+def shard_times(split, run, tune_s: float, population: int, seeds, ranked_rounds: int = 0,
+                first_round: int | None = None) -> dict:
     """Where the shard's time went (the lanes' split, the search, its phases, the waits) and what its loop did
-    (`ranked_rounds`: cold rounds the central model chose from a larger pool, sampling.ValidReplay)."""
+    (`ranked_rounds`: cold rounds the central model chose from a larger pool, sampling.ValidReplay;
+    `first_round`: the size its first rounds had before light tasks', first_round_of)."""
     times = split.as_dict()
     times["search"] = round(max(0.0, tune_s - split.wait - split.serialize - run.waited_s), 3)
     times["steer_wait"] = round(run.waited_s, 3)
@@ -161,7 +179,7 @@ def shard_times(split, run, tune_s: float, population: int, seeds, ranked_rounds
                  warm_switches=run.warm_switches,
                  population=population, seeds_measured=run.seeds, seeds_applied=seeds.applied if seeds else 0,
                  seeds_skipped=seeds.skipped if seeds else 0, seeds_padded=seeds.padded if seeds else 0,
-                 ranked_rounds=ranked_rounds, round_log=run.round_log)
+                 ranked_rounds=ranked_rounds, first_round=first_round, round_log=run.round_log)
     return times
 
 
@@ -303,6 +321,7 @@ def job_times(redis, job_id: str, t_compile: float, compile_s: float) -> dict:
         times[k] = sum(sp.get(k, 0) for sp in splits)
     times["clients"] = len(shards)
     times["population"] = max((sp.get("population", 0) for sp in splits), default=0)
+    times["first_round"] = max((sp.get("first_round") or 0 for sp in splits), default=0) or None
     times["resumed_shards"] = sum(1 for sh in shards.values() if sh.attempts > 1)
     return times
 

@@ -252,6 +252,14 @@ def update_job(r: redis.Redis, job_id: str, **fields) -> None:
         r.hset(names.job_key(job_id), mapping=mapping)
 
 
+def decide_ranked_first_rounds(r: redis.Redis, job_id: str, ranked: bool) -> bool:
+    """Whether the central cost model ranks the job's first rounds, decided once: the first caller's `ranked` is
+    kept (a client resumed after a crash, or one starting after the model was trained, reads the same)."""
+    r.hsetnx(names.job_key(job_id), "ranked_first_rounds", JobHash.dump_fields(ranked_first_rounds=ranked)[
+        "ranked_first_rounds"])
+    return bool(job_hash(r, job_id).ranked_first_rounds)
+
+
 def clear_job_fields(r: redis.Redis, job_id: str, *fields: str) -> None:
     JobHash.dump_fields(**{f: None for f in fields})  # only fields a job has
     r.hdel(names.job_key(job_id), *fields)

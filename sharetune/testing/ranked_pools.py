@@ -9,6 +9,7 @@ the task's best record, and the same for a round drawn at random. No GPU.
 
     python -m sharetune.testing.ranked_pools [--archive bench/results/time_to_quality_dbs.tar.xz] [--out F.json]
     python -m sharetune.testing.ranked_pools --rounds 8,12,16   # each round size, ranked from 3x and at random
+(`random_2x`: a random round twice the ranked one's size, which allocation.ranked_first_round rests on)
 """
 from __future__ import annotations
 
@@ -57,14 +58,16 @@ def model_rows(folder: Path, model: str, target) -> list[tuple[str, np.ndarray, 
     return out
 
 
-def picked_round(pred: np.ndarray, costs: np.ndarray, pool: int, k: int, rng: random.Random) -> tuple[float, float]:
-    """One draw: (best of the ranked round, best of a random round of k) over the task's best; the round picked
-    as the tuner picks it (sampling.ranked_pick)."""
+def picked_round(pred: np.ndarray, costs: np.ndarray, pool: int, k: int,
+                 rng: random.Random) -> tuple[float, float, float]:
+    """One draw: (best of the ranked round, best of a random round of k, of a random round of 2k, the pool's
+    first 2k) over the task's best; the round picked as the tuner picks it (sampling.ranked_pick)."""
     from services.tuner.metaschedule.sampling import ranked_pick
 
     idx = rng.sample(range(len(costs)), pool * k)
     chosen = [idx[i] for i in ranked_pick(pred[idx], k, rng)]
-    return float(costs[chosen].min() / costs.min()), float(costs[idx[:k]].min() / costs.min())
+    return (float(costs[chosen].min() / costs.min()), float(costs[idx[:k]].min() / costs.min()),
+            float(costs[idx[:2 * k]].min() / costs.min()))
 
 
 def leave_one_out(data: dict[str, list], pools=(2, 3), k: int = 16, draws: int = 300, min_records: int = 48) -> dict:
@@ -91,8 +94,10 @@ def leave_one_out(data: dict[str, list], pools=(2, 3), k: int = 16, draws: int =
             for pool in pools:
                 got = [picked_round(pred, costs, pool, k, rng) for _ in range(draws) if pool * k <= len(items)]
                 if got:
-                    row[f"pool_{pool}x"] = {"ranked": round(statistics.mean(a for a, _ in got), 3),
-                                            "random": round(statistics.mean(b for _, b in got), 3)}
+                    row[f"pool_{pool}x"] = {"ranked": round(statistics.mean(g[0] for g in got), 3),
+                                            "random": round(statistics.mean(g[1] for g in got), 3)}
+                    if pool >= 2:  # a random round twice the ranked one's size, from the same draws
+                        row[f"pool_{pool}x"]["random_2x"] = round(statistics.mean(g[2] for g in got), 3)
             per_task.append(row)
         out[held] = per_task
     return out
@@ -106,6 +111,7 @@ def summary(result: dict, pools=(2, 3)) -> dict:
         if rows:
             out[f"pool_{pool}x"] = {"tasks": len(rows), "ranked": round(statistics.mean(r["ranked"] for r in rows), 3),
                                     "random": round(statistics.mean(r["random"] for r in rows), 3),
+                                    "random_2x": round(statistics.mean(r["random_2x"] for r in rows), 3),
                                     "ranked_worse": sum(r["ranked"] > r["random"] for r in rows)}
     return out
 
