@@ -248,12 +248,11 @@ class TunerSettings(LaneWaitSettings):
     # its norm kernels 27.6-27.9 us a model instead of 35.2-37.0 in three paired runs, docs/time_to_quality.md)
     fold_norm_transposes: bool = True
     # a function whose reductions run over a non-innermost axis (a layer norm over the channels, as folding makes
-    # wav2vec 2.0's) also gets a CUDA design space that computes it as one kernel, a warp reading neighbouring
-    # elements (services/tuner/metaschedule/column_reduction.py): on an H100 wav2vec2-conv served 2.2-18.1 us faster
-    # in four paired runs of 384 trials, its first norm 6.9 us instead of 11.7-12.6 (docs/time_to_quality.md).
-    # `wide`: that state alone for such a function (the default kernel still guards), more and smaller thread
-    # blocks; not yet measured on a GPU. 1/true mean `on`, 0/false `off`
-    column_reductions: Literal["off", "on", "wide"] = "on"
+    # wav2vec 2.0's) also gets (`on`), or gets only (`wide`), a CUDA design space that computes it as one kernel, a
+    # warp reading neighbouring elements (services/tuner/metaschedule/column_reduction.py). Off: on an H100 every
+    # wav2vec2-conv module tuned with it served NaN, its fast kernels computing the wrong thing
+    # (docs/time_to_quality.md, 2026-12-07). 1/true mean `on`, 0/false `off`
+    column_reductions: Literal["off", "on", "wide"] = "off"
     # what the task gradient's forward term (best / rounds) is worth for a task whose last three rounds gained
     # nothing (services/tuner/allocation.py gradient): 1 is MetaSchedule's rule, under which a 12 us kernel that
     # stopped improving kept a client searching it while a 31 us one still improved at the budget's end

@@ -110,6 +110,29 @@ def test_a_row_is_compared_with_its_strict_control_on_rate_lane_time_and_time_to
     assert variant_pairs([row], "-strict") == {} and estimated_us({"config": "x"}) is None
 
 
+def test_a_served_module_whose_output_is_not_the_models_is_flagged_and_meets_no_goal():
+    """A tuned module with NaN in its output (a kernel TVM lowered wrongly can win its task: nothing checks what
+    a timed kernel computes) or far from the reference is wrong; its latency is no tuned latency."""
+    from sharetune.experiments.time_to_quality import settings_ab, summarise, wrong_outputs
+
+    assert wrong_outputs({"max_abs_err": {"untuned": 4.9e-6, "stock": 4.9e-6, "cold": 5.2e-6, "warm": 3e-3}}) == ["warm"]
+    assert wrong_outputs({"max_abs_err": {"untuned": 4.9e-6, "cold": float("nan")}}) == ["cold"]
+    assert wrong_outputs({"max_abs_err": {"untuned": 0.0, "cold": 5e-5}}) == []  # under the floor
+    assert wrong_outputs({"max_abs_err": {"cold": None}}) == ["cold"] and wrong_outputs({}) == []
+    weights, defaults = {"t": 1}, {"t": 10e-6}
+    row = {"stock": {"wall_s": 100.0, "events": [[50.0, "t", 6e-6]], "weights": weights},
+           "cold": {"events": [[1.0, "t", 4e-6]], "weights": weights, "defaults": defaults,
+                    "wall_s": 10.0, "trials": 1},
+           "served": {"latency_us": {"stock": 10.0, "cold": 6.0, "untuned": 20.0},
+                      "max_abs_err": {"stock": 4.9e-6, "cold": float("nan"), "untuned": 4.9e-6}}}
+    summarise_model(row)
+    assert row["summary"]["wrong_output"] == ["cold"] and "latency_vs_stock_equal_trials" not in row["summary"]
+    assert summarise({"models": {"m": row}})["wrong_output"] == {"m": ["cold"]}
+    ab = settings_ab([("on", {"models": {"m": row}})], "m")
+    assert ab["runs"][0]["wrong_output"] == ["cold"] and ab["runs"][0]["max_abs_err"]["cold"] == "nan"
+    assert ab["summary"]["runs_with_wrong_output"] == {"on": 1}
+
+
 def test_an_ab_of_settings_keeps_each_run_and_means_each_figure_per_value():
     from sharetune.experiments.time_to_quality import settings_ab
 

@@ -63,6 +63,25 @@ def heaviest_task_landed(events: list, weights: dict[str, int], defaults: dict[s
     return heaviest, next((t for t, name, secs in events if name == heaviest and secs is not None), None)
 
 
+# a served module computes the wrong thing where its output departs from the reference by more than this many times
+# the untuned module's departure (reductions summed in another order move the last bits), WRONG_OUTPUT_FLOOR at
+# least; NaN is always wrong. MetaSchedule times kernels without checking what they compute, so a schedule that
+# TVM lowers wrongly can win a task: its latency is no tuned latency
+WRONG_OUTPUT_FACTOR = 100.0
+WRONG_OUTPUT_FLOOR = 1e-4
+
+
+def wrong_outputs(served: dict | None) -> list[str]:
+    """The served modules (stock, cold, warm, ...) whose output is not the model's (`served`: the row's served
+    figures, their `max_abs_err` against the reference output); the untuned module is the yardstick."""
+    errs = (served or {}).get("max_abs_err") or {}
+    base = errs.get("untuned")
+    bar = WRONG_OUTPUT_FLOOR
+    if base is not None and math.isfinite(base):
+        bar = max(bar, WRONG_OUTPUT_FACTOR * base)
+    return sorted(k for k, e in errs.items() if k != "untuned" and not (e is not None and e <= bar))
+
+
 def summarise_model(row: dict) -> None:
     """The curves from the events, and the figures the issue asks for."""
     cold, warm, stock = row.get("cold"), row.get("warm"), row.get("stock")
@@ -94,13 +113,16 @@ def summarise_model(row: dict) -> None:
         s["warm_time_to_cold_latency_s"] = t
         s["warm_trials_ratio"] = round(n / len(curves["cold"]), 4) if n is not None else None
     lat = (row.get("served") or {}).get("latency_us") or {}
-    if "stock" in lat:
+    wrong = wrong_outputs(row.get("served"))
+    if wrong:
+        s["wrong_output"] = wrong
+    if "stock" in lat and "stock" not in wrong:
         for k in ("cold", "warm", "cold_at_stock_trials"):
             if k in lat:
                 s[f"{k}_vs_stock_latency"] = round(lat[k] / lat["stock"], 4)
-        equal = lat.get("cold_at_stock_trials", lat.get("cold"))
-        if equal is not None:
-            s["latency_vs_stock_equal_trials"] = round(equal / lat["stock"], 4)
+        equal_run = "cold_at_stock_trials" if "cold_at_stock_trials" in lat else "cold"
+        if equal_run in lat and equal_run not in wrong:  # a wrong module's latency meets no goal
+            s["latency_vs_stock_equal_trials"] = round(lat[equal_run] / lat["stock"], 4)
     if "untuned" in lat:
         s["never_slower_than_untuned"] = all(v <= lat["untuned"] * 1.02 for k, v in lat.items() if k in ("cold", "warm"))
     if cold:
@@ -125,6 +147,10 @@ def summarise(result: dict) -> dict:
                      ("search_cpu_s_per_valid_candidate", "search_cpu_s_per_valid_candidate")):
         v, m = worst(src)
         out[key], out[f"{key}_model"] = v, m
+    wrong = {m: row["summary"]["wrong_output"] for m, row in result["models"].items()
+             if (row.get("summary") or {}).get("wrong_output")}
+    if wrong:
+        out["wrong_output"] = wrong
     unreached = [m for m, row in result["models"].items() if row.get("summary") and "stock" in row.get("curves", {})
                  and "cold" in row.get("curves", {}) and row["summary"].get("cold_time_to_stock_latency_s") is None]
     if unreached:
@@ -152,6 +178,8 @@ def markdown_table(result: dict) -> str:
                 if s.get(f"{run}_time_to_stock_latency_s") is not None else "never")
             served = f"{lat[run]:.1f}" + (f" ({lat[run] / lat['stock']:.2f}x)" if "stock" in lat and run != "stock" else "") \
                 if run in lat else "-"
+            if run in s.get("wrong_output", ()):
+                served += " WRONG OUTPUT"
             lines.append(f"| {m} | {run} | {res.get('trials')} | {res.get('wall_s')} | {reach} | "
                          f"{s.get(f'{run}_final_estimate_us')} | {served} |")
         if "untuned" in lat:
@@ -323,6 +351,7 @@ def settings_ab(runs: list[tuple[str, dict]], model: str) -> dict:
     for label, result in runs:
         row = result["models"][model]
         cold, served = row["cold"], (row.get("served") or {}).get("latency_us", {})
+        errs = (row.get("served") or {}).get("max_abs_err") or {}
         curve = latency_curve(cold["events"], cold["weights"], cold["defaults"])
         best = task_bests(cold["events"])
         trials = collections.Counter(task for _, task, _ in cold["events"])
@@ -332,6 +361,8 @@ def settings_ab(runs: list[tuple[str, dict]], model: str) -> dict:
             "final_estimate_us": round(1e6 * curve[-1][2], 3) if curve else None,
             "untuned_estimate_us": round(1e6 * untuned_estimate(cold["weights"], cold["defaults"]), 3),
             "served_us": {k: round(v, 1) for k, v in served.items()},
+            "max_abs_err": {k: (v if v is None or math.isfinite(v) else str(v)) for k, v in errs.items()},
+            "wrong_output": wrong_outputs(row.get("served")),
             "search_cpu_s_per_valid_candidate": cold.get("search_cpu_s_per_valid_candidate"),
             "tasks": {name: {"untuned_us": round(1e6 * d, 2),
                              "best_us": round(1e6 * best[name], 2) if name in best else None,
@@ -351,6 +382,7 @@ def settings_ab(runs: list[tuple[str, dict]], model: str) -> dict:
         # within one serving process: steadier across runs than the microseconds, which move with the card's state
         ("served_cold_vs_stock", lambda r: _ratio(r["served_us"].get("cold"), r["served_us"].get("stock"))),
         ("search_cpu_s_per_valid_candidate", lambda r: r["search_cpu_s_per_valid_candidate"]))}
+    summary["runs_with_wrong_output"] = {label: sum(1 for r in rs if r["wrong_output"]) for label, rs in by.items()}
     heavy = sorted({name for r in out for name, t in r["tasks"].items() if t["untuned_us"] >= HEAVY_TASK_US})
     for name in heavy:
         summary[f"{name}_best_us"] = {label: mean([r["tasks"].get(name, {}).get("best_us") for r in rs])

@@ -14,6 +14,9 @@ only the unrolling is added. A function it does not fit keeps the target's state
 Two variants (`TunerSettings.column_reductions`): `on` adds the state beside the target's, 16-64 threads across the
 inner axis; `wide` makes it the function's only state (the default kernel still guards the export) with 8-32
 threads across the inner axis and 8-64 across the reduced one, so a 399-column norm runs in 13-50 blocks, not 7-25.
+
+Not correct yet: on an H100 every wav2vec2-conv module tuned with either variant served NaN (docs/time_to_quality.md,
+2026-12-07), so the setting is off by default until a kernel of this state matches NumPy on a GPU.
 """
 from __future__ import annotations
 
