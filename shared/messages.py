@@ -516,6 +516,12 @@ class Candidate(Contract):
     # the task's key for the lanes' live best (store.live_bests), set on screened rounds: the bar tightens as
     # the round finds better, and a round sent with nothing to beat is screened once it has a best
     bar_key: str | None = Field(default=None, max_length=200)
+    # the store key of the task's default-scheduled module (store.put_reference): a lane that times this candidate
+    # fully also runs that module on the same inputs and answers a candidate whose output differs with an error
+    # ("wrong result"), so a schedule TVM lowers wrongly never becomes a best. `reference`: that module's packed IR,
+    # filled in by the lane from the store before it measures (never sent by the tuner)
+    reference_key: str | None = Field(default=None, max_length=300)
+    reference: str | None = None
 
 
 class MeasureBatch(Contract):

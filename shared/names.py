@@ -246,6 +246,11 @@ def job_keys(job_id: str) -> list[str]:
             job_shards_key(job_id), job_resends_key(job_id), job_resend_counts_key(job_id)] + job_transient_keys(job_id)
 
 
+def reference_key(wkey: str) -> str:
+    """A workload's default-scheduled module (packed TVM JSON): what the lanes check a candidate's output against."""
+    return f"{PREFIX}:ref:{wkey}"
+
+
 def workload_key(wkey: str) -> str:
     """One tuning workload (a task's IRModule at a target and share): packed TVM JSON + metadata."""
     return f"{PREFIX}:wl:{wkey}"

@@ -234,6 +234,10 @@ class TunerSettings(LaneWaitSettings):
     # even first round, 8 at least (allocation.ranked_first_round); the trials left go to evolutionary rounds.
     # Offline on stock's panel records, a ranked round lands where a random one about twice its size does. 1: off
     ranked_first_round_share: float = Field(0.5, gt=0, le=1)
+    # a lane that times a candidate fully also runs its task's default-scheduled module on the same inputs and
+    # answers a candidate whose output differs with a "wrong result" error: MetaSchedule times kernels without
+    # checking what they compute, and a schedule TVM lowers wrongly won its task (docs/time_to_quality.md, 2026-12-07)
+    check_outputs: bool = True
     # `matmul`: a CUDA design space also holds, for a matmul (an einsum whose operands are read at plain indices)
     # with an awkward extent (above 16, odd or twice odd: ViT's 197 tokens), the block padded to a multiple of 16,
     # which MultiLevelTiling's exact divisors can tile (services/tuner/metaschedule/padding.py); the unpadded

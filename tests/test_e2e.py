@@ -151,6 +151,17 @@ def test_each_tasks_default_schedule_is_timed_and_guards_the_tuned_model(tuned_t
     assert len(with_records) == sum(1 for b in res.tasks if b.applied)
 
 
+def test_every_tasks_default_schedule_is_the_reference_its_candidates_outputs_are_checked_against(tuned_tiny,
+                                                                                                   redis_conn):
+    """The lanes check each fully timed candidate against its task's default-scheduled module on the same inputs:
+    every task's reference is stored, and on real CPU lanes no candidate of the tiny model was a wrong result
+    (those the check may skip: a layout rewrite makes a weight's layout the candidate's own)."""
+    wkeys = [t.wkey for t in store.job_tasks(redis_conn, tuned_tiny.job_id)]
+    assert all(store.references(redis_conn, wkeys).values())
+    errors = [r.error for w in wkeys for r in store.records(redis_conn, w) if r.error]
+    assert not [e for e in errors if e.startswith("wrong result")], errors
+
+
 def test_a_record_applies_only_when_it_beats_the_default():
     from services.tuner.metaschedule.defaults import keeps_records
 

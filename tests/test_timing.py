@@ -286,3 +286,70 @@ def test_the_benches_count_full_timings_by_their_window():
 
     recs = [rec(window=10), rec(window=10), rec(window=50), rec(), rec("brief"), rec(window=10, run_secs=None, error="x")]
     assert full_windows(recs) == {"10 ms": 2, "50 ms": 1, "-": 1}
+
+
+def _adds(value: float):
+    from tvm import te
+
+    a = te.placeholder((64,), name="a")
+    b = te.compute((64,), lambda i: a[i] + value, name="b")
+    return tvm.IRModule({"main": te.create_prim_func([a, b])})
+
+
+def test_a_fully_timed_candidate_whose_output_is_not_its_references_is_a_wrong_result(built):
+    """A real build and run on this CPU: the candidate computes a + 1; checked against a reference that computes
+    a + 1 it is timed as usual, against one that computes a + 2 it is answered with an error and no timing. A
+    briefly timed candidate (it cannot become a best) and one without a reference are not checked."""
+    from services.measurer.metaschedule.candidate_codec import dump_ir
+    from services.measurer.metaschedule.timing import time_module
+    from shared.messages import Candidate, ErrorKind, TimingConfig
+
+    rt, target, args = built
+    timing = TimingConfig(number=2, repeat=2, min_repeat_ms=2, brief_ms=1)
+
+    def cand(reference, bar=None):
+        return Candidate(candidate_id="c", mod="", args_info=args, full_below_s=bar,
+                         reference=dump_ir(reference) if reference is not None else None)
+
+    same = time_module(rt, cand(_adds(1.0)), target, timing)
+    assert same.error is None and same.timing == "full"
+    wrong = time_module(rt, cand(_adds(2.0)), target, timing)
+    assert wrong.run_secs is None and wrong.error_kind == ErrorKind.RUN
+    assert wrong.error.startswith("wrong result: argument 1: differs from the default schedule's output by up to 1")
+    assert time_module(rt, cand(_adds(2.0), bar=1e-12), target, timing).timing == "brief"
+    assert time_module(rt, cand(None), target, timing).error is None
+
+
+def test_outputs_differ_beyond_reordered_sums_or_where_numbers_turn_nan():
+    import numpy as np
+
+    from services.measurer.metaschedule.timing import outputs_differ
+
+    ref = np.linspace(-50, 50, 101, dtype="float32")
+    assert outputs_differ([ref + 0.04], [ref]) is None  # within 1e-3 of the largest magnitude (50)
+    assert "up to 0.1" in outputs_differ([ref + 0.1], [ref])
+    nan = ref.copy()
+    nan[3] = np.nan
+    assert "1 of 101 elements NaN or infinite" in outputs_differ([nan], [ref])
+    assert outputs_differ([nan], [nan]) is None  # the reference's own NaN (e.g. log of a negative input)
+    half = ref.astype("float16")
+    assert outputs_differ([half + np.float16(0.25)], [half]) is None  # 16-bit floats: 1e-2
+    assert "2 of 3 elements differ" in outputs_differ([np.array([1, 5, 6])], [np.array([1, 2, 3])])
+
+
+def test_a_lane_gives_each_candidate_its_stored_reference_and_none_it_lacks(redis_conn):
+    import uuid
+
+    from services.measurer.worker import with_references
+    from shared import store
+    from shared.messages import Candidate, MeasureBatch
+
+    wkey = f"ref-test:{uuid.uuid4().hex[:8]}"
+    store.put_reference(redis_conn, wkey, "packed-default")
+    store.put_reference(redis_conn, wkey, "another")  # the first one written is kept
+    batch = MeasureBatch(batch_id=uuid.uuid4().hex, job_id="ref-test", target="", candidates=[
+        Candidate(candidate_id="c0", mod="", args_info=[], reference_key=wkey),
+        Candidate(candidate_id="c1", mod="", args_info=[], reference_key=wkey + ":none"),
+        Candidate(candidate_id="c2", mod="", args_info=[])])
+    got = with_references(redis_conn, batch).candidates
+    assert [c.reference for c in got] == ["packed-default", None, None]

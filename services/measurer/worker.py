@@ -187,7 +187,7 @@ class LaneWorker:
         window = self.observer is not None
         if window:
             self.observer.start_window(s.gpu_uuid)
-        batch = tightened(r, batch)
+        batch = with_references(r, tightened(r, batch))
         results = self._results(batch, target)
         answered = []
         self.in_process.held = (batch.batch_id, answered)  # written by the watchdog if the lane dies holding them
@@ -251,6 +251,18 @@ def tightened(r, batch: MeasureBatch) -> MeasureBatch:
         return batch
     cands = [c.model_copy(update={"full_below_s": live_bar(c.full_below_s, best.get(c.bar_key))})
              if c.bar_key else c for c in batch.candidates]
+    return batch.model_copy(update={"candidates": cands})
+
+
+def with_references(r, batch: MeasureBatch) -> MeasureBatch:
+    """The batch with each candidate that names a reference (Candidate.reference_key) given that module from the
+    store, to check its output against once it is fully timed; one whose reference is not stored goes unchecked."""
+    keys = sorted({c.reference_key for c in batch.candidates if c.reference_key and c.reference is None})
+    found = store.references(r, keys) if keys else {}
+    if not any(found.values()):
+        return batch
+    cands = [c.model_copy(update={"reference": found.get(c.reference_key)})
+             if c.reference_key and c.reference is None else c for c in batch.candidates]
     return batch.model_copy(update={"candidates": cands})
 
 

@@ -63,7 +63,8 @@ def tune_shard(send, redis, job_id: str, shard: int, settings: TunerSettings, ch
                                               prorata=settings.prorata_rounds),
                      check=check, cold_start=settings.cold_start, screen=spec.timing == "screen",
                      rounds_ahead=settings.rounds_ahead if spec.rounds_ahead is None else spec.rounds_ahead,
-                     stop_rules=StopRules(spec.time_limit_s, spec.patience, spec.min_gain_pct))
+                     stop_rules=StopRules(spec.time_limit_s, spec.patience, spec.min_gain_pct),
+                     check_outputs=settings.check_outputs)
     run = loop.run()
     store.put_split(redis, job_id, shard, shard_times(split, run, time.time() - t0, pop, parts.seeds,
                                                       getattr(parts.cost_model, "ranked_rounds", 0), first_round))

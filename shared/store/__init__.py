@@ -28,7 +28,8 @@ from shared.store.leases import (  # noqa: F401
     take_lease, update_shard
 )
 from shared.store.records import (  # noqa: F401
-    CANCELLED, default_timing, default_timings, has_records, known_records, put_default, put_record, put_workload,
+    CANCELLED, default_timing, default_timings, has_records, known_records, put_default, put_record, put_reference,
+    put_workload, references,
     record_count, record_round, records, replace_record, similar_workloads, trial_accounting, valid_record, workload
 )
 from shared.store.liveness import (  # noqa: F401

@@ -120,6 +120,18 @@ def put_default(r: redis.Redis, timing: DefaultTiming) -> None:
         r.set(names.default_key(timing.wkey), timing.model_dump_json())
 
 
+def put_reference(r: redis.Redis, wkey: str, packed_mod: str) -> None:
+    """A workload's default-scheduled module, the reference the lanes check candidates' outputs against (the
+    first one written is kept: the same workload and target give the same module)."""
+    r.set(names.reference_key(wkey), packed_mod, nx=True)
+
+
+def references(r: redis.Redis, wkeys: list[str]) -> dict[str, str | None]:
+    """Each workload's reference module (packed), None where none is stored, in one round trip."""
+    raws = r.mget([names.reference_key(w) for w in wkeys]) if wkeys else []
+    return {w: (raw.decode() if isinstance(raw, bytes) else raw) for w, raw in zip(wkeys, raws)}
+
+
 def default_timing(r: redis.Redis, wkey: str) -> DefaultTiming | None:
     return default_timings(r, [wkey])[wkey]
 

@@ -3,6 +3,7 @@ evaluator's figures; and what a lost CUDA context leaves behind. Failures come b
 from __future__ import annotations
 
 import time
+from collections import OrderedDict
 
 import tvm
 from tvm.s_tir.meta_schedule.runner.config import EvaluatorConfig
@@ -86,6 +87,10 @@ def time_module(rt_mod, candidate: Candidate, target, timing: TimingConfig) -> M
                 return run_evaluator_common(rt_mod, dev, config, args)
 
             costs, window = full_costs(evaluate, timing, best_behind(candidate.full_below_s))
+            wrong = checked_output(candidate, target, dev, args[0])
+            if wrong is not None:
+                return MeasureResult(candidate_id=candidate.candidate_id, error=f"wrong result: {wrong}",
+                                     error_kind=ErrorKind.RUN, run_s=time.perf_counter() - t1)
     except Exception as err:  # noqa: BLE001
         if target.kind.name == "cuda" and not cuda_context_alive():
             KEPT_AFTER_FAULT.extend([args, rt_mod])
@@ -93,6 +98,89 @@ def time_module(rt_mod, candidate: Candidate, target, timing: TimingConfig) -> M
                              error_kind=ErrorKind.RUN, run_s=time.perf_counter() - t1)
     return MeasureResult(candidate_id=candidate.candidate_id, run_secs=costs, run_s=time.perf_counter() - t1,
                          timing=result, window_ms=window)
+
+
+# a candidate whose module rewrites a weight's layout reads that weight in another layout than the reference
+# (the rewrite is removed for timing), so its output is not comparable on random inputs
+LAYOUT_REWRITE_MARK = "layout_rewrite_preproc"
+REFERENCES_KEPT = 64  # reference modules a lane process keeps built (one a task)
+_references: OrderedDict = OrderedDict()
+
+
+def reference_module(packed: str, target):
+    """The reference (a task's default-scheduled module, packed) built for this lane's target, kept for the next
+    candidates of its task; None where it does not build (the candidate is then timed unchecked)."""
+    from services.measurer.metaschedule.build import build
+    from services.measurer.metaschedule.candidate_codec import load_ir
+
+    key = (hash(packed), str(target))
+    if key not in _references:
+        try:
+            _references[key] = build(load_ir(packed), target)
+        except Exception:  # noqa: BLE001 - no reference, no check: never a reason to fail a candidate
+            _references[key] = None
+        while len(_references) > REFERENCES_KEPT:
+            _references.popitem(last=False)
+    _references.move_to_end(key)
+    return _references[key]
+
+
+def _rewrites_layout(packed: str) -> bool:
+    """Whether a candidate's module (packed, shared.packed_json) rewrites a weight's layout; True where it cannot
+    be read (then it goes unchecked)."""
+    from shared.packed_json import unpack_json_text
+
+    if not packed:
+        return False
+    try:
+        return LAYOUT_REWRITE_MARK in unpack_json_text(packed)
+    except Exception:  # noqa: BLE001
+        return True
+
+
+def checked_output(candidate: Candidate, target, dev, arrays: list) -> str | None:
+    """After a full timing: why the candidate's output differs from its reference's on the same inputs (the
+    reference run on copies of the arguments as the candidate left them), or None (the same, or no check)."""
+    if not candidate.reference or _rewrites_layout(candidate.mod):
+        return None
+    ref = reference_module(candidate.reference, target)
+    if ref is None:
+        return None
+    copies = []
+    for arr in arrays:
+        copy = tvm.runtime.empty(arr.shape, arr.dtype, dev)
+        copy.copyfrom(arr)
+        copies.append(copy)
+    ref.get_function(ref.entry_name)(*copies)
+    dev.sync()
+    return outputs_differ([a.numpy() for a in arrays], [c.numpy() for c in copies])
+
+
+def outputs_differ(got: list, want: list) -> str | None:
+    """Why `got` (a candidate's arguments after it ran) is not `want` (the reference's), or None. Floats may
+    differ by what summing in another order does: 1e-3 of the largest magnitude (1e-2 for 16-bit floats); a NaN or
+    infinity where the reference has a number is a difference; other types must be equal."""  # noqa: E501
+    import numpy as np
+
+    for i, (g, w) in enumerate(zip(got, want)):
+        if g.dtype.kind not in "fc":
+            if not np.array_equal(g, w):
+                return f"argument {i}: {int(np.sum(g != w))} of {g.size} elements differ from the default schedule's"
+            continue
+        gf, wf = g.astype("float64"), w.astype("float64")
+        odd = ~np.isfinite(gf) & np.isfinite(wf)
+        if odd.any():
+            return (f"argument {i}: {int(odd.sum())} of {g.size} elements NaN or infinite where the default "
+                    "schedule's are not")
+        both = np.isfinite(gf) & np.isfinite(wf)
+        if not both.any():
+            continue
+        scale = max(1.0, float(np.abs(wf[both]).max()))
+        err = float(np.abs(gf[both] - wf[both]).max())
+        if err > (1e-2 if g.dtype.itemsize <= 2 else 1e-3) * scale:
+            return (f"argument {i}: differs from the default schedule's output by up to {err:.3g} "
+                    f"(largest value {scale:.3g})")
+    return None
 
 
 def full_costs(evaluate, timing: TimingConfig, best_s: float | None = None) -> tuple[list[float], int]:

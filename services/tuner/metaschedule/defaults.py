@@ -45,13 +45,15 @@ def keeps_records(best_secs: float | None, default: float | None) -> bool:
 
 def measure_defaults(redis, runner, tasks: list[JobTask], mods: dict, target) -> dict[str, float | None]:
     """Each task's default-schedule seconds (task_id -> s, None when it cannot be built or run), timed on
-    the job's lanes for the workloads the store has no valid timing of yet."""
+    the job's lanes for the workloads the store has no valid timing of yet; each default-scheduled module is
+    also stored as its workload's reference (store.put_reference)."""
     from services.tuner.metaschedule.lane_runner import module_candidate
 
     out, candidates, by_cand = {}, [], {}
+    stored = store.references(redis, [t.wkey for t in tasks])
     for t in tasks:
         known = store.default_timing(redis, t.wkey)
-        if known is not None and known.run_secs:
+        if known is not None and known.run_secs and stored[t.wkey] is not None:
             out[t.task_id] = default_secs(known)
             continue
         try:
@@ -59,6 +61,11 @@ def measure_defaults(redis, runner, tasks: list[JobTask], mods: dict, target) ->
         except Exception as err:  # noqa: BLE001 - no default to compare against: records apply as they are
             log.info("task %s: no default schedule (%s)", t.name, err)
             out[t.task_id] = None
+            continue
+        # the lanes check each fully timed candidate's output against this module's (Candidate.reference_key)
+        store.put_reference(redis, t.wkey, cand.mod)
+        if known is not None and known.run_secs:
+            out[t.task_id] = default_secs(known)
             continue
         candidates.append(cand)
         by_cand[cand.candidate_id] = t
