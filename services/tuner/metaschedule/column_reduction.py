@@ -6,8 +6,8 @@ of a block per time step, and MetaSchedule's CUDA rules do the same (CrossThread
 a kernel of its own (AutoBind): either way a warp reads 32 addresses a row apart, or three kernels read the tensor.
 `ColumnReduction` adds a state where the function's injective blocks are inlined into its output, the output's
 innermost axis is split across threadIdx.x (a warp reads 32 neighbouring floats), the reduced axis across
-threadIdx.y, and each reduction is computed at the output's block loop into shared memory, its in-thread partial
-sums then combined across threadIdx.y: one kernel. Both thread extents are sampled (categorical decisions the
+threadIdx.y, and each reduction is computed at the output's block loop, its in-thread partial sums then combined
+across threadIdx.y: one kernel. Both thread extents are sampled (categorical decisions the
 search mutates); the blocks it scheduled carry `schedule_rule: None`, so the target's rules leave them alone and
 only the unrolling is added. A function it does not fit keeps the target's states alone.
 
@@ -15,8 +15,11 @@ Two variants (`TunerSettings.column_reductions`): `on` adds the state beside the
 inner axis; `wide` makes it the function's only state (the default kernel still guards the export) with 8-32
 threads across the inner axis and 8-64 across the reduced one, so a 399-column norm runs in 13-50 blocks, not 7-25.
 
-Not correct yet: on an H100 every wav2vec2-conv module tuned with either variant served NaN (docs/time_to_quality.md,
-2026-12-07), so the setting is off by default until a kernel of this state matches NumPy on a GPU.
+Each reduction's result stays in every thread (local scope: each reads it from the cross-thread reduction's buffer
+after its last barrier). Written to shared memory instead, the threadIdx.y == 0 threads stored it and the others read
+it with no barrier between (TVM's ThreadSync takes an access at the same index for the same thread's), and on an H100
+every wav2vec2-conv module tuned with that kernel served NaN (docs/time_to_quality.md, 2026-12-07). The setting is
+off by default until a kernel of this state is shown to match NumPy on a GPU.
 """
 from __future__ import annotations
 
@@ -92,7 +95,7 @@ def coalesced_state(sch, block, variant: str = "on"):
     for r in reversed(reductions):  # the last producer first: each lands before its consumers
         out.compute_at(r, bx, preserve_unit_loops=True)
     for r in reductions:
-        out.set_scope(r, 0, "shared")
+        out.set_scope(r, 0, "local")
         *_, t_local, k = out.get_loops(r)
         k_serial, k_thread = out.split(k, [None, ty])
         # cross-thread reduction wants every reduction loop innermost: the spatial thread loop goes outside
