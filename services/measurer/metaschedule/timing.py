@@ -87,7 +87,7 @@ def time_module(rt_mod, candidate: Candidate, target, timing: TimingConfig) -> M
                 return run_evaluator_common(rt_mod, dev, config, args)
 
             costs, window = full_costs(evaluate, timing, best_behind(candidate.full_below_s))
-            wrong = checked_output(candidate, target, dev, args[0])
+            wrong = checked_output(rt_mod, candidate, target, dev)
             if wrong is not None:
                 return MeasureResult(candidate_id=candidate.candidate_id, error=f"wrong result: {wrong}",
                                      error_kind=ErrorKind.RUN, run_s=time.perf_counter() - t1)
@@ -103,21 +103,48 @@ def time_module(rt_mod, candidate: Candidate, target, timing: TimingConfig) -> M
 # a candidate whose module rewrites a weight's layout reads that weight in another layout than the reference
 # (the rewrite is removed for timing), so its output is not comparable on random inputs
 LAYOUT_REWRITE_MARK = "layout_rewrite_preproc"
-REFERENCES_KEPT = 64  # reference modules a lane process keeps built (one a task)
+REFERENCES_KEPT = 16  # tasks whose reference outputs a lane process keeps (the inputs and outputs, host memory)
 _references: OrderedDict = OrderedDict()
 
 
-def reference_module(packed: str, target):
-    """The reference (a task's default-scheduled module, packed) built for this lane's target, kept for the next
-    candidates of its task; None where it does not build (the candidate is then timed unchecked)."""
+def _check_inputs(args_info: list) -> list:
+    """The arguments a check runs on, the same for every candidate of a task: floats uniform in [-1, 1) from a
+    fixed seed, integers and booleans zero (as _random_fill, for the same reason)."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    out = []
+    for _, dtype, shape in args_info:
+        shape = tuple(int(n) for n in shape)
+        out.append(rng.uniform(-1, 1, size=shape).astype(dtype) if str(dtype).startswith("float")
+                   else np.zeros(shape, dtype=dtype))
+    return out
+
+
+def _run_on(rt_mod, dev, host: list) -> list:
+    """`rt_mod` run once on device copies of `host`; every argument back on the host."""
+    arrays = [tvm.runtime.tensor(x, dev) for x in host]
+    rt_mod.get_function(rt_mod.entry_name)(*arrays)
+    dev.sync()
+    return [a.numpy() for a in arrays]
+
+
+def reference_outputs(packed: str, target, dev, args_info: list) -> tuple[list, list] | None:
+    """(the check's inputs, every argument after the reference ran on them) for a task's reference (its
+    default-scheduled module, packed), built and run once and kept for the task's next candidates: the reference
+    may be a plain loop nest that takes far longer than a tuned kernel. None where it does not build or run (the
+    candidate is then timed unchecked)."""
     from services.measurer.metaschedule.build import build
     from services.measurer.metaschedule.candidate_codec import load_ir
 
     key = (hash(packed), str(target))
     if key not in _references:
         try:
-            _references[key] = build(load_ir(packed), target)
+            inputs = _check_inputs(args_info)
+            _references[key] = (inputs, _run_on(build(load_ir(packed), target), dev, inputs))
         except Exception:  # noqa: BLE001 - no reference, no check: never a reason to fail a candidate
+            if target.kind.name == "cuda" and not cuda_context_alive():
+                raise
             _references[key] = None
         while len(_references) > REFERENCES_KEPT:
             _references.popitem(last=False)
@@ -138,27 +165,22 @@ def _rewrites_layout(packed: str) -> bool:
         return True
 
 
-def checked_output(candidate: Candidate, target, dev, arrays: list) -> str | None:
-    """After a full timing: why the candidate's output differs from its reference's on the same inputs (the
-    reference run on copies of the arguments as the candidate left them), or None (the same, or no check)."""
+def checked_output(rt_mod, candidate: Candidate, target, dev) -> str | None:
+    """After a full timing: why the candidate's output differs from its reference's (both run on the same fixed
+    inputs), or None (the same, or no check)."""
     if not candidate.reference or _rewrites_layout(candidate.mod):
         return None
-    ref = reference_module(candidate.reference, target)
+    ref = reference_outputs(candidate.reference, target, dev, candidate.args_info)
     if ref is None:
         return None
+    inputs, want = ref
     try:
-        copies = []
-        for arr in arrays:
-            copy = tvm.runtime.empty(arr.shape, arr.dtype, dev)
-            copy.copyfrom(arr)
-            copies.append(copy)
-        ref.get_function(ref.entry_name)(*copies)
-        dev.sync()
-        return outputs_differ([a.numpy() for a in arrays], [c.numpy() for c in copies])
+        got = _run_on(rt_mod, dev, inputs)
     except Exception:  # noqa: BLE001 - a check that could not run leaves the candidate unchecked, not failed,
         if target.kind.name == "cuda" and not cuda_context_alive():  # unless the GPU context is gone
             raise
         return None
+    return outputs_differ(got, want)
 
 
 def outputs_differ(got: list, want: list) -> str | None:
