@@ -61,12 +61,13 @@ class _FullRunner:
     """Times what it is given fully, at the figures it was told (a lane would time them for real)."""
 
     def __init__(self, secs):
-        self.secs, self.asked = secs, []
+        self.secs, self.asked, self.references = secs, [], []
 
     def measure_now(self, candidates, one_lane=False):
         from shared.messages import MeasureResult
 
         self.asked += [c.candidate_id for c in candidates]
+        self.references += [c.reference_key for c in candidates]
         assert all(c.full_below_s is None for c in candidates)  # no bar: the full timing
         return {c.candidate_id: MeasureResult(candidate_id=c.candidate_id, run_secs=self.secs, timing="full")
                 for c in candidates}
@@ -82,7 +83,7 @@ def test_a_brief_best_is_timed_fully_before_it_counts(tmp_path):
     assert _best_record(r, "w").candidate_key == "full"  # a brief figure is never the reported best
     runner = _FullRunner([0.5, 0.5, 0.5])
     assert full_timing_of_bests(r, runner, ["w"]) == {"timed": 1, "failed": 0}
-    assert runner.asked == ["brief"]
+    assert runner.asked == ["brief"] and runner.references == ["w"]  # its output checked, as a round's would be
     rec = next(x for x in store.records(r, "w") if x.candidate_key == "brief")
     assert rec.timing == "full" and rec.run_secs == [0.5] * 3 and rec.brief_run_secs == [1.0] * 3
     assert _best_record(r, "w").candidate_key == "brief"
@@ -97,7 +98,9 @@ def test_a_brief_best_that_is_slower_when_timed_fully_leaves_the_next_best(tmp_p
     from shared import store
 
     r = _store([1.0, 1.0, 1.0], [2.0, 2.0, 2.0])
-    assert full_timing_of_bests(r, _FullRunner([3.0, 3.0, 3.0]), ["w"])["timed"] == 1
+    unchecked = _FullRunner([3.0, 3.0, 3.0])
+    assert full_timing_of_bests(r, unchecked, ["w"], check_outputs=False)["timed"] == 1
+    assert unchecked.references == [None]
     assert _best_record(r, "w").candidate_key == "full"
     assert all(x.timing == "full" for x in store.records(r, "w"))
 

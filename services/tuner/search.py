@@ -199,7 +199,8 @@ def finish_job(send, redis, job_id: str, settings: TunerSettings) -> JobResult:
     job_dir.mkdir(parents=True, exist_ok=True)
     retime = {}
     if state.state != JobState.CANCELLED:  # finished on what was measured; lanes answer its batches unrun
-        retime = retime_bests(lane_runner(send, redis, spec, target, settings), redis, job_id, spec, tasks)
+        retime = retime_bests(lane_runner(send, redis, spec, target, settings), redis, job_id, spec, tasks,
+                              settings.check_outputs)
     store.set_state(redis, job_id, JobState.COMPILING)
     t_compile = time.time()
     compiled = compile_job(redis, job_id, spec, target, tasks, job_dir)
@@ -230,13 +231,14 @@ def finish_job(send, redis, job_id: str, settings: TunerSettings) -> JobResult:
     return result
 
 
-def retime_bests(runner, redis, job_id: str, spec: JobSpec, tasks: list[JobTask]) -> dict:
+def retime_bests(runner, redis, job_id: str, spec: JobSpec, tasks: list[JobTask],
+                 check_outputs: bool = True) -> dict:
     """No task's best is a screening figure: a brief best gets the full timing before anything exports it;
     then each task's top k is timed again when the job asks (retime_top_k). What was timed, and how long."""
     from services.tuner.metaschedule.records import full_timing_of_bests, retime_top_k
 
     wkeys = [t.wkey for t in tasks]
-    retime = {"full_timing_of_bests": full_timing_of_bests(redis, runner, wkeys)}
+    retime = {"full_timing_of_bests": full_timing_of_bests(redis, runner, wkeys, check_outputs=check_outputs)}
     if spec.retime_top_k:
         store.set_state(redis, job_id, JobState.RETIMING)
         t_retime = time.time()
