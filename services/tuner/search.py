@@ -324,7 +324,9 @@ def job_times(redis, job_id: str, t_compile: float, compile_s: float) -> dict:
         times[k] = sum(sp.get(k, 0) for sp in splits)
     times["clients"] = len(shards)
     times["population"] = max((sp.get("population", 0) for sp in splits), default=0)
-    times["first_round"] = max((sp.get("first_round") or 0 for sp in splits), default=0) or None
+    first_round = max((sp.get("first_round") or 0 for sp in splits), default=0)
+    if first_round:  # a split of a shard that never searched has none
+        times["first_round"] = first_round
     times["resumed_shards"] = sum(1 for sh in shards.values() if sh.attempts > 1)
     return times
 
