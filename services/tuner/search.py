@@ -50,6 +50,7 @@ def tune_shard(send, redis, job_id: str, shard: int, settings: TunerSettings, ch
     pop = settings.population(job.spec.trials_per_iter)
     split, stash = TimeSplit(), CandidateStash()
     runner = lane_runner(send, redis, job.spec, job.target, settings, stash, split)
+    runner.check_outputs = settings.check_outputs
     if settings.fair_rounds:
         runner.priority = lambda: round_priority_of(redis, job_id)
     parts = search_parts(send, redis, job, settings, runner, stash, split, pop)
@@ -63,8 +64,7 @@ def tune_shard(send, redis, job_id: str, shard: int, settings: TunerSettings, ch
                                               prorata=settings.prorata_rounds),
                      check=check, cold_start=settings.cold_start, screen=spec.timing == "screen",
                      rounds_ahead=settings.rounds_ahead if spec.rounds_ahead is None else spec.rounds_ahead,
-                     stop_rules=StopRules(spec.time_limit_s, spec.patience, spec.min_gain_pct),
-                     check_outputs=settings.check_outputs)
+                     stop_rules=StopRules(spec.time_limit_s, spec.patience, spec.min_gain_pct))
     run = loop.run()
     store.put_split(redis, job_id, shard, shard_times(split, run, time.time() - t0, pop, parts.seeds,
                                                       getattr(parts.cost_model, "ranked_rounds", 0), first_round))

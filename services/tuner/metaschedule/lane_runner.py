@@ -263,8 +263,9 @@ class LaneRunner(PyRunner):
         self.full_below_s: float | None = None
         self.bar_key: str | None = None  # the round's task, whose live best the lanes keep (Candidate.bar_key)
         # the round's workload, whose reference module the lanes check fully timed outputs against
-        # (Candidate.reference_key); None: no check
+        # (Candidate.reference_key), sent only with `check_outputs` (TunerSettings.check_outputs)
         self.reference_key: str | None = None
+        self.check_outputs = True
         # the job's fair step among the running jobs (allocation.round_priority), asked once a round; None: 0
         self.priority: Callable[[], int] | None = None
         self.head = False  # the round is a head task's first round (allocation.head_tasks): its messages go first
@@ -288,7 +289,7 @@ class LaneRunner(PyRunner):
                 args_info=[_plain(a.as_json()) for a in ri.args_info],
                 full_below_s=self.full_below_s,
                 bar_key=self.bar_key,
-                reference_key=self.reference_key,
+                reference_key=self.reference_key if self.check_outputs else None,
             )
             for ri in runner_inputs
         ]

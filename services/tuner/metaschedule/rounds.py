@@ -53,14 +53,12 @@ class ShardLoop:
 
     def __init__(self, shard: Shard, parts: SearchParts, steering: Steering | None = None,
                  check: Callable[..., None] | None = None, cold_start: bool = True, screen: bool = False,
-                 rounds_ahead: int = 0, stop_rules: StopRules | None = None, check_outputs: bool = True):
+                 rounds_ahead: int = 0, stop_rules: StopRules | None = None):
         self.redis, self.job_id, self.shard = shard.redis, shard.job_id, shard.shard
         self.builder, self.runner = parts.builder, parts.runner
         self.cost_model, self.records = parts.cost_model, parts.records
         self.defaults, self.cold_start = parts.defaults, cold_start
         self.screen = screen  # screened timing: each round's candidates carry the bar of their task's best
-        # each round's candidates carry their workload's reference key: the lanes check fully timed outputs
-        self.check_outputs = check_outputs
         # raises Stopped when the client must hand the shard back; its argument says whether every task
         # of the shard has had a round (a client may then yield to a shard no client has taken). Unless blocked,
         # only once this client has sent a round since it took the shard: on a loaded host a resumed shard's
@@ -201,7 +199,7 @@ class ShardLoop:
             self.runner.full_below_s = screen_bar(t.best_s)
             self.runner.bar_key = f"{self.job_id}:{t.task_id}"
         self.runner.head = not t.started and t.task_id in self.first_rounds.head()
-        self.runner.reference_key = t.job_task.wkey if self.check_outputs else None
+        self.runner.reference_key = t.job_task.wkey  # the lanes check fully timed outputs (LaneRunner.check_outputs)
         futures = self.runner.run(inputs) if inputs else []
         by_slot = dict(zip(slots, futures))
         flight = InFlight(fresh, built, [by_slot.get(i) or _Failed(b.error_msg) for i, b in enumerate(built)], claimed)
