@@ -50,7 +50,6 @@ def tune_shard(send, redis, job_id: str, shard: int, settings: TunerSettings, ch
     pop = settings.population(job.spec.trials_per_iter)
     split, stash = TimeSplit(), CandidateStash()
     runner = lane_runner(send, redis, job.spec, job.target, settings, stash, split)
-    runner.check_outputs = settings.check_outputs
     if settings.fair_rounds:
         runner.priority = lambda: round_priority_of(redis, job_id)
     parts = search_parts(send, redis, job, settings, runner, stash, split, pop)
@@ -159,11 +158,13 @@ def lane_runner(send, redis, spec: JobSpec, target, settings: TunerSettings, sta
     """The job's runner on the lanes of its kind and share, timing as its target kind and the tuner's floor say."""
     from services.tuner.metaschedule.lane_runner import BatchRules, CandidateStash, JobLanes, LaneRunner, TimeSplit
 
-    return LaneRunner(send, redis, JobLanes(spec.job_id, lane_kind(spec.target), spec.share, str(target)),
-                      stash or CandidateStash(), split or TimeSplit(),
-                      BatchRules(timing_for(target_kind(spec.target), settings.timing_floor_ms,
-                                            settings.timing_settle_ms, settings.timing_settle_above_best),
-                                 settings.batch_grace_s, settings.live_lane_policy()))
+    runner = LaneRunner(send, redis, JobLanes(spec.job_id, lane_kind(spec.target), spec.share, str(target)),
+                        stash or CandidateStash(), split or TimeSplit(),
+                        BatchRules(timing_for(target_kind(spec.target), settings.timing_floor_ms,
+                                              settings.timing_settle_ms, settings.timing_settle_above_best),
+                                   settings.batch_grace_s, settings.live_lane_policy()))
+    runner.check_outputs = settings.check_outputs
+    return runner
 
 
 def shard_times(split, run, tune_s: float, population: int, seeds, ranked_rounds: int = 0,
@@ -199,8 +200,7 @@ def finish_job(send, redis, job_id: str, settings: TunerSettings) -> JobResult:
     job_dir.mkdir(parents=True, exist_ok=True)
     retime = {}
     if state.state != JobState.CANCELLED:  # finished on what was measured; lanes answer its batches unrun
-        retime = retime_bests(lane_runner(send, redis, spec, target, settings), redis, job_id, spec, tasks,
-                              settings.check_outputs)
+        retime = retime_bests(lane_runner(send, redis, spec, target, settings), redis, job_id, spec, tasks)
     store.set_state(redis, job_id, JobState.COMPILING)
     t_compile = time.time()
     compiled = compile_job(redis, job_id, spec, target, tasks, job_dir)
@@ -231,14 +231,13 @@ def finish_job(send, redis, job_id: str, settings: TunerSettings) -> JobResult:
     return result
 
 
-def retime_bests(runner, redis, job_id: str, spec: JobSpec, tasks: list[JobTask],
-                 check_outputs: bool = True) -> dict:
+def retime_bests(runner, redis, job_id: str, spec: JobSpec, tasks: list[JobTask]) -> dict:
     """No task's best is a screening figure: a brief best gets the full timing before anything exports it;
     then each task's top k is timed again when the job asks (retime_top_k). What was timed, and how long."""
     from services.tuner.metaschedule.records import full_timing_of_bests, retime_top_k
 
     wkeys = [t.wkey for t in tasks]
-    retime = {"full_timing_of_bests": full_timing_of_bests(redis, runner, wkeys, check_outputs=check_outputs)}
+    retime = {"full_timing_of_bests": full_timing_of_bests(redis, runner, wkeys)}
     if spec.retime_top_k:
         store.set_state(redis, job_id, JobState.RETIMING)
         t_retime = time.time()

@@ -95,9 +95,9 @@ def leave_one_out(data: dict[str, list], pools=(2, 3), k: int = 16, draws: int =
                 got = [picked_round(pred, costs, pool, k, rng) for _ in range(draws) if pool * k <= len(items)]
                 if got:
                     row[f"pool_{pool}x"] = {"ranked": round(statistics.mean(g[0] for g in got), 3),
-                                            "random": round(statistics.mean(g[1] for g in got), 3)}
-                    if pool >= 2:  # a random round twice the ranked one's size, from the same draws
-                        row[f"pool_{pool}x"]["random_2x"] = round(statistics.mean(g[2] for g in got), 3)
+                                            "random": round(statistics.mean(g[1] for g in got), 3),
+                                            # a random round twice the ranked one's size, from the same draws
+                                            "random_2x": round(statistics.mean(g[2] for g in got), 3)}
             per_task.append(row)
         out[held] = per_task
     return out

@@ -34,19 +34,20 @@ def cuda_context_alive() -> bool:
         return False
 
 
-def _random_fill(arr) -> None:
-    """Floats uniform in [-1, 1); integers and booleans zero: an integer input may index another (an
-    embedding's `take`, a gather, the transformer's `take` of one of three heads), and zero is in bounds of
-    every axis, where any other value may read past a short one."""
+def _host_fill(shape, dtype, rng=None):
+    """Floats uniform in [-1, 1) (from `rng`, NumPy's global one by default); integers and booleans zero: an
+    integer input may index another (an embedding's `take`, a gather, the transformer's `take` of one of three
+    heads), and zero is in bounds of every axis, where any other value may read past a short one."""
     import numpy as np
 
-    shape = tuple(int(s) for s in arr.shape)
-    dtype = str(arr.dtype)
+    shape, dtype = tuple(int(s) for s in shape), str(dtype)
     if dtype.startswith("float"):
-        data = np.random.uniform(-1, 1, size=shape).astype(dtype)
-    else:
-        data = np.zeros(shape, dtype=dtype)
-    arr.copyfrom(data)
+        return (rng or np.random).uniform(-1, 1, size=shape).astype(dtype)
+    return np.zeros(shape, dtype=dtype)
+
+
+def _random_fill(arr) -> None:
+    arr.copyfrom(_host_fill(arr.shape, arr.dtype))
 
 
 def random_fill_fn():
@@ -108,17 +109,11 @@ _references: OrderedDict = OrderedDict()
 
 
 def _check_inputs(args_info: list) -> list:
-    """The arguments a check runs on, the same for every candidate of a task: floats uniform in [-1, 1) from a
-    fixed seed, integers and booleans zero (as _random_fill, for the same reason)."""
+    """The arguments a check runs on, the same for every candidate of a task (_host_fill from a fixed seed)."""
     import numpy as np
 
     rng = np.random.default_rng(0)
-    out = []
-    for _, dtype, shape in args_info:
-        shape = tuple(int(n) for n in shape)
-        out.append(rng.uniform(-1, 1, size=shape).astype(dtype) if str(dtype).startswith("float")
-                   else np.zeros(shape, dtype=dtype))
-    return out
+    return [_host_fill(shape, dtype, rng) for _, dtype, shape in args_info]
 
 
 def _run_on(rt_mod, dev, host: list) -> list:
@@ -186,7 +181,7 @@ def checked_output(rt_mod, candidate: Candidate, target, dev) -> str | None:
 def outputs_differ(got: list, want: list) -> str | None:
     """Why `got` (a candidate's arguments after it ran) is not `want` (the reference's), or None. Floats may
     differ by what summing in another order does: 1e-3 of the largest magnitude (1e-2 for 16-bit floats); a NaN or
-    infinity where the reference has a number is a difference; other types must be equal."""  # noqa: E501
+    infinity where the reference has a number is a difference; other types must be equal."""
     import numpy as np
 
     for i, (g, w) in enumerate(zip(got, want)):

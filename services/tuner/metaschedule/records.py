@@ -204,15 +204,15 @@ def with_run_secs(rec: Record, trec: ms.database.TuningRecord, run_secs: list[fl
     rec.trace = record_json(ms.database.TuningRecord(trec.trace, trec.workload, run_secs, trec.target, trec.args_info))
 
 
-def full_timing_of_bests(redis, runner, wkeys: list[str], rounds: int = 4, check_outputs: bool = True) -> dict:
+def full_timing_of_bests(redis, runner, wkeys: list[str], rounds: int = 4) -> dict:
     """Screened timing's guarantee: no workload's best is a brief figure. While a workload's best valid
-    record got only the brief timing, it is timed fully (its brief figures kept in brief_run_secs; with
-    `check_outputs`, its output checked against the workload's reference, Candidate.reference_key) and
+    record got only the brief timing, it is timed fully (its brief figures kept in brief_run_secs; where the
+    runner checks outputs, LaneRunner.check_outputs, against the workload's reference) and
     ranked again; a few rounds at most, all workloads at once. Returns how many were timed again."""
     timed, failed = 0, 0
     try:
         for _ in range(rounds):
-            n, bad = _time_brief_bests_fully(redis, runner, wkeys, check_outputs)
+            n, bad = _time_brief_bests_fully(redis, runner, wkeys)
             timed, failed = timed + n, failed + bad
             if n + bad == 0:
                 break
@@ -221,14 +221,14 @@ def full_timing_of_bests(redis, runner, wkeys: list[str], rounds: int = 4, check
     return {"timed": timed, "failed": failed}
 
 
-def _time_brief_bests_fully(redis, runner, wkeys: list[str], check_outputs: bool = True) -> tuple[int, int]:
+def _time_brief_bests_fully(redis, runner, wkeys: list[str]) -> tuple[int, int]:
     """One round: every workload whose best is brief gets it timed fully; (timed, failed)."""
     todo = {}
     for wkey in wkeys:
         best = next(iter(ranked(store.records(redis, wkey))), None)
         if best is not None and best.timing == "brief":
             cand, trec = scheduled_candidate(best, load_ir(store.workload(redis, wkey).mod))
-            if check_outputs:  # a brief timing was never checked: the full one is
+            if getattr(runner, "check_outputs", True):  # a brief timing was never checked: the full one is
                 cand = cand.model_copy(update={"reference_key": wkey})
             todo[best.candidate_key] = (best, cand, trec)
     if not todo:
