@@ -320,6 +320,9 @@ def main(argv=None) -> int:
 
     for model in args.models.split(","):
         row = result["models"].setdefault(model, {})
+        if args.again and row and not fits(deadline, SERVICE_STEP_S + SERVE_S):
+            print(json.dumps({model: "kept as it was: no time left to run it again"}), flush=True)
+            continue
         if old := {k: row.pop(k) for k in args.again.split(",") if k in ("cold", "warm") and k in row}:
             old.update({k: row.pop(k) for k in ("served", "summary") if k in row})
             row.pop("curves", None)
