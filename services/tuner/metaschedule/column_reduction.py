@@ -23,6 +23,7 @@ off by default until a kernel of this state is shown to match NumPy on a GPU.
 """
 from __future__ import annotations
 
+import tvm
 from tvm.ir.utils import derived_object
 from tvm.s_tir.meta_schedule.schedule_rule import PyScheduleRule
 
@@ -38,18 +39,31 @@ def _is_reduction(block) -> bool:
     return any(int(iv.iter_type) == _REDUCE for iv in block.iter_vars)
 
 
+def _names(expr) -> set[str]:
+    """The variables an index expression uses, by name (unique among a block's iteration variables)."""
+    return {v.name for v in tvm.tirx.analysis.undefined_vars(expr)}
+
+
 def _reduces_a_column(block) -> bool:
-    """One reduced variable, read at an index other than the last of a buffer whose last index is spatial."""
-    reduced = [iv.var for iv in block.iter_vars if int(iv.iter_type) == _REDUCE]
-    spatial = [iv.var for iv in block.iter_vars if int(iv.iter_type) != _REDUCE]
+    """One reduced variable, never a buffer's last index, read at an earlier index of a buffer whose last index is
+    spatial; and a reduction, not a contraction: every read that the reduced variable indexes also indexes every
+    spatial variable (a matmul's operands each lack one of the output's axes: `W[k, n]` is read down a column, but
+    a coalesced kernel of it is a naive matmul)."""
+    reduced = [iv.var.name for iv in block.iter_vars if int(iv.iter_type) == _REDUCE]
+    spatial = {iv.var.name for iv in block.iter_vars if int(iv.iter_type) != _REDUCE}
     if len(reduced) != 1:
         return False
+    column = False
     for region in block.reads:
-        mins = [r.min for r in region.region]
-        if len(mins) >= 2 and any(m.same_as(reduced[0]) for m in mins[:-1]) and \
-                any(mins[-1].same_as(v) for v in spatial):
-            return True
-    return False
+        index = [_names(r.min) for r in region.region]
+        used = set().union(*index)
+        if reduced[0] not in used:
+            continue
+        if not spatial <= used or reduced[0] in index[-1]:
+            return False
+        column = column or (len(index) >= 2 and any(n == {reduced[0]} for n in index[:-1])
+                            and len(index[-1]) == 1 and index[-1] <= spatial)
+    return column
 
 
 def fits(sch, block) -> bool:
