@@ -606,6 +606,7 @@ class MeasureResult(Contract):
     timing: Timing | None = None  # which timing run_secs come from
     window_ms: int | None = None  # a full timing's floor a repeat (TimingConfig.settle_ms where they agreed)
     build_cpu_s: float | None = None  # CPU seconds its build took (builder or lane build pool)
+    output_checked: bool = False  # its output was compared with its task's reference's (and matched)
 
     @model_validator(mode="after")
     def _timings_or_an_error(self):
@@ -661,6 +662,7 @@ class Record(Contract):
     brief_run_secs: list[float] | None = None  # a brief record later given the full timing: its brief figures
     window_ms: int | None = None  # its full timing's floor a repeat (MeasureResult.window_ms)
     build_cpu_s: float | None = None
+    output_checked: bool = False  # its output matched its task's default schedule's (MeasureResult.output_checked)
     # a warm seed: the candidate is a record of this (nearby) workload, its trace re-fitted to this one
     # (services/tuner/metaschedule/seeds.py); None: the task's own search proposed it
     seeded_from: str | None = None

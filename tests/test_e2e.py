@@ -158,8 +158,11 @@ def test_every_tasks_default_schedule_is_the_reference_its_candidates_outputs_ar
     (those the check may skip: a layout rewrite makes a weight's layout the candidate's own)."""
     wkeys = [t.wkey for t in store.job_tasks(redis_conn, tuned_tiny.job_id)]
     assert all(store.references(redis_conn, wkeys).values())
-    errors = [r.error for w in wkeys for r in store.records(redis_conn, w) if r.error]
+    recs = [r for w in wkeys for r in store.records(redis_conn, w)]
+    errors = [r.error for r in recs if r.error]
     assert not [e for e in errors if e.startswith("wrong result")], errors
+    assert any(r.output_checked for r in recs)  # the check ran, on every fully timed one it could
+    assert not [r for r in recs if r.output_checked and (r.error or r.timing != "full")]
 
 
 def test_a_record_applies_only_when_it_beats_the_default():

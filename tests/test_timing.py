@@ -316,12 +316,14 @@ def test_a_fully_timed_candidate_whose_output_is_not_its_references_is_a_wrong_r
                          reference=dump_ir(reference) if reference is not None else None)
 
     same = time_module(rt, cand(_adds(1.0)), target, timing)
-    assert same.error is None and same.timing == "full"
+    assert same.error is None and same.timing == "full" and same.output_checked
     wrong = time_module(rt, cand(_adds(2.0)), target, timing)
     assert wrong.run_secs is None and wrong.error_kind == ErrorKind.RUN
     assert wrong.error.startswith("wrong result: argument 1: differs from the default schedule's output by up to 1")
-    assert time_module(rt, cand(_adds(2.0), bar=1e-12), target, timing).timing == "brief"
-    assert time_module(rt, cand(None), target, timing).error is None
+    brief = time_module(rt, cand(_adds(2.0), bar=1e-12), target, timing)
+    assert brief.timing == "brief" and not brief.output_checked
+    unchecked = time_module(rt, cand(None), target, timing)
+    assert unchecked.error is None and not unchecked.output_checked
 
 
 def test_outputs_differ_beyond_reordered_sums_or_where_numbers_turn_nan():

@@ -282,6 +282,7 @@ def job_events(r, job_id: str, t0: float, wall: float, threads: int) -> dict:
     # candidates the lanes refused for computing another output than their task's default schedule, per task
     wrong = collections.Counter(t.name for x, t in recs if (x.error or "").startswith("wrong result"))
     row["wrong_results"] = dict(sorted(wrong.items()))
+    row["output_checked_trials"] = sum(1 for x, _ in recs if x.output_checked)
     # the sample phase is wall time, so this is its CPU only while its threads are busy
     sample_s = sum(s.get("sample", 0.0) for s in splits)
     sample_cpu = sum(s.get("sample_cpu", 0.0) for s in splits)
@@ -367,6 +368,7 @@ def settings_ab(runs: list[tuple[str, dict]], model: str) -> dict:
             "max_abs_err": {k: (v if v is None or math.isfinite(v) else str(v)) for k, v in errs.items()},
             "wrong_output": wrong_outputs(row.get("served")),
             "wrong_results": cold.get("wrong_results"),  # candidates the lanes' output check refused, per task
+            "output_checked_trials": cold.get("output_checked_trials"),  # candidates whose output matched
             "search_cpu_s_per_valid_candidate": cold.get("search_cpu_s_per_valid_candidate"),
             "tasks": {name: {"untuned_us": round(1e6 * d, 2),
                              "best_us": round(1e6 * best[name], 2) if name in best else None,

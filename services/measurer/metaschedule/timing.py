@@ -76,6 +76,7 @@ def time_module(rt_mod, candidate: Candidate, target, timing: TimingConfig) -> M
         dev = device_for(target)
         args = alloc_argument_common(random_fill_fn(), dev, candidate.args_info, 1)
         result = "full"
+        checked = False
         if candidate.full_below_s is not None:
             costs = brief_costs(rt_mod, dev, args, timing.brief_ms, candidate.full_below_s)
             if rank_secs(costs) >= candidate.full_below_s:
@@ -88,7 +89,7 @@ def time_module(rt_mod, candidate: Candidate, target, timing: TimingConfig) -> M
                 return run_evaluator_common(rt_mod, dev, config, args)
 
             costs, window = full_costs(evaluate, timing, best_behind(candidate.full_below_s))
-            wrong = checked_output(rt_mod, candidate, target, dev)
+            checked, wrong = checked_output(rt_mod, candidate, target, dev)
             if wrong is not None:
                 return MeasureResult(candidate_id=candidate.candidate_id, error=f"wrong result: {wrong}",
                                      error_kind=ErrorKind.RUN, run_s=time.perf_counter() - t1)
@@ -98,7 +99,7 @@ def time_module(rt_mod, candidate: Candidate, target, timing: TimingConfig) -> M
         return MeasureResult(candidate_id=candidate.candidate_id, error=f"run failed: {clip_error(err)}",
                              error_kind=ErrorKind.RUN, run_s=time.perf_counter() - t1)
     return MeasureResult(candidate_id=candidate.candidate_id, run_secs=costs, run_s=time.perf_counter() - t1,
-                         timing=result, window_ms=window)
+                         timing=result, window_ms=window, output_checked=checked)
 
 
 # a candidate whose module rewrites a weight's layout reads that weight in another layout than the reference
@@ -160,22 +161,22 @@ def _rewrites_layout(packed: str) -> bool:
         return True
 
 
-def checked_output(rt_mod, candidate: Candidate, target, dev) -> str | None:
-    """After a full timing: why the candidate's output differs from its reference's (both run on the same fixed
-    inputs), or None (the same, or no check)."""
+def checked_output(rt_mod, candidate: Candidate, target, dev) -> tuple[bool, str | None]:
+    """After a full timing: (whether the candidate's output was compared with its reference's, both run on the same
+    fixed inputs; why they differ, or None)."""
     if not candidate.reference or _rewrites_layout(candidate.mod):
-        return None
+        return False, None
     ref = reference_outputs(candidate.reference, target, dev, candidate.args_info)
     if ref is None:
-        return None
+        return False, None
     inputs, want = ref
     try:
         got = _run_on(rt_mod, dev, inputs)
     except Exception:  # noqa: BLE001 - a check that could not run leaves the candidate unchecked, not failed,
         if target.kind.name == "cuda" and not cuda_context_alive():  # unless the GPU context is gone
             raise
-        return None
-    return outputs_differ(got, want)
+        return False, None
+    return True, outputs_differ(got, want)
 
 
 def outputs_differ(got: list, want: list) -> str | None:

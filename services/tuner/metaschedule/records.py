@@ -176,6 +176,7 @@ class StoreRecords:
                 timing=(measured.timing or "full") if measured else "full",
                 window_ms=measured.window_ms if measured else None,
                 build_cpu_s=measured.build_cpu_s if measured else None,
+                output_checked=bool(measured and measured.output_checked),
             ))
             prog.trials += 1
             if error is not None or not run_secs:
@@ -242,7 +243,7 @@ def _time_brief_bests_fully(redis, runner, wkeys: list[str]) -> tuple[int, int]:
             failed += 1
         else:
             with_run_secs(rec, trec, res.run_secs)
-            rec.window_ms = res.window_ms
+            rec.window_ms, rec.output_checked = res.window_ms, res.output_checked
             timed += 1
         store.replace_record(redis, rec)
     return timed, failed
