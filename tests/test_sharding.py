@@ -51,6 +51,24 @@ def test_gradient_follows_metaschedule():
     assert g == pytest.approx(0.2 * (3.0 / 3) + 0.8 * (1.0 / 4))
 
 
+def test_the_forward_term_counts_only_what_lies_above_the_launch_floor():
+    """efficientnet-mbconv on an H100: its `mean` at 2.80 us after one round, its 1x1 convolution at 8.41 us. With
+    no floor (MetaSchedule's rule) the mean's gradient is a third of the convolution's, within Steering's quarter,
+    and four clients ran both; counted from a 2.7 us floor it is under 2 % of it and waits."""
+    us = 1e-6
+    assert gradient([2.0, 1.0], 3, floor=0.0) == gradient([2.0, 1.0], 3)  # no floor: MetaSchedule's
+    mean, conv = [2.80 * us], [8.41 * us]
+    s = Steering(per_shard=2, min_share=0.25)
+    assert s.may_run(gradient(mean, 1), [gradient(conv, 1)], live_shards=4)
+    floored = gradient(mean, 1, floor=2.7 * us)
+    assert floored == pytest.approx(0.8 * 0.1 * us)
+    assert not s.may_run(floored, [gradient(conv, 1, floor=2.7 * us)], live_shards=4)
+    assert gradient([2.6 * us], 1, floor=2.7 * us) == 0.0  # under the floor (timer noise): nothing to gain, not < 0
+    g = gradient([4.0, 3.0, 2.0, 1.0], 1, floor=0.5)  # the backward term is a difference: the floor leaves it
+    assert g == pytest.approx(0.2 * (3.0 / 3) + 0.8 * (0.5 / 4))
+    assert priority(mean, 1, False, floor=2.7 * us) == floored and priority(mean, 1, True, floor=2.7 * us) == math.inf
+
+
 def _allocate(tasks, budget, per_iter, latency, floor):
     """The round order with fake timings: every task once, then the largest priority (as rounds.py)."""
     shares = flops_shares(tasks)

@@ -359,3 +359,29 @@ def test_a_lane_gives_each_candidate_its_stored_reference_and_none_it_lacks(redi
         Candidate(candidate_id="c2", mod="", args_info=[])])
     got = with_references(redis_conn, batch).candidates
     assert [c.reference for c in got] == ["packed-default", None, None]
+
+
+def test_the_launch_floor_is_timed_once_per_target_on_the_lanes_and_kept(redis_conn):
+    """defaults.launch_floor: a trivial kernel, scheduled as a task's default is, measured like a candidate; the
+    store keeps it, so the next client of any job on that target reads it; a failed timing is no floor."""
+    import tvm
+
+    from services.tuner.metaschedule.defaults import launch_floor
+    from shared.messages import ErrorKind, MeasureResult
+
+    class Lanes:
+        def __init__(self, result):
+            self.result, self.asked = result, []
+
+        def measure_now(self, candidates):
+            self.asked += candidates
+            return {c.candidate_id: self.result(c.candidate_id) for c in candidates}
+
+    target = tvm.target.Target({"kind": "llvm", "num-cores": 3})
+    failing = Lanes(lambda cid: MeasureResult(candidate_id=cid, error="run failed: x", error_kind=ErrorKind.RUN))
+    assert launch_floor(redis_conn, failing, target) is None and len(failing.asked) == 1
+    timed = Lanes(lambda cid: MeasureResult(candidate_id=cid, run_secs=[2.7e-6, 2.8e-6, 2.6e-6]))
+    assert launch_floor(redis_conn, timed, target) == pytest.approx(2.7e-6)
+    assert timed.asked[0].args_info and timed.asked[0].mod  # a module the lanes build and run like any candidate
+    again = Lanes(lambda cid: pytest.fail("timed twice"))
+    assert launch_floor(redis_conn, again, target) == pytest.approx(2.7e-6) and not again.asked

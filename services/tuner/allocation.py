@@ -124,13 +124,16 @@ def first_rounds_reserve(job_task_ids: list[str], had_round: set[str], first_rou
 
 
 def gradient(history: list[float], weight: float, alpha: float = ALPHA, window: int = WINDOW,
-             stalled: float = 1.0, stalled_rounds: int | None = None) -> float:
+             stalled: float = 1.0, stalled_rounds: int | None = None, floor: float = 0.0) -> float:
     """MetaSchedule's task gradient: how much the weighted latency of a task is expected to fall with
     its next round. A task with no round yet comes first (+inf); a task with no valid result last.
     `stalled`: what the forward term (best / rounds) of a task whose last `stalled_rounds` rounds (`window` when
     None) gained nothing is worth (1: MetaSchedule's rule, which keeps a large kernel that stopped improving near
     the top). A task's first round is one of them: at a few hundred trials a heavy task has three or four rounds in
-    all, so three flat rounds come too late to matter."""
+    all, so three flat rounds come too late to matter. `floor`: the seconds no kernel goes under (the lanes'
+    launch floor, defaults.launch_floor); the forward term counts what is above it, so a 2.8 us reduction with a
+    2.7 us floor has next to nothing left to gain (MetaSchedule's rule, floor 0, gave efficientnet-mbconv's `mean`
+    98 of a 384-trial job on an H100, for 0.05 us)."""
     n = len(history)
     if n == 0:
         return math.inf
@@ -138,7 +141,7 @@ def gradient(history: list[float], weight: float, alpha: float = ALPHA, window: 
     if best >= 1e9:
         return -1e9
     g1 = (history[n - 1 - window] - best) / window if n >= 1 + window else 0.0
-    g2 = best / n
+    g2 = max(best - floor, 0.0) / n
     flat = window if stalled_rounds is None else stalled_rounds
     if n >= 1 + flat and history[n - 1 - flat] <= best:
         g2 *= stalled
@@ -164,9 +167,10 @@ def behind(task_id: str, shares: dict[str, float], trials: dict[str, int]) -> bo
 
 
 def priority(history: list[float], weight: float, is_behind: bool, stalled: float = 1.0,
-             stalled_rounds: int | None = None) -> float:
+             stalled_rounds: int | None = None, floor: float = 0.0) -> float:
     """What orders the next round job-wide: a heavy task left behind first, then the gradient."""
-    return math.inf if is_behind else gradient(history, weight, stalled=stalled, stalled_rounds=stalled_rounds)
+    return math.inf if is_behind else gradient(history, weight, stalled=stalled, stalled_rounds=stalled_rounds,
+                                               floor=floor)
 
 
 def next_task(order: list[str], priorities: dict[str, float], in_flight: set[str]) -> str:
@@ -190,7 +194,8 @@ class Steering:
     heavy task's round: search, builds and timing). `stalled` weighs the forward term of a task whose last
     `stalled_rounds` rounds gained nothing (gradient's; TunerSettings.stalled_task_weight, stalled_task_rounds).
     `prorata`: a later round of a task that ranks below the other shards' top gets that share of a full round
-    (round_size; TunerSettings.prorata_rounds)."""
+    (round_size; TunerSettings.prorata_rounds). `floor_s`: the lanes' launch floor the gradients count from
+    (gradient's `floor`; set once the job's defaults are timed, with TunerSettings.latency_floor)."""
 
     per_shard: int = 2
     min_share: float = 0.25
@@ -198,6 +203,7 @@ class Steering:
     stalled: float = 1.0
     stalled_rounds: int = WINDOW
     prorata: bool = False
+    floor_s: float = 0.0
 
     def round_size(self, full: int, mine: float | None, top: float | None) -> int:
         """A later round's trials for a task let run at priority `mine` while `top` led the other shards: `full`,

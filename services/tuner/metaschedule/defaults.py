@@ -76,3 +76,34 @@ def measure_defaults(redis, runner, tasks: list[JobTask], mods: dict, target) ->
             store.put_default(redis, timing)
             out[t.task_id] = default_secs(timing)
     return out
+
+
+FLOOR_WKEY = "launch-floor:"  # + the target: the store keeps the floor as a default timing of its own
+
+
+def floor_module() -> tvm.IRModule:
+    """The least a kernel can do: copy 64 floats (scheduled by default_module, as any task's default)."""
+    from tvm import te
+
+    a = te.placeholder((64,), name="a")
+    return tvm.IRModule({"main": te.create_prim_func([a, te.compute((64,), lambda i: a[i], name="b")])})
+
+
+def launch_floor(redis, runner, target) -> float | None:
+    """What the job's lanes time a trivial kernel at (seconds, timed once per target and kept in the store): the
+    least any task can reach, launches and the timer included (on an H100 the panel's lightest tasks time at
+    2.7-2.8 us). None where it cannot be built or run."""
+    from services.tuner.metaschedule.lane_runner import module_candidate
+
+    wkey = FLOOR_WKEY + str(target)
+    known = store.default_timing(redis, wkey)
+    if known is None or not known.run_secs:
+        try:
+            cand = module_candidate(PREFIX + wkey, default_module(floor_module(), target))
+        except Exception as err:  # noqa: BLE001 - no floor: the gradient takes latencies as they are
+            log.info("no launch floor for %s (%s)", target, err)
+            return None
+        for res in runner.measure_now([cand]).values():
+            known = DefaultTiming(wkey=wkey, run_secs=res.run_secs, error=res.error, lane=res.lane)
+            store.put_default(redis, known)
+    return default_secs(known) if known is not None else None

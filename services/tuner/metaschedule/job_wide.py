@@ -217,7 +217,7 @@ class RoundPicker:
         def prio(tid: str) -> float:
             return priority(hist.get(tid, []), job_tasks[tid].weight,
                             tid not in landing and behind(tid, shares, trials), self.steering.stalled,
-                            self.steering.stalled_rounds)
+                            self.steering.stalled_rounds, self.steering.floor_s)
 
         return job_tasks, prio
 

@@ -73,7 +73,8 @@ class SearchParts:
     """What the loop drives: `make_context(task, cold)` builds a task's TuneContext; the builder and runner
     (deferred builds, lanes), TVM's database of the shard's workloads, the central cost model, the store's
     records; `defaults(tasks)`: task_id -> seconds of its default schedule, timed before the first rounds;
-    `seeds` (seeds.SeedSource): a first round starts with nearby workloads' best records."""
+    `seeds` (seeds.SeedSource): a first round starts with nearby workloads' best records; `floor()`: the lanes'
+    launch floor in seconds (defaults.launch_floor), which the gradient's forward term counts from."""
 
     make_context: Callable
     builder: object
@@ -83,3 +84,4 @@ class SearchParts:
     records: StoreRecords
     defaults: Callable[[list[JobTask]], dict] | None = None
     seeds: object = None
+    floor: Callable[[], float | None] | None = None

@@ -57,7 +57,7 @@ class ShardLoop:
         self.redis, self.job_id, self.shard = shard.redis, shard.job_id, shard.shard
         self.builder, self.runner = parts.builder, parts.runner
         self.cost_model, self.records = parts.cost_model, parts.records
-        self.defaults, self.cold_start = parts.defaults, cold_start
+        self.defaults, self.floor, self.cold_start = parts.defaults, parts.floor, cold_start
         self.screen = screen  # screened timing: each round's candidates carry the bar of their task's best
         # raises Stopped when the client must hand the shard back; its argument says whether every task
         # of the shard has had a round (a client may then yield to a shard no client has taken). Unless blocked,
@@ -108,6 +108,8 @@ class ShardLoop:
         hist = store.history(self.redis, self.job_id)
         t0 = time.perf_counter()
         default = self.defaults([t.job_task for t in self.tasks]) if self.defaults else {}
+        if self.floor is not None:
+            self.picker.steering.floor_s = self.floor() or 0.0
         self.run_stats.clock("defaults", t0)
         known = self.first_rounds.sizes() or {}  # every default timed already: each search drawn at its size
         for t in self.tasks:
