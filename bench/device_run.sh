@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # On the GPU machine, after ../shared/device/stage.sh's install step (PYTHONPATH=/tmp/site:$PWD), writes under $OUT:
-#   bash bench/device_run.sh smoke|gputest|matrix-bg|matrix-wait|gpufault|scale1|scale1-wait|ab|ab-wait|ttq-bg|ttq-wait
+#   bash bench/device_run.sh smoke|gputest|matrix-bg|matrix-wait|gpufault|scale1|scale1-wait|ab|ab-wait|ttq-bg|ttq-wait|plan|plan-wait
 # (retired, `git show C:bench/device_run.sh`: stock, ours, sharding, searchq* at b7de8c6, scale B at fb8195c, matrix, scale at e5392c3)
 set -uo pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site:$PWD
@@ -125,6 +125,29 @@ PY
   ab-wait) t0=$(date +%s); while [ $(( $(date +%s) - t0 )) -lt "${AB_WAIT_S:-560}" ] && [ ! -e /tmp/ab/DONE ]; do sleep 5; done
       tail -n 2 /tmp/ab/*/driver.log | cut -c1-300
       (cd /tmp/ab && tar czf "$OUT/ab.tgz" --exclude='*-tree' --exclude='work-*' .) ;;
+  # one lease's plan (issue 35's A/Bs and panel runs), in the background from a copy outside the tree: `plan FILE`, FILE's
+  # lines "NEED_S COMMAND" run in order while RUN_S (default 1200) leaves NEED_S, each with OUT=/tmp/plan/out/<line>
+  # and LEFT (seconds left) in its environment, the panel's JSON of this card in /tmp/plan/ttq for --resume; `plan-wait`
+  plan) rm -rf /tmp/plan && mkdir -p /tmp/plan/out /tmp/plan/ttq && cp -r . /tmp/plan/repo && cp "$2" /tmp/plan/plan.txt
+        card=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1); echo "$card"
+        case "$card" in *H100*) panel=time_to_quality_h100.json ;; *) panel=time_to_quality_h200.json ;; esac
+        [ -f "bench/results/$panel" ] && cp "bench/results/$panel" /tmp/plan/ttq/time_to_quality_h200.json
+        (cd /tmp/plan/repo && PYTHONPATH=/tmp/site:/tmp/plan/repo setsid nohup bash -c '
+           end=$(( $(date +%s) + ${RUN_S:-1200} )); n=0
+           while read -r need cmd; do
+             case "$need" in ""|\#*) continue ;; esac; n=$((n+1)); left=$(( end - $(date +%s) ))
+             if [ "$left" -lt "$need" ]; then echo "[$(date +%T)] step $n skipped: needs $need s, $left left: $cmd"; continue; fi
+             echo "[$(date +%T)] step $n ($left s left): $cmd"; mkdir -p /tmp/plan/out/$n
+             OUT=/tmp/plan/out/$n LEFT=$left timeout $(( left - 10 )) bash -c "$cmd" > /tmp/plan/out/$n/driver.log 2>&1
+             echo "[$(date +%T)] step $n exit $?"
+           done < /tmp/plan/plan.txt; touch /tmp/plan/DONE' > /tmp/plan/driver.log 2>&1 < /dev/null &)
+        bash "$0" plan-wait ;;
+  plan-wait) t0=$(date +%s); while [ $(( $(date +%s) - t0 )) -lt "${PLAN_WAIT_S:-560}" ] && [ ! -e /tmp/plan/DONE ]; do sleep 5; done
+        [ -e /tmp/plan/DONE ] && echo "plan finished"; cat /tmp/plan/driver.log; tail -n 3 /tmp/plan/out/*/driver.log | cut -c1-400
+        # every step's JSON and PNG (not the zoo store), the panel's, and its kept databases, in one archive
+        (cd /tmp/plan && tar czf "$OUT/plan_out.tgz" --exclude='zoo_store.tgz' --exclude='*-*/*/cuda-cache' driver.log \
+            $(cd /tmp/plan && find out ttq -maxdepth 3 \( -name '*.json' -o -name '*.png' -o -name 'driver.log' \
+              -o -name 'cold-*' -o -name 'warm-*' \) 2>/dev/null | grep -v '/zoo/')) ;;
   gpufault) nvidia-smi --query-gpu=index,uuid,name --format=csv,noheader
     timeout 340 python3 -m bench.gpu_fault "${@:2}" 2>&1 | tail -60
     keep_logs /tmp/gpu_fault gpu_fault_logs ;;
