@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # On the GPU machine, after ../shared/device/stage.sh's install step (PYTHONPATH=/tmp/site:$PWD), writes under $OUT:
-#   bash bench/device_run.sh smoke|gputest|matrix-bg|matrix-wait|gpufault|scale1|scale1-wait|ab|ab-wait|ttq-bg|ttq-wait|plan|plan-wait
-# (retired, `git show C:bench/device_run.sh`: stock, ours, sharding, searchq* at b7de8c6, scale B at fb8195c, matrix, scale at e5392c3)
+#   bash bench/device_run.sh smoke|gputest|matrix-bg|matrix-wait|gpufault|scale1|scale1-wait|ab|ab-wait|plan|plan-wait
+# (retired, `git show C:bench/device_run.sh`: stock, ours, sharding, searchq* at b7de8c6, scale B at fb8195c, matrix, scale at e5392c3; ttq-bg, ttq-wait at f0e7e9f: a plan line runs the same)
 set -uo pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site:$PWD
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -93,29 +93,6 @@ PY
     (cd /tmp/scale1 && tar czf "$OUT/scale1_png.tgz" timeline-*.png 2>/dev/null)
     # each row's records as TVM's JSON database, for offline analysis (a few MB compressed)
     (cd /tmp/scale1/work && find . -type d -name records_db -print0 | tar czf "$OUT/scale1_records.tgz" --null -T -) ;;
-  # issue 35, time to quality on the panel (bench/panel.py): stock, cold, warm, model by model, in the background from a
-  # copy outside the tree; `ttq-wait` (the next call) collects. Its JSON in bench/results is copied in for --resume.
-  # TTQ_MODULE=sharetune.testing.settings_ab: one model's cold runs under a setting's values instead (an A/B)
-  ttq-bg) rm -rf /tmp/ttq/repo /tmp/ttq/DONE && mkdir -p /tmp/ttq/out && cp -r . /tmp/ttq/repo
-          [ -f bench/results/time_to_quality_h200.json ] && cp bench/results/time_to_quality_h200.json /tmp/ttq/out/
-          nvidia-smi --query-gpu=index,uuid,name --format=csv,noheader
-          (cd /tmp/ttq/repo && PYTHONPATH=/tmp/site:/tmp/ttq/repo OUT=/tmp/ttq/out setsid nohup bash -c \
-              "python3 -m ${TTQ_MODULE:-bench.time_to_quality} --work-dir /tmp/ttq/work $(printf '%q ' "${@:2}"); touch /tmp/ttq/DONE" \
-              > /tmp/ttq/driver.log 2>&1 < /dev/null &)
-          bash "$0" ttq-wait ;;
-  ttq-wait)
-    t0=$(date +%s)
-    while [ $(( $(date +%s) - t0 )) -lt "${TTQ_WAIT_S:-560}" ] && [ ! -e /tmp/ttq/DONE ]; do
-      grep -q '^Traceback' /tmp/ttq/driver.log 2>/dev/null && { echo "driver error: stopped waiting"; break; }
-      sleep 5
-    done
-    [ -e /tmp/ttq/DONE ] && echo "time-to-quality run finished"
-    # a call brings back 8 files of 16 MiB at most: the kept databases in one archive, the zoo store in parts (carried
-    # back in a call of its own: mkdir -p /tmp/ttq/work/zoo && cat .dev/zoo/zoo_store.tgz.part-* | tar xzf - -C /tmp/ttq/work/zoo)
-    (cd /tmp/ttq/out && find . -maxdepth 1 -type f ! -name zoo_store.tgz -exec cp {} "$OUT/" \; && tar czf "$OUT/ttq_dbs.tgz" --exclude=zoo_store.tgz cold-* warm-* stock-* 2>/dev/null
-     [ -f zoo_store.tgz ] && split -b 15M zoo_store.tgz "$OUT/zoo_store.tgz.part-")
-    tail -c 20000 /tmp/ttq/driver.log
-    keep_logs /tmp/ttq/work ttq_logs ;;
   # issue 38, A/B of two code trees: `ab MODELS ARGS`, control .dev/control.tgz (`git archive C -- services shared sharetune
   # bench/*.py bench/harness pyproject.toml | gzip`); per model its row, then this tree's, in the background; `ab-wait`
   ab) rm -rf /tmp/ab && mkdir -p /tmp/ab/control-tree && tar xzf .dev/control.tgz -C /tmp/ab/control-tree && cp -r . /tmp/ab/new-tree

@@ -2,7 +2,7 @@
 this service on a fresh store (cold) and on one that tuned the zoo first (warm), on the panel (bench/panel.py),
 one GPU. Protocol and results: docs/time_to_quality.md.
 
-    python -m bench.time_to_quality --resume --deadline-s 1300       # on the GPU machine (device_run.sh ttq-bg)
+    python -m bench.time_to_quality --resume --deadline-s 1300       # on the GPU machine (a line of device_run.sh plan)
     python -m bench.time_to_quality --rehearse --models efficientnet-mbconv --trials 24 --per-iter 8
     python -m bench.time_to_quality --table bench/results/time_to_quality_h200.json
     -> $OUT/time_to_quality_h200.json (rehearsal: time_to_quality_rehearsal.json) and a PNG beside it
@@ -151,7 +151,7 @@ def prepare_warm_store(args, work: Path) -> dict:
     out["wall_s"] = round(time.time() - t_all, 1)
     out["lease"] = args.lease
     done.write_text(json.dumps(out))
-    # kept so that a later lease unpacks it into its work dir (bench/device_run.sh ttq-bg) instead of tuning the
+    # kept so that a later lease unpacks it into its work dir (a first line of a bench/plans file) instead of tuning the
     # zoo again: ~4 minutes of device time
     subprocess.run(["tar", "czf", str(out_dir() / "zoo_store.tgz"), "-C", str(work), "redis", "DONE.json"],
                    check=False)

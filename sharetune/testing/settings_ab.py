@@ -7,8 +7,8 @@ $OUT and work dir; after each run, the runs so far are merged into $OUT/time_to_
     ... efficientnet-mbconv 1 SHARETUNE_PAD_AWKWARD=matmul,off --rehearse --trials 16 --per-iter 8   # CPU lanes
     python -m sharetune.testing.settings_ab --merge MODEL OUT.json VALUE=RUN.json ...                 # merge only
 
-(`TTQ_MODULE=sharetune.testing.settings_ab bash bench/device_run.sh ttq-bg ARGS` runs it in the background on the
-GPU machine.)"""
+(A line of a plan, `bash bench/device_run.sh plan FILE`, runs it in the background on the GPU machine:
+bench/plans/ttq_next.txt.)"""
 from __future__ import annotations
 
 import argparse
