@@ -22,10 +22,11 @@ from pathlib import Path
 from bench.harness.common import kept_in_repo, out_dir, tuning_options
 from bench.harness.jobs import gpu_lane, gpus as find_gpus, local_stack, run_job
 from bench.harness.serving import compile_module, export_job_records, serve
-from bench.harness.stock import kill_group, spawn_tune_tasks
+from bench.harness.stock import kill_group, make_target, spawn_tune_tasks
 from bench.panel import PANEL, build
 from sharetune.experiments.time_to_quality import (
-    job_events, markdown_table, plot, settings_in_effect, stock_events, summarise, summarise_model, table_again,
+    job_events, kernel_names, kernel_sets, markdown_table, run_databases, plot, settings_in_effect, stock_events, summarise,
+    summarise_model, table_again,
 )
 
 PHASES = ("stock", "cold", "warm")
@@ -264,9 +265,16 @@ def serve_model(args, model: str, row: dict, mwork: Path) -> None:
                                                       first=stock_trials)
     failed = [k for k, v in mods.items() if not v]
     mods = {k: v for k, v in mods.items() if v}
+    # and each task's kernel of stock and of each run, from its best records: which task a module's time moves with
+    dbs = run_databases(row, db, lambda phase: kept_run(model, phase, mwork / phase))
+    folders, kernel_errors, workloads = kernel_sets(dbs, str(make_target(args.rehearse)), compiled)
     # every module timed in one fresh process, interleaved, unshared, and checked against PyTorch
-    row["served"] = serve(mods, model, mwork, args.serve_rounds, gpu=not args.rehearse, check=True, timeout_s=600)
+    row["served"] = serve(mods, model, mwork, args.serve_rounds, gpu=not args.rehearse, check=True, timeout_s=600,
+                          kernels=folders)
     row["served"].pop("rounds_us", None)
+    row["served"]["kernel_us"] = kernel_names(row["served"].get("kernel_us") or {}, workloads, json.loads(
+        (db / "tasks.json").read_text()) if db is not None and (db / "tasks.json").exists() else [])
+    row["served"]["kernel_errors"] = {**kernel_errors, **(row["served"].get("kernel_errors") or {})}
     if failed:
         row["served"].setdefault("errors", {}).update({k: "did not compile" for k in failed})
 

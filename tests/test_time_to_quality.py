@@ -171,3 +171,31 @@ def test_each_seeded_task_reports_its_best_seed_beside_its_best_trial():
     got = seed_tasks({"mm": [20e-6, None], "ln": [None]}, events)
     assert got == {"mm": {"seeds": 2, "best_seed_us": 20.0, "task_best_us": 8.0},
                    "ln": {"seeds": 1, "best_seed_us": None, "task_best_us": None}}
+
+
+def test_each_runs_kernels_come_from_its_best_record_a_workload_and_are_named_by_stocks_tasks(tmp_path):
+    """Stock's database holds every trial: the kernel timed is the record its compile applies (lowest mean seconds,
+    failed trials left out); a kernel is named by stock's task of the same structural hash."""
+    import json
+
+    from sharetune.experiments.time_to_quality import best_record_db, kernel_names, run_databases
+
+    src = tmp_path / "stock"
+    src.mkdir()
+    (src / "database_workload.json").write_text('[111, {}]\n[222, {}]\n')
+    recs = [[0, ["t-a", [3e-6, 3e-6], "x", []]], [0, ["t-b", [2e-6, 2.2e-6], "x", []]],
+            [0, ["t-c", [1e10], "x", []]], [1, ["t-d", [5e-6], "x", []]]]
+    (src / "database_tuning_record.json").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    best = best_record_db(src, tmp_path / "best")
+    kept = [json.loads(line) for line in (best / "database_tuning_record.json").read_text().splitlines()]
+    assert [(i, r[0]) for i, r in kept] == [(0, "t-b"), (1, "t-d")]
+    lines = (best / "database_workload.json").read_text().splitlines()
+    named = kernel_names({"stock": {"0": 2.04, "1": 5.1}, "cold": {"0": 1.5}}, {"stock": lines, "cold": lines[1:]},
+                         [{"name": "conv2d4", "shash": "111"}, {"name": "mean", "shash": "222"}])
+    assert named == {"stock": {"conv2d4": 2.04, "mean": 5.1}, "cold": {"mean": 1.5}}
+    exported = tmp_path / "export"
+    exported.mkdir()
+    row = {"cold": {"database_dir": str(exported)}, "warm": {"database_dir": str(tmp_path / "gone")}}
+    assert run_databases(row, src, lambda phase: None) == {"stock": src, "cold": exported}
+    (tmp_path / "kept" / "database").mkdir(parents=True)
+    assert run_databases(row, None, lambda phase: tmp_path / "kept")["warm"] == tmp_path / "kept" / "database"

@@ -64,7 +64,7 @@ def compile_module(model: str, db: Path | None, out: Path, rehearse: bool, first
 
 def serve(modules: dict[str, str], model: str, work: Path, rounds: int, gpu_uuid: str | None = None,
           share: int | None = None, mps_env: dict | None = None, check: bool = False, timeout_s: float = 300,
-          gpu: bool = False) -> dict:
+          gpu: bool = False, kernels: dict | None = None) -> dict:
     """Time the modules in one fresh process, interleaved: on the GPU `gpu_uuid` (at `share` % under the MPS
     daemon of `mps_env`), on the GPUs this process sees with `gpu`, else on core 0; with `check`, each output
     against PyTorch's. `model`: a zoo or panel model."""
@@ -92,6 +92,8 @@ def serve(modules: dict[str, str], model: str, work: Path, rounds: int, gpu_uuid
         cmd += ["--device", "cpu", "--cores", "0"]
     for label, path in modules.items():
         cmd += ["--module", f"{label}={path}"]
+    for label, folder in (kernels or {}).items():  # each task's kernel too (task_timing.build_kernels folders)
+        cmd += ["--kernels", f"{label}={folder}"]
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s)
     answer = last_json_line(out, "serve")
     return answer if "serve" not in answer else {"latency_us": {}, "errors": answer}

@@ -394,3 +394,60 @@ def settings_ab(runs: list[tuple[str, dict]], model: str) -> dict:
         summary[f"{name}_best_us"] = {label: mean([r["tasks"].get(name, {}).get("best_us") for r in rs])
                                       for label, rs in by.items()}
     return {"model": model, "runs": out, "summary": summary}
+
+
+def best_record_db(src: Path, dst: Path) -> Path:
+    """`src`'s JSON database cut to each workload's best valid record (the one MetaSchedule's compile applies: the
+    lowest mean run_secs), in `dst`: what task_timing.build_kernels takes (one record a workload)."""
+    best: dict[int, tuple[float, str]] = {}
+    for line in (src / "database_tuning_record.json").read_text().splitlines():
+        if not line.strip():
+            continue
+        index, record = json.loads(line)
+        secs = [s for s in (record[1] or []) if s is not None and s < 1e9]
+        if secs and (index not in best or statistics.fmean(secs) < best[index][0]):
+            best[index] = (statistics.fmean(secs), line)
+    dst.mkdir(parents=True, exist_ok=True)
+    (dst / "database_workload.json").write_text((src / "database_workload.json").read_text())
+    (dst / "database_tuning_record.json").write_text("".join(best[i][1] + "\n" for i in sorted(best)))
+    return dst
+
+
+def kernel_names(kernel_us: dict[str, dict[str, float]], workloads: dict[str, list[str]],
+                 tasks: list[dict]) -> dict[str, dict[str, float]]:
+    """Each set's kernel times (label -> workload index -> µs, model_timing --kernels) by task name: a workload
+    named by stock's tasks.json entry of the same structural hash (`workloads`: label -> its database's workload
+    lines), else `w<index>`."""
+    names = {str(t["shash"]): t["name"] for t in tasks}
+    out = {}
+    for label, times in kernel_us.items():
+        lines = workloads.get(label, [])
+        shash = {str(i): str(json.loads(line)[0]) for i, line in enumerate(lines) if line.strip()}
+        out[label] = {names.get(shash.get(i, ""), f"w{i}"): round(us, 2) for i, us in sorted(times.items())}
+    return out
+
+
+def kernel_sets(dbs: dict[str, Path], target_json: str, out_root: Path) -> tuple[dict, dict, dict]:
+    """Each run's task kernels (label -> its JSON database: stock's, a service run's export) built from each
+    workload's best record, a child process each (task_timing.build_all): ({label: kernels folder}, {label: why it
+    has none}, {label: its workload lines}) for model_timing --kernels and kernel_names."""
+    from sharetune.experiments.task_timing import build_all
+
+    cut = {label: best_record_db(db, out_root / f"{label}-best") for label, db in dbs.items()}
+    folders, errors = build_all({label: (d, target_json) for label, d in cut.items()}, out_root / "kernels")
+    workloads = {label: (d / "database_workload.json").read_text().splitlines() for label, d in cut.items()}
+    return folders, errors, workloads
+
+
+def run_databases(row: dict, stock_db: Path | None, kept_run) -> dict[str, Path]:
+    """The JSON databases a row's modules were compiled with: stock's, and each service run's export (this lease's
+    `database_dir`, else the kept run's `database`; `kept_run(phase)` -> its folder or None)."""
+    dbs = {"stock": stock_db} if stock_db is not None else {}
+    for phase in ("cold", "warm"):
+        exported = (row.get(phase) or {}).get("database_dir")
+        kept = kept_run(phase) if row.get(phase) and not (exported and Path(exported).is_dir()) else None
+        if exported and Path(exported).is_dir():
+            dbs[phase] = Path(exported)
+        elif kept is not None and (kept / "database").is_dir():
+            dbs[phase] = kept / "database"
+    return dbs
