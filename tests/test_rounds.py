@@ -320,9 +320,10 @@ def test_a_task_near_a_launchs_floor_gets_a_small_first_round_and_the_costliest_
     assert first_round_order({}, ["b", "a"]) == ["b", "a"]
 
 
-def test_first_round_sizes_wait_for_every_tasks_default_in_the_store(redis_conn):
-    """Each client times its own shard's defaults: until the store holds them all, every first round is the
-    even share; then a light task's is small, the same for every client."""
+def test_first_round_sizes_are_fixed_once_every_tasks_default_is_in_the_store(redis_conn):
+    """Each client times its own shard's defaults: until the store holds them all, a first round drawn is judged
+    against the defaults timed so far (a task whose own default is untimed gets the even share); once they are
+    all in, the sizes are fixed, the same for every client."""
     import uuid
 
     from shared import store
@@ -341,7 +342,8 @@ def test_first_round_sizes_wait_for_every_tasks_default_in_the_store(redis_conn)
     rounds = FirstRounds(shard)
     store.put_default(redis_conn, DefaultTiming(wkey=tasks[0].wkey, run_secs=[30e-6]))
     store.put_default(redis_conn, DefaultTiming(wkey=tasks[1].wkey, run_secs=[3e-6]))
-    assert rounds.sizes() is None and rounds.size("t1") == 40  # t2's default is not timed yet
+    assert rounds.sizes() is None and rounds.size("t2") == 40  # t2's default is not timed yet
+    assert rounds.size("t1") == LIGHT_FIRST_ROUND and rounds.size("t0") == 40  # 3 us against 30: light already
     assert rounds.head() == {"t0"}  # from what is timed so far
     # t2 weighs 3 x 3 us: 9 of 42 us, not under half an equal share (7 us); t1's 3 us is
     store.put_default(redis_conn, DefaultTiming(wkey=tasks[2].wkey, run_secs=[3e-6]))
