@@ -431,10 +431,13 @@ def kernel_sets(dbs: dict[str, Path], target_json: str, out_root: Path) -> tuple
     """Each run's task kernels (label -> its JSON database: stock's, a service run's export) built from each
     workload's best record, a child process each (task_timing.build_all): ({label: kernels folder}, {label: why it
     has none}, {label: its workload lines}) for model_timing --kernels and kernel_names."""
-    from sharetune.experiments.task_timing import build_all
+    from sharetune.experiments.task_timing import KERNELS, build_all
 
     cut = {label: best_record_db(db, out_root / f"{label}-best") for label, db in dbs.items()}
     folders, errors = build_all({label: (d, target_json) for label, d in cut.items()}, out_root / "kernels")
+    for label, folder in folders.items():  # a workload whose kernel did not build: said, not silently missing
+        built = json.loads((folder / KERNELS).read_text())
+        errors.update({f"{label}/{index}": why for index, why in built.get("errors", {}).items()})
     workloads = {label: (d / "database_workload.json").read_text().splitlines() for label, d in cut.items()}
     return folders, errors, workloads
 
