@@ -18,8 +18,10 @@ threads across the inner axis and 8-64 across the reduced one, so a 399-column n
 Each reduction's result stays in every thread (local scope: each reads it from the cross-thread reduction's buffer
 after its last barrier). Written to shared memory instead, the threadIdx.y == 0 threads stored it and the others read
 it with no barrier between (TVM's ThreadSync takes an access at the same index for the same thread's), and on an H100
-every wav2vec2-conv module tuned with that kernel served NaN (docs/time_to_quality.md, 2026-12-07). The setting is
-off by default until a kernel of this state is shown to match NumPy on a GPU.
+every wav2vec2-conv module tuned with that kernel served NaN (docs/time_to_quality.md, 2026-12-07). With local
+scope it matches PyTorch on an H100 (5.2e-6) and `wide` is the default. A contraction is no column reduction: a
+matmul's `W[k, n]` is read down a column too, and the one-kernel state alone made ViT's dense layers 7-13x slower
+than untuned until `_reduces_a_column` asked for every output axis in each read of the reduced variable.
 """
 from __future__ import annotations
 
