@@ -431,8 +431,11 @@ def kernel_sets(dbs: dict[str, Path], target_json: str, out_root: Path) -> tuple
     """Each run's task kernels (label -> its JSON database: stock's, a service run's export) built from each
     workload's best record, a child process each (task_timing.build_all): ({label: kernels folder}, {label: why it
     has none}, {label: its workload lines}) for model_timing --kernels and kernel_names."""
+    import shutil
+
     from sharetune.experiments.task_timing import KERNELS, build_all
 
+    shutil.rmtree(out_root / "kernels", ignore_errors=True)  # build_all keeps a folder built before: a run served again
     cut = {label: best_record_db(db, out_root / f"{label}-best") for label, db in dbs.items()}
     folders, errors = build_all({label: (d, target_json) for label, d in cut.items()}, out_root / "kernels")
     for label, folder in folders.items():  # a workload whose kernel did not build: said, not silently missing
@@ -447,10 +450,11 @@ def run_databases(row: dict, stock_db: Path | None, kept_run) -> dict[str, Path]
     `database_dir`, else the kept run's `database`; `kept_run(phase)` -> its folder or None)."""
     dbs = {"stock": stock_db} if stock_db is not None else {}
     for phase in ("cold", "warm"):
-        exported = (row.get(phase) or {}).get("database_dir")
-        kept = kept_run(phase) if row.get(phase) and not (exported and Path(exported).is_dir()) else None
+        if not row.get(phase):
+            continue
+        exported = row[phase].get("database_dir")
         if exported and Path(exported).is_dir():
             dbs[phase] = Path(exported)
-        elif kept is not None and (kept / "database").is_dir():
+        elif (kept := kept_run(phase)) is not None and (kept / "database").is_dir():
             dbs[phase] = kept / "database"
     return dbs
