@@ -274,9 +274,10 @@ class TunerSettings(LaneWaitSettings):
     # the task gradient's forward term (best / rounds) counts only what lies above the lanes' launch floor (a
     # trivial kernel's time, measured once per target; services/tuner/metaschedule/defaults.py launch_floor): a
     # task at the floor has nothing left to gain (on an H100 efficientnet-mbconv's `mean`, 2.85 us untuned, took 98
-    # of a 384-trial job for 0.05 us while its 1x1 convolution kept a random first round); off until a GPU run
-    # shows it
-    latency_floor: bool = False
+    # of a 384-trial job for 0.05 us while its 1x1 convolution kept a random first round); on an H200 it gave the
+    # heavy tasks those trials and a lower final latency on efficientnet-mbconv and regnety-stage
+    # (bench/results/time_to_quality_latency_floor_h200.json)
+    latency_floor: bool = True
     # a task's first round starts with the best records of the nearest stored workloads of its operator kind,
     # their decisions replayed in its own design spaces (services/tuner/metaschedule/seeds.py)
     warm_seeds: bool = True
