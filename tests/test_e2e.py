@@ -245,8 +245,10 @@ def test_a_job_with_rounds_ahead_spends_its_budget_exactly_and_measures_no_candi
     assert store.job_spec(redis_conn, job.job_id).rounds_ahead == 1
     # each shard's round log: every round it sent, the claims adding up to the job's trials, first rounds marked
     log = [r for s in splits for r in s["round_log"]]
-    assert sum(r[2] for r in log) == 40 and sum(s["rounds"] for s in splits) == len(log)
+    assert sum(r[2] for r in log) == 40 and sum(s["rounds"] for s in splits) == len([r for r in log if r[2]])
     assert {r[1] for r in log if r[3]} == {t.name for t in store.job_tasks(redis_conn, job.job_id)}
+    # and what each round's search did: its kind, CPU, candidates proposed (at least what it claimed)
+    assert all(r[7] in ("drawn", "evolved") and r[8] >= 0 and r[9] >= r[2] for r in log)
 
 
 def test_the_result_counts_how_candidates_were_timed(tuned_tiny, redis_conn):

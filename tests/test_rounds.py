@@ -526,6 +526,11 @@ def test_a_round_ahead_is_sent_while_the_first_is_in_flight_and_both_are_joined_
     log = loop.run_stats.round_log
     assert [(r[1], r[2], r[3]) for r in log] == [(t.job_task.name, len(first), 0), (t.job_task.name, len(second), 0)]
     assert log[1][4:6] == [None, None] and log[0][0] <= log[1][0]
+    assert [r[7] for r in log] == ["drawn", "drawn"] and all(r[9] >= r[2] for r in log)
+    # a search that finds nothing new sends nothing, and is logged with what it cost
+    t.propose, t.last_search = (lambda room: []), ["evolved", 8.9, 0]
+    assert loop._round(t) and "t0" not in loop.flights
+    assert [log[-1][i] for i in (1, 2, 3)] == [t.job_task.name, 0, 0] and log[-1][7:] == ["evolved", 8.9, 0]
 
 
 def test_a_client_takes_turns_within_its_job_only_after_a_round_of_its_own_unless_blocked():

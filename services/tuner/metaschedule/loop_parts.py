@@ -44,7 +44,9 @@ class ShardRun:
     seeds: int = 0  # warm seeds sent to be measured (first rounds' re-fitted records of nearby workloads)
     per_task: dict[str, int] = field(default_factory=dict)
     # each round sent: [s since the loop began, task, trials claimed, first round (0/1), its priority when picked,
-    # the other live shards' highest finite priority, s it waited to be let run]; priorities None for a first round
+    # the other live shards' highest finite priority, s it waited to be let run, its search's kind ("drawn" or
+    # "evolved"), the search's CPU s (the process's, so other threads' work in that time counts too), candidates
+    # it proposed]; priorities None for a first round; a search that found nothing new is logged with 0 claimed
     round_log: list = field(default_factory=list)
     pick: tuple | None = None  # (priority, others' top, waited s) of the task the picker let run last
 

@@ -170,6 +170,7 @@ class ShardLoop:
         t.prepare(min(room, left))
         fresh = t.propose(room)
         if not fresh:
+            self._log_round(t, 0, not t.started)  # a search that found nothing new still cost its CPU
             return True
         claimed = self.budget.claim(min(len(fresh), left), None if t.started else t.task_id)
         if claimed == 0:
@@ -182,11 +183,13 @@ class ShardLoop:
         return True
 
     def _log_round(self, t: TaskSearch, claimed: int, first: bool) -> None:
-        """The round just sent, with what the picker saw when it let the task run (ShardRun.round_log)."""
+        """The round just sent (or searched and found nothing to send: 0 claimed), with what the picker saw when it let
+        the task run and what its search did (ShardRun.round_log)."""
         prio, top, waited = (None, None, 0.0) if first else (self.run_stats.pick or (None, None, 0.0))
         self.run_stats.pick = None
         self.run_stats.round_log.append([round(time.perf_counter() - self.t0, 2), t.job_task.name, claimed,
-                                         int(first), _rounded(prio), _rounded(top), round(waited, 2)])
+                                         int(first), _rounded(prio), _rounded(top), round(waited, 2),
+                                         *t.last_search])
 
     def _send(self, t: TaskSearch, fresh: list, claimed: int) -> None:
         """Build the batch and send what built to the runner (the lanes); the task's round is then in flight."""
