@@ -121,10 +121,10 @@ PY
         bash "$0" plan-wait ;;
   plan-wait) t0=$(date +%s); while [ $(( $(date +%s) - t0 )) -lt "${PLAN_WAIT_S:-560}" ] && [ ! -e /tmp/plan/DONE ]; do sleep 5; done
         [ -e /tmp/plan/DONE ] && echo "plan finished"; cat /tmp/plan/driver.log; tail -n 3 /tmp/plan/out/*/driver.log | cut -c1-400
-        # every step's JSON and PNG (not the zoo store), the panel's, and its kept databases, in one archive
+        # every step's JSON and PNG (not the zoo store), the panel's, and its kept databases, in one archive; the logs in another
         (cd /tmp/plan && tar czf "$OUT/plan_out.tgz" --exclude='zoo_store.tgz' --exclude='*-*/*/cuda-cache' driver.log \
             $(cd /tmp/plan && find out ttq -maxdepth 3 \( -name '*.json' -o -name '*.png' -o -name 'driver.log' \
-              -o -name 'cold-*' -o -name 'warm-*' \) 2>/dev/null | grep -v '/zoo/')) ;;
+              -o -name 'cold-*' -o -name 'warm-*' \) 2>/dev/null | grep -v '/zoo/')); keep_logs /tmp/plan plan_logs ;;
   gpufault) nvidia-smi --query-gpu=index,uuid,name --format=csv,noheader
     timeout 340 python3 -m bench.gpu_fault "${@:2}" 2>&1 | tail -60
     keep_logs /tmp/gpu_fault gpu_fault_logs ;;
