@@ -2,6 +2,8 @@
 it only rejects what TVM's own postprocessors reject, and it rejects most of those. CPU only."""
 from __future__ import annotations
 
+import logging
+
 import pytest
 
 pytest.importorskip("tvm")
@@ -424,3 +426,22 @@ def test_a_ranked_pick_that_fails_the_deferred_check_gives_its_slot_to_the_best_
     rest = iter(SimpleNamespace(sch=s) for s in ("bad", "d", "e"))  # the pool's others, best scored first
     assert [c.sch for c in strategy._checked(picks, rest, 3)] == ["a", "b", "d"]
     assert strategy.verify_rejected == 2
+
+
+def test_an_evolutionary_round_that_proposes_nothing_says_why(tasks, target, caplog):
+    """Every schedule turned down by the verifiers: the round proposes nothing (the task then samples) and the log
+    says what the round scored and how many the verifiers turned down."""
+    from types import SimpleNamespace
+
+    from services.tuner.metaschedule.evolution import ValidEvolution
+
+    task = tasks["conv2d1"]
+    db, _ = _measured_round(task, target)
+    strategy = ValidEvolution(seed=3, threads=1, population=16)
+    ctx = _search_context(task, target, strategy, 8, db)
+    strategy.verifiers = [SimpleNamespace(apply=lambda sch: False)]
+    with caplog.at_level(logging.WARNING, logger="sharetune.tuner.evolution"):
+        assert not ctx.generate_measure_candidates()
+    said = [r.getMessage() for r in caplog.records if "proposed nothing" in r.getMessage()]
+    assert len(said) == 1 and "8 measured of them" in said[0] and strategy.verify_rejected > 0
+    assert f"{strategy.verify_rejected} turned down by the verifiers" in said[0]

@@ -162,8 +162,13 @@ class ValidEvolution(PySearchStrategy):
             self._score(pool, children)
             population = self._fittest(pool, size)
         fresh = [k for k in self._fittest(pool, len(pool)) if k not in measured and k not in self.sent]
+        rejected = self.verify_rejected
         picked = self._passing(fresh, want - int(round(want * EPS_GREEDY)))
         picked += self._random_verified(want - len(picked), set(picked) | measured | self.sent)
+        if not picked:  # the task then samples (TaskSearch): say why its evolution came up empty
+            log.warning("task %s: an evolutionary round of %d proposed nothing: %d scored, %d measured of them, "
+                        "%d fresh, %d turned down by the verifiers", self.ctx.task_name, want, len(pool),
+                        len(measured & set(pool)), len(fresh), self.verify_rejected - rejected)
         self.sent.update(picked)
         self.proposed += len(picked)
         return distinct([self.replays[k] for k in picked]) or None
