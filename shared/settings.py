@@ -278,6 +278,12 @@ class TunerSettings(LaneWaitSettings):
     # heavy tasks those trials and a lower final latency on efficientnet-mbconv and regnety-stage
     # (bench/results/time_to_quality_latency_floor_h200.json)
     latency_floor: bool = True
+    # with the floor on, the first rounds' sizes count each task's default time above the floor too
+    # (services/tuner/metaschedule/job_wide.py FirstRounds): a task whose default is a couple of us over the floor
+    # gets a light task's first round of 8 where it got the even share of ~42 (on an H200 every one of the 42 tuned
+    # candidates of efficientnet-mbconv's fused_conv2d2_add_tir_sigmoid2_multiply2, 5.6 us by default, ran slower
+    # than its default); off until a GPU run shows it
+    floor_first_rounds: bool = False
     # a task's first round starts with the best records of the nearest stored workloads of its operator kind,
     # their decisions replayed in its own design spaces (services/tuner/metaschedule/seeds.py)
     warm_seeds: bool = True

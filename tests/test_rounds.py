@@ -351,6 +351,44 @@ def test_first_round_sizes_are_fixed_once_every_tasks_default_is_in_the_store(re
     assert rounds.head() == {"t0"}  # 30 of 42 us: its first round's messages go ahead
 
 
+def test_first_round_sizes_count_from_the_launch_floor_when_asked_and_wait_for_it(redis_conn):
+    """With the floor's store key, a task's cost is its default's time above the launch floor: with a 3.6 us floor
+    efficientnet-mbconv's 5.6 us tasks are light beside its 31 us convolution, where counted from zero they took
+    the even share; the sizes wait for the floor as for a default, and a task at the floor is light, not untimed."""
+    import uuid
+
+    from shared import store
+    from shared.messages import DefaultTiming, JobTask
+    from services.tuner.allocation import LIGHT_FIRST_ROUND, first_round_order, first_round_sizes
+    from services.tuner.metaschedule.job_wide import FirstRounds
+    from services.tuner.metaschedule.loop_parts import Shard
+
+    job = "floorrounds-" + uuid.uuid4().hex[:8]
+    defaults = {"conv1": 31e-6, "conv4": 13.4e-6, "conv3": 10.1e-6, "se": 5.6e-6, "conv": 5.6e-6, "bn": 4.4e-6,
+                "bn1": 4.0e-6, "bn2": 3.9e-6, "mean": 3.5e-6}  # its nine tasks' defaults on an H200
+    tasks = [JobTask(task_id=n, name=n, weight=1, wkey=f"{job}-{n}", flops=1.0) for n in defaults]
+    store.put_tasks(redis_conn, job, tasks, {})
+    shard = Shard(redis=redis_conn, job_id=job, shard=0, tasks=tasks, trials_per_iter=64, max_trials_per_task=1000,
+                  first_round=42)
+    for t in tasks:
+        store.put_default(redis_conn, DefaultTiming(wkey=t.wkey, run_secs=[defaults[t.name]]))
+    plain, floored = FirstRounds(shard), FirstRounds(shard, floor_wkey=f"launch-floor:{job}")
+    assert {t for t, n in plain.sizes().items() if n == LIGHT_FIRST_ROUND} == {"bn", "bn1", "bn2", "mean"}
+    assert floored.sizes() is None  # every default is in, the floor is not: not fixed yet
+    store.put_default(redis_conn, DefaultTiming(wkey=f"launch-floor:{job}", run_secs=[3.6e-6]))
+    assert floored.costs()["mean"] == 0.0 and floored.costs()["se"] == pytest.approx(2.0e-6)
+    assert {t for t, n in floored.sizes().items() if n == LIGHT_FIRST_ROUND} == {"se", "conv", "bn", "bn1", "bn2",
+                                                                                 "mean"}
+    assert floored.sizes()["conv1"] == floored.sizes()["conv3"] == 42
+    # a cost of 0 is a task at the floor: light, and last in the order, never taken for an untimed one
+    assert first_round_sizes({"a": 0.0, "b": 9e-6}, 42) == {"a": LIGHT_FIRST_ROUND, "b": 42}
+    assert first_round_order({"a": 0.0, "b": 9e-6, "c": None}, ["a", "b", "c"]) == ["c", "b", "a"]
+    # a floor that could not be timed is kept as a failed timing: the sizes stop waiting and count from zero
+    other = FirstRounds(shard, floor_wkey=f"launch-floor:{job}-none")
+    store.put_default(redis_conn, DefaultTiming(wkey=f"launch-floor:{job}-none", error="no launch floor: x"))
+    assert other.sizes() == plain.sizes()
+
+
 def test_a_ranked_first_round_is_a_share_of_the_even_one_never_under_a_light_tasks():
     from services.tuner.allocation import LIGHT_FIRST_ROUND, ranked_first_round
 

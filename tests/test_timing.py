@@ -361,7 +361,7 @@ def test_a_lane_gives_each_candidate_its_stored_reference_and_none_it_lacks(redi
     assert [c.reference for c in got] == ["packed-default", None, None]
 
 
-def test_the_launch_floor_is_timed_once_per_target_on_the_lanes_and_kept(redis_conn):
+def test_the_launch_floor_is_timed_once_per_target_on_the_lanes_and_kept(redis_conn, monkeypatch):
     """defaults.launch_floor: a trivial kernel, scheduled as a task's default is, measured like a candidate; the
     store keeps it, so the next client of any job on that target reads it; a failed timing is no floor."""
     import tvm
@@ -385,3 +385,12 @@ def test_the_launch_floor_is_timed_once_per_target_on_the_lanes_and_kept(redis_c
     assert timed.asked[0].args_info and timed.asked[0].mod  # a module the lanes build and run like any candidate
     again = Lanes(lambda cid: pytest.fail("timed twice"))
     assert launch_floor(redis_conn, again, target) == pytest.approx(2.7e-6) and not again.asked
+    # a floor kernel that cannot be built: no floor, kept as a failed timing (first rounds waiting for it go on)
+    from shared import store
+    from services.tuner.metaschedule import defaults, lane_runner
+
+    monkeypatch.setattr(lane_runner, "module_candidate", lambda *a: (_ for _ in ()).throw(RuntimeError("no build")))
+    other = tvm.target.Target({"kind": "llvm", "num-cores": 5})
+    assert launch_floor(redis_conn, again, other) is None and not again.asked
+    kept = store.default_timing(redis_conn, defaults.FLOOR_WKEY + str(other))
+    assert kept is not None and not kept.run_secs and "no build" in kept.error

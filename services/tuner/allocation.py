@@ -73,11 +73,11 @@ def first_round_sizes(costs: dict[str, float | None], uniform: int) -> dict[str,
     and normalisation kernels near a launch's floor (3-5 us on a GPU) have little to gain, and an even share of
     a few hundred trials spent on each leaves the heavy tasks nothing but their random first rounds. The trials
     saved go by the gradient. A task whose default was not timed keeps `uniform`."""
-    known = [c for c in costs.values() if c]
+    known = [c for c in costs.values() if c is not None]
     if not known:
         return {t: uniform for t in costs}
     bar = LIGHT_SHARE * sum(known) / len(costs)
-    return {t: min(uniform, LIGHT_FIRST_ROUND) if c and c < bar else uniform for t, c in costs.items()}
+    return {t: min(uniform, LIGHT_FIRST_ROUND) if c is not None and c < bar else uniform for t, c in costs.items()}
 
 
 def ranked_first_round(uniform: int, share: float) -> int:
@@ -94,7 +94,7 @@ def first_round_order(costs: dict[str, float | None], order: list[str]) -> list[
     default seconds), so the tasks the user waits on are measured first; a task whose default was not timed
     goes first (nothing is known of it); ties keep `order` (the partition's FLOPs order)."""
     rank = {t: i for i, t in enumerate(order)}
-    return sorted(order, key=lambda t: (-(costs.get(t) or math.inf), rank[t]))
+    return sorted(order, key=lambda t: (-(math.inf if costs.get(t) is None else costs[t]), rank[t]))
 
 
 HEAD_SHARE = 0.5  # of the untuned model's latency: the tasks holding it have their first rounds served first

@@ -119,7 +119,7 @@ def search_parts(send, redis, job: ShardJob, settings: TunerSettings, runner, st
     default timings and (with warm seeds) nearby workloads' best records."""
     from services.tuner.metaschedule.context import tune_context
     from services.tuner.metaschedule.cost_model import SnapshotCostModel
-    from services.tuner.metaschedule.defaults import launch_floor, measure_defaults
+    from services.tuner.metaschedule.defaults import FLOOR_WKEY, launch_floor, measure_defaults
     from services.tuner.metaschedule.lane_runner import DeferredBuilder
     from services.tuner.metaschedule.records import ShardTasks, StoreRecords, seed_database
     from services.tuner.metaschedule.rounds import SearchParts
@@ -152,7 +152,9 @@ def search_parts(send, redis, job: ShardJob, settings: TunerSettings, runner, st
                         within=within) if settings.warm_seeds else None)
     return SearchParts(make_context, DeferredBuilder(stash, split), runner, database, cost_model, records,
                        defaults=lambda ts: measure_defaults(redis, runner, ts, mods, target), seeds=seeds,
-                       floor=(lambda: launch_floor(redis, runner, target)) if settings.latency_floor else None)
+                       floor=(lambda: launch_floor(redis, runner, target)) if settings.latency_floor else None,
+                       first_round_floor=FLOOR_WKEY + str(target)
+                       if settings.latency_floor and settings.floor_first_rounds else None)
 
 
 def lane_runner(send, redis, spec: JobSpec, target, settings: TunerSettings, stash=None, split=None):

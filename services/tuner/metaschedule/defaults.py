@@ -102,6 +102,8 @@ def launch_floor(redis, runner, target) -> float | None:
             cand = module_candidate(PREFIX + wkey, default_module(floor_module(), target))
         except Exception as err:  # noqa: BLE001 - no floor: the gradient takes latencies as they are
             log.info("no launch floor for %s (%s)", target, err)
+            # kept as a failed timing, so what waits for the floor (FirstRounds) does not wait for good
+            store.put_default(redis, DefaultTiming(wkey=wkey, error=f"no launch floor: {err}"))
             return None
         for res in runner.measure_now([cand]).values():
             known = DefaultTiming(wkey=wkey, run_secs=res.run_secs, error=res.error, lane=res.lane)

@@ -28,10 +28,13 @@ class FirstRounds:
     first-round size, job-wide (allocation.first_round_sizes), fixed once the store holds every task's default
     timing (other clients time their own shards' defaults). A first round drawn before that is sized from the
     defaults timed so far: a client whose shard's defaults came first started its light tasks' first rounds at the
-    even share (on an H100 efficientnet-mbconv's `mean`, 2.85 us, drew 34 where its rule gives 8)."""
+    even share (on an H100 efficientnet-mbconv's `mean`, 2.85 us, drew 34 where its rule gives 8).
+    With `floor_wkey` (the store key of the lanes' launch floor, defaults.launch_floor) a task's cost counts only its
+    default's time above the floor, and the sizes wait for the floor as for a default: a 5.6 us task on lanes whose
+    floor is 3.6 has 2 us to gain, not 5.6 (TunerSettings.floor_first_rounds)."""
 
-    def __init__(self, shard: Shard):
-        self.redis, self.job_id = shard.redis, shard.job_id
+    def __init__(self, shard: Shard, floor_wkey: str | None = None):
+        self.redis, self.job_id, self.floor_wkey = shard.redis, shard.job_id, floor_wkey
         self.uniform = shard.first_round or shard.trials_per_iter
         self._tasks: list | None = None  # the job's tasks: fixed once planned
         self._sizes: dict[str, int] | None = None
@@ -44,12 +47,14 @@ class FirstRounds:
             return self._fixed, True
         if self._tasks is None:
             self._tasks = store.job_tasks(self.redis, self.job_id)
-        timings = store.default_timings(self.redis, [t.wkey for t in self._tasks])
+        keys = [t.wkey for t in self._tasks] + ([self.floor_wkey] if self.floor_wkey else [])
+        timings = store.default_timings(self.redis, keys)
+        floor = (default_secs(timings[self.floor_wkey]) or 0.0) if self.floor_wkey else 0.0
         costs = {}
         for t in self._tasks:
             d = default_secs(timings[t.wkey])
-            costs[t.task_id] = d * t.weight if d else None
-        complete = bool(self._tasks) and all(timings[t.wkey] is not None for t in self._tasks)
+            costs[t.task_id] = max(d - floor, 0.0) * t.weight if d else None
+        complete = bool(self._tasks) and all(timings[k] is not None for k in keys)
         if complete:
             self._fixed = costs
         return costs, complete
@@ -68,7 +73,7 @@ class FirstRounds:
     def size(self, task_id: str) -> int:
         sizes = self.sizes()
         if sizes is None:  # judged against the defaults timed so far; a task of its own untimed default: even
-            known = {t: c for t, c in self.costs().items() if c}
+            known = {t: c for t, c in self.costs().items() if c is not None}
             sizes = first_round_sizes(known, self.uniform) if task_id in known else {}
         return sizes.get(task_id, self.uniform)
 

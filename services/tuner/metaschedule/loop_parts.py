@@ -76,7 +76,8 @@ class SearchParts:
     (deferred builds, lanes), TVM's database of the shard's workloads, the central cost model, the store's
     records; `defaults(tasks)`: task_id -> seconds of its default schedule, timed before the first rounds;
     `seeds` (seeds.SeedSource): a first round starts with nearby workloads' best records; `floor()`: the lanes'
-    launch floor in seconds (defaults.launch_floor), which the gradient's forward term counts from."""
+    launch floor in seconds (defaults.launch_floor), which the gradient's forward term counts from;
+    `first_round_floor`: the floor's store key, when the first rounds' sizes count from it too (FirstRounds)."""
 
     make_context: Callable
     builder: object
@@ -87,3 +88,4 @@ class SearchParts:
     defaults: Callable[[list[JobTask]], dict] | None = None
     seeds: object = None
     floor: Callable[[], float | None] | None = None
+    first_round_floor: str | None = None

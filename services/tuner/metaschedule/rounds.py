@@ -68,7 +68,7 @@ class ShardLoop:
         self.run_stats = ShardRun()
         self.t0 = time.perf_counter()  # the round log's clock (run() starts it again)
         self.tasks = [TaskSearch(t, shard, parts, self.run_stats) for t in shard.tasks]
-        self.first_rounds = FirstRounds(shard)
+        self.first_rounds = FirstRounds(shard, parts.first_round_floor)
         self.budget = JobBudget(shard, self.first_rounds, SearchStop(shard, stop_rules) if stop_rules and stop_rules.any else None)
         self.picker = RoundPicker(shard, steering or Steering(), self.check, self.run_stats, self.first_rounds)
         self.flights: dict[str, list[InFlight]] = {}  # task id -> its batches being measured, oldest first
