@@ -49,10 +49,13 @@ def test_the_summary_compares_each_run_with_stock_and_the_warm_run_with_the_cold
     row = {"stock": {"wall_s": 100.0, "events": [[50.0, "t", 6e-6], [90.0, "t", 5e-6]], "weights": weights},
            "cold": {"events": [[1.0, "t", 7e-6], [4.0, "t", 5e-6], [8.0, "t", 4e-6]], "weights": weights,
                     "defaults": defaults, "search_cpu_s_per_valid_candidate": 0.2},
-           "warm": {"events": [[1.0, "t", 4e-6], [2.0, "t", 3.9e-6]], "weights": weights, "defaults": defaults},
+           "warm": {"events": [[1.0, "t", 4e-6], [2.0, "t", 3.9e-6]], "weights": weights, "defaults": defaults,
+                    "search_cpu_s_per_valid_candidate": 0.3},
            "served": {"latency_us": {"stock": 10.0, "cold": 6.0, "warm": 5.0, "untuned": 20.0}}}
     summarise_model(row)
     s = row["summary"]
+    # the search CPU goal is the worse of the two runs' (the warm run's evolutionary rounds cost more)
+    assert (s["search_cpu_s_per_valid_candidate"], s["search_cpu_s_per_valid_candidate_run"]) == (0.3, "warm")
     assert s["cold_time_to_stock_latency_s"] == 4.0 and s["cold_time_to_stock_latency_ratio"] == 0.04
     assert s["warm_time_to_stock_latency_s"] == 1.0
     assert s["warm_trials_ratio"] == round(1 / 3, 4)  # the cold run's final 4 us: warm's first trial

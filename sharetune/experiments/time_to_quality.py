@@ -125,8 +125,12 @@ def summarise_model(row: dict) -> None:
             s["latency_vs_stock_equal_trials"] = round(lat[equal_run] / lat["stock"], 4)
     if "untuned" in lat:
         s["never_slower_than_untuned"] = all(v <= lat["untuned"] * 1.02 for k, v in lat.items() if k in ("cold", "warm"))
-    if cold:
-        s["search_cpu_s_per_valid_candidate"] = cold.get("search_cpu_s_per_valid_candidate")
+    # the goal holds for every search the service runs: the worse of the cold and warm runs (a warm run's rounds
+    # are mostly evolutionary, which cost more a candidate than cold draws)
+    cpu = [(r["search_cpu_s_per_valid_candidate"], k) for k, r in (("cold", cold), ("warm", warm))
+           if r and r.get("search_cpu_s_per_valid_candidate") is not None]
+    if cpu:
+        s["search_cpu_s_per_valid_candidate"], s["search_cpu_s_per_valid_candidate_run"] = max(cpu)
     row["summary"] = s
 
 
