@@ -242,6 +242,7 @@ def test_a_job_with_rounds_ahead_spends_its_budget_exactly_and_measures_no_candi
     assert len({(r.wkey, r.candidate_key) for r in mine}) == len(mine)
     splits = store.splits(redis_conn, job.job_id)
     assert all("ahead_rounds" in s for s in splits)
+    assert all(s["launch_floor_s"] and s["launch_floor_s"] > 0 for s in splits)  # the floor the gradients counted from
     assert store.job_spec(redis_conn, job.job_id).rounds_ahead == 1
     # each shard's round log: every round it sent, the claims adding up to the job's trials, first rounds marked
     log = [r for s in splits for r in s["round_log"]]

@@ -142,7 +142,8 @@ def test_an_ab_of_settings_keeps_each_run_and_means_each_figure_per_value():
     def run(best_mm: float | None, served: float, cpu: float) -> dict:
         events = [(1.0, "mm", None), (2.0, "mm", best_mm), (3.0, "ln", 3e-6)]
         cold = {"events": events, "weights": {"mm": 2, "ln": 1}, "defaults": {"mm": 10e-6, "ln": 4e-6},
-                "wall_s": 30.0, "trials": 3, "lease": "l", "search_cpu_s_per_valid_candidate": cpu}
+                "wall_s": 30.0, "trials": 3, "lease": "l", "search_cpu_s_per_valid_candidate": cpu,
+                "launch_floor_us": 3.6}
         return {"models": {"m": {"cold": cold, "served": {"latency_us": {"cold": served, "untuned": 30.0,
                                                                          "stock": 40.0}}}}}
 
@@ -152,6 +153,7 @@ def test_an_ab_of_settings_keeps_each_run_and_means_each_figure_per_value():
     first = ab["runs"][0]
     assert first["final_estimate_us"] == 15.0 and first["untuned_estimate_us"] == 24.0
     assert first["tasks"]["mm"] == {"untuned_us": 10.0, "best_us": 6.0, "trials": 2}
+    assert first["launch_floor_us"] == 3.6  # what the gradients counted from
     assert ab["runs"][1]["tasks"]["mm"]["best_us"] is None  # no fully timed trial: none, not the default
     s = ab["summary"]
     assert s["final_estimate_us"] == {"matmul": 17.0, "off": 23.0}  # off: the default kept where faster

@@ -184,7 +184,8 @@ def shard_times(split, run, tune_s: float, population: int, seeds, ranked_rounds
                  warm_switches=run.warm_switches,
                  population=population, seeds_measured=run.seeds, seeds_applied=seeds.applied if seeds else 0,
                  seeds_skipped=seeds.skipped if seeds else 0, seeds_padded=seeds.padded if seeds else 0,
-                 ranked_rounds=ranked_rounds, first_round=first_round, round_log=run.round_log)
+                 ranked_rounds=ranked_rounds, first_round=first_round, launch_floor_s=run.floor_s,
+                 round_log=run.round_log)
     return times
 
 

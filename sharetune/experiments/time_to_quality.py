@@ -296,6 +296,8 @@ def job_events(r, job_id: str, t0: float, wall: float, threads: int) -> dict:
     else:  # an upper bound: the sample phase's wall time with every search thread busy
         row["search_cpu_s_per_valid_candidate"] = round(sample_s * threads / max(1, valid), 3)
     row.update(search_cpu_split(splits))
+    floors = [s["launch_floor_s"] for s in splits if s.get("launch_floor_s")]
+    row["launch_floor_us"] = round(1e6 * floors[0], 2) if floors else None  # what the gradients counted from
     return row
 
 
@@ -374,6 +376,7 @@ def settings_ab(runs: list[tuple[str, dict]], model: str) -> dict:
             "wrong_results": cold.get("wrong_results"),  # candidates the lanes' output check refused, per task
             "output_checked_trials": cold.get("output_checked_trials"),  # candidates whose output matched
             "search_cpu_s_per_valid_candidate": cold.get("search_cpu_s_per_valid_candidate"),
+            "launch_floor_us": cold.get("launch_floor_us"),
             "tasks": {name: {"untuned_us": round(1e6 * d, 2),
                              "best_us": round(1e6 * best[name], 2) if name in best else None,
                              "trials": trials.get(name, 0)}

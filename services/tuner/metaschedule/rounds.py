@@ -109,7 +109,8 @@ class ShardLoop:
         t0 = time.perf_counter()
         default = self.defaults([t.job_task for t in self.tasks]) if self.defaults else {}
         if self.floor is not None:
-            self.picker.steering.floor_s = self.floor() or 0.0
+            self.run_stats.floor_s = self.floor()
+            self.picker.steering.floor_s = self.run_stats.floor_s or 0.0
         self.run_stats.clock("defaults", t0)
         known = self.first_rounds.sizes() or {}  # every default timed already: each search drawn at its size
         for t in self.tasks:
