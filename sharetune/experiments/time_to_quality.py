@@ -127,8 +127,8 @@ def summarise_model(row: dict) -> None:
         s["never_slower_than_untuned"] = all(v <= lat["untuned"] * 1.02 for k, v in lat.items() if k in ("cold", "warm"))
     # the goal holds for every search the service runs: the worse of the cold and warm runs (a warm run's rounds
     # are mostly evolutionary, which cost more a candidate than cold draws)
-    cpu = [(r["search_cpu_s_per_valid_candidate"], k) for k, r in (("cold", cold), ("warm", warm))
-           if r and r.get("search_cpu_s_per_valid_candidate") is not None]
+    cpu = [(run["search_cpu_s_per_valid_candidate"], k) for k, run in (("cold", cold), ("warm", warm))
+           if run and run.get("search_cpu_s_per_valid_candidate") is not None]
     if cpu:
         s["search_cpu_s_per_valid_candidate"], s["search_cpu_s_per_valid_candidate_run"] = max(cpu)
     row["summary"] = s
