@@ -70,10 +70,14 @@ class TaskSearch:
         self.fixed = False  # its design space has no sampled decisions: a handful of schedules, all known at once
         self.proposes = 0  # candidates its search proposes a round (what the round may measure)
         self.full_draws = False  # a small draw found nothing new (the store held it): every round draws a full one
-        self.drawn = 0  # candidates the last round's search proposed
         self.last_search: list = ["drawn", 0.0, 0]  # the last round's search: kind, CPU s, candidates proposed
         self._whole_space = False  # the last round's fresh candidates are every schedule of a fixed space
         self.pending: set[str] = set()  # keys of its candidates sent and not yet joined (rounds ahead)
+
+    @property
+    def drawn(self) -> int:
+        """Candidates the last round's search proposed."""
+        return self.last_search[2]
 
     @property
     def task_id(self) -> str:
@@ -183,7 +187,6 @@ class TaskSearch:
         else:
             self.stats.phase_s["evolve_cpu"] += cpu
             self.stats.phase_s["evolved"] += len(cands)
-        self.drawn = len(cands)
         self.last_search = ["drawn" if self.cold else "evolved", round(cpu, 2), len(cands)]
         fresh, reused, held = self._split_known(cands)
         if reused:
