@@ -75,8 +75,7 @@ class TaskSearch:
         self.pending: set[str] = set()  # keys of its candidates sent and not yet joined (rounds ahead)
 
     @property
-    def drawn(self) -> int:
-        """Candidates the last round's search proposed."""
+    def drawn(self) -> int:  # candidates the last round's search proposed
         return self.last_search[2]
 
     @property
