@@ -205,7 +205,8 @@ class TunerSettings(LaneWaitSettings):
     # an evolutionary CUDA round's generations breed twice their population in mutants and replay and score half
     # the population's size, the ones a linear model of their decisions (fit on what the round scored) ranks
     # best (services/tuner/metaschedule/evolution.py): ~27 % less search CPU a candidate on the CPU, proposals
-    # judged as good (docs/time_to_quality.md); off until a GPU run shows the tuned model keeps its latency
+    # judged as good (docs/time_to_quality.md); on an H100 it lost (ViT 169 against 153 us: one matmul stayed at
+    # 46.9 us where the default evolution found 20.1; bench/results/time_to_quality_evolution_screen_h100.json)
     evolution_screen: bool = False
     # while every task of a client's shard is being measured, search and send up to this many more rounds of a task
     # before its batch lands (from what the search knew when it was sent; none of its in-flight candidates again),
@@ -268,8 +269,8 @@ class TunerSettings(LaneWaitSettings):
     stalled_task_rounds: int = Field(3, ge=1, le=8)
     # a later round of a task the picker lets run below the other clients' top task gets that share of a full
     # round (its priority / the top's, 8 at least; services/tuner/allocation.py Steering.round_size): clients run
-    # rounds at once, and a task a quarter as promising as the top one otherwise takes as many trials; off until
-    # a GPU run shows it
+    # rounds at once, and a task a quarter as promising as the top one otherwise takes as many trials; on an H100
+    # one pair within the spread of default runs (bench/results/time_to_quality_prorata_rounds_h100.json): off
     prorata_rounds: bool = False
     # the task gradient's forward term (best / rounds) counts only what lies above the lanes' launch floor (a
     # trivial kernel's time, measured once per target; services/tuner/metaschedule/defaults.py launch_floor): a
@@ -280,10 +281,10 @@ class TunerSettings(LaneWaitSettings):
     latency_floor: bool = True
     # with the floor on, the first rounds' sizes count each task's default time above the floor too
     # (services/tuner/metaschedule/job_wide.py FirstRounds): a task whose default is a couple of us over the floor
-    # gets a light task's first round of 8 where it got the even share of ~42 (on an H200 every one of the 42 tuned
-    # candidates of efficientnet-mbconv's fused_conv2d2_add_tir_sigmoid2_multiply2, 5.6 us by default, ran slower
-    # than its default); off until a GPU run shows it
-    floor_first_rounds: bool = False
+    # gets a light task's first round of 8 where it got the even share of ~42; on an H100 the trials went to the
+    # heavy convolutions and efficientnet-mbconv's final latency fell to 37.0 us against 38.99-42.27 in the three
+    # runs without it (bench/results/time_to_quality_floor_first_rounds_h100.json)
+    floor_first_rounds: bool = True
     # a task's first round starts with the best records of the nearest stored workloads of its operator kind,
     # their decisions replayed in its own design spaces (services/tuner/metaschedule/seeds.py)
     warm_seeds: bool = True
