@@ -222,18 +222,31 @@ def test_a_space_without_sampled_decisions_is_spent_after_one_round():
     assert fresh == [] and t.done and t.dry == 0
 
 
-class _DrySpace:
-    """A design space with a sampled decision (fake): a dry round of it is no proof that it is spent."""
+class _Sample:
+    """A sampling instruction of a trace (fake): its kind and its choices."""
 
-    class trace:
-        decisions = {"tile": 4}
+    def __init__(self, kind: str, choices: int = 0):
+        self.kind = type("Kind", (), {"name": kind})()
+        self.attrs = [list(range(choices))] if choices else []
+
+
+class _DrySpace:
+    """A design space with a sampled decision (fake; a tiling unless `choices`, then one categorical choice of that
+    many): a dry round of a tiled space is no proof that it is spent."""
+
+    def __init__(self, choices: int = 0):
+        inst = _Sample("SampleCategorical", choices) if choices else _Sample("SamplePerfectTile")
+        self.trace = type("Trace", (), {"decisions": {inst: 0}})()
 
 
 class _DryContext:
     """A search whose strategies both come back empty, every round."""
 
+    def __init__(self, choices: int = 0):
+        self.choices = choices
+
     def generate_design_space(self):
-        return [_DrySpace()]
+        return [_DrySpace(self.choices)]
 
     def pre_tuning(self, *args):
         pass
@@ -243,6 +256,56 @@ class _DryContext:
 
     def generate_measure_candidates(self):
         return None
+
+
+def test_a_space_of_categorical_choices_is_spent_once_each_schedule_went_out():
+    """A batch norm's space samples one thread count of 6: the task is spent when its sixth schedule is sent or
+    measured, not after EMPTY_ROUNDS dry rounds of evolution and sampling. A tiled space is not countable."""
+    from services.tuner.metaschedule.rounds import SearchParts, SearchState, Shard, ShardLoop
+    from services.tuner.metaschedule.task_search import countable_schedules
+    from shared.messages import JobTask, TaskProgress
+
+    def task(choices: int, trials: int = 0):
+        job_task = JobTask(task_id="t0", name="norm", weight=1, wkey="w0", flops=1.0)
+        t = ShardLoop(Shard(None, "job", 0, [job_task], trials_per_iter=8, max_trials_per_task=64),
+                      SearchParts(lambda _, cold: _DryContext(choices), None, None, None, None, _Records())).tasks[0]
+        if trials:
+            t.parts.records.progress["t0"] = TaskProgress(task_id="t0", name="norm", trials=trials)
+        t.restart(cold=True)
+        return t
+
+    assert countable_schedules([_DrySpace(6), _DrySpace(3)]) == 9
+    assert countable_schedules([_DrySpace(6), _DrySpace()]) is None
+    first = task(6)
+    assert first.schedules == 6 and not first.fixed
+    first.launched(5, claimed=5)
+    assert not first.done  # one schedule has not gone out
+    first.launched(6, claimed=6)
+    assert first.state == SearchState.EXHAUSTED
+    measured = task(6, trials=6)
+    assert measured.propose(room=8) == [] and measured.state == SearchState.EXHAUSTED and measured.dry == 0
+    tiled = task(0, trials=6)
+    assert tiled.schedules is None and tiled.propose(room=8) == [] and not tiled.done and tiled.dry == 1
+    reduction = _loop(_task(_Sum()), population=16)[1]
+    reduction.restart(cold=True)
+    assert reduction.schedules is not None and reduction.schedules > 8  # thread counts and unrolls, all categorical
+    conv = _loop(_task(_DepthwiseConv()), population=16)[1]
+    conv.restart(cold=True)
+    assert conv.schedules is None
+
+
+class _Sum:
+    """A row sum: every decision of its CUDA spaces is a categorical choice."""
+
+    def __init__(self):
+        from tvm import relax
+
+        self.params = [relax.Var("x", relax.TensorType((32, 64), "float32"))]
+
+    def __call__(self, bb):
+        from tvm import relax
+
+        return relax.op.sum(self.params[0], axis=[1])
 
 
 def test_a_tasks_search_moves_through_its_states():

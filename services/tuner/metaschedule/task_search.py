@@ -8,7 +8,7 @@ A task's states:
         └─begin──> EVOLVING  (cost model trained and knows the task, or cold_start off)
     SAMPLING ──prepare (model trained and knows it)──> EVOLVING
     SAMPLING <──a dry round (nothing new)──> EVOLVING   (each strategy finds what the other cannot)
-    SAMPLING / EVOLVING ──> EXHAUSTED  (a fixed space sent whole, or a fixed space or EMPTY_ROUNDS rounds dry)
+    SAMPLING / EVOLVING ──> EXHAUSTED  (a fixed or countable space sent whole, or EMPTY_ROUNDS rounds dry)
     SAMPLING / EVOLVING ──> AT_LIMIT   (the task measured max_trials_per_task)
 """
 from __future__ import annotations
@@ -68,6 +68,7 @@ class TaskSearch:
         self.started = False  # had its first round (job-wide: a resumed shard's tasks may have)
         self.landed = 0  # its rounds whose results came back (a resumed shard's: the job's history of it)
         self.fixed = False  # its design space has no sampled decisions: a handful of schedules, all known at once
+        self.schedules: int | None = None  # how many its space holds, where countable (countable_schedules)
         self.proposes = 0  # candidates its search proposes a round (what the round may measure)
         self.full_draws = False  # a small draw found nothing new (the store held it): every round draws a full one
         self.last_search: list = ["drawn", 0.0, 0]  # the last round's search: kind, CPU s, candidates proposed
@@ -117,6 +118,7 @@ class TaskSearch:
         self.proposes = proposes or self.proposes or self.per_iter
         spaces = self.ctx.generate_design_space()
         self.fixed = all(len(sp.trace.decisions) == 0 for sp in spaces)
+        self.schedules = countable_schedules(spaces)
         self.ctx.pre_tuning(SEARCH_ROOM, self.proposes, spaces, self.parts.database, self.parts.cost_model)
         if resized:
             return
@@ -187,7 +189,7 @@ class TaskSearch:
             self.stats.phase_s["evolve_cpu"] += cpu
             self.stats.phase_s["evolved"] += len(cands)
         self.last_search = ["drawn" if self.cold else "evolved", round(cpu, 2), len(cands)]
-        fresh, reused, held = self._split_known(cands)
+        fresh, reused, held = split_known(self.parts.records, self.job_task.wkey, cands, self.pending)
         if reused:
             # the store knows this workload (an earlier job, a resumed shard): draw full rounds from now on, so a
             # round still finds what it may measure among the schedules the store already holds
@@ -204,20 +206,6 @@ class TaskSearch:
             self._found_nothing(small)
         return []
 
-    def _split_known(self, cands: list) -> tuple[list, list, int]:
-        """(the candidates the store does not hold and none of the task's batches in flight has, each once;
-        (candidate, its record) of those the store holds; how many are in flight)."""
-        wkey = self.job_task.wkey
-        keys = [candidate_key(wkey, c) for c in cands]
-        known = self.parts.records.known(wkey, keys)
-        fresh, seen = [], set()
-        for c, k in zip(cands, keys):
-            if k not in known and k not in seen and k not in self.pending:
-                fresh.append(c)
-                seen.add(k)
-        held = sum(1 for k in keys if k in self.pending and k not in known)
-        return fresh, [(c, known[k]) for c, k in zip(cands, keys) if k in known], held
-
     def pending_add(self, candidates: list) -> None:
         """Candidates sent to be measured: a round searched before they land proposes none of them again."""
         self.pending.update(candidate_key(self.job_task.wkey, c) for c in candidates)
@@ -227,7 +215,7 @@ class TaskSearch:
 
     def _found_nothing(self, small: bool) -> None:
         self.publish_best()  # a round all the same: other clients stop reserving its first round
-        if self.fixed:  # nothing new in a space whose every schedule one round proposes: spent
+        if self.fixed or self._every_schedule_out():  # nothing new in a space it has proposed whole: spent
             self.finish(exhausted=True)
         elif small:  # a draw smaller than a round, all of it known: not yet proof of a dry space
             self.full_draws = True
@@ -270,10 +258,15 @@ class TaskSearch:
 
     def launched(self, sent: int, claimed: int) -> None:
         """The round's batch went out (`sent` candidates, `claimed` trials): the task has had its first round,
-        and a fixed space whose every schedule went out is spent."""
+        and a fixed or countable space whose every schedule went out is spent."""
         self.started = True
-        if self._whole_space and claimed == sent:
+        if (self._whole_space or self._every_schedule_out(sent)) and claimed == sent:
             self.finish(exhausted=True)
+
+    def _every_schedule_out(self, sending: int = 0) -> bool:
+        prog = self.parts.records.progress.get(self.task_id)
+        out = (prog.trials if prog is not None else 0) + len(self.pending) + sending
+        return self.schedules is not None and out >= self.schedules
 
     def absorb(self, candidates: list, results: list[RunnerResult]) -> None:
         """Results for candidates the search proposed (measured, or answered from the store): the search
@@ -306,3 +299,33 @@ def _from_record(rec) -> RunnerResult:
     if rec.error is not None or not rec.run_secs:
         return RunnerResult(None, rec.error or "no run time")
     return RunnerResult([rank_secs(rec.run_secs)], None)
+
+
+def split_known(records, wkey: str, cands: list, pending: set) -> tuple[list, list, int]:
+    """(the candidates the store does not hold and none of the task's batches in flight (`pending`) has, each
+    once; (candidate, its record) of those the store holds; how many are in flight)."""
+    keys = [candidate_key(wkey, c) for c in cands]
+    known = records.known(wkey, keys)
+    fresh, seen = [], set()
+    for c, k in zip(cands, keys):
+        if k not in known and k not in seen and k not in pending:
+            fresh.append(c)
+            seen.add(k)
+    held = sum(1 for k in keys if k in pending and k not in known)
+    return fresh, [(c, known[k]) for c, k in zip(cands, keys) if k in known], held
+
+
+def countable_schedules(spaces: list) -> int | None:
+    """How many schedules the design spaces hold where only categorical choices are sampled (a norm's thread
+    count: a handful), else None. A random draw of such a space repeats itself long before a round is full, so
+    the task is spent once that many are measured, not after EMPTY_ROUNDS dry rounds (on an H100 a batch norm
+    of 6 schedules ran evolutionary rounds that proposed nothing, ~7 s of a client's CPU each)."""
+    total = 0
+    for space in spaces:
+        count = 1
+        for inst in space.trace.decisions:
+            if inst.kind.name != "SampleCategorical":
+                return None
+            count *= len(inst.attrs[0])
+        total += count
+    return total
