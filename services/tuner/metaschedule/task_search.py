@@ -264,9 +264,10 @@ class TaskSearch:
             self.finish(exhausted=True)
 
     def _every_schedule_out(self, sending: int = 0) -> bool:
+        if self.schedules is None:
+            return False
         prog = self.parts.records.progress.get(self.task_id)
-        out = (prog.trials if prog is not None else 0) + len(self.pending) + sending
-        return self.schedules is not None and out >= self.schedules
+        return (prog.trials if prog is not None else 0) + len(self.pending) + sending >= self.schedules
 
     def absorb(self, candidates: list, results: list[RunnerResult]) -> None:
         """Results for candidates the search proposed (measured, or answered from the store): the search
