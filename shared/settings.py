@@ -208,11 +208,6 @@ class TunerSettings(LaneWaitSettings):
     # judged as good (docs/time_to_quality.md); on an H100 it lost (ViT 169 against 153 us: one matmul stayed at
     # 46.9 us where the default evolution found 20.1; bench/results/time_to_quality_evolution_screen_h100.json)
     evolution_screen: bool = False
-    # a CUDA round scores its schedules replayed without TVM's RewriteCooperativeFetch (half or more of a replay)
-    # and replays only what it proposes with the whole chain (services/tuner/metaschedule/sampling.py
-    # ROUGH_SKIPS): on stock's H200 records the cost model ranks them almost the same (rank correlation
-    # 0.92-0.98 on convolutions and matmuls; sharetune.testing.scoring_chain); off until a GPU run shows it
-    rough_scoring: bool = False
     # while every task of a client's shard is being measured, search and send up to this many more rounds of a task
     # before its batch lands (from what the search knew when it was sent; none of its in-flight candidates again),
     # so the builders and lanes are not left waiting for the slowest batch; 0: a task waits for its batch

@@ -445,34 +445,3 @@ def test_an_evolutionary_round_that_proposes_nothing_says_why(tasks, target, cap
     said = [r.getMessage() for r in caplog.records if "proposed nothing" in r.getMessage()]
     assert len(said) == 1 and "8 measured of them" in said[0] and strategy.verify_rejected > 0
     assert f"{strategy.verify_rejected} turned down by the verifiers" in said[0]
-
-
-def test_rough_scoring_proposes_what_the_whole_chain_makes_of_each_schedule(tasks, target):
-    """With `rough`, the schedules a round scores are replayed without TVM's cooperative-fetch rewrite, and what it
-    proposes is replayed again with the whole chain: an evolutionary round's and a ranked first round's proposals
-    are each the module TVM's own chain makes of its decisions, and the rewrite changed some of them."""
-    import tvm_ffi
-
-    from services.tuner.metaschedule.evolution import ValidEvolution
-    from services.tuner.metaschedule.sampling import ValidReplay, rescheduled, rough_chain
-    from sharetune.testing.sampling_rounds import scripted_model
-
-    task = tasks["conv2d1"]
-    db, _ = _measured_round(task, target)
-    for strategy in (ValidEvolution(seed=3, threads=1, population=16, rough=True),
-                     ValidReplay(seed=5, threads=1, pool=3, model=scripted_model(True), rough=True)):
-        ctx = _search_context(task, target, strategy, 8, db)
-        assert "RewriteCooperativeFetch" not in [type(p).__name__ for p in strategy.scoring]
-        stock = ms.postproc.Postproc.create(validity.rule_kind(target))
-        for p in stock:
-            p._initialize_with_tune_context(ctx)  # noqa: SLF001 -- TVM's chain, as the context would set it up
-        cands = ctx.generate_measure_candidates()
-        assert cands and len(cands) >= 6
-        changed = 0
-        for c in cands:
-            whole = rescheduled(task.mod, c.sch, stock, 1)
-            assert whole is not None and tvm_ffi.structural_hash(whole.mod) == tvm_ffi.structural_hash(c.sch.mod)
-            rough = rescheduled(task.mod, c.sch, rough_chain(stock), 1)
-            changed += tvm_ffi.structural_hash(rough.mod) != tvm_ffi.structural_hash(c.sch.mod)
-        assert changed >= 1, type(strategy).__name__
-        assert getattr(strategy, "ranked_rounds", 1) == 1  # the first round was a ranked one, scored roughly

@@ -135,7 +135,7 @@ def search_parts(send, redis, job: ShardJob, settings: TunerSettings, runner, st
                             num_threads=settings.search_threads, valid_sampling=settings.valid_sampling,
                             first_round_pool=settings.first_round_pool, ranking_model=cost_model,
                             pad_awkward=settings.pad_awkward, column_reductions=settings.column_reductions,
-                            evolution_screen=settings.evolution_screen, rough_scoring=settings.rough_scoring)
+                            evolution_screen=settings.evolution_screen)
 
     family = _target_family(target, spec.share)
     if spec.isolated:  # a central model of its own, trained on this job's rows only

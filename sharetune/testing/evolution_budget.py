@@ -49,7 +49,7 @@ def _train(model, target, tasks: dict, records: dict, keep) -> None:
 
 
 def one_round(task, target, model, population: int, generations: int, seed: int,
-              screen: bool = False, rough: bool = False) -> tuple[list, float]:
+              screen: bool = False) -> tuple[list, float]:
     """(the round's proposals, its search CPU seconds)."""
     from tvm.s_tir import meta_schedule as ms
 
@@ -57,7 +57,7 @@ def one_round(task, target, model, population: int, generations: int, seed: int,
     from services.tuner.metaschedule.context import tune_context
 
     ctx = tune_context(task.mod, target, task.name, cold=False, population=2 * population, rand_state=seed,
-                       num_threads=1, pad_awkward="matmul", evolution_screen=screen, rough_scoring=rough)
+                       num_threads=1, pad_awkward="matmul", evolution_screen=screen)
     ctx.pre_tuning(1 << 20, 64, ctx.generate_design_space(), ms.database.MemoryDatabase(), model)
     kept, evolution.GENERATIONS = evolution.GENERATIONS, generations
     try:
@@ -68,29 +68,28 @@ def one_round(task, target, model, population: int, generations: int, seed: int,
         evolution.GENERATIONS = kept
 
 
-def variant(text: str) -> tuple[int, int, bool, bool]:
-    """`64x3` -> (population 64, 3 generations, unscreened, scored with the whole chain); a trailing `s`: screened
-    mutants; a trailing `r`: rough scoring (services/tuner/metaschedule/sampling.py ROUGH_SKIPS)."""
-    screen, rough = "s" in text, "r" in text
-    population, generations = (int(x) for x in text.rstrip("sr").split("x"))
-    return population, generations, screen, rough
+def variant(text: str) -> tuple[int, int, bool]:
+    """`64x3` -> (population 64, 3 generations, unscreened); `64x3s`: the same with screened mutants."""
+    screen = text.endswith("s")
+    population, generations = (int(x) for x in text.rstrip("s").split("x"))
+    return population, generations, screen
 
 
-def study(task, target, searcher, judge, variants: list[tuple[int, int, bool, bool]], seeds: int) -> list[dict]:
+def study(task, target, searcher, judge, variants: list[tuple[int, int, bool]], seeds: int) -> list[dict]:
     import numpy as np
     import tvm_ffi
     from tvm.s_tir import meta_schedule as ms
 
     rows, base = [], {}
     judge_ctx = ms.TuneContext(mod=task.mod, target=target, task_name=task.name, num_threads=1)
-    for population, generations, screen, rough in variants:
+    for population, generations, screen in variants:
         for seed in range(1, seeds + 1):
-            cands, cpu = one_round(task, target, searcher, population, generations, seed, screen, rough)
+            cands, cpu = one_round(task, target, searcher, population, generations, seed, screen)
             scores = np.sort(np.asarray(judge.predict(judge_ctx, cands), dtype=float))[::-1] if cands else []
             keys = {tvm_ffi.structural_hash(c.sch.mod) for c in cands}
             base.setdefault(seed, keys)
             rows.append({"task": task.name, "population": population, "generations": generations,
-                         "screened": screen, "rough": rough, "seed": seed,
+                         "screened": screen, "seed": seed,
                          "proposed": len(cands), "search_cpu_s": round(cpu, 2),
                          "cpu_s_per_candidate": round(cpu / max(1, len(cands)), 4),
                          "judged_mean": round(float(np.mean(scores)), 4) if len(scores) else None,
@@ -106,7 +105,7 @@ def main(argv=None) -> int:
     ap.add_argument("--model", required=True, help="the panel model whose tasks the database holds")
     ap.add_argument("--tasks", required=True, help="comma-separated task names to search")
     ap.add_argument("--variants", default="64x3,64x2,32x3",
-                    help="population x generations, comma-separated; a trailing s screens the mutants, r scores roughly")
+                    help="population x generations, comma-separated; a trailing s screens the mutants")
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--arch", default="sm_90")
     ap.add_argument("--out", default="/tmp/evolution_budget.json")

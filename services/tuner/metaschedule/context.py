@@ -11,7 +11,7 @@ from services.tuner.metaschedule.intrinsics import load_tensor_intrinsics
 def tune_context(mod, target, task_name: str, cold: bool, population: int, rand_state: int = -1,
                  num_threads: int = 0, valid_sampling: bool = True, first_round_pool: int = 1,
                  ranking_model=None, pad_awkward: str = "off", column_reductions: str = "off",
-                 evolution_screen: bool = False, rough_scoring: bool = False) -> ms.TuneContext:
+                 evolution_screen: bool = False) -> ms.TuneContext:
     """`valid_sampling`: on CUDA, a cold round draws tile decisions within the target's limits before it
     replays them (sampling.ValidReplay), an evolutionary round mutates them within those limits
     (evolution.ValidEvolution), and samples that break the limits are rejected before TVM lowers them
@@ -23,9 +23,7 @@ def tune_context(mod, target, task_name: str, cold: bool, population: int, rand_
     (dead_blocks.InlineDeadBlocks). `column_reductions`: a function whose reductions run over a non-innermost axis
     (a channel-axis layer norm) also gets (`on`), or gets only (`wide`), a state that computes it as one coalesced
     kernel (column_reduction.ColumnReduction). `evolution_screen`: an evolutionary CUDA round replays and scores
-    only the mutants a linear model of their decisions ranks best (evolution.ValidEvolution's `screen`).
-    `rough_scoring`: a CUDA round scores schedules replayed without TVM's cooperative-fetch rewrite and replays only
-    what it proposes with the whole chain (ValidEvolution's and ValidReplay's `rough`)."""
+    only the mutants a linear model of their decisions ranks best (evolution.ValidEvolution's `screen`)."""
     load_tensor_intrinsics(target.kind.name)  # else TuneContext imports every backend's (idempotent)
     space = "post-order-apply"
     threads = num_threads or "physical"
@@ -49,14 +47,14 @@ def tune_context(mod, target, task_name: str, cold: bool, population: int, rand_
         # every member it scores is within the limits, so half the population scores about as many valid
         # schedules as EvolutionarySearch's whole one (docs/time_to_quality.md has both measured)
         strategy = ValidEvolution(seed=rand_state, threads=num_threads or physical_cores(),
-                                  population=max(16, population // 2), screen=evolution_screen, rough=rough_scoring)
+                                  population=max(16, population // 2), screen=evolution_screen)
     elif not cold:
         strategy = ms.search_strategy.EvolutionarySearch(population_size=population)
     elif cuda:
         from services.tuner.metaschedule.sampling import ValidReplay
 
         strategy = ValidReplay(seed=rand_state, threads=num_threads or physical_cores(), pool=first_round_pool,
-                               model=ranking_model, rough=rough_scoring)
+                               model=ranking_model)
     else:
         strategy = "replay-trace"
     return ms.TuneContext(

@@ -18,10 +18,6 @@ rejects is dropped and never scored again. So every proposed candidate has passe
 
 A task's replays are kept across its rounds, so the measured parents are not replayed again.
 
-With `rough` on, the schedules a round scores are replayed without the rewrites sampling.ROUGH_SKIPS names
-(TVM's RewriteCooperativeFetch: half of a replay or more), and only the ones it is about to propose are replayed
-again with the whole chain, before the verifiers check them.
-
 With `screen` on, each generation breeds twice as many mutants as its population (arithmetic only) and replays
 and scores the half of its population's size that a linear model of the decisions ranks best: the model is fit,
 per design space, on the schedules the round has scored so far (log2 tile factors, one-hot categorical choices
@@ -41,7 +37,7 @@ from tvm.ir.utils import derived_object
 from tvm.s_tir.meta_schedule.search_strategy import PySearchStrategy
 
 from services.tuner.metaschedule.sampling import (SpaceDraws, TileLimits, candidate, deferred_check, distinct,
-                                                  prime_factors, replay, rescheduled, rough_chain, sampled)
+                                                  prime_factors, replay, sampled)
 
 log = logging.getLogger("sharetune.tuner.evolution")
 
@@ -95,11 +91,10 @@ def genome_of(trace) -> Genome:
 class ValidEvolution(PySearchStrategy):
     """Evolutionary search over decisions within the limits (see the module's doc)."""
 
-    def __init__(self, seed: int = -1, threads: int = 1, population: int = 128, screen: bool = False,
-                 rough: bool = False):
+    def __init__(self, seed: int = -1, threads: int = 1, population: int = 128, screen: bool = False):
         super().__init__()
         self.seed, self.threads, self.population = seed, max(1, threads), max(8, population)
-        self.screen, self.rough = screen, rough
+        self.screen = screen
         self.ctx = None
         self.replayed = 0  # what it cost: schedules replayed (self.proposed: candidates)
         self.verify_rejected = 0  # proposals the verifiers turned down
@@ -123,8 +118,6 @@ class ValidEvolution(PySearchStrategy):
         self.rng = random.Random(None if self.seed < 0 else self.seed)
         self.sent: set[tuple[int, Genome]] = set()  # what this search proposed
         self.postprocs, self.verifiers = deferred_check(list(self.ctx.space_generator.postprocs), design_spaces)
-        self.scoring = rough_chain(self.postprocs) if self.rough else self.postprocs  # what a scored one replays
-        self.finished: dict[tuple[int, Genome], object] = {}  # rough: key -> its candidate with the whole chain
         self.replays: dict[tuple[int, Genome], object] = {}  # key -> its candidate (None: TVM refused it)
         self.verified: set[tuple[int, Genome]] = set()  # keys whose schedule passed the verifiers
 
@@ -135,7 +128,7 @@ class ValidEvolution(PySearchStrategy):
         pass
 
     def clone(self) -> "ValidEvolution":
-        return ValidEvolution(self.seed, self.threads, self.population, self.screen, self.rough)
+        return ValidEvolution(self.seed, self.threads, self.population, self.screen)
 
     # -- a round ---------------------------------------------------------------------------------------------
     def generate_measure_candidates(self):
@@ -149,13 +142,12 @@ class ValidEvolution(PySearchStrategy):
             keys = self._random_verified(want, set())
             self.sent.update(keys)
             self.proposed += len(keys)
-            return distinct([self._proposal(k) for k in keys]) or None
+            return distinct([self.replays[k] for k in keys]) or None
 
     def _round(self, want: int) -> list | None:
         if len(self.replays) > CACHE:
             self.replays.clear()
             self.verified.clear()
-            self.finished.clear()
         size = min(self.population, max(MIN_POPULATION, want))
         measured, parents = self._measured(size // 2)
         pool: dict[tuple[int, Genome], tuple] = {}  # (space, genome) -> (candidate, score)
@@ -179,7 +171,7 @@ class ValidEvolution(PySearchStrategy):
                         len(measured & set(pool)), len(fresh), self.verify_rejected - rejected)
         self.sent.update(picked)
         self.proposed += len(picked)
-        return distinct([self._proposal(k) for k in picked]) or None
+        return distinct([self.replays[k] for k in picked]) or None
 
     def _measured(self, parents: int) -> tuple[set, list]:
         """(every stored schedule's key for this workload; the best ones', up to `parents`, to breed from)."""
@@ -234,20 +226,13 @@ class ValidEvolution(PySearchStrategy):
 
     def _verify(self, key: tuple[int, Genome]) -> bool:
         if key not in self.verified:
-            cand = self._proposal(key)
-            if cand is None or not all(p.apply(cand.sch) for p in self.verifiers):
+            sch = self.replays[key].sch
+            if not all(p.apply(sch) for p in self.verifiers):
                 self.replays[key] = None
                 self.verify_rejected += 1
                 return False
             self.verified.add(key)
         return True
-
-    def _proposal(self, key: tuple[int, Genome]):
-        """The key's candidate as it is measured: roughly scored ones replayed again with the whole chain."""
-        if self.rough and key not in self.finished:
-            sch = rescheduled(self.ctx.mod, self.replays[key].sch, self.postprocs, hash(key) & 0x7FFFFFFF)
-            self.finished[key] = None if sch is None else candidate(sch)
-        return self.finished[key] if self.rough else self.replays[key]
 
     def _random_verified(self, n: int, taken: set) -> list[tuple[int, Genome]]:
         """Up to n random schedules that pass the verifiers and are not in `taken` (a few draws at most)."""
@@ -267,7 +252,7 @@ class ValidEvolution(PySearchStrategy):
         space, tiling = self.spaces[drawn[0]], drawn[1]
         self.replayed += 1
         return replay(self.ctx.mod, space.trace, {t.inst: tiling[i] for i, t in enumerate(space.limits.tiles)},
-                      self.scoring, rng.getrandbits(31) + 1)
+                      self.postprocs, rng.getrandbits(31) + 1)
 
     def _score(self, pool: dict, keys: list) -> None:
         """Score the keys not in the pool yet with the cost model (replaying those not replayed yet), into the
@@ -291,7 +276,7 @@ class ValidEvolution(PySearchStrategy):
         space = self.spaces[s]
         self.replayed += 1
         decisions = {inst: (list(d) if isinstance(d, tuple) else d) for inst, d in zip(space.sampled, genome)}
-        return replay(self.ctx.mod, space.trace, decisions, self.scoring, hash(key) & 0x7FFFFFFF)
+        return replay(self.ctx.mod, space.trace, decisions, self.postprocs, hash(key) & 0x7FFFFFFF)
 
     @staticmethod
     def _fittest(pool: dict, n: int) -> list[tuple[int, Genome]]:

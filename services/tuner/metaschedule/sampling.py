@@ -482,30 +482,6 @@ def deferred_check(postprocs: list, design_spaces) -> tuple[list, list]:
     return list(postprocs[:at]) + list(postprocs[at + 1:]), [postprocs[at]]
 
 
-# what a rough score leaves out of the chain: TVM's RewriteCooperativeFetch binds shared-memory copies to threads,
-# half of a CUDA convolution's replay and two thirds of a matmul's, and the cost model ranks the schedules almost
-# the same without it (sharetune.testing.scoring_chain on stock's H200 records: rank correlation 0.92-0.98 on
-# convolutions and matmuls, the top quarters 84-94 % the same)
-ROUGH_SKIPS = ("RewriteCooperativeFetch",)
-
-
-def rough_chain(postprocs: list) -> list:
-    """The postprocessors a rough score replays with: all but ROUGH_SKIPS."""
-    return [p for p in postprocs if type(p).__name__ not in ROUGH_SKIPS]
-
-
-def rescheduled(mod, sch, postprocs: list, seed: int):
-    """A schedule replayed from its own trace (its decisions kept, its postprocessing dropped) through `postprocs`:
-    a roughly scored schedule as it is measured. None where a postprocessor rejects it or TVM cannot schedule it."""
-    out = Schedule(mod, seed=seed, debug_mask=0, error_render_level="none")
-    try:
-        sch.trace.apply_to_schedule(out, remove_postproc=True)
-        out.enter_postproc()
-        return out if all(p.apply(out) for p in postprocs) else None
-    except Exception:  # noqa: BLE001 -- as replay: a schedule TVM cannot finish is a rejected one
-        return None
-
-
 def candidate(sch) -> ms.MeasureCandidate:
     """A schedule as MetaSchedule measures it."""
     return ms.MeasureCandidate(sch, ms.arg_info.ArgInfo.from_entry_func(sch.mod, remove_preproc=True))
@@ -544,13 +520,11 @@ class ValidReplay(PySearchStrategy):
     best, a quarter of them (RANKED_EXPLORE) drawn at random from the rest. Left one panel model out, a model
     trained on the other three's H200 records ranked a 3x pool so that the best of 16 was 1.07x the task's best
     against 1.26x for 16 random draws (docs/time_to_quality.md, "Ranked first rounds"). The pool is replayed
-    without the checks `deferred_check` defers (VerifyGPUCode), which run on the round's picks only; with `rough`,
-    also without ROUGH_SKIPS, and the picks are replayed again with the whole chain before they are checked."""
+    without the checks `deferred_check` defers (VerifyGPUCode), which run on the round's picks only."""
 
-    def __init__(self, seed: int = -1, threads: int = 1, pool: int = 1, model=None, rough: bool = False):
+    def __init__(self, seed: int = -1, threads: int = 1, pool: int = 1, model=None):
         super().__init__()
         self.seed, self.threads, self.pool, self.model = seed, max(1, threads), max(1, pool), model
-        self.rough = rough
         self.ctx = None
         self.ranked_rounds = 0
         self.replayed = 0  # what it cost: replays (self.draws.drawn: decision draws; self.proposed: candidates)
@@ -570,9 +544,6 @@ class ValidReplay(PySearchStrategy):
         self.postprocs = list(self.ctx.space_generator.postprocs)
         # a ranked round scores its pool without the deferred checks and runs them on its picks only
         self.scoring, self.verifiers = deferred_check(self.postprocs, design_spaces)
-        self.finishing = self.scoring  # what a rough pick is replayed with before the checks
-        if self.rough:
-            self.scoring = rough_chain(self.scoring)
 
     def post_tuning(self) -> None:
         pass
@@ -616,20 +587,11 @@ class ValidReplay(PySearchStrategy):
         out: list = []
         while picks:
             with ThreadPoolExecutor(self.threads) as ex:
-                passed = list(ex.map(self._passing, picks))
-            self.verify_rejected += passed.count(None)
-            out += [c for c in passed if c is not None]
+                passed = list(ex.map(lambda c: all(p.apply(c.sch) for p in self.verifiers), picks))
+            self.verify_rejected += passed.count(False)
+            out += [c for c, ok in zip(picks, passed) if ok]
             picks = [c for _, c in zip(range(want - len(out)), rest)]
         return out
-
-    def _passing(self, cand):
-        """The pick as it is measured (a rough one replayed with the whole chain), None where the checks refuse it."""
-        if self.rough:
-            sch = rescheduled(self.ctx.mod, cand.sch, self.finishing, 1)
-            if sch is None:
-                return None
-            cand = candidate(sch)
-        return cand if all(p.apply(cand.sch) for p in self.verifiers) else None
 
     def _one(self, seed: int, postprocs: list):
         """One schedule that passes `postprocs`, a slot of the round, or None after MAX_REPLAYS replays."""
@@ -650,4 +612,4 @@ class ValidReplay(PySearchStrategy):
         pass
 
     def clone(self) -> "ValidReplay":
-        return ValidReplay(self.seed, self.threads, self.pool, self.model, self.rough)
+        return ValidReplay(self.seed, self.threads, self.pool, self.model)
