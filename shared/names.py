@@ -198,6 +198,12 @@ def job_history_key(job_id: str) -> str:
     return f"{PREFIX}:job:{job_id}:history"
 
 
+def job_searched_key(job_id: str) -> str:
+    """Hash task_id -> the best latency (s) of the task's searched candidates alone, its default schedule aside
+    (the history counts the default too): how far a task's search is from its default."""
+    return f"{PREFIX}:job:{job_id}:searched"
+
+
 def job_finish_key(job_id: str) -> str:
     """Guard so that the finishing step (re-time, compile) is sent once, by the last shard's client."""
     return f"{PREFIX}:job:{job_id}:finish"
@@ -221,11 +227,12 @@ def job_first_rounds_key(job_id: str) -> str:
 
 
 def job_transient_keys(job_id: str) -> list[str]:
-    """What only a running job needs: its model, plan, budget, claims, first rounds claimed, gradient history,
-    finish guard, time splits and cancel flag: the model above all is tens of MB. They expire shared.timeouts.ENDED_JOB_STATE_TTL_S
+    """What only a running job needs: its model, plan, budget, claims, first rounds claimed, gradient history (and
+    searched bests), finish guard, time splits and cancel flag: the model above all is tens of MB. They expire shared.timeouts.ENDED_JOB_STATE_TTL_S
     after the job ends; its status, tasks, progress, shards, batches and result stay."""
     return [job_model_key(job_id), job_plan_key(job_id), plan_lease_key(job_id), job_budget_key(job_id),
-            job_claims_key(job_id), job_history_key(job_id), job_finish_key(job_id), job_splits_key(job_id),
+            job_claims_key(job_id), job_history_key(job_id), job_searched_key(job_id), job_finish_key(job_id),
+            job_splits_key(job_id),
             job_cancel_key(job_id), job_recorded_elsewhere_key(job_id), job_first_rounds_key(job_id)]
 
 

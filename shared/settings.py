@@ -272,6 +272,11 @@ class TunerSettings(LaneWaitSettings):
     # rounds at once, and a task a quarter as promising as the top one otherwise takes as many trials; on an H100
     # one pair within the spread of default runs (bench/results/time_to_quality_prorata_rounds_h100.json): off
     prorata_rounds: bool = False
+    # a task's forward term in the gradient is weighed by how close its search has come to its default schedule
+    # while the default is the faster ((default - floor) / (searched best - floor); services/tuner/allocation.py
+    # default_reach): efficientnet-mbconv's excite GEMV and regnety-stage's light convolutions took 29-170 trials of
+    # 384-trial jobs without ever beating their defaults; off until a GPU run shows it
+    default_reach: bool = False
     # the task gradient's forward term (best / rounds) counts only what lies above the lanes' launch floor (a
     # trivial kernel's time, measured once per target; services/tuner/metaschedule/defaults.py launch_floor): a
     # task at the floor has nothing left to gain (on an H100 efficientnet-mbconv's `mean`, 2.85 us untuned, took 98

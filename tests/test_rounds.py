@@ -257,6 +257,9 @@ class _DryContext:
     def generate_measure_candidates(self):
         return None
 
+    def notify_runner_results(self, candidates, results):
+        pass
+
 
 def test_a_space_of_categorical_choices_is_spent_once_each_schedule_went_out():
     """A batch norm's space samples one thread count of 6: the task is spent when its sixth schedule is sent or
@@ -720,3 +723,46 @@ def test_a_later_round_below_the_top_task_gets_its_pro_rata_share_only_when_aske
         assert loop.run_stats.round_log[-1][4:6] == [1.0, 8.0] and loop.run_stats.pick is None
     assert claimed[True] <= PRORATA_MIN < claimed[False]
 
+
+
+def test_a_search_trailing_its_default_is_weighed_only_when_asked(redis_conn):
+    """A task's client writes its searched best beside the history (which counts the default too); with
+    Steering(reach=True) the job-wide priority of a task whose search trails its default is its gradient weighed by
+    default_reach; without it, the gradient alone."""
+    import uuid
+
+    from tvm.s_tir.meta_schedule.runner import RunnerResult
+
+    from shared import store
+    from shared.messages import DefaultTiming, JobTask, ShardState
+    from services.tuner.allocation import Steering, default_reach, gradient
+    from services.tuner.metaschedule.job_wide import FirstRounds, RoundPicker
+    from services.tuner.metaschedule.loop_parts import Shard, ShardRun
+    from services.tuner.metaschedule.rounds import SearchParts, ShardLoop
+
+    job = "reach-" + uuid.uuid4().hex[:8]
+    tasks = [JobTask(task_id=f"t{i}", name=f"task{i}", weight=1, wkey=f"{job}-w{i}", flops=1.0) for i in range(2)]
+    store.put_tasks(redis_conn, job, tasks, {})
+    store.put_shards(redis_conn, job, [ShardState(shard=i, task_ids=[f"t{i}"]) for i in range(2)], 100)
+    for t, us in zip(tasks, (5.85, 30.0)):
+        store.put_default(redis_conn, DefaultTiming(wkey=t.wkey, run_secs=[us * 1e-6]))
+    try:
+        shard = Shard(redis=redis_conn, job_id=job, shard=0, tasks=tasks[:1], trials_per_iter=8, max_trials_per_task=64)
+        cold_model = type("Cold", (), {"trained": lambda self: False})()
+        t = ShardLoop(shard, SearchParts(lambda task, cold: _DryContext(), None, None, None, cold_model,
+                                         _Records())).tasks[0]
+        t.begin([], 5.85e-6, cold_start=True)
+        t.absorb([None, None], [RunnerResult([9.1e-6], None), RunnerResult([8.8e-6], None)])
+        assert t.best_s == 5.85e-6 and t.searched_s == pytest.approx(8.8e-6)  # the default stands; the search's kept
+        t.publish_best()
+        assert store.history(redis_conn, job)["t0"] == [5.85e-6]
+        assert store.searched(redis_conn, job) == {"t0": t.searched_s}
+        first = FirstRounds(shard)
+        for reach in (False, True):
+            steering = Steering(reach=reach, floor_s=3.98e-6)
+            _, prio = RoundPicker(shard, steering, lambda *a, **k: None, ShardRun(), first).priorities()
+            weight = default_reach(5.85e-6, t.searched_s, 3.98e-6) if reach else 1.0
+            assert prio("t0") == pytest.approx(gradient([5.85e-6], 1, floor=3.98e-6, reach=weight))
+        assert weight < 0.5
+    finally:
+        store.deactivate_job(redis_conn, job)

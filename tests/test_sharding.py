@@ -51,6 +51,29 @@ def test_gradient_follows_metaschedule():
     assert g == pytest.approx(0.2 * (3.0 / 3) + 0.8 * (1.0 / 4))
 
 
+def test_a_task_whose_search_trails_its_default_is_weighed_by_how_close_it_came():
+    """efficientnet-mbconv's excite GEMV on an H100: default 5.85 us, its search's best 8.80 after a round, floor
+    3.98. Its history says 5.85 (the default stands), so its forward term claims 1.87 us of room and it runs beside
+    a top task at 3.6e-6; weighed by its reach (1.87 / 4.82) it falls under a quarter of that and waits. A search at or ahead of its default,
+    an unknown default or searched best, and a default at the floor leave the gradient as it was."""
+    from services.tuner.allocation import default_reach
+
+    us = 1e-6
+    reach = default_reach(5.85 * us, 8.80 * us, 3.98 * us)
+    assert reach == pytest.approx(1.87 / 4.82)
+    assert default_reach(5.85 * us, 5.10 * us, 3.98 * us) == 1.0  # the search is ahead: the default does not bind
+    assert default_reach(None, 8.8 * us) == default_reach(5.85 * us, None) == 1.0
+    assert default_reach(3.9 * us, 8.8 * us, 3.98 * us) == 1.0  # at the floor: no room either way
+    gemv, top = [5.85 * us], gradient([8.50 * us], 1, floor=3.98 * us)  # 3.6e-6: the run's top task
+    plain, weighed = gradient(gemv, 1, floor=3.98 * us), gradient(gemv, 1, floor=3.98 * us, reach=reach)
+    assert weighed == pytest.approx(plain * reach)
+    s = Steering(per_shard=2, min_share=0.25)
+    assert s.may_run(plain, [top], live_shards=4) and not s.may_run(weighed, [top], live_shards=4)
+    g = gradient([4.0, 3.0, 2.0, 1.0], 1, reach=0.5)  # the backward term is what the task did gain: kept
+    assert g == pytest.approx(0.2 * (3.0 / 3) + 0.8 * (1.0 / 4) * 0.5)
+    assert priority(gemv, 1, False, floor=3.98 * us, reach=reach) == weighed
+
+
 def test_the_forward_term_counts_only_what_lies_above_the_launch_floor():
     """efficientnet-mbconv on an H100: its `mean` at 2.80 us after one round, its 1x1 convolution at 8.41 us. With
     no floor (MetaSchedule's rule) the mean's gradient is a third of the convolution's, within Steering's quarter,

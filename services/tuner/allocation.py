@@ -124,7 +124,7 @@ def first_rounds_reserve(job_task_ids: list[str], had_round: set[str], first_rou
 
 
 def gradient(history: list[float], weight: float, alpha: float = ALPHA, window: int = WINDOW,
-             stalled: float = 1.0, stalled_rounds: int | None = None, floor: float = 0.0) -> float:
+             stalled: float = 1.0, stalled_rounds: int | None = None, floor: float = 0.0, reach: float = 1.0) -> float:
     """MetaSchedule's task gradient: how much the weighted latency of a task is expected to fall with
     its next round. A task with no round yet comes first (+inf); a task with no valid result last.
     `stalled`: what the forward term (best / rounds) of a task whose last `stalled_rounds` rounds (`window` when
@@ -133,7 +133,8 @@ def gradient(history: list[float], weight: float, alpha: float = ALPHA, window: 
     all, so three flat rounds come too late to matter. `floor`: the seconds no kernel goes under (the lanes'
     launch floor, defaults.launch_floor); the forward term counts what is above it, so a 2.8 us reduction with a
     2.7 us floor has next to nothing left to gain (MetaSchedule's rule, floor 0, gave efficientnet-mbconv's `mean`
-    98 of a 384-trial job on an H100, for 0.05 us)."""
+    98 of a 384-trial job on an H100, for 0.05 us). `reach` (default_reach) weighs the forward term of a task
+    whose default schedule is still faster than anything its search found."""
     n = len(history)
     if n == 0:
         return math.inf
@@ -141,7 +142,7 @@ def gradient(history: list[float], weight: float, alpha: float = ALPHA, window: 
     if best >= 1e9:
         return -1e9
     g1 = (history[n - 1 - window] - best) / window if n >= 1 + window else 0.0
-    g2 = max(best - floor, 0.0) / n
+    g2 = max(best - floor, 0.0) / n * reach
     flat = window if stalled_rounds is None else stalled_rounds
     if n >= 1 + flat and history[n - 1 - flat] <= best:
         g2 *= stalled
@@ -167,10 +168,22 @@ def behind(task_id: str, shares: dict[str, float], trials: dict[str, int]) -> bo
 
 
 def priority(history: list[float], weight: float, is_behind: bool, stalled: float = 1.0,
-             stalled_rounds: int | None = None, floor: float = 0.0) -> float:
+             stalled_rounds: int | None = None, floor: float = 0.0, reach: float = 1.0) -> float:
     """What orders the next round job-wide: a heavy task left behind first, then the gradient."""
     return math.inf if is_behind else gradient(history, weight, stalled=stalled, stalled_rounds=stalled_rounds,
-                                               floor=floor)
+                                               floor=floor, reach=reach)
+
+
+def default_reach(default_s: float | None, searched_s: float | None, floor: float = 0.0) -> float:
+    """How much of the way from the launch floor to its default schedule a task's search has come: (default -
+    floor) / (searched best - floor) while the default is the faster, else 1. A task whose every searched schedule
+    is far slower than its default is unlikely to beat it in its next round, though its default's time above the
+    floor looks like room to gain: efficientnet-mbconv's squeeze-excite GEMV took 33-42 trials in five runs on two
+    cards and none beat its 5.9 us default (best 6.4-9.7); regnety-stage's four such tasks took 91-170 of a
+    384-trial job (docs/time_to_quality.md, "Where it stands")."""
+    if not default_s or not searched_s or searched_s <= default_s or default_s <= floor:
+        return 1.0
+    return (default_s - floor) / (searched_s - floor)
 
 
 def next_task(order: list[str], priorities: dict[str, float], in_flight: set[str]) -> str:
@@ -195,7 +208,9 @@ class Steering:
     `stalled_rounds` rounds gained nothing (gradient's; TunerSettings.stalled_task_weight, stalled_task_rounds).
     `prorata`: a later round of a task that ranks below the other shards' top gets that share of a full round
     (round_size; TunerSettings.prorata_rounds). `floor_s`: the lanes' launch floor the gradients count from
-    (gradient's `floor`; set once the job's defaults are timed, with TunerSettings.latency_floor)."""
+    (gradient's `floor`; set once the job's defaults are timed, with TunerSettings.latency_floor). `reach`: a task's
+    forward term is weighed by how close its search has come to its default schedule (default_reach;
+    TunerSettings.default_reach)."""
 
     per_shard: int = 2
     min_share: float = 0.25
@@ -204,6 +219,7 @@ class Steering:
     stalled_rounds: int = WINDOW
     prorata: bool = False
     floor_s: float = 0.0
+    reach: bool = False
 
     def round_size(self, full: int, mine: float | None, top: float | None) -> int:
         """A later round's trials for a task let run at priority `mine` while `top` led the other shards: `full`,

@@ -60,7 +60,7 @@ def tune_shard(send, redis, job_id: str, shard: int, settings: TunerSettings, ch
                            first_round),
                      parts, steering=Steering(stalled=settings.stalled_task_weight,
                                               stalled_rounds=settings.stalled_task_rounds,
-                                              prorata=settings.prorata_rounds),
+                                              prorata=settings.prorata_rounds, reach=settings.default_reach),
                      check=check, cold_start=settings.cold_start, screen=spec.timing == "screen",
                      rounds_ahead=settings.rounds_ahead if spec.rounds_ahead is None else spec.rounds_ahead,
                      stop_rules=StopRules(spec.time_limit_s, spec.patience, spec.min_gain_pct))

@@ -17,7 +17,8 @@ from shared.store.jobs import (  # noqa: F401
     deactivate_job, decide_ranked_first_rounds, expire_transient, first_rounds_claimed, history, hold_finish,
     job_cancelled, job_hash, job_model, job_progress,
     job_result, job_spec, job_state, job_status, job_tasks, jobs, mark_estimate, memory, parked_since, plan_current,
-    job_bytes, plan_sent, planned, planning_jobs, prune_jobs, push_history, put_progress, put_split, put_tasks,
+    job_bytes, plan_sent, planned, planning_jobs, prune_jobs, push_history, put_progress, put_searched, put_split,
+    put_tasks, searched,
     reclaim_stranded_finish, refund_claim, release_plan_lease, renew_plan_lease, replace_stranded_plan,
     set_result, set_state, settle_claim, splits, stop_search, take_plan_lease, update_job
 )

@@ -485,6 +485,15 @@ def history(r: redis.Redis, job_id: str) -> dict[str, list[float]]:
     return {_s(k): json.loads(_s(v)) for k, v in r.hgetall(names.job_history_key(job_id)).items()}
 
 
+def put_searched(r: redis.Redis, job_id: str, task_id: str, best_s: float) -> None:
+    """A task's best searched latency (its default aside), after one of its rounds (one writer: its shard's client)."""
+    r.hset(names.job_searched_key(job_id), task_id, repr(float(best_s)))
+
+
+def searched(r: redis.Redis, job_id: str) -> dict[str, float]:
+    return {_s(k): float(_s(v)) for k, v in r.hgetall(names.job_searched_key(job_id)).items()}
+
+
 def put_split(r: redis.Redis, job_id: str, shard: int, times: dict) -> None:
     """A shard's time split (search, build, run, ...), summed over shards in the job's result."""
     r.hset(names.job_splits_key(job_id), str(shard), json.dumps(times))

@@ -11,8 +11,8 @@ from services.tuner.metaschedule.loop_parts import Shard, ShardRun
 from services.tuner.metaschedule.task_search import TaskSearch
 from shared.ranking import default_secs, model_estimate
 from shared.stopping import StopRules
-from services.tuner.allocation import (Steering, behind, first_round_sizes, first_rounds_reserve, flops_shares,
-                                       head_tasks, next_task, priority)
+from services.tuner.allocation import (Steering, behind, default_reach, first_round_sizes, first_rounds_reserve,
+                                       flops_shares, head_tasks, next_task, priority)
 
 # how long a client's second rounds wait for other clients' first rounds before they stop leaving them budget
 # (a shard nobody runs must not hold the job back for good)
@@ -40,6 +40,7 @@ class FirstRounds:
         self._sizes: dict[str, int] | None = None
         self._head: set[str] | None = None
         self._fixed: dict[str, float | None] | None = None  # the costs once every default is in the store
+        self.default_s: dict[str, float | None] = {}  # task_id -> its default schedule's seconds, as timed so far
 
     def _costs(self) -> tuple[dict[str, float | None], bool]:
         """(task_id -> cost, None where its default is untimed or failed; whether every default is in the store)."""
@@ -52,7 +53,7 @@ class FirstRounds:
         floor = (default_secs(timings[self.floor_wkey]) or 0.0) if self.floor_wkey else 0.0
         costs = {}
         for t in self._tasks:
-            d = default_secs(timings[t.wkey])
+            d = self.default_s[t.task_id] = default_secs(timings[t.wkey])
             costs[t.task_id] = max(d - floor, 0.0) * t.weight if d else None
         complete = bool(self._tasks) and all(timings[k] is not None for k in keys)
         if complete:
@@ -225,12 +226,22 @@ class RoundPicker:
         for tid in landing:
             hist[tid] = [costs[tid] / job_tasks[tid].weight]
 
+        reach = self._reach()
+
         def prio(tid: str) -> float:
             return priority(hist.get(tid, []), job_tasks[tid].weight,
                             tid not in landing and behind(tid, shares, trials), self.steering.stalled,
-                            self.steering.stalled_rounds, self.steering.floor_s)
+                            self.steering.stalled_rounds, self.steering.floor_s, reach.get(tid, 1.0))
 
         return job_tasks, prio
+
+    def _reach(self) -> dict[str, float]:
+        """Each task's default_reach, with Steering.reach on (else none): its searched best against its default."""
+        if not self.steering.reach or self.first_rounds is None:
+            return {}
+        defaults = self.first_rounds.default_s
+        return {tid: default_reach(defaults.get(tid), s, self.steering.floor_s)
+                for tid, s in store.searched(self.redis, self.job_id).items()}
 
     def _others(self, tasks: dict, prio: Callable[[str], float]) -> tuple[list[float], int]:
         """Priorities of the other live shards' unfinished tasks, and how many shards are live."""

@@ -63,6 +63,7 @@ class TaskSearch:
         self.ctx = None
         self.state = SearchState.NEW
         self.best_s = math.inf
+        self.searched_s = math.inf  # the best of its own measured candidates (best_s counts its default too)
         self.dry = 0  # rounds in a row that found nothing new
         self.reused = 0  # proposed candidates the store already held
         self.started = False  # had its first round (job-wide: a resumed shard's tasks may have)
@@ -275,13 +276,16 @@ class TaskSearch:
         self.ctx.notify_runner_results(candidates, results)
         for r in results:
             if r.error_msg is None and r.run_secs:
-                self.best_s = min(self.best_s, rank_secs(r.run_secs))
+                self.searched_s = min(self.searched_s, rank_secs(r.run_secs))
+        self.best_s = min(self.best_s, self.searched_s)
 
     def publish_best(self) -> None:
         """The task's best so far into the job's history (the job-wide gradient; 1e9 while it has none)."""
         if self.shard.redis is not None:
             store.push_history(self.shard.redis, self.shard.job_id, self.task_id,
                                self.best_s if self.best_s < math.inf else 1e9)
+            if self.searched_s < math.inf:
+                store.put_searched(self.shard.redis, self.shard.job_id, self.task_id, self.searched_s)
 
     def finish(self, exhausted: bool = False) -> None:
         """Done: its design space is spent (exhausted, said in its progress: fewer trials than others is then no
