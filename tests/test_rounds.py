@@ -690,6 +690,12 @@ def test_a_first_round_in_flight_holds_neither_the_budget_nor_the_other_clients(
         assert prio("t0") == gradient([25e-6], 1)
         assert prio("t1") == gradient([30e-6], 1)  # its default stands in until it lands
         assert prio("t2") == prio("t3") == math.inf  # no first round yet: theirs come first
+        # first rounds sized from a 30 us floor: t1's cost is 0, its default still stands in (not +inf), as it is
+        store.put_default(redis_conn, DefaultTiming(wkey=f"{job}-floor", run_secs=[30e-6]))
+        floored = FirstRounds(shard, f"{job}-floor")
+        assert floored.costs()["t1"] == 0.0
+        _, prio = RoundPicker(shard, Steering(), lambda *a, **k: None, ShardRun(), floored).priorities()
+        assert prio("t1") == gradient([30e-6], 1)
         # shard 1's client died with t1's first round in flight: its refund makes t1 owed its first round again
         assert store.refund_claim(redis_conn, job, 1, ["t1"]) == 20
         assert store.first_rounds_claimed(redis_conn, job) == {"t0"} and budget.reserve([]) == 48

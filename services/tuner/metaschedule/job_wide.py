@@ -63,6 +63,12 @@ class FirstRounds:
     def costs(self) -> dict[str, float | None]:
         return self._costs()[0]
 
+    def defaults(self) -> dict[str, float | None]:
+        """task_id -> its default schedule's seconds as the store has them (None: untimed or failed); unlike a
+        cost, never counted from the floor."""
+        self._costs()
+        return self.default_s
+
     def sizes(self) -> dict[str, int] | None:
         """task_id -> its first round's size; None while a default is still untimed."""
         if self._sizes is None:
@@ -219,14 +225,15 @@ class RoundPicker:
         trials = {tid: p.trials for tid, p in store.job_progress(self.redis, self.job_id).items()}
         # a task whose first round is being measured has had its round: until it lands, its default schedule's
         # time stands in for its best (not the +inf of a task yet to have one, which would hold every other
-        # client's next round until the job's last first round lands)
-        costs = self.first_rounds.costs() if self.first_rounds is not None else {}
+        # client's next round until the job's last first round lands); its time, not its cost, which with
+        # floor-sized first rounds counts from the floor (0 for a task at it)
+        defaults = self.first_rounds.defaults() if self.first_rounds is not None else {}
         landing = {tid for tid in store.first_rounds_claimed(self.redis, self.job_id) - set(hist)
-                   if tid in job_tasks and costs.get(tid)}
+                   if tid in job_tasks and defaults.get(tid)}
         for tid in landing:
-            hist[tid] = [costs[tid] / job_tasks[tid].weight]
+            hist[tid] = [defaults[tid]]
 
-        reach = self._reach()
+        reach = self._reach(defaults)
 
         def prio(tid: str) -> float:
             return priority(hist.get(tid, []), job_tasks[tid].weight,
@@ -235,11 +242,10 @@ class RoundPicker:
 
         return job_tasks, prio
 
-    def _reach(self) -> dict[str, float]:
+    def _reach(self, defaults: dict[str, float | None]) -> dict[str, float]:
         """Each task's default_reach, with Steering.reach on (else none): its searched best against its default."""
-        if not self.steering.reach or self.first_rounds is None:
+        if not self.steering.reach:
             return {}
-        defaults = self.first_rounds.default_s
         return {tid: default_reach(defaults.get(tid), s, self.steering.floor_s)
                 for tid, s in store.searched(self.redis, self.job_id).items()}
 
