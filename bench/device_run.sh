@@ -17,9 +17,7 @@ wait_for_background() {  # JSON LOG ERROR_RE WAIT_S
   local t0; t0=$(date +%s)
   while [ $(( $(date +%s) - t0 )) -lt "$4" ]; do
     grep -q '"phase": "done"' "$1" 2>/dev/null && break
-    grep -q "$3" "$2" 2>/dev/null && { echo "driver error: stopped waiting"; break; }
-    sleep 5
-  done
+    grep -q "$3" "$2" 2>/dev/null && { echo "driver error: stopped waiting"; break; }; sleep 5; done
   cp "$1" "$OUT/" 2>/dev/null; tail -c 20000 "$2"
 }
 case "${1:-smoke}" in
@@ -64,11 +62,8 @@ PY
               > "$M/driver.log" 2>&1 < /dev/null &)
           bash "$0" matrix-wait ;;
   matrix-wait) M=${MATRIX_DIR:-/tmp/matrix}
-    t0=$(date +%s)
-    while [ $(( $(date +%s) - t0 )) -lt "${MATRIX_WAIT_S:-560}" ] && [ ! -e "$M/DONE" ]; do
-      grep -q '^Traceback' "$M/driver.log" 2>/dev/null && { echo "driver error: stopped waiting"; break; }
-      sleep 5
-    done
+    t0=$(date +%s); while [ $(( $(date +%s) - t0 )) -lt "${MATRIX_WAIT_S:-560}" ] && [ ! -e "$M/DONE" ]; do
+      grep -q '^Traceback' "$M/driver.log" 2>/dev/null && { echo "driver error: stopped waiting"; break; }; sleep 5; done
     [ -e "$M/DONE" ] && echo "matrix run finished"
     cp "$M"/share_matrix_*.json "$M"/share_matrix_*.png "$OUT/" 2>/dev/null
     tail -c 20000 "$M/driver.log"

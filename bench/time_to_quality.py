@@ -25,16 +25,15 @@ from bench.harness.serving import compile_module, export_job_records, serve
 from bench.harness.stock import kill_group, make_target, spawn_tune_tasks
 from bench.panel import PANEL, build
 from sharetune.experiments.time_to_quality import (
-    job_events, kernel_names, kernel_sets, markdown_table, run_databases, plot, settings_in_effect, stock_events, summarise,
-    summarise_model, table_again,
-)
+    job_events, kernel_names, kernel_sets, markdown_table, retimed_runs, run_databases, plot,
+    settings_in_effect, step_kernels, stock_events, summarise, summarise_model, table_again)
 
 PHASES = ("stock", "cold", "warm")
 # what a step is expected to take, to leave one that cannot finish before the deadline
 STOCK_TRIALS_PER_MIN = 31.0  # the slowest panel model so far (vit-s-encoder, 31.4 a minute)
 STOCK_STARTUP_S = 90.0
 SERVICE_STEP_S = 100.0  # a 384-trial panel job 32-55 s on an H200 or H100, its stack ~20 s
-SERVE_S = 90.0
+SERVE_S = 150.0  # the modules, each task's kernels and each curve's steps: built, then timed
 WARM_STORE_S = 260.0  # three zoo models at 384 trials: 218 s on the H200, 207 s on an H100
 
 
@@ -268,13 +267,17 @@ def serve_model(args, model: str, row: dict, mwork: Path) -> None:
     # and each task's kernel of stock and of each run, from its best records: which task a module's time moves with
     dbs = run_databases(row, db, lambda phase: kept_run(model, phase, mwork / phase))
     folders, kernel_errors, workloads = kernel_sets(dbs, str(make_target(args.rehearse)), compiled)
+    # and the kernels each run's curve stepped through: its curve timed again in that same process (retimed_curve)
+    steps_at, step_errors, steps = step_kernels(row, db, lambda phase: kept_run(model, phase, mwork / phase),
+                                                str(make_target(args.rehearse)), compiled)
     # every module timed in one fresh process, interleaved, unshared, and checked against PyTorch
     row["served"] = serve(mods, model, mwork, args.serve_rounds, gpu=not args.rehearse, check=True, timeout_s=600,
-                          kernels=folders)
+                          kernels={**folders, **{f"{k}-steps": v for k, v in steps_at.items()}})
     row["served"].pop("rounds_us", None)
+    row["retimed"] = retimed_runs(row["served"], steps_at, steps)
     row["served"]["kernel_us"] = kernel_names(row["served"].get("kernel_us") or {}, workloads, json.loads(
         (db / "tasks.json").read_text()) if db is not None and (db / "tasks.json").exists() else [])
-    row["served"]["kernel_errors"] = {**kernel_errors, **(row["served"].get("kernel_errors") or {})}
+    row["served"]["kernel_errors"] = {**kernel_errors, **step_errors, **(row["served"].get("kernel_errors") or {})}
     if failed:
         row["served"].setdefault("errors", {}).update({k: "did not compile" for k in failed})
 

@@ -204,3 +204,52 @@ def test_each_runs_kernels_come_from_its_best_record_a_workload_and_are_named_by
     assert run_databases(row, src, lambda phase: None) == {"stock": src, "cold": exported}
     (tmp_path / "kept" / "database").mkdir(parents=True)
     assert run_databases(row, None, lambda phase: tmp_path / "kept")["warm"] == tmp_path / "kept" / "database"
+
+
+def test_a_run_s_database_lines_are_every_trial_for_stock_and_the_fully_timed_ones_for_an_export():
+    from sharetune.experiments.time_to_quality import curve_steps, event_lines
+
+    events = [(1.0, "a", 5.0), (2.0, "a", None), (3.0, "b", 4.0), (4.0, "a", 3.0), (5.0, "a", 4.0)]
+    assert event_lines(events, every_trial=True) == [0, 1, 2, 3, 4]
+    assert event_lines(events, every_trial=False) == [0, None, 1, 2, 3]
+    # the records that were their task's best when measured: what the module would run had the run stopped there
+    assert curve_steps(events, event_lines(events, every_trial=False)) == {0: "a", 1: "b", 2: "a"}
+
+
+def test_a_retimed_curve_counts_each_tasks_kernel_in_effect_at_its_common_timing():
+    """The kernel in effect is chosen by the run's own timings (a run's best so far); its figure is the one all the
+    runs' kernels got in one process, and the guarded run keeps the default where the common timing says so."""
+    from sharetune.experiments.time_to_quality import event_lines, retimed_curve
+
+    weights, defaults = {"conv": 1, "norm": 1}, {"conv": 10e-6, "norm": 3e-6}
+    # the norm's only trial looked faster than its default on a loaded host; timed again it is slower
+    events = [(1.0, "norm", 2.5e-6), (2.0, "conv", 6e-6), (3.0, "conv", 7e-6), (4.0, "conv", 4e-6)]
+    lines = event_lines(events, every_trial=False)
+    again = {"steps": {"0": 3.4, "1": 6.5, "3": 5.0}, "defaults": {"conv": 9.0, "norm": 3.1}}
+    curve = retimed_curve(events, lines, weights, defaults, again)
+    assert [round(e * 1e6, 3) for _, _, e in curve] == [12.1, 9.6, 9.6, 8.1]
+    # stock compiles its best trial, default or not; a kernel without a common timing keeps its own figure
+    stock = retimed_curve(events, event_lines(events, every_trial=True), weights, defaults,
+                          {"steps": {"0": 3.4, "3": 5.0}, "defaults": {"conv": 9.0}}, keeps_default=False)
+    assert [round(e * 1e6, 3) for _, _, e in stock] == [12.4, 9.4, 9.4, 8.4]
+
+
+def test_the_summary_gives_the_retimed_curves_figures_beside_the_runs_own():
+    from sharetune.experiments.time_to_quality import summarise
+
+    weights, defaults = {"t": 1}, {"t": 10e-6}
+    row = {"stock": {"wall_s": 100.0, "events": [[50.0, "t", 6e-6], [90.0, "t", 5e-6]], "weights": weights},
+           "cold": {"events": [[1.0, "t", 7e-6], [4.0, "t", 4e-6]], "weights": weights, "defaults": defaults},
+           "warm": {"events": [[1.0, "t", 4.5e-6], [2.0, "t", 4.2e-6]], "weights": weights, "defaults": defaults},
+           # timed again together: cold's 4 us kernel is 5.5, warm's first 4.8, stock's best 6.0
+           "retimed": {"stock": {"steps": {"0": 7.0, "1": 6.0}, "defaults": {"t": 10.0}},
+                       "cold": {"steps": {"0": 7.5, "1": 5.5}, "defaults": {"t": 10.0}},
+                       "warm": {"steps": {"0": 4.8, "1": 5.2}, "defaults": {"t": 10.0}}}}
+    summarise_model(row)
+    s = row["summary"]
+    assert s["warm_trials_ratio"] is None  # by the runs' own timings warm never reached cold's 4 us
+    assert s["retimed_cold_final_estimate_us"] == 5.5 and s["retimed_warm_final_estimate_us"] == 5.2
+    assert s["retimed_warm_trials_ratio"] == 0.5 and s["retimed_cold_time_to_stock_latency_ratio"] == 0.04
+    assert row["curves_retimed"]["stock"][-1][2] == 6.0
+    panel = summarise({"models": {"m": row}})
+    assert panel["retimed_warm_trials_ratio"] == 0.5 and panel["models_retimed"] == 1

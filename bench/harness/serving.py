@@ -130,9 +130,10 @@ def export_job_records(redis_url: str, job_id: str, out: Path) -> int:
     for name in ("database_workload.json", "database_tuning_record.json"):
         (out / name).unlink(missing_ok=True)
     db = ms.database.JSONDatabase(work_dir=str(out), module_equality="structural")
-    recs = []
+    recs, names = [], {}  # names: which workload is which task's (time_to_quality.workload_names)
     for task in store.job_tasks(r, job_id):
         wl = db.commit_workload(load_ir(store.workload(r, task.wkey).mod))
+        names[task.name] = str(wl.as_json()[0])
         recs += [(rec, wl) for rec in store.records(r, task.wkey) if rec.job_id == job_id]
     recs.sort(key=lambda x: x[0].measured_at)
     # a screened-out candidate's brief figure is a trial but, as in the service's own export, not a record
@@ -142,6 +143,7 @@ def export_job_records(redis_url: str, job_id: str, out: Path) -> int:
         if ok:
             db.commit_tuning_record(tvm_record(rec, wl))
     (out / "trial_valid.json").write_text(json.dumps(valid))
+    (out / "workload_tasks.json").write_text(json.dumps(names))
     return len(recs)
 
 

@@ -222,37 +222,53 @@ def task_picture(tasks: list[dict], served: list[int], sides: dict[int, dict], t
 # ---- building and timing kernels (TVM) ----------------------------------------------------------------------
 
 
-def build_kernels(db_dir: str | Path, out_dir: str | Path, target_json: str) -> dict:
+def build_kernels(db_dir: str | Path, out_dir: str | Path, target_json: str, lines: list[int] | None = None) -> dict:
     """Each workload of the JSON database `db_dir` (a kept tuning's: at most one record a workload) built into
     out_dir/w<index>.so for `target_json`: its record's schedule, or its default where it has none (the tuned model
     runs that one too); writes and returns kernels.json: {"kernels": {index: {file, args_info, schedule ("tuned" |
-    "default"), launch, decisions}}, "errors": {index: why}}."""
+    "default"), launch, decisions, workload}}, "errors": {index: why}}. With `lines` (a database of every record, in
+    the order committed): the records on those lines, as r<line>, and every workload's default, as d<index>."""
     from tvm.s_tir import meta_schedule as ms
 
-    from services.tuner.metaschedule.defaults import default_module
     from services.tuner.metaschedule.ir_codec import target_from_json
 
     out_dir, target = Path(out_dir), target_from_json(target_json)
     out_dir.mkdir(parents=True, exist_ok=True)
-    records, workloads = kept_database(db_dir)
     out: dict = {"kernels": {}, "errors": {}}
-    for index, line in enumerate(workloads):
+    workloads = (Path(db_dir) / "database_workload.json").read_text().splitlines()
+    if lines is None:
+        records, _ = kept_database(db_dir)
+        todo = [(str(i), i, records.get(i)) for i in range(len(workloads))]
+    else:
+        every = (Path(db_dir) / "database_tuning_record.json").read_text().splitlines()
+        todo = [(f"r{n}", *json.loads(every[n])) for n in sorted(set(lines)) if 0 <= n < len(every)]
+        todo += [(f"d{i}", i, None) for i in range(len(workloads))]
+    for key, index, record in todo:
         try:
-            workload = ms.database.Workload.from_json(json.loads(line))
-            if index in records:
-                record = records[index]
-                mod, args, decisions = applied(workload, record), record[3], trace_decisions(record[0])
-            else:
-                mod, decisions = default_module(workload.mod, target), None
-                args = [a.as_json() for a in ms.arg_info.ArgInfo.from_entry_func(workload.mod, remove_preproc=True)]
-            _build(mod, target, out_dir / f"w{index}.so")
-            out["kernels"][str(index)] = {"file": f"w{index}.so", "args_info": args, "decisions": decisions,
-                                          "schedule": "tuned" if decisions else "default",
-                                          "launch": launch_facts(mod.script())}
+            out["kernels"][key] = _build_one(ms.database.Workload.from_json(json.loads(workloads[index])), record,
+                                             target, out_dir / (f"w{key}.so" if lines is None else f"{key}.so"))
+            out["kernels"][key]["workload"] = index
         except Exception as err:  # noqa: BLE001 - one task's kernel lost must not lose the others
-            out["errors"][str(index)] = f"{type(err).__name__}: {str(err).strip()[-300:]}"
+            out["errors"][key] = f"{type(err).__name__}: {str(err).strip()[-300:]}"
     (out_dir / KERNELS).write_text(json.dumps(out))
     return out
+
+
+def _build_one(workload, record: list | None, target, path: Path) -> dict:
+    """A workload's kernel scheduled by `record` (TVM's JSON record of it), or its default schedule (None), built
+    to `path`: its kernels.json entry."""
+    from tvm.s_tir import meta_schedule as ms
+
+    from services.tuner.metaschedule.defaults import default_module
+
+    if record is not None:
+        mod, args, decisions = applied(workload, record), record[3], trace_decisions(record[0])
+    else:
+        mod, decisions = default_module(workload.mod, target), None
+        args = [a.as_json() for a in ms.arg_info.ArgInfo.from_entry_func(workload.mod, remove_preproc=True)]
+    _build(mod, target, path)
+    return {"file": path.name, "args_info": args, "decisions": decisions,
+            "schedule": "tuned" if decisions else "default", "launch": launch_facts(mod.script())}
 
 
 def _build(mod, target, path: Path) -> None:
@@ -262,9 +278,10 @@ def _build(mod, target, path: Path) -> None:
     build(mod, target).export_library(str(path))
 
 
-def build_all(databases: dict[str, tuple[Path, str]], out_root: Path) -> tuple[dict[str, Path], dict[str, str]]:
-    """Each tuning's kernels (label -> its kept database and target JSON) built in a child process of its own, all
-    at once: ({label: kernels folder}, {label: why it has none}). A folder built before is used as it is."""
+def build_all(databases: dict[str, tuple], out_root: Path) -> tuple[dict[str, Path], dict[str, str]]:
+    """Each tuning's kernels (label -> its kept database and target JSON, and optionally the record lines to build,
+    comma-separated: build_kernels' `lines`) built in a child process of its own, all at once: ({label: kernels
+    folder}, {label: why it has none}). A folder built before is used as it is."""
     from sharetune.experiments.children import run_modules
 
     folders, todo, errors = {}, {}, {}
@@ -275,7 +292,8 @@ def build_all(databases: dict[str, tuple[Path, str]], out_root: Path) -> tuple[d
         else:
             todo[name] = folder
     ran = run_modules({name: [__name__, "--db", str(databases[name][0]), "--target", databases[name][1],
-                              "--out", str(folder)] for name, folder in todo.items()}, width=len(todo))
+                              "--out", str(folder), *[f"--lines={n}" for n in databases[name][2:3]]]
+                       for name, folder in todo.items()}, width=len(todo))
     for name, (code, last) in ran.items():
         if code == 0 and (todo[name] / KERNELS).is_file():
             folders[name] = todo[name]
@@ -349,8 +367,10 @@ def _build_main(argv=None) -> int:
     ap.add_argument("--db", required=True, help="a kept tuning's JSON database (one record a workload)")
     ap.add_argument("--target", required=True, help="the TVM target JSON it was tuned for")
     ap.add_argument("--out", required=True)
+    ap.add_argument("--lines", default=None, help="comma-separated record lines of a database of every record")
     args = ap.parse_args(argv)
-    built = build_kernels(args.db, args.out, args.target)
+    lines = [int(n) for n in args.lines.split(",") if n] if args.lines is not None else None
+    built = build_kernels(args.db, args.out, args.target, lines)
     print(json.dumps({"kernels": len(built["kernels"]), "errors": built["errors"]}), flush=True)
     return 0
 

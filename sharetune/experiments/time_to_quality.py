@@ -40,6 +40,134 @@ def latency_curve(events: list[tuple[float, str, float | None]], weights: dict[s
     return out
 
 
+def event_lines(events: list, every_trial: bool) -> list[int | None]:
+    """Each event's line in its run's JSON database, whose records are in the order they were committed: stock's
+    holds every trial (`every_trial`), a service run's export only its fully timed ones (export_job_records)."""
+    if every_trial:
+        return list(range(len(events)))
+    lines, n = [], 0
+    for event in events:
+        lines.append(None if event[2] is None else n)
+        n += event[2] is not None
+    return lines
+
+
+def curve_steps(events: list, lines: list[int | None]) -> dict[int, str]:
+    """The records that were their task's best so far when they were measured (line -> task): the kernels the
+    run's module would have run, had the run stopped there."""
+    best: dict[str, float] = {}
+    steps = {}
+    for (_, task, secs), line in sorted(zip(events, lines), key=lambda p: p[0][0]):
+        if secs is not None and line is not None and secs < best.get(task, math.inf):
+            best[task], steps[line] = secs, task
+    return steps
+
+
+def retimed_curve(events: list, lines: list[int | None], weights: dict[str, int], defaults: dict[str, float],
+                  retimed: dict, keeps_default: bool = True) -> list[tuple[float, int, float]]:
+    """latency_curve with each task's kernel in effect timed again, every run's in one process (`retimed`:
+    {"steps": {line: us}, "defaults": {task: us}}, from retimed_kernels): the kernel in effect is the task's best so
+    far by the run's own timings; with `keeps_default`, the faster of it and the task's default by the common
+    timing (the service's export times both again before it chooses). A kernel without a common timing counts at
+    the run's own figure (`defaults`: the run's default seconds)."""
+    steps = {int(k): v * 1e-6 for k, v in (retimed.get("steps") or {}).items()}
+    again = {k: v * 1e-6 for k, v in (retimed.get("defaults") or {}).items()}
+    order = sorted(zip(events, lines), key=lambda p: p[0][0])
+    first = {}
+    for (_, task, secs), _line in order:
+        if secs is not None:
+            first.setdefault(task, secs)
+    best: dict[str, tuple[float, float]] = {}  # task -> (its own seconds, the common timing's)
+    out = []
+    for n, ((t, task, secs), line) in enumerate(order, start=1):
+        if secs is not None and secs < best.get(task, (math.inf,))[0]:
+            best[task] = (secs, steps.get(line, secs) if line is not None else secs)
+        def cost(name: str) -> float:
+            default = again.get(name, defaults.get(name))
+            if name not in best:
+                return default if default is not None else first.get(name, 0.0)
+            return min(best[name][1], default) if keeps_default and default is not None else best[name][1]
+        out.append((round(t, 2), n, sum(w * cost(name) for name, w in weights.items())))
+    return out
+
+
+def workload_names(db: Path) -> dict[int, str]:
+    """A JSON database's workload indices by task name, where the run said which is which: stock's tasks.json,
+    a service export's workload_tasks.json (task -> structural hash, as the workload lines hold it)."""
+    if (db / "tasks.json").exists():
+        by_hash = {str(t["shash"]): t["name"] for t in json.loads((db / "tasks.json").read_text())}
+    elif (db / "workload_tasks.json").exists():
+        by_hash = {str(h): name for name, h in json.loads((db / "workload_tasks.json").read_text()).items()}
+    else:
+        return {}
+    lines = (db / "database_workload.json").read_text().splitlines()
+    return {i: by_hash[str(json.loads(line)[0])] for i, line in enumerate(lines)
+            if line.strip() and str(json.loads(line)[0]) in by_hash}
+
+
+def record_databases(row: dict, stock_db: Path | None, kept_run) -> dict[str, tuple[list, Path]]:
+    """Each run of a row with its events and the JSON database of every record it committed, in order: stock's
+    database, a service run's records_db (`kept_run(phase)` -> the folder holding it, or None)."""
+    runs = {}
+    if stock_db is not None and (row.get("stock") or {}).get("events"):
+        runs["stock"] = (row["stock"]["events"], stock_db)
+    for phase in ("cold", "warm"):
+        if (row.get(phase) or {}).get("events") and (kept := kept_run(phase)) is not None \
+                and (kept / "records_db" / "database_tuning_record.json").exists():
+            runs[phase] = (row[phase]["events"], kept / "records_db")
+    return runs
+
+
+def step_kernels(row: dict, stock_db: Path | None, kept_run, target_json: str,
+                 out_root: Path) -> tuple[dict, dict, dict]:
+    """Each run's curve steps and every workload's default built (task_timing.build_all, a child process a run),
+    from the databases record_databases finds. Returns ({label: kernels folder}, {label: why none}, {label: (its
+    steps, line -> task; the database they were built from)})."""
+    import shutil
+
+    from sharetune.experiments.task_timing import build_all
+
+    shutil.rmtree(out_root / "steps", ignore_errors=True)
+    todo, steps = {}, {}
+    for label, (events, db) in record_databases(row, stock_db, kept_run).items():
+        events = [tuple(e) for e in events]
+        copy = out_root / "steps-db" / label  # build_all names a kernels folder by its database's
+        shutil.rmtree(copy, ignore_errors=True)
+        shutil.copytree(db, copy)
+        steps[label] = (curve_steps(events, event_lines(events, every_trial=label == "stock")), copy)
+        todo[label] = (copy, target_json, ",".join(map(str, sorted(steps[label][0]))))
+    folders, errors = build_all(todo, out_root / "steps")
+    return folders, errors, steps
+
+
+def retimed_runs(served: dict, folders: dict[str, Path], steps: dict[str, tuple]) -> dict:
+    """Each run's step kernels as the serving process timed them (`served["kernel_us"]`'s "<run>-steps" sets,
+    taken out of it), for retimed_curve: {run: {"steps": ..., "defaults": ...}}."""
+    kernel_us = served.get("kernel_us") or {}
+    return {label: retimed_kernels(kernel_us.pop(f"{label}-steps", {}), folder, steps[label][1], steps[label][0])
+            for label, folder in folders.items()}
+
+
+def retimed_kernels(kernel_us: dict[str, float], folder: Path, db: Path, steps: dict[int, str]) -> dict:
+    """One run's kernels (built in `folder` from its database `db`) timed in the serving process (key -> us:
+    r<line>, d<index>) as retimed_curve takes them: {"steps": {line: us}, "defaults": {task: us}}; a default is
+    named by its workload's task (the run's own naming, else a step of that workload)."""
+    from sharetune.experiments.task_timing import KERNELS
+
+    built = json.loads((folder / KERNELS).read_text())["kernels"]
+    names = workload_names(db)
+    for key, kernel in built.items():
+        if key.startswith("r") and int(key[1:]) in steps:
+            names.setdefault(kernel["workload"], steps[int(key[1:])])
+    out: dict = {"steps": {}, "defaults": {}}
+    for key, us in kernel_us.items():
+        if key.startswith("r"):
+            out["steps"][key[1:]] = round(us, 3)
+        elif key.startswith("d") and (name := names.get(built.get(key, {}).get("workload"))) is not None:
+            out["defaults"][name] = round(us, 3)
+    return out
+
+
 def untuned_estimate(weights: dict[str, int], defaults: dict[str, float]) -> float:
     return sum(w * defaults.get(name, 0.0) for name, w in weights.items())
 
@@ -94,24 +222,19 @@ def summarise_model(row: dict) -> None:
                                          keeps_default=name != "stock")
     row["curves"] = {k: [[t, n, round(e * 1e6, 3)] for t, n, e in v] for k, v in curves.items()}
     s = {"untuned_estimate_us": round(untuned_estimate(weights, defaults) * 1e6, 3) if defaults else None}
-    for k, v in curves.items():
-        s[f"{k}_final_estimate_us"] = round(v[-1][2] * 1e6, 3)
-    if "stock" in curves and stock.get("wall_s"):
-        stock_final = curves["stock"][-1][2]
-        for k in ("cold", "warm"):
-            if k in curves:
-                t, n = time_to_reach(curves[k], stock_final)
-                s[f"{k}_time_to_stock_latency_s"] = t
-                s[f"{k}_trials_to_stock_latency"] = n
-                s[f"{k}_time_to_stock_latency_ratio"] = round(t / stock["wall_s"], 4) if t is not None else None
+    s.update(curve_figures(curves, (stock or {}).get("wall_s")))
+    again = row.get("retimed") or {}
+    retimed = {name: retimed_curve(events, event_lines(events, every_trial=name == "stock"), weights, defaults,
+                                   again[name], keeps_default=name != "stock")
+               for name, res in (("stock", stock), ("cold", cold), ("warm", warm))
+               if name in again and res and (events := [tuple(e) for e in res.get("events") or []])}
+    if retimed:
+        row["curves_retimed"] = {k: [[t, n, round(e * 1e6, 3)] for t, n, e in v] for k, v in retimed.items()}
+        s.update(curve_figures(retimed, (stock or {}).get("wall_s"), prefix="retimed_"))
     for k in ("cold", "warm"):
         if k in curves and defaults:
             s["heaviest_task"], landed = heaviest_task_landed([tuple(e) for e in row[k]["events"]], weights, defaults)
             s[f"{k}_heaviest_task_landed_s"] = round(landed, 2) if landed is not None else None
-    if "cold" in curves and "warm" in curves:
-        t, n = time_to_reach(curves["warm"], curves["cold"][-1][2])
-        s["warm_time_to_cold_latency_s"] = t
-        s["warm_trials_ratio"] = round(n / len(curves["cold"]), 4) if n is not None else None
     lat = (row.get("served") or {}).get("latency_us") or {}
     wrong = wrong_outputs(row.get("served"))
     if wrong:
@@ -134,6 +257,26 @@ def summarise_model(row: dict) -> None:
     row["summary"] = s
 
 
+def curve_figures(curves: dict[str, list], stock_wall: float | None, prefix: str = "") -> dict:
+    """A row's figures from its curves (seconds): each run's final estimate, when the service's runs reach stock's
+    final latency (and the ratio to stock's wall), when the warm run reaches the cold run's."""
+    s: dict = {}
+    for k, v in curves.items():
+        s[f"{prefix}{k}_final_estimate_us"] = round(v[-1][2] * 1e6, 3)
+    if "stock" in curves and stock_wall:
+        for k in ("cold", "warm"):
+            if k in curves:
+                t, n = time_to_reach(curves[k], curves["stock"][-1][2])
+                s[f"{prefix}{k}_time_to_stock_latency_s"] = t
+                s[f"{prefix}{k}_trials_to_stock_latency"] = n
+                s[f"{prefix}{k}_time_to_stock_latency_ratio"] = round(t / stock_wall, 4) if t is not None else None
+    if "cold" in curves and "warm" in curves:
+        t, n = time_to_reach(curves["warm"], curves["cold"][-1][2])
+        s[f"{prefix}warm_time_to_cold_latency_s"] = t
+        s[f"{prefix}warm_trials_ratio"] = round(n / len(curves["cold"]), 4) if n is not None else None
+    return s
+
+
 def summarise(result: dict) -> dict:
     """The worst panel model's figure for each goal."""
     rows = [row for row in result["models"].values() if row.get("summary")]
@@ -148,9 +291,13 @@ def summarise(result: dict) -> dict:
     for key, src in (("time_to_stock_latency_ratio", "cold_time_to_stock_latency_ratio"),
                      ("latency_vs_stock_equal_trials", "latency_vs_stock_equal_trials"),
                      ("warm_trials_ratio", "warm_trials_ratio"),
-                     ("search_cpu_s_per_valid_candidate", "search_cpu_s_per_valid_candidate")):
+                     ("search_cpu_s_per_valid_candidate", "search_cpu_s_per_valid_candidate"),
+                     # the same curves with every run's kernels in effect timed again in one process (retimed_curve)
+                     ("retimed_time_to_stock_latency_ratio", "retimed_cold_time_to_stock_latency_ratio"),
+                     ("retimed_warm_trials_ratio", "retimed_warm_trials_ratio")):
         v, m = worst(src)
         out[key], out[f"{key}_model"] = v, m
+    out["models_retimed"] = sum(1 for row in rows if row.get("curves_retimed"))
     wrong = {m: row["summary"]["wrong_output"] for m, row in result["models"].items()
              if (row.get("summary") or {}).get("wrong_output")}
     if wrong:
