@@ -25,7 +25,7 @@ from bench.harness.serving import compile_module, export_job_records, serve
 from bench.harness.stock import kill_group, make_target, spawn_tune_tasks
 from bench.panel import PANEL, build
 from sharetune.experiments.time_to_quality import (
-    job_events, kernel_names, kernel_sets, markdown_table, retimed_runs, run_databases, plot,
+    job_events, kernel_names, kernel_sets, markdown_table, retimed_runs, trial_cuts, run_databases, plot,
     settings_in_effect, step_kernels, stock_events, summarise, summarise_model, table_again)
 
 PHASES = ("stock", "cold", "warm")
@@ -256,12 +256,8 @@ def serve_model(args, model: str, row: dict, mwork: Path) -> None:
         mods["untuned"] = cold["untuned_module"]
     elif cold:
         mods["untuned"] = compile_module(model, None, compiled / "untuned.so", args.rehearse)
-    stock_trials = (row.get("stock") or {}).get("trials")
-    kept = kept_run(model, "cold", mwork / "cold") if cold else None
-    if stock_trials and cold.get("trials", 0) > stock_trials and kept is not None and (kept / "records_db").exists():
-        mods["cold_at_stock_trials"] = compile_module(model, kept / "records_db",
-                                                      compiled / "cold_at_stock_trials.so", args.rehearse,
-                                                      first=stock_trials)
+    for label, (records, first) in trial_cuts(row, lambda phase: kept_run(model, phase, mwork / phase)).items():
+        mods[label] = compile_module(model, records, compiled / f"{label}.so", args.rehearse, first=first)
     failed = [k for k, v in mods.items() if not v]
     mods = {k: v for k, v in mods.items() if v}
     # and each task's kernel of stock and of each run, from its best records: which task a module's time moves with

@@ -253,3 +253,24 @@ def test_the_summary_gives_the_retimed_curves_figures_beside_the_runs_own():
     assert row["curves_retimed"]["stock"][-1][2] == 6.0
     panel = summarise({"models": {"m": row}})
     assert panel["retimed_warm_trials_ratio"] == 0.5 and panel["models_retimed"] == 1
+
+
+def test_the_warm_run_is_served_at_a_quarter_of_the_cold_runs_trials_and_compared_with_the_cold_module(tmp_path):
+    from sharetune.experiments.time_to_quality import summarise, trial_cuts
+
+    (tmp_path / "cold" / "records_db").mkdir(parents=True)
+    (tmp_path / "warm" / "records_db").mkdir(parents=True)
+    row = {"stock": {"trials": 300}, "cold": {"trials": 384}, "warm": {"trials": 384}}
+    cuts = trial_cuts(row, lambda phase: tmp_path / phase)
+    assert cuts == {"cold_at_stock_trials": (tmp_path / "cold" / "records_db", 300),
+                    "warm_at_quarter": (tmp_path / "warm" / "records_db", 96)}
+    # nothing kept to cut from, or a stock run as long as the cold one: no module
+    assert trial_cuts(row, lambda phase: None) == {}
+    assert list(trial_cuts({**row, "stock": {"trials": 400}}, lambda phase: tmp_path / phase)) == ["warm_at_quarter"]
+    weights, defaults = {"t": 1}, {"t": 10e-6}
+    row = {"cold": {"events": [[1.0, "t", 5e-6]], "weights": weights, "defaults": defaults},
+           "warm": {"events": [[1.0, "t", 4e-6]], "weights": weights, "defaults": defaults},
+           "served": {"latency_us": {"cold": 40.0, "warm": 39.0, "warm_at_quarter": 41.0}}}
+    summarise_model(row)
+    assert row["summary"]["warm_quarter_vs_cold_latency"] == 1.025
+    assert summarise({"models": {"m": row}})["warm_quarter_vs_cold_latency"] == 1.025
