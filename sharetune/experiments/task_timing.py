@@ -285,7 +285,7 @@ def build_all(databases: dict[str, tuple], out_root: Path) -> tuple[dict[str, Pa
     from sharetune.experiments.children import run_modules
 
     folders, todo, errors = {}, {}, {}
-    for name, (db, target) in databases.items():
+    for name, (db, *_) in databases.items():
         folder = out_root / Path(db).name
         if (folder / KERNELS).is_file():
             folders[name] = folder
