@@ -331,8 +331,8 @@ def main(argv=None) -> int:
             print(json.dumps({model: "kept as it was: no time left to run it again"}), flush=True)
             continue
         if old := {k: row.pop(k) for k in args.again.split(",") if k in ("cold", "warm") and k in row}:
-            old.update({k: row.pop(k) for k in ("served", "summary") if k in row})
-            row.pop("curves", None)
+            old.update({k: row.pop(k) for k in ("served", "summary", "retimed") if k in row})
+            [row.pop(k, None) for k in ("curves", "curves_retimed")]
             row.setdefault("earlier", []).append(old)
         run_model(args, model, row, work, warm_store, save, deadline)
         print(json.dumps({model: row.get("summary")}), flush=True)

@@ -247,6 +247,7 @@ def summarise_model(row: dict) -> None:
                                    again[name], keeps_default=name != "stock")
                for name, res in (("stock", stock), ("cold", cold), ("warm", warm))
                if name in again and res and (events := [tuple(e) for e in res.get("events") or []])}
+    row.pop("curves_retimed", None)
     if retimed:
         row["curves_retimed"] = {k: [[t, n, round(e * 1e6, 3)] for t, n, e in v] for k, v in retimed.items()}
         s.update(curve_figures(retimed, (stock or {}).get("wall_s"), prefix="retimed_"))
