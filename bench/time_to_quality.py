@@ -33,7 +33,7 @@ PHASES = ("stock", "cold", "warm")
 STOCK_TRIALS_PER_MIN = 31.0  # the slowest panel model so far (vit-s-encoder, 31.4 a minute)
 STOCK_STARTUP_S = 90.0
 SERVICE_STEP_S = 100.0  # a 384-trial panel job 32-55 s on an H200 or H100, its stack ~20 s
-SERVE_S = 150.0  # the modules, each task's kernels and each curve's steps: built, then timed
+SERVE_S = 200.0  # the modules (6 compiles), each task's kernels and each curve's steps: built, then timed
 WARM_STORE_S = 260.0  # three zoo models at 384 trials: 218 s on the H200, 207 s on an H100
 
 
@@ -170,7 +170,7 @@ def run_model(args, model: str, row: dict, work: Path, warm_store, save, deadlin
     for phase in ("cold", "warm"):
         if (row.get(phase) or {}).get("state") not in (None, "done"):
             row.pop(phase)
-        elif phase in row and "served" not in row and kept_run(model, phase, mwork / phase) is None:
+        elif phase in row and "served" not in row and kept_run(model, phase, mwork / phase, row) is None:
             row.pop(phase)  # its module went with an earlier lease and nothing kept can make it: run again
     ran = False  # a step run now: the modules are served again
     if "stock" not in row and "stock" in args.phases:
@@ -219,28 +219,30 @@ def stock_db(model: str, mwork: Path) -> Path | None:
 
 
 def keep_run(model: str, phase: str, work: Path, res: dict) -> None:
-    """A service run's exported database (what its tuned module was compiled with) and its job's records,
-    kept under $OUT (then in bench/results/time_to_quality_dbs.tar.xz) so that a later lease can serve it again."""
-    keep = out_dir() / f"{phase}-{model}"
-    shutil.rmtree(keep, ignore_errors=True)
+    """A service run's exported database (what its tuned module was compiled with) and its job's records, kept
+    under $OUT as `kept_as` (then in bench/results/time_to_quality_dbs.tar.xz): a later lease can serve it again."""
+    res["kept_as"] = f"{phase}-{model}-{time.strftime('%Y-%m-%d-%H%M%S', time.gmtime())}"
+    keep = out_dir() / res["kept_as"]
     if res.get("database_dir") and Path(res["database_dir"]).is_dir():
         shutil.copytree(res["database_dir"], keep / "database")
     if (work / "records_db").is_dir():
         shutil.copytree(work / "records_db", keep / "records_db")
 
 
-def kept_run(model: str, phase: str, work: Path) -> Path | None:
-    """Where a service run's databases are: this lease's work dir, $OUT, or the results kept in the repo."""
+def kept_run(model: str, phase: str, work: Path, row: dict | None = None) -> Path | None:
+    """Where a service run's databases are: this lease's work dir, $OUT, or the results kept in the repo (under
+    the name the row's run says it was kept as, else <phase>-<model>)."""
     if (work / "records_db").is_dir() and any(work.glob("jobs/*/tuned.so")):
         return work
-    for d in (out_dir() / f"{phase}-{model}", kept_in_repo("time_to_quality_runs") / f"{phase}-{model}"):
+    kept_as = ((row or {}).get(phase) or {}).get("kept_as", f"{phase}-{model}")
+    for d in (out_dir() / kept_as, kept_in_repo("time_to_quality_runs") / kept_as):
         if (d / "database" / "database_tuning_record.json").exists():
             return d
     return None
 
 
 def serve_model(args, model: str, row: dict, mwork: Path) -> None:
-    mods, compiled = {}, mwork / "served"
+    mods, compiled, kept = {}, mwork / "served", lambda phase: kept_run(model, phase, mwork / phase, row)
     compiled.mkdir(parents=True, exist_ok=True)
     db = stock_db(model, mwork)
     if db is not None:
@@ -249,23 +251,22 @@ def serve_model(args, model: str, row: dict, mwork: Path) -> None:
         res = row.get(phase) or {}
         if res.get("tuned_module") and Path(res["tuned_module"]).exists():
             mods[phase] = res["tuned_module"]
-        elif res and (kept := kept_run(model, phase, mwork / phase)) is not None:  # made in an earlier lease
-            mods[phase] = compile_module(model, kept / "database", compiled / f"{phase}.so", args.rehearse)
+        elif res and (folder := kept(phase)) is not None:  # made in an earlier lease
+            mods[phase] = compile_module(model, folder / "database", compiled / f"{phase}.so", args.rehearse)
     cold = row.get("cold") or {}
     if cold.get("untuned_module") and Path(cold["untuned_module"]).exists():
         mods["untuned"] = cold["untuned_module"]
     elif cold:
         mods["untuned"] = compile_module(model, None, compiled / "untuned.so", args.rehearse)
-    for label, (records, first) in trial_cuts(row, lambda phase: kept_run(model, phase, mwork / phase)).items():
+    for label, (records, first) in trial_cuts(row, kept).items():
         mods[label] = compile_module(model, records, compiled / f"{label}.so", args.rehearse, first=first)
     failed = [k for k, v in mods.items() if not v]
     mods = {k: v for k, v in mods.items() if v}
     # and each task's kernel of stock and of each run, from its best records: which task a module's time moves with
-    dbs = run_databases(row, db, lambda phase: kept_run(model, phase, mwork / phase))
+    dbs = run_databases(row, db, kept)
     folders, kernel_errors, workloads = kernel_sets(dbs, str(make_target(args.rehearse)), compiled)
     # and the kernels each run's curve stepped through: its curve timed again in that same process (retimed_curve)
-    steps_at, step_errors, steps = step_kernels(row, db, lambda phase: kept_run(model, phase, mwork / phase),
-                                                str(make_target(args.rehearse)), compiled)
+    steps_at, step_errors, steps = step_kernels(row, db, kept, str(make_target(args.rehearse)), compiled)
     # every module timed in one fresh process, interleaved, unshared, and checked against PyTorch
     row["served"] = serve(mods, model, mwork, args.serve_rounds, gpu=not args.rehearse, check=True, timeout_s=600,
                           kernels={**folders, **{f"{k}-steps": v for k, v in steps_at.items()}})
@@ -287,6 +288,7 @@ def main(argv=None) -> int:
     ap.add_argument("--resume", action="store_true", help="keep the steps the JSON already holds")
     ap.add_argument("--again", default="", help="kept steps to run again (cold,warm): the kept ones, their served "
                     "timings and summary go to the model's `earlier`")
+    ap.add_argument("--serve-again", action="store_true", help="serve the rows whose runs are kept again")
     ap.add_argument("--deadline-s", type=float, default=None, help="start no step that cannot end before this")
     ap.add_argument("--lease", default=time.strftime("%Y-%m-%d %H:%M"), help="names the lease a step ran in")
     ap.add_argument("--stock-timeout", type=float, default=3600)
@@ -334,6 +336,8 @@ def main(argv=None) -> int:
             old.update({k: row.pop(k) for k in ("served", "summary", "retimed") if k in row})
             [row.pop(k, None) for k in ("curves", "curves_retimed")]
             row.setdefault("earlier", []).append(old)
+        if args.serve_again and all(kept_run(model, p, work / model / p, row) for p in ("cold", "warm") if p in row):
+            row.pop("served", None)
         run_model(args, model, row, work, warm_store, save, deadline)
         print(json.dumps({model: row.get("summary")}), flush=True)
     result["phase"] = "done"
