@@ -394,3 +394,36 @@ def test_the_launch_floor_is_timed_once_per_target_on_the_lanes_and_kept(redis_c
     assert launch_floor(redis_conn, again, other) is None and not again.asked
     kept = store.default_timing(redis_conn, defaults.FLOOR_WKEY + str(other))
     assert kept is not None and not kept.run_secs and "no build" in kept.error
+
+
+def test_the_launch_floor_goes_to_the_lanes_in_the_defaults_batch_when_asked(redis_conn):
+    """defaults.measure_defaults(floor=True): where the store has no floor for the target, the floor's kernel joins
+    the tasks' defaults in one batch (a client's start waits for one round trip to the lanes, not two); launch_floor
+    then reads it from the store; without `floor` the batch holds the defaults alone."""
+    import tvm
+
+    from services.tuner.metaschedule.defaults import launch_floor, measure_defaults, floor_module
+    from shared.messages import JobTask, MeasureResult
+
+    class Lanes:
+        def __init__(self):
+            self.batches = []
+
+        def measure_now(self, candidates):
+            self.batches.append([c.candidate_id for c in candidates])
+            return {c.candidate_id: MeasureResult(candidate_id=c.candidate_id,
+                                                  run_secs=[2e-6 if "launch-floor" in c.candidate_id else 9e-6])
+                    for c in candidates}
+
+    task = JobTask(task_id="copy", name="copy", weight=1, wkey="wk-floor-batch")
+    target = tvm.target.Target({"kind": "llvm", "num-cores": 7})
+    lanes = Lanes()
+    assert measure_defaults(redis_conn, lanes, [task], {"copy": floor_module()}, target, floor=True) == \
+        {"copy": pytest.approx(9e-6)}
+    assert len(lanes.batches) == 1 and len(lanes.batches[0]) == 2
+    assert launch_floor(redis_conn, lanes, target) == pytest.approx(2e-6) and len(lanes.batches) == 1
+    other = tvm.target.Target({"kind": "llvm", "num-cores": 9})
+    alone = Lanes()
+    measure_defaults(redis_conn, alone, [task.model_copy(update={"wkey": "wk-floor-alone"})], {"copy": floor_module()},
+                     other)
+    assert alone.batches == [[c for c in alone.batches[0] if "launch-floor" not in c]] and len(alone.batches[0]) == 1

@@ -151,7 +151,8 @@ def search_parts(send, redis, job: ShardJob, settings: TunerSettings, runner, st
     seeds = (SeedSource(redis, job.kind, str(target), spec.share, shapes={t.task_id: shapes[t.name] for t in tasks},
                         within=within) if settings.warm_seeds else None)
     return SearchParts(make_context, DeferredBuilder(stash, split), runner, database, cost_model, records,
-                       defaults=lambda ts: measure_defaults(redis, runner, ts, mods, target), seeds=seeds,
+                       defaults=lambda ts: measure_defaults(redis, runner, ts, mods, target, floor=settings.latency_floor),
+                       seeds=seeds,
                        floor=(lambda: launch_floor(redis, runner, target)) if settings.latency_floor else None,
                        first_round_floor=FLOOR_WKEY + str(target)
                        if settings.latency_floor and settings.floor_first_rounds else None)

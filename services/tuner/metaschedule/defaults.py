@@ -43,13 +43,16 @@ def keeps_records(best_secs: float | None, default: float | None) -> bool:
     return best_secs is not None and (default is None or best_secs < default)
 
 
-def measure_defaults(redis, runner, tasks: list[JobTask], mods: dict, target) -> dict[str, float | None]:
+def measure_defaults(redis, runner, tasks: list[JobTask], mods: dict, target,
+                     floor: bool = False) -> dict[str, float | None]:
     """Each task's default-schedule seconds (task_id -> s, None when it cannot be built or run), timed on
     the job's lanes for the workloads the store has no valid timing of yet; each default-scheduled module is
-    also stored as its workload's reference (store.put_reference)."""
+    also stored as its workload's reference (store.put_reference). With `floor`, the lanes' launch floor
+    (launch_floor) goes in the same batch where the store has no timing of it: a client's start waits for one
+    round trip to the lanes, not two."""
     from services.tuner.metaschedule.lane_runner import module_candidate
 
-    out, candidates, by_cand = {}, [], {}
+    out, candidates, pending = {}, [], {}  # pending: candidate_id -> (its workload key, its task_id; None: floor)
     stored = store.references(redis, [t.wkey for t in tasks])
     for t in tasks:
         known = store.default_timing(redis, t.wkey)
@@ -68,13 +71,17 @@ def measure_defaults(redis, runner, tasks: list[JobTask], mods: dict, target) ->
             out[t.task_id] = default_secs(known)
             continue
         candidates.append(cand)
-        by_cand[cand.candidate_id] = t
+        pending[cand.candidate_id] = (t.wkey, t.task_id)
+    if floor and (cand := floor_candidate(redis, target)) is not None:
+        candidates.append(cand)
+        pending[cand.candidate_id] = (FLOOR_WKEY + str(target), None)
     if candidates:
         for cid, res in runner.measure_now(candidates).items():
-            t = by_cand[cid]
-            timing = DefaultTiming(wkey=t.wkey, run_secs=res.run_secs, error=res.error, lane=res.lane)
+            wkey, task_id = pending[cid]
+            timing = DefaultTiming(wkey=wkey, run_secs=res.run_secs, error=res.error, lane=res.lane)
             store.put_default(redis, timing)
-            out[t.task_id] = default_secs(timing)
+            if task_id is not None:
+                out[task_id] = default_secs(timing)
     return out
 
 
@@ -89,23 +96,29 @@ def floor_module() -> tvm.IRModule:
     return tvm.IRModule({"main": te.create_prim_func([a, te.compute((64,), lambda i: a[i], name="b")])})
 
 
-def launch_floor(redis, runner, target) -> float | None:
-    """What the job's lanes time a trivial kernel at (seconds, timed once per target and kept in the store): the
-    least any task can reach, launches and the timer included (on an H100 the panel's lightest tasks time at
-    2.7-2.8 us). None where it cannot be built or run."""
+def floor_candidate(redis, target):
+    """The launch floor's candidate for `target`, or None where the store has its timing already or it cannot be
+    built (kept then as a failed timing, so what waits for the floor, FirstRounds, does not wait for good)."""
     from services.tuner.metaschedule.lane_runner import module_candidate
 
     wkey = FLOOR_WKEY + str(target)
     known = store.default_timing(redis, wkey)
-    if known is None or not known.run_secs:
-        try:
-            cand = module_candidate(PREFIX + wkey, default_module(floor_module(), target))
-        except Exception as err:  # noqa: BLE001 - no floor: the gradient takes latencies as they are
-            log.info("no launch floor for %s (%s)", target, err)
-            # kept as a failed timing, so what waits for the floor (FirstRounds) does not wait for good
-            store.put_default(redis, DefaultTiming(wkey=wkey, error=f"no launch floor: {err}"))
-            return None
+    if known is not None and known.run_secs:
+        return None
+    try:
+        return module_candidate(PREFIX + wkey, default_module(floor_module(), target))
+    except Exception as err:  # noqa: BLE001 - no floor: the gradient takes latencies as they are
+        log.info("no launch floor for %s (%s)", target, err)
+        store.put_default(redis, DefaultTiming(wkey=wkey, error=f"no launch floor: {err}"))
+        return None
+
+
+def launch_floor(redis, runner, target) -> float | None:
+    """What the job's lanes time a trivial kernel at (seconds, timed once per target and kept in the store): the
+    least any task can reach, launches and the timer included (on an H100 the panel's lightest tasks time at
+    2.7-2.8 us). None where it cannot be built or run."""
+    wkey = FLOOR_WKEY + str(target)
+    if (cand := floor_candidate(redis, target)) is not None:
         for res in runner.measure_now([cand]).values():
-            known = DefaultTiming(wkey=wkey, run_secs=res.run_secs, error=res.error, lane=res.lane)
-            store.put_default(redis, known)
-    return default_secs(known) if known is not None else None
+            store.put_default(redis, DefaultTiming(wkey=wkey, run_secs=res.run_secs, error=res.error, lane=res.lane))
+    return default_secs(store.default_timing(redis, wkey))
