@@ -9,30 +9,20 @@ import pytest
 
 pytest.importorskip("tvm")
 
-from tvm import relax  # noqa: E402
 from tvm.s_tir import meta_schedule as ms  # noqa: E402
 
 from services.measurer.metaschedule.targets import cpu_target  # noqa: E402
 from services.tuner.metaschedule.context import tune_context  # noqa: E402
 from services.tuner.metaschedule.extract import extract  # noqa: E402
+from sharetune.intake import to_relax  # noqa: E402
 from sharetune.experiments.task_timing import build_kernels, time_kernels  # noqa: E402
 from sharetune.experiments.time_to_quality import retimed_kernels  # noqa: E402
-
-
-def _dense():
-    bb = relax.BlockBuilder()
-    x = relax.Var("x", relax.TensorType((8, 16), "float32"))
-    w = relax.Var("w", relax.TensorType((16, 8), "float32"))
-    with bb.function("main", [x, w]):
-        with bb.dataflow():
-            out = bb.emit_output(relax.op.matmul(x, w))
-        bb.emit_func_output(out)
-    return bb.get()
+from sharetune.zoo import get  # noqa: E402
 
 
 def test_the_steps_records_and_every_workloads_default_are_built_timed_and_named(tmp_path):
     target = cpu_target(1)
-    task = extract(_dense(), target)[0]
+    task = min(extract(to_relax(*get("tiny").build()).mod, target), key=lambda t: t.flops)  # the smallest
     ctx = tune_context(task.mod, target, task.name, cold=True, population=16, rand_state=1, num_threads=1)
     space = ctx.space_generator.generate_design_space(task.mod)[0]
     db_dir = tmp_path / "records_db"
