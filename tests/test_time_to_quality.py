@@ -253,6 +253,9 @@ def test_the_summary_gives_the_retimed_curves_figures_beside_the_runs_own():
     assert row["curves_retimed"]["stock"][-1][2] == 6.0
     panel = summarise({"models": {"m": row}})
     assert panel["retimed_warm_trials_ratio"] == 0.5 and panel["models_retimed"] == 1
+    from sharetune.experiments.time_to_quality import markdown_table
+
+    assert "| 4.2 (5.2) |" in markdown_table({"models": {"m": row}})  # each run's final estimate, re-timed beside it
 
 
 def test_the_warm_run_is_served_at_a_quarter_of_the_cold_runs_trials_and_compared_with_the_cold_module(tmp_path):
@@ -274,3 +277,6 @@ def test_the_warm_run_is_served_at_a_quarter_of_the_cold_runs_trials_and_compare
     summarise_model(row)
     assert row["summary"]["warm_quarter_vs_cold_latency"] == 1.025
     assert summarise({"models": {"m": row}})["warm_quarter_vs_cold_latency"] == 1.025
+    from sharetune.experiments.time_to_quality import markdown_table
+
+    assert "| m | warm, first quarter | 0 | - | - | - | 41.0 (1.025x cold's) |" in markdown_table({"models": {"m": row}})
