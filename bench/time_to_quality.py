@@ -265,7 +265,7 @@ def serve_model(args, model: str, row: dict, mwork: Path) -> None:
     # and each task's kernel of stock and of each run, from its best records: which task a module's time moves with
     dbs = run_databases(row, db, kept)
     folders, kernel_errors, workloads = kernel_sets(dbs, str(make_target(args.rehearse)), compiled)
-    # and the kernels each run's curve stepped through: its curve timed again in that same process (retimed_curve)
+    # and the kernels each run's curve stepped through: its curve timed again in that same process (latency_curve)
     steps_at, step_errors, steps = step_kernels(row, db, kept, str(make_target(args.rehearse)), compiled)
     # every module timed in one fresh process, interleaved, unshared, and checked against PyTorch
     row["served"] = serve(mods, model, mwork, args.serve_rounds, gpu=not args.rehearse, check=True, timeout_s=600,

@@ -219,18 +219,18 @@ def test_a_run_s_database_lines_are_every_trial_for_stock_and_the_fully_timed_on
 def test_a_retimed_curve_counts_each_tasks_kernel_in_effect_at_its_common_timing():
     """The kernel in effect is chosen by the run's own timings (a run's best so far); its figure is the one all the
     runs' kernels got in one process, and the guarded run keeps the default where the common timing says so."""
-    from sharetune.experiments.time_to_quality import event_lines, retimed_curve
+    from sharetune.experiments.time_to_quality import event_lines
 
     weights, defaults = {"conv": 1, "norm": 1}, {"conv": 10e-6, "norm": 3e-6}
     # the norm's only trial looked faster than its default on a loaded host; timed again it is slower
     events = [(1.0, "norm", 2.5e-6), (2.0, "conv", 6e-6), (3.0, "conv", 7e-6), (4.0, "conv", 4e-6)]
     lines = event_lines(events, every_trial=False)
     again = {"steps": {"0": 3.4, "1": 6.5, "3": 5.0}, "defaults": {"conv": 9.0, "norm": 3.1}}
-    curve = retimed_curve(events, lines, weights, defaults, again)
+    curve = latency_curve(events, weights, defaults, lines=lines, retimed=again)
     assert [round(e * 1e6, 3) for _, _, e in curve] == [12.1, 9.6, 9.6, 8.1]
     # stock compiles its best trial, default or not; a kernel without a common timing keeps its own figure
-    stock = retimed_curve(events, event_lines(events, every_trial=True), weights, defaults,
-                          {"steps": {"0": 3.4, "3": 5.0}, "defaults": {"conv": 9.0}}, keeps_default=False)
+    stock = latency_curve(events, weights, defaults, keeps_default=False, lines=event_lines(events, every_trial=True),
+                          retimed={"steps": {"0": 3.4, "3": 5.0}, "defaults": {"conv": 9.0}})
     assert [round(e * 1e6, 3) for _, _, e in stock] == [12.4, 9.4, 9.4, 8.4]
 
 

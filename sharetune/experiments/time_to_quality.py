@@ -14,29 +14,36 @@ from sharetune.experiments.throughput import full_windows
 
 
 def latency_curve(events: list[tuple[float, str, float | None]], weights: dict[str, int],
-                  defaults: dict[str, float], keeps_default: bool = True) -> list[tuple[float, int, float]]:
+                  defaults: dict[str, float], keeps_default: bool = True, lines: list[int | None] | None = None,
+                  retimed: dict | None = None) -> list[tuple[float, int, float]]:
     """(seconds, trials so far, estimated model seconds) after each measured trial. `events`: (seconds from
     submit, task name, the trial's seconds or None for a failed trial), in any order; `defaults`: each task's
     default schedule's seconds (a task without one counts at its first valid trial until then).
     `keeps_default`: the run compiles a task's default schedule where it beats the task's best trial (the
-    service's guard); stock does not: a task it measured compiles its best trial, slower or not."""
-    events = sorted(events, key=lambda e: e[0])  # a failed trial's None never compares
+    service's guard); stock does not: a task it measured compiles its best trial, slower or not.
+    With `retimed` ({"steps": {line: us}, "defaults": {task: us}}, from retimed_kernels; `lines`: each event's
+    database line, event_lines) the curve is timed again, every run's kernels in one process: the kernel in effect
+    is still the task's best so far by the run's own timings, counted at its common figure, and with
+    `keeps_default` the faster of it and the task's default by the common timing (the service's export times both
+    again before it chooses). A kernel without a common figure counts at the run's own."""
+    steps = {int(k): v * 1e-6 for k, v in ((retimed or {}).get("steps") or {}).items()}
+    again = {k: v * 1e-6 for k, v in ((retimed or {}).get("defaults") or {}).items()}
+    order = sorted(zip(events, lines or [None] * len(events)), key=lambda p: p[0][0])  # None never compares
     first = {}
-    for _, task, secs in events:
-        if secs is not None and task not in first:
-            first[task] = secs
-    best: dict[str, float] = {}
+    for (_, task, secs), _line in order:
+        if secs is not None:
+            first.setdefault(task, secs)
+    best: dict[str, tuple[float, float]] = {}  # task -> (its own seconds, the common timing's)
     out = []
-    for n, (t, task, secs) in enumerate(events, start=1):
-        if secs is not None and secs < best.get(task, math.inf):
-            best[task] = secs
+    for n, ((t, task, secs), line) in enumerate(order, start=1):
+        if secs is not None and secs < best.get(task, (math.inf,))[0]:
+            best[task] = (secs, steps.get(line, secs) if line is not None else secs)
         def cost(name: str) -> float:
-            tuned, default = best.get(name), defaults.get(name)
-            if tuned is None:
+            default = again.get(name, defaults.get(name))
+            if name not in best:
                 return default if default is not None else first.get(name, 0.0)
-            return min(tuned, default) if keeps_default and default is not None else tuned
-        total = sum(w * cost(name) for name, w in weights.items())
-        out.append((round(t, 2), n, total))
+            return min(best[name][1], default) if keeps_default and default is not None else best[name][1]
+        out.append((round(t, 2), n, sum(w * cost(name) for name, w in weights.items())))
     return out
 
 
@@ -61,34 +68,6 @@ def curve_steps(events: list, lines: list[int | None]) -> dict[int, str]:
         if secs is not None and line is not None and secs < best.get(task, math.inf):
             best[task], steps[line] = secs, task
     return steps
-
-
-def retimed_curve(events: list, lines: list[int | None], weights: dict[str, int], defaults: dict[str, float],
-                  retimed: dict, keeps_default: bool = True) -> list[tuple[float, int, float]]:
-    """latency_curve with each task's kernel in effect timed again, every run's in one process (`retimed`:
-    {"steps": {line: us}, "defaults": {task: us}}, from retimed_kernels): the kernel in effect is the task's best so
-    far by the run's own timings; with `keeps_default`, the faster of it and the task's default by the common
-    timing (the service's export times both again before it chooses). A kernel without a common timing counts at
-    the run's own figure (`defaults`: the run's default seconds)."""
-    steps = {int(k): v * 1e-6 for k, v in (retimed.get("steps") or {}).items()}
-    again = {k: v * 1e-6 for k, v in (retimed.get("defaults") or {}).items()}
-    order = sorted(zip(events, lines), key=lambda p: p[0][0])
-    first = {}
-    for (_, task, secs), _line in order:
-        if secs is not None:
-            first.setdefault(task, secs)
-    best: dict[str, tuple[float, float]] = {}  # task -> (its own seconds, the common timing's)
-    out = []
-    for n, ((t, task, secs), line) in enumerate(order, start=1):
-        if secs is not None and secs < best.get(task, (math.inf,))[0]:
-            best[task] = (secs, steps.get(line, secs) if line is not None else secs)
-        def cost(name: str) -> float:
-            default = again.get(name, defaults.get(name))
-            if name not in best:
-                return default if default is not None else first.get(name, 0.0)
-            return min(best[name][1], default) if keeps_default and default is not None else best[name][1]
-        out.append((round(t, 2), n, sum(w * cost(name) for name, w in weights.items())))
-    return out
 
 
 def workload_names(db: Path) -> dict[int, str]:
@@ -161,7 +140,7 @@ def step_kernels(row: dict, stock_db: Path | None, kept_run, target_json: str,
 
 def retimed_runs(served: dict, folders: dict[str, Path], steps: dict[str, tuple]) -> dict:
     """Each run's step kernels as the serving process timed them (`served["kernel_us"]`'s "<run>-steps" sets,
-    taken out of it), for retimed_curve: {run: {"steps": ..., "defaults": ...}}."""
+    taken out of it), for latency_curve: {run: {"steps": ..., "defaults": ...}}."""
     kernel_us = served.get("kernel_us") or {}
     return {label: retimed_kernels(kernel_us.pop(f"{label}-steps", {}), folder, steps[label][1], steps[label][0])
             for label, folder in folders.items()}
@@ -169,7 +148,7 @@ def retimed_runs(served: dict, folders: dict[str, Path], steps: dict[str, tuple]
 
 def retimed_kernels(kernel_us: dict[str, float], folder: Path, db: Path, steps: dict[int, str]) -> dict:
     """One run's kernels (built in `folder` from its database `db`) timed in the serving process (key -> us:
-    r<line>, d<index>) as retimed_curve takes them: {"steps": {line: us}, "defaults": {task: us}}; a default is
+    r<line>, d<index>) as latency_curve takes them: {"steps": {line: us}, "defaults": {task: us}}; a default is
     named by its workload's task (the run's own naming, else a step of that workload)."""
     from sharetune.experiments.task_timing import KERNELS
 
@@ -243,8 +222,8 @@ def summarise_model(row: dict) -> None:
     s = {"untuned_estimate_us": round(untuned_estimate(weights, defaults) * 1e6, 3) if defaults else None}
     s.update(curve_figures(curves, (stock or {}).get("wall_s")))
     again = row.get("retimed") or {}
-    retimed = {name: retimed_curve(events, event_lines(events, every_trial=name == "stock"), weights, defaults,
-                                   again[name], keeps_default=name != "stock")
+    retimed = {name: latency_curve(events, weights, defaults, keeps_default=name != "stock",
+                                   lines=event_lines(events, every_trial=name == "stock"), retimed=again[name])
                for name, res in (("stock", stock), ("cold", cold), ("warm", warm))
                if name in again and res and (events := [tuple(e) for e in res.get("events") or []])}
     row.pop("curves_retimed", None)
@@ -314,7 +293,7 @@ def summarise(result: dict) -> dict:
                      ("latency_vs_stock_equal_trials", "latency_vs_stock_equal_trials"),
                      ("warm_trials_ratio", "warm_trials_ratio"),
                      ("search_cpu_s_per_valid_candidate", "search_cpu_s_per_valid_candidate"),
-                     # the same curves with every run's kernels in effect timed again in one process (retimed_curve)
+                     # the same curves with every run's kernels in effect timed again in one process (latency_curve with `retimed`)
                      ("retimed_time_to_stock_latency_ratio", "retimed_cold_time_to_stock_latency_ratio"),
                      ("retimed_warm_trials_ratio", "retimed_warm_trials_ratio"),
                      # the warm run's module at a quarter of the cold run's trials against the cold run's final one
