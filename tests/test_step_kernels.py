@@ -41,3 +41,19 @@ def test_the_steps_records_and_every_workloads_default_are_built_timed_and_named
     again = retimed_kernels(timed["run"], tmp_path / "kernels", db_dir, {0: task.name, 1: task.name})
     assert sorted(again["steps"]) == ["0", "1"] and list(again["defaults"]) == [task.name]
     assert all(us > 0 for us in again["steps"].values())
+
+
+def test_the_serving_process_times_the_launch_floor_beside_the_kernels_and_the_row_says_it(tmp_path):
+    """The floor's set is the lanes' floor kernel at its default schedule, named launch_floor; a row whose serve
+    timed it carries it in its summary (a light kernel's figure is read against it)."""
+    from sharetune.experiments.time_to_quality import FLOOR_SET, floor_db, kernel_names, summarise_model
+
+    db = floor_db(tmp_path / "floor-db")
+    built = build_kernels(db, tmp_path / "kernels", str(cpu_target(1)))
+    assert built["errors"] == {} and [k["schedule"] for k in built["kernels"].values()] == ["default"]
+    timed, errors = time_kernels({FLOOR_SET: str(tmp_path / "kernels")}, "cpu", rounds=1, min_repeat_ms=1)
+    named = kernel_names(timed, {FLOOR_SET: (db / "database_workload.json").read_text().splitlines()}, [])
+    assert errors == {} and list(named[FLOOR_SET]) == ["launch_floor"]
+    row = {"served": {"latency_us": {"cold": 40.0}, "kernel_us": {FLOOR_SET: {"launch_floor": 2.8}}}}
+    summarise_model(row)
+    assert row["summary"]["served_launch_floor_us"] == 2.8

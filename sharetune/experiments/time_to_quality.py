@@ -247,6 +247,9 @@ def summarise_model(row: dict) -> None:
             s["latency_vs_stock_equal_trials"] = round(lat[equal_run] / lat["stock"], 4)
     if "warm_at_quarter" in lat and "cold" in lat and not {"warm_at_quarter", "cold"} & set(wrong):
         s["warm_quarter_vs_cold_latency"] = round(lat["warm_at_quarter"] / lat["cold"], 4)  # <= 1: the goal met
+    floor = ((row.get("served") or {}).get("kernel_us") or {}).get(FLOOR_SET, {}).get(FLOOR_KERNEL)
+    if floor is not None:
+        s["served_launch_floor_us"] = floor
     if "untuned" in lat:
         s["never_slower_than_untuned"] = all(v <= lat["untuned"] * 1.02 for k, v in lat.items() if k in ("cold", "warm"))
     # the goal holds for every search the service runs: the worse of the cold and warm runs (a warm run's rounds
@@ -503,6 +506,9 @@ def _ratio(a: float | None, b: float | None) -> float | None:
     return a / b if a is not None and b else None
 
 
+# the serving process's launch floor (a kernel that copies 64 floats): light kernels' figures move with it from one
+# machine to the next, and with them a module's latency ratio to another's
+FLOOR_SET, FLOOR_KERNEL = "launch-floor", "launch_floor"
 HEAVY_TASK_US = 8.0  # a task whose untuned kernel takes this long gets its own line in an A/B's summary
 
 
@@ -578,14 +584,30 @@ def kernel_names(kernel_us: dict[str, dict[str, float]], workloads: dict[str, li
                  tasks: list[dict]) -> dict[str, dict[str, float]]:
     """Each set's kernel times (label -> workload index -> µs, model_timing --kernels) by task name: a workload
     named by stock's tasks.json entry of the same structural hash (`workloads`: label -> its database's workload
-    lines), else `w<index>`."""
+    lines), else `w<index>`; the launch floor's set (FLOOR_SET) by FLOOR_KERNEL."""
     names = {str(t["shash"]): t["name"] for t in tasks}
     out = {}
     for label, times in kernel_us.items():
         lines = workloads.get(label, [])
         shash = {str(i): str(json.loads(line)[0]) for i, line in enumerate(lines) if line.strip()}
-        out[label] = {names.get(shash.get(i, ""), f"w{i}"): round(us, 2) for i, us in sorted(times.items())}
+        out[label] = {FLOOR_KERNEL if label == FLOOR_SET else names.get(shash.get(i, ""), f"w{i}"): round(us, 2)
+                      for i, us in sorted(times.items())}
     return out
+
+
+def floor_db(dst: Path) -> Path:
+    """A JSON database of the launch floor's workload alone (the kernel the lanes time as the floor,
+    defaults.floor_module), no record: build_kernels builds its default schedule, as the lanes time it."""
+    import shutil
+
+    from tvm.s_tir import meta_schedule as ms
+
+    from services.tuner.metaschedule.defaults import floor_module
+
+    shutil.rmtree(dst, ignore_errors=True)
+    dst.mkdir(parents=True)
+    ms.database.JSONDatabase(work_dir=str(dst)).commit_workload(floor_module())
+    return dst
 
 
 def kernel_sets(dbs: dict[str, Path], target_json: str, out_root: Path) -> tuple[dict, dict, dict]:
@@ -598,6 +620,7 @@ def kernel_sets(dbs: dict[str, Path], target_json: str, out_root: Path) -> tuple
 
     shutil.rmtree(out_root / "kernels", ignore_errors=True)  # build_all keeps a folder built before: a run served again
     cut = {label: best_record_db(db, out_root / f"{label}-best") for label, db in dbs.items()}
+    cut[FLOOR_SET] = floor_db(out_root / "floor-db")  # this machine's floor, beside the kernels it bounds
     folders, errors = build_all({label: (d, target_json) for label, d in cut.items()}, out_root / "kernels")
     for label, folder in folders.items():  # a workload whose kernel did not build: said, not silently missing
         built = json.loads((folder / KERNELS).read_text())
