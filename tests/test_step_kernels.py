@@ -46,7 +46,8 @@ def test_the_steps_records_and_every_workloads_default_are_built_timed_and_named
 def test_the_serving_process_times_the_launch_floor_beside_the_kernels_and_the_row_says_it(tmp_path):
     """The floor's set is the lanes' floor kernel at its default schedule, named launch_floor; a row whose serve
     timed it carries it in its summary (a light kernel's figure is read against it)."""
-    from sharetune.experiments.time_to_quality import FLOOR_SET, floor_db, kernel_names, summarise_model
+    from sharetune.experiments.task_timing import floor_db
+    from sharetune.experiments.time_to_quality import FLOOR_SET, kernel_names, summarise_model
 
     db = floor_db(tmp_path / "floor-db")
     built = build_kernels(db, tmp_path / "kernels", str(cpu_target(1)))

@@ -278,6 +278,21 @@ def _build(mod, target, path: Path) -> None:
     build(mod, target).export_library(str(path))
 
 
+def floor_db(dst: Path) -> Path:
+    """A JSON database of the launch floor's workload alone (the kernel the lanes time as the floor,
+    defaults.floor_module), no record: build_kernels builds its default schedule, as the lanes time it."""
+    import shutil
+
+    from tvm.s_tir import meta_schedule as ms
+
+    from services.tuner.metaschedule.defaults import floor_module
+
+    shutil.rmtree(dst, ignore_errors=True)
+    dst.mkdir(parents=True)
+    ms.database.JSONDatabase(work_dir=str(dst)).commit_workload(floor_module())
+    return dst
+
+
 def build_all(databases: dict[str, tuple], out_root: Path) -> tuple[dict[str, Path], dict[str, str]]:
     """Each tuning's kernels (label -> its kept database and target JSON, and optionally the record lines to build,
     comma-separated: build_kernels' `lines`) built in a child process of its own, all at once: ({label: kernels

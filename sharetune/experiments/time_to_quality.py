@@ -595,28 +595,13 @@ def kernel_names(kernel_us: dict[str, dict[str, float]], workloads: dict[str, li
     return out
 
 
-def floor_db(dst: Path) -> Path:
-    """A JSON database of the launch floor's workload alone (the kernel the lanes time as the floor,
-    defaults.floor_module), no record: build_kernels builds its default schedule, as the lanes time it."""
-    import shutil
-
-    from tvm.s_tir import meta_schedule as ms
-
-    from services.tuner.metaschedule.defaults import floor_module
-
-    shutil.rmtree(dst, ignore_errors=True)
-    dst.mkdir(parents=True)
-    ms.database.JSONDatabase(work_dir=str(dst)).commit_workload(floor_module())
-    return dst
-
-
 def kernel_sets(dbs: dict[str, Path], target_json: str, out_root: Path) -> tuple[dict, dict, dict]:
     """Each run's task kernels (label -> its JSON database: stock's, a service run's export) built from each
     workload's best record, a child process each (task_timing.build_all): ({label: kernels folder}, {label: why it
     has none}, {label: its workload lines}) for model_timing --kernels and kernel_names."""
     import shutil
 
-    from sharetune.experiments.task_timing import KERNELS, build_all
+    from sharetune.experiments.task_timing import KERNELS, build_all, floor_db
 
     shutil.rmtree(out_root / "kernels", ignore_errors=True)  # build_all keeps a folder built before: a run served again
     cut = {label: best_record_db(db, out_root / f"{label}-best") for label, db in dbs.items()}
