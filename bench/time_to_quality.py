@@ -21,7 +21,7 @@ from pathlib import Path
 
 from bench.harness.common import kept_in_repo, out_dir, tuning_options
 from bench.harness.jobs import gpu_lane, gpus as find_gpus, local_stack, run_job
-from bench.harness.serving import compile_module, export_job_records, serve
+from bench.harness.serving import export_job_records, serve, spawn_compile
 from bench.harness.stock import kill_group, make_target, spawn_tune_tasks
 from bench.panel import PANEL, build
 from sharetune.experiments.time_to_quality import (
@@ -244,29 +244,32 @@ def kept_run(model: str, phase: str, work: Path, row: dict | None = None) -> Pat
 def serve_model(args, model: str, row: dict, mwork: Path) -> None:
     mods, compiled, kept = {}, mwork / "served", lambda phase: kept_run(model, phase, mwork / phase, row)
     compiled.mkdir(parents=True, exist_ok=True)
-    db = stock_db(model, mwork)
+    db, todo = stock_db(model, mwork), {}  # module -> (its database, None: untuned; its first trials, 0: all)
     if db is not None:
-        mods["stock"] = compile_module(model, db, compiled / "stock.so", args.rehearse)
+        todo["stock"] = (db, 0)
     for phase in ("cold", "warm"):
         res = row.get(phase) or {}
         if res.get("tuned_module") and Path(res["tuned_module"]).exists():
             mods[phase] = res["tuned_module"]
         elif res and (folder := kept(phase)) is not None:  # made in an earlier lease
-            mods[phase] = compile_module(model, folder / "database", compiled / f"{phase}.so", args.rehearse)
+            todo[phase] = (folder / "database", 0)
     cold = row.get("cold") or {}
     if cold.get("untuned_module") and Path(cold["untuned_module"]).exists():
         mods["untuned"] = cold["untuned_module"]
     elif cold:
-        mods["untuned"] = compile_module(model, None, compiled / "untuned.so", args.rehearse)
-    for label, (records, first) in trial_cuts(row, kept).items():
-        mods[label] = compile_module(model, records, compiled / f"{label}.so", args.rehearse, first=first)
-    failed = [k for k, v in mods.items() if not v]
-    mods = {k: v for k, v in mods.items() if v}
+        todo["untuned"] = (None, 0)
+    todo.update(trial_cuts(row, kept))  # each compiled in a child of its own, all at once, beside the kernels' builds
+    cores = ",".join(map(str, sorted(os.sched_getaffinity(0))))
+    compiling = {k: spawn_compile(d, first, compiled / f"{k}.so", cores, None, model, args.rehearse)
+                 for k, (d, first) in todo.items()}
     # and each task's kernel of stock and of each run, from its best records: which task a module's time moves with
     dbs = run_databases(row, db, kept)
     folders, kernel_errors, workloads = kernel_sets(dbs, str(make_target(args.rehearse)), compiled)
     # and the kernels each run's curve stepped through: its curve timed again in that same process (latency_curve)
     steps_at, step_errors, steps = step_kernels(row, db, kept, str(make_target(args.rehearse)), compiled)
+    mods.update({k: str(compiled / f"{k}.so") if p.wait(timeout=900) == 0 else "" for k, p in compiling.items()})
+    failed = [k for k, v in mods.items() if not v or not Path(v).exists()]
+    mods = {k: v for k, v in mods.items() if k not in failed}
     # every module timed in one fresh process, interleaved, unshared, and checked against PyTorch
     row["served"] = serve(mods, model, mwork, args.serve_rounds, gpu=not args.rehearse, check=True, timeout_s=600,
                           kernels={**folders, **{f"{k}-steps": v for k, v in steps_at.items()}})

@@ -54,14 +54,6 @@ def spawn_compile(db: Path, first: int, module: Path, cores: str, gpu_uuid: str 
                                 env=env, stdout=log, stderr=subprocess.STDOUT)
 
 
-def compile_module(model: str, db: Path | None, out: Path, rehearse: bool, first: int = 0) -> str | None:
-    """The model compiled in a child process with the JSON database in `db` (None: untuned); its path, or None."""
-    with open(f"{out}.log", "w") as log:
-        proc = subprocess.run(compile_command(model, db, out, first, rehearse), env=child_env(), stdout=log,
-                              stderr=subprocess.STDOUT, timeout=900)
-    return str(out) if proc.returncode == 0 and out.exists() else None
-
-
 def serve(modules: dict[str, str], model: str, work: Path, rounds: int, gpu_uuid: str | None = None,
           share: int | None = None, mps_env: dict | None = None, check: bool = False, timeout_s: float = 300,
           gpu: bool = False, kernels: dict | None = None) -> dict:
