@@ -267,9 +267,9 @@ def serve_model(args, model: str, row: dict, mwork: Path) -> None:
     folders, kernel_errors, workloads = kernel_sets(dbs, str(make_target(args.rehearse)), compiled)
     # and the kernels each run's curve stepped through: its curve timed again in that same process (latency_curve)
     steps_at, step_errors, steps = step_kernels(row, db, kept, str(make_target(args.rehearse)), compiled)
-    mods.update({k: str(compiled / f"{k}.so") if p.wait(timeout=900) == 0 else "" for k, p in compiling.items()})
-    failed = [k for k, v in mods.items() if not v or not Path(v).exists()]
-    mods = {k: v for k, v in mods.items() if k not in failed}
+    built = {k: compiled / f"{k}.so" for k, p in compiling.items() if p.wait(timeout=900) == 0}
+    mods.update({k: str(path) for k, path in built.items() if path.exists()})
+    failed = [k for k in todo if k not in mods]
     # every module timed in one fresh process, interleaved, unshared, and checked against PyTorch
     row["served"] = serve(mods, model, mwork, args.serve_rounds, gpu=not args.rehearse, check=True, timeout_s=600,
                           kernels={**folders, **{f"{k}-steps": v for k, v in steps_at.items()}})

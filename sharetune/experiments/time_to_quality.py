@@ -84,6 +84,9 @@ def workload_names(db: Path) -> dict[int, str]:
             if line.strip() and str(json.loads(line)[0]) in by_hash}
 
 
+# the serving process's launch floor (a kernel that copies 64 floats): light kernels' figures move with it from one
+# machine to the next, and with them a module's latency ratio to another's
+FLOOR_SET, FLOOR_KERNEL = "launch-floor", "launch_floor"
 WARM_CUT = 4  # the warm goal: the cold run's final latency within this fraction of its trials (1/4)
 
 
@@ -506,9 +509,6 @@ def _ratio(a: float | None, b: float | None) -> float | None:
     return a / b if a is not None and b else None
 
 
-# the serving process's launch floor (a kernel that copies 64 floats): light kernels' figures move with it from one
-# machine to the next, and with them a module's latency ratio to another's
-FLOOR_SET, FLOOR_KERNEL = "launch-floor", "launch_floor"
 HEAVY_TASK_US = 8.0  # a task whose untuned kernel takes this long gets its own line in an A/B's summary
 
 
