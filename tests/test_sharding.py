@@ -426,6 +426,32 @@ def test_a_job_holding_every_client_hands_a_shard_to_a_job_that_has_none(redis_c
         lease.stop()
 
 
+def test_a_client_that_lost_its_turn_takes_the_neediest_jobs_waiting_shard(redis_conn):
+    from services.tuner.shard_runner import HELD, ShardRunner
+    from shared.settings import TunerSettings
+
+    crowded, starved = "lost-turn-crowded", "lost-turn-starved"
+    _job(redis_conn, crowded, [ShardState(shard=0, task_ids=["t0"], state=ShardPhase.RUNNING),
+                               ShardState(shard=1, task_ids=["t1"], queued_at=time.time() - 7200)], 100)
+    # waiting longer than any real job's shard of the session's stack may (the board is every active job's)
+    _job(redis_conn, starved, [ShardState(shard=0, task_ids=["t2"], queued_at=time.time() - 3600)], 100)
+    runner = ShardRunner(redis_conn, "me", TunerSettings(), send=None, send_shard=None, send_finish=None)
+    taken = []
+
+    def search(ref):  # the contested shard went to another client; the next one is searched to its end
+        taken.append((ref.job_id, ref.shard))
+        if len(taken) == 1:
+            return {"job_id": ref.job_id, "shard": ref.shard, "turn": ShardRef(job_id=crowded, shard=0)}
+        if len(taken) == 2:
+            return {"job_id": ref.job_id, "shard": ref.shard, "skipped": HELD}
+        return {"job_id": ref.job_id, "shard": ref.shard, "trials": 8}
+
+    runner._search = search
+    assert runner.run(ShardRef(job_id="lost-turn-own", shard=0)) == {"job_id": starved, "shard": 0, "trials": 8}
+    # the crowded job's shard 1 waited longer, but the job without a client comes first
+    assert taken == [("lost-turn-own", 0), (crowded, 0), (starved, 0)]
+
+
 @pytest.fixture
 def idle_redis(stack):
     """A database of the stack's Redis that no service uses, so the test's reap is the only reaper on its jobs (the

@@ -265,7 +265,7 @@ def turn_to_take(own_job: str, running: dict[str, int], waiting: list[tuple[str,
     that would be as blocked: every such hand-over costs a resume and relieves nothing."""
     others = [w for w in waiting if w[0] != own_job]
     if others and held_s > MIN_HOLD_S:
-        job, shard, _ = min(others, key=lambda w: (running.get(w[0], 0), -w[2]))
+        job, shard = neediest(running, others)
         mine, theirs = running.get(own_job, 1), running.get(job, 0)
         if mine > theirs + 1 or (held_s > quantum_s and mine > theirs):
             return job, shard
@@ -276,6 +276,13 @@ def turn_to_take(own_job: str, running: dict[str, int], waiting: list[tuple[str,
     if own and passed and blocked:
         return own[0][0], own[0][1]
     return None
+
+
+def neediest(running: dict[str, int], waiting: list[tuple[str, int, float]]) -> tuple[str, int]:
+    """Of the waiting shards (job, shard, seconds waited), the one a free client takes: its job holds the fewest
+    clients, and among equals it has waited longest. `waiting` must not be empty."""
+    job, shard, _ = min(waiting, key=lambda w: (running.get(w[0], 0), -w[2]))
+    return job, shard
 
 
 def owing_first_rounds(shards: list[ShardState], had_round: set[str]) -> set[int]:

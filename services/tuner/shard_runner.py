@@ -80,9 +80,24 @@ class ShardRunner:
         back when told to stop; a shard handed back to take turns with another is followed by that one.
         The last shard's outcome; None when its job failed (its state says why)."""
         out, turn = self._run_one(ref)
+        lost = 0
         while turn is not None and not self.stopping.is_set():
             out, turn = self._run_one(turn)
+            if turn is None and (out or {}).get("skipped") == HELD and lost < MAX_LOST_TURNS:
+                # another client handed its shard back for the same one first: take the neediest job's waiting
+                # shard now, not the next message of the queue (whichever job's shard was handed back first)
+                lost += 1
+                turn = self._neediest_waiting()
         return out
+
+    def _neediest_waiting(self) -> ShardRef | None:
+        from services.tuner.allocation import neediest
+
+        running, waiting = clients_board(self.redis, 0.0)
+        if not waiting:
+            return None
+        job, shard = neediest(running, waiting)
+        return ShardRef(job_id=job, shard=shard)
 
     def _run_one(self, ref: ShardRef) -> tuple[dict | None, ShardRef | None]:
         """One shard's search: its outcome, and the shard it was handed back for, if any."""
@@ -107,7 +122,7 @@ class ShardRunner:
         if self.stopping.is_set() or not store.take_lease(r, ref.job_id, ref.shard, me):
             if self.stopping.is_set():
                 self.send_shard(ref.job_id, ref.shard)  # taken while shutting down: hand it straight back
-            return {"job_id": ref.job_id, "shard": ref.shard, "skipped": "held by another client"}
+            return {"job_id": ref.job_id, "shard": ref.shard, "skipped": HELD}
 
         def running(sh):
             if sh.state == ShardPhase.DONE:  # finished by the client that held it until we took the lease
@@ -213,6 +228,20 @@ class ShardRunner:
 
 
 WAITING_S = 2.0  # a shard queued this long has found no free client
+HELD = "held by another client"
+MAX_LOST_TURNS = 3  # a client that lost the shard it handed its own back for tries the neediest this often
+
+
+def clients_board(redis, waited_s: float, own_job: str | None = None):
+    """How the active jobs hold the tuner clients (allocation.board_of): running shards per job, and the shards
+    waiting at least `waited_s`, less those of jobs other than `own_job` that have ended (until the reaper
+    retires them)."""
+    from services.tuner.allocation import board_of
+
+    board = {job: list(store.shards(redis, job).values()) for job in store.active_jobs(redis)}
+    running, waiting = board_of(board, time.time(), waited_s)
+    ended = {job for job in {w[0] for w in waiting} - {own_job} if store.job_status(redis, job) in FINAL_STATES}
+    return running, [w for w in waiting if w[0] not in ended]
 
 
 class Lease:
@@ -251,7 +280,7 @@ class Lease:
         """`passed`: every task of the shard has had its first round; `blocked`: the shard can measure
         nothing more until other shards' tasks have had theirs (then it takes turns at once, not after its
         quantum: the job's clients may all be held by other jobs, say waiting out a GPU recovery)."""
-        from services.tuner.allocation import MIN_HOLD_S, board_of, owing_first_rounds, turn_to_take
+        from services.tuner.allocation import MIN_HOLD_S, owing_first_rounds, turn_to_take
         from services.tuner.metaschedule.loop_parts import Stopped, TurnTaken
 
         if self.stopping.is_set():
@@ -264,13 +293,9 @@ class Lease:
         held = time.time() - self.started
         if held > MIN_HOLD_S or (passed and blocked):
             # fewer clients than shards (of this job, or of all the jobs at once): take turns with a waiting one
-            board = {job: list(store.shards(self.redis, job).values()) for job in store.active_jobs(self.redis)}
-            running, waiting = board_of(board, time.time(), WAITING_S)
-            ended = {job for job in {w[0] for w in waiting} - {self.job_id}
-                     if store.job_status(self.redis, job) in FINAL_STATES}  # until the reaper retires them
-            waiting = [w for w in waiting if w[0] not in ended]
-            owing = owing_first_rounds(board.get(self.job_id, []), set(store.history(self.redis, self.job_id))) \
-                if blocked else None
+            running, waiting = clients_board(self.redis, WAITING_S, self.job_id)
+            owing = owing_first_rounds(list(store.shards(self.redis, self.job_id).values()),
+                                       set(store.history(self.redis, self.job_id))) if blocked else None
             turn = turn_to_take(self.job_id, running, waiting, held, self.quantum_s, passed, blocked, owing)
             if turn is not None:
                 raise TurnTaken(*turn, f"taking turns with shard {turn[1]} of job {turn[0]}, which no client has")
