@@ -76,11 +76,9 @@ PY
   # copy outside the working tree; `scale1-wait` (the next calls, back to back) waits and collects the JSON
   # SCALE_RESUME_FROM=<a results JSON of the same models and budget>: its rows and stocks are kept, the rest runs
   scale1) rm -rf /tmp/scale1 && mkdir -p /tmp/scale1 && cp -r . /tmp/scale1/repo
-          [ -n "${SCALE_RESUME_FROM:-}" ] && python3 -c "import json, sys; d = json.load(open(sys.argv[1])); \
-              d.update(phase='resumed', multi_job=None); json.dump(d, open(sys.argv[2], 'w'))" \
-              "$SCALE_RESUME_FROM" /tmp/scale1/scale_partA.json
           (cd /tmp/scale1/repo && PYTHONPATH=/tmp/site:/tmp/scale1/repo OUT=/tmp/scale1 setsid nohup python3 \
-              -m bench.scale_h200 --work-dir /tmp/scale1/work "${@:2}" > /tmp/scale1/driver.log 2>&1 < /dev/null &)
+              -m bench.scale_h200 --work-dir /tmp/scale1/work ${SCALE_RESUME_FROM:+--resume-from "$SCALE_RESUME_FROM"} \
+              "${@:2}" > /tmp/scale1/driver.log 2>&1 < /dev/null &)
           bash "$0" scale1-wait ;;
   scale1-wait)
     wait_for_background /tmp/scale1/scale_partA.json /tmp/scale1/driver.log '^Traceback' ${SCALE_WAIT_S:-560}

@@ -33,13 +33,14 @@ CONFIGS = {  # name -> (lanes per GPU "NxPCT", GPUs, builders, builder cores, tu
     "1gpu-1x100-8c": ("1x100", 1, 16, "0-15", "0-15", "screen"),  # twice the clients
     "1x100-strict": ("1x100", 1, 16, "0-15", "0-15", "screen"),  # full timings above the best at 50 ms too
     "1x100-ahead": ("1x100", 1, 16, "0-15", "0-15", "screen"),  # a round ahead while every task is measured
+    "multi-8c": ("4x25", 1, 16, "0-15", "0-15", "screen"),  # the four jobs at once with twice the clients
 }
 REHEARSAL = {f"cpu-1lane{s}": ("measure.cpu.c0", 1, 1, "1", "0-1", "uniform" if s == "-uniform" else "screen")
              for s in ("", "-uniform", "-multi", "-2tuners", "-strict", "-ahead")}
-TUNERS = {"1gpu-1x100-8c": 8, "cpu-1lane-2tuners": 2}  # clients where a configuration names them
+TUNERS = {"1gpu-1x100-8c": 8, "multi-8c": 8, "cpu-1lane-2tuners": 2}  # clients where a configuration names them
 DEFAULT_CONFIGS = ("1gpu-1x100", "1gpu-4x25", "1gpu-1x100-uniform")
 FIRST_MODEL_ONLY = {"1gpu-1x100-uniform", "cpu-1lane-uniform"}  # the comparison runs on one model
-MULTI = {"1gpu-4x25-multi", "cpu-1lane-multi"}  # every model at once, against the same one after another
+MULTI = {"1gpu-4x25-multi", "multi-8c", "cpu-1lane-multi"}  # every model at once, against the same one after another
 
 
 @contextlib.contextmanager
@@ -177,6 +178,7 @@ def main(argv=None) -> int:
     ap.add_argument("--stock-from", help="an earlier result JSON whose stock rows stand for the models not run here")
     ap.add_argument("--config-timeout", type=float, default=600.0, help="a job's limit, its final compile included")
     ap.add_argument("--out-json", default=None, help="default: $OUT/scale_partA.json")
+    ap.add_argument("--resume-from", help="a results JSON of the same models and budget: its rows kept, the rest run")
     ap.add_argument("--no-serve", dest="serve", action="store_false", help="no tuned model served (ttq times them)")
     ap.add_argument("--merge", nargs="*")
     ap.add_argument("--out", default=None)
@@ -206,8 +208,9 @@ def run_part(args) -> int:
     result = {"model": ",".join(models), "models": models, "per_iter": args.per_iter, "trials_budget": args.trials,
               "part": "A", "host_cores": os.cpu_count(), "gpus": [g.uuid for g in gpus], "rows": [],
               "stock": None, "stocks": {}, "builder_probe": probe, "phase": "stock"}
-    if out_json.exists():  # resume: keep what a run stopped part-way measured
-        done = json.loads(out_json.read_text())
+    earlier = out_json if out_json.exists() or not args.resume_from else Path(args.resume_from)
+    if earlier.exists():  # resume: keep what a run stopped part-way (or the file named) measured
+        done = json.loads(earlier.read_text())
         if done.get("models") == models and done.get("trials_budget") == args.trials:
             result.update({k: done[k] for k in ("rows", "stocks", "stock") if done.get(k)})
             print(f"resuming: stock of {sorted(result['stocks'])}, {len(result['rows'])} rows", flush=True)
