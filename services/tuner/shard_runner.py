@@ -77,8 +77,9 @@ class ShardRunner:
     # ------------------------------------------------------------------------- one shard
     def run(self, ref: ShardRef) -> dict | None:
         """Search one shard under its lease until its tasks' budget is spent (then mark it done), or hand it
-        back when told to stop; a shard handed back to take turns with another is followed by that one.
-        The last shard's outcome; None when its job failed (its state says why)."""
+        back when told to stop; a shard handed back to take turns with another is followed by that one (or, where
+        another client took that one first, by the neediest job's waiting shard). The last shard's outcome; None
+        when its job failed (its state says why)."""
         out, turn = self._run_one(ref)
         lost = 0
         while turn is not None and not self.stopping.is_set():
