@@ -150,7 +150,7 @@ def run_multi(args, name: str, spec: tuple, gpus: list, work: Path, models: list
         for m, (sent, job) in jobs.items():
             bs, status = batches[m], job.status()
             end = max((b.finished_at for b in bs), default=time.time())
-            per_job[m] = {"state": ended.get(m, (None, "timeout"))[1], "submitted_s": round(sent - t0, 1),
+            per_job[m] = {"job_id": job.job_id, "state": ended.get(m, (None, "timeout"))[1], "submitted_s": round(sent - t0, 1),
                           "trials": status["trials"], "tuning_s": round(end - sent, 1),
                           "first_measured_s": round(min(b.started_at for b in bs) - sent, 1) if bs else None}
         trials = sum(j["trials"] for j in per_job.values())

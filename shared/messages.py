@@ -420,10 +420,14 @@ def measurement_shares(measured_at: dict[str, list[float]]) -> dict:
     window in which all of them were measuring (the last job's first trial to the first job's last), each
     job's share of the trials measured in it, and `share_spread`, the largest relative departure of a job's
     share from an equal split (0: equal; 1: a job had none, or twice its part). None-valued when they never
-    all measured at once."""
+    all measured at once. `per_10s`: each job's trials measured in each 10 s from the first job's first."""
     spans = {j: (min(ts), max(ts)) for j, ts in measured_at.items() if ts}
+    t0 = min((s[0] for s in spans.values()), default=0.0)
+    buckets = 1 + int((max(s[1] for s in spans.values()) - t0) // 10) if spans else 0
     out: dict = {"jobs": len(measured_at), "first_measured_at": {j: s[0] for j, s in spans.items()},
-                 "window_s": None, "share": None, "share_spread": None}
+                 "window_s": None, "share": None, "share_spread": None,
+                 "per_10s": {j: [sum(int((t - t0) // 10) == b for t in ts) for b in range(buckets)]
+                             for j, ts in measured_at.items()}}
     lo, hi = (max(s[0] for s in spans.values()), min(s[1] for s in spans.values())) if spans else (0.0, 0.0)
     if len(spans) < len(measured_at) or hi <= lo:
         return out

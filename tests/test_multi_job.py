@@ -52,3 +52,11 @@ def test_jobs_submitted_while_the_clients_are_busy_do_not_wait_for_the_busy_job(
     assert acc["lost"] == 0 and acc["recorded"] == len(_measured(redis_conn, busy)), acc
     shares = measurement_shares({job.job_id: _measured(redis_conn, job) for job in [busy, *later]})
     print({"multi_job": {k: v for k, v in shares.items() if k != "first_measured_at"}})
+
+
+def test_shares_count_the_window_in_which_every_job_measured_and_each_jobs_trials_every_10_s():
+    out = measurement_shares({"a": [0.0, 1.0, 2.0, 15.0, 25.0], "b": [5.0, 12.0, 13.0, 22.0]})
+    assert out["window_s"] == 17.0  # b's first trial to b's last, the first job to end
+    assert out["share"] == {"a": 0.2, "b": 0.8} and out["share_spread"] == 0.6
+    assert out["per_10s"] == {"a": [3, 1, 1], "b": [1, 2, 1]}
+    assert measurement_shares({"a": [1.0], "b": []})["share"] is None  # they never measured at once
