@@ -296,6 +296,10 @@ class TunerSettings(LaneWaitSettings):
     # while several jobs run, a job with more than an equal share of the candidates in flight sends its rounds
     # behind the others' (a broker priority, services/tuner/allocation.py round_priority); nothing is held back
     fair_rounds: bool = True
+    # several jobs at once: a client whose job is over an equal share of the candidates in flight hands its shard,
+    # after its quantum, to a job under one that holds no more clients (services/tuner/allocation.py lagging);
+    # off until a four-job run on the GPU measures it
+    fair_clients: bool = False
 
     @field_validator("pad_awkward", mode="before")
     @classmethod

@@ -407,6 +407,45 @@ def test_the_board_counts_running_and_waiting_shards():
     assert sorted((j, s) for j, s, _ in waiting) == [("a", 1), ("b", 0)]
 
 
+def test_with_fair_clients_a_job_far_ahead_in_flight_gives_a_client_to_one_behind_after_its_quantum():
+    from services.tuner.allocation import turn_to_take
+
+    each = {"a": 1, "b": 1, "c": 1}
+    waiting = [("b", 1, 9.0), ("c", 1, 5.0), ("a", 1, 3.0)]
+    ahead = {"a": 120, "b": 20, "c": 60}  # equal share 66.7: a is over it by more than the slack, b under it
+    assert turn_to_take("a", each, waiting, 29, 30, passed=True, blocked=False, in_flight=ahead) is None  # quantum
+    assert turn_to_take("a", each, waiting, 31, 30, passed=True, blocked=False) == ("a", 1)  # off: its own job
+    assert turn_to_take("a", each, waiting, 31, 30, passed=True, blocked=False, in_flight=ahead) == ("b", 1)
+    even = {"a": 70, "b": 60, "c": 70}
+    assert turn_to_take("a", each, waiting, 31, 30, passed=True, blocked=False, in_flight=even) == ("a", 1)
+    # a job behind that already holds more clients gets none of this one's
+    assert turn_to_take("a", {"a": 1, "b": 2, "c": 1}, waiting, 31, 30, passed=True, blocked=False,
+                        in_flight=ahead) == ("a", 1)
+    assert turn_to_take("b", each, waiting, 31, 30, passed=True, blocked=False, in_flight=ahead) == ("b", 1)
+
+
+def test_a_lease_with_fair_clients_reads_the_jobs_in_flight_from_the_store(redis_conn):
+    from services.tuner.metaschedule.loop_parts import TurnTaken
+    from services.tuner.shard_runner import Lease
+
+    ahead, behind = "fair-ahead", "fair-behind"
+    _job(redis_conn, ahead, [ShardState(shard=0, task_ids=["t0"], state=ShardPhase.RUNNING),
+                             ShardState(shard=1, task_ids=["t1"], queued_at=time.time() - 5)], 100)
+    _job(redis_conn, behind, [ShardState(shard=0, task_ids=["t2"], state=ShardPhase.RUNNING),
+                              ShardState(shard=1, task_ids=["t3"], queued_at=time.time() - 5)], 100)
+    redis_conn.hset(names.job_claims_key(ahead), "0", 10000)  # far over any real job's in the session's store
+    redis_conn.hset(names.job_claims_key(behind), "0", 0)
+    for fair, turn_to in ((False, (ahead, 1)), (True, (behind, 1))):
+        lease = Lease(redis_conn, ahead, 0, "me", threading.Event(), quantum_s=1, fair_clients=fair)
+        lease.started -= 10
+        try:
+            with pytest.raises(TurnTaken) as turn:
+                lease.check(True)
+            assert (turn.value.job_id, turn.value.shard) == turn_to
+        finally:
+            lease.stop()
+
+
 def test_a_job_holding_every_client_hands_a_shard_to_a_job_that_has_none(redis_conn):
     from services.tuner.allocation import MIN_HOLD_S
     from services.tuner.metaschedule.loop_parts import TurnTaken

@@ -250,8 +250,8 @@ MIN_HOLD_S = 5.0  # a client searches a shard it took at least this long before 
 
 
 def turn_to_take(own_job: str, running: dict[str, int], waiting: list[tuple[str, int, float]], held_s: float,
-                 quantum_s: float, passed: bool, blocked: bool,
-                 owing: set[int] | None = None) -> tuple[str, int] | None:
+                 quantum_s: float, passed: bool, blocked: bool, owing: set[int] | None = None,
+                 in_flight: dict[str, int] | None = None) -> tuple[str, int] | None:
     """The waiting shard a client should hand its shard back for, or None to keep searching.
 
     `running`: how many of each job's shards clients hold; `waiting`: (job, shard, seconds waited) of the
@@ -262,13 +262,19 @@ def turn_to_take(own_job: str, running: dict[str, int], waiting: list[tuple[str,
     takes turns only once each task of its shard has had a round (`passed`): at once when its shard can
     measure nothing more (`blocked`) and the waiting shard is one of `owing` (its tasks still owe the first
     rounds that block it; None: any), else after the quantum. A blocked client never hands its shard to one
-    that would be as blocked: every such hand-over costs a resume and relieves nothing."""
+    that would be as blocked: every such hand-over costs a resume and relieves nothing. With `in_flight` (each
+    running job's candidates in flight, SHARETUNE_FAIR_CLIENTS) a client whose job is over an equal share of
+    them also hands its shard, after the quantum, to a job under one that holds no more clients (lagging)."""
     others = [w for w in waiting if w[0] != own_job]
     if others and held_s > MIN_HOLD_S:
         job, shard = neediest(running, others)
         mine, theirs = running.get(own_job, 1), running.get(job, 0)
         if mine > theirs + 1 or (held_s > quantum_s and mine > theirs):
             return job, shard
+    if others and in_flight and held_s > quantum_s:
+        behind = lagging(own_job, running, others, in_flight)
+        if behind is not None:
+            return behind
     own = sorted((w for w in waiting if w[0] == own_job), key=lambda w: -w[2])
     if own and passed and held_s > quantum_s:
         return own[0][0], own[0][1]
@@ -283,6 +289,22 @@ def neediest(running: dict[str, int], waiting: list[tuple[str, int, float]]) -> 
     clients, and among equals it has waited longest. `waiting` must not be empty."""
     job, shard, _ = min(waiting, key=lambda w: (running.get(w[0], 0), -w[2]))
     return job, shard
+
+
+def lagging(own_job: str, running: dict[str, int], others: list[tuple[str, int, float]],
+            in_flight: dict[str, int]) -> tuple[str, int] | None:
+    """The waiting shard of another job a client should take so that the jobs' measurements even out, or None.
+    With one client a job, a job measures about as fast as its searches send rounds (the four-job runs: each
+    job's share of the measurements followed its clients' time, and a job whose searches cost more got less),
+    and its candidates in flight are its rate times their time to be built and timed. So a job over an equal
+    share of them (with FAIR_SLACK) gives a client to one under it, if that job holds no more clients (the
+    neediest such); its own rounds in flight are still measured meanwhile."""
+    equal = sum(in_flight.values()) / max(1, len(in_flight))
+    if equal <= 0 or in_flight.get(own_job, 0) <= (1 + FAIR_SLACK) * equal:
+        return None
+    mine = running.get(own_job, 1)
+    under = [w for w in others if in_flight.get(w[0], 0) < (1 - FAIR_SLACK) * equal and running.get(w[0], 0) <= mine]
+    return neediest(running, under) if under else None
 
 
 def owing_first_rounds(shards: list[ShardState], had_round: set[str]) -> set[int]:

@@ -136,7 +136,7 @@ class ShardRunner:
             return {"job_id": ref.job_id, "shard": ref.shard, "skipped": "done, or the lease lapsed"}
         if state in (JobState.PLANNED, JobState.QUEUED):
             store.set_state(r, ref.job_id, JobState.TUNING)
-        lease = Lease(r, ref.job_id, ref.shard, me, self.stopping, s.shard_quantum_s)
+        lease = Lease(r, ref.job_id, ref.shard, me, self.stopping, s.shard_quantum_s, s.fair_clients)
         try:
             run = search.tune_shard(self.send, r, ref.job_id, ref.shard, s, check=lease.check)
         except Stopped as why:
@@ -250,9 +250,10 @@ class Lease:
     Stopped once the client stops or the lease was lost (this client stalled and was replaced), the job
     failed or was cancelled, or it is time to take turns with a shard no client has taken."""
 
-    def __init__(self, redis, job_id: str, shard: int, worker: str, stopping: threading.Event, quantum_s: float):
+    def __init__(self, redis, job_id: str, shard: int, worker: str, stopping: threading.Event, quantum_s: float,
+                 fair_clients: bool = False):
         self.redis, self.job_id, self.shard, self.worker = redis, job_id, shard, worker
-        self.stopping, self.quantum_s = stopping, quantum_s
+        self.stopping, self.quantum_s, self.fair_clients = stopping, quantum_s, fair_clients
         self.started = time.time()
         self._lost = threading.Event()
         self._done = threading.Event()
@@ -297,7 +298,8 @@ class Lease:
             running, waiting = clients_board(self.redis, WAITING_S, self.job_id)
             owing = owing_first_rounds(list(store.shards(self.redis, self.job_id).values()),
                                        set(store.history(self.redis, self.job_id))) if blocked else None
-            turn = turn_to_take(self.job_id, running, waiting, held, self.quantum_s, passed, blocked, owing)
+            in_flight = store.in_flight_by_job(self.redis) if self.fair_clients and held > self.quantum_s else None
+            turn = turn_to_take(self.job_id, running, waiting, held, self.quantum_s, passed, blocked, owing, in_flight)
             if turn is not None:
                 raise TurnTaken(*turn, f"taking turns with shard {turn[1]} of job {turn[0]}, which no client has")
 
