@@ -294,8 +294,8 @@ def neediest(running: dict[str, int], waiting: list[tuple[str, int, float]]) -> 
 def lagging(own_job: str, running: dict[str, int], others: list[tuple[str, int, float]],
             in_flight: dict[str, int]) -> tuple[str, int] | None:
     """The waiting shard of another job a client should take so that the jobs' measurements even out, or None.
-    With one client a job, a job measures about as fast as its searches send rounds (the four-job runs: each
-    job's share of the measurements followed its clients' time, and a job whose searches cost more got less),
+    With one client a job, a job measures about as fast as its searches send rounds (the H100's four-job run:
+    each job's share of the measurements followed its clients' time, a job whose searches cost more got less),
     and its candidates in flight are its rate times their time to be built and timed. So a job over an equal
     share of them (with FAIR_SLACK) gives a client to one under it, if that job holds no more clients (the
     neediest such); its own rounds in flight are still measured meanwhile."""
