@@ -8,6 +8,7 @@ import re
 import threading
 import time
 
+from services.tuner.shard_runner import clients_board
 from sharetune.experiments.throughput import ROLES
 from shared import store
 
@@ -127,8 +128,7 @@ class Timeline:
         try:  # each job's candidates in flight and the tuner clients it holds: how several jobs shared the stack
             row["queued"] = {g: self._depth(pattern) for g, pattern in self.QUEUES.items()}
             row["in_flight"] = store.in_flight_by_job(self.redis)
-            row["clients"] = {j: sum(sh.state == "running" for sh in store.shards(self.redis, j).values())
-                              for j in row["in_flight"]}
+            row["clients"] = clients_board(self.redis, 0.0)[0]
         except Exception:  # noqa: BLE001 - a sample without the queues, not a failed benchmark
             row["queued"] = None
         self.rows.append(row)
