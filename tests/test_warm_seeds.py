@@ -130,6 +130,35 @@ def test_a_new_job_seeds_its_first_rounds_from_a_nearby_workload(client, lane_sh
     assert sum(s.get("seeds_measured", 0) for s in split) == len(seeded)
 
 
+def test_a_1d_convolution_seeds_its_first_round_from_an_image_convolution(client, lane_share, redis_conn, tuned_tiny):
+    """After the tiny model (a 3->8 conv on 16x16), a model of a 3->8 1-D conv over 256 samples (the same positions
+    once the image is folded) starts from the image convolution's records."""
+    import torch
+    from torch import nn
+
+    class Audio(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv1d(3, 8, 3, 1, 1)
+
+        def forward(self, x):
+            return torch.relu(self.conv(x))
+
+    torch.manual_seed(0)
+    job = client.submit(Audio().eval(), example_inputs=(torch.randn(1, 3, 256),), target="llvm",
+                        share=lane_share, trials=16, trials_per_iter=16, seed=0)
+    final = job.wait(timeout_s=900)
+    assert final["state"] == "done", final
+    tasks = store.job_tasks(redis_conn, job.job_id)
+    conv = [t for t in tasks if "conv1d" in t.name]
+    recs = [r for t in conv for r in store.records(redis_conn, t.wkey) if r.job_id == job.job_id]
+    seeded = [r for r in recs if r.seeded_from]
+    assert seeded, "no folded seed was measured"
+    image = {store.workload(redis_conn, r.seeded_from).name for r in seeded}
+    assert all("conv2d" in name for name in image), image
+    assert all(r.error is None and r.run_secs for r in seeded)
+
+
 def test_the_settings_turn_both_off(monkeypatch):
     from shared.settings import TunerSettings
 
@@ -308,3 +337,81 @@ def test_a_fused_matmuls_decisions_seed_a_matmul_without_the_fused_bias():
     seeds = [transfer(t, dst, spaces) for t in traces]
     assert traces and all(s is not None for s in seeds)
     assert {_signature(s.sch.trace.insts) for s in seeds} <= {_signature(s.trace.insts) for s in spaces}
+
+
+def test_a_convolution_of_more_dimensions_is_near_one_of_fewer_after_its_own_kind():
+    from services.tuner.similarity import CROSS_RANK, fold, folded_dims, source_kinds
+
+    task = _shape("audio", op="conv1d", params=((1, 3, 256), (8, 3, 9), (1, 8, 256)))
+    image = _shape("image", params=((1, 3, 16, 16), (8, 3, 3, 3), (1, 8, 16, 16)))  # 256 positions, 9 taps
+    same_kind = _shape("same", op="conv1d", params=((1, 3, 512), (8, 3, 9), (1, 8, 512)))
+    assert source_kinds("conv1d") == ["conv1d", "conv2d", "conv3d"] and source_kinds("matmul") == ["matmul"]
+    assert folded_dims("conv1d", "conv2d") == 1 and folded_dims("conv2d", "conv1d") == -1
+    assert fold([1, 8, 4, 5, 6], 2, 5) == [1, 8, 120] and fold([8], 1, 4) == [8]
+    assert distance(task, image) == pytest.approx(CROSS_RANK)  # equal once folded: the kind's distance alone
+    assert distance(image, task) == math.inf  # a 1-D tiling does not say how to split an image
+    assert distance(task, same_kind) < CROSS_RANK and [s.wkey for _, s in nearest(task, [image, same_kind])] == [
+        "same", "image"]
+
+
+def test_merged_tilings_keep_the_divisor_nearest_each_factor():
+    from services.tuner.metaschedule.seeds import nearest_fit, refit_tile
+
+    assert refit_tile([1, 1, 49, 1], 800) == [800, 1, 1, 1]  # 7 x 7 threads share no factor with 800
+    assert nearest_fit([1, 1, 49, 1], 800) == [16, 1, 50, 1]
+    assert nearest_fit([4, 2, 16], 256) == [8, 2, 16]  # what divides is kept as it is
+    assert math.prod(nearest_fit([3, 5, 7, 11], 1000)) == 1000
+
+
+def _cuda_conv(spatial: tuple, channels: int, kernel: int, target):
+    """A stride-1 convolution over `spatial` (one or two axes), `channels` in and out: one CUDA task."""
+    from tvm import relax
+
+    from services.tuner.metaschedule.extract import extract
+
+    conv = relax.op.nn.conv1d if len(spatial) == 1 else relax.op.nn.conv2d
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, channels, *spatial), "float32"))
+    w = relax.Var("w", relax.TensorType((channels, channels) + (kernel,) * len(spatial), "float32"))
+    with bb.function("main", [x, w]):
+        with bb.dataflow():
+            out = bb.emit_output(conv(x, w, padding=kernel // 2))
+        bb.emit_func_output(out)
+    (task,) = extract(bb.get(), target)
+    return task
+
+
+def test_an_image_convolutions_decisions_seed_a_1d_convolution():
+    """A 2-D convolution's tilings on 28 x 28 (7 x 7 of it in threads) folded onto a 1-D one over 800 positions:
+    every seed applies, passes TVM's whole chain (VerifyGPUCode included) and keeps its channel tiles and as many
+    threads on the merged axis as the nearest divisor gives."""
+    import tvm
+    from tvm.s_tir import meta_schedule as ms
+
+    from services.measurer.metaschedule.targets import family_target
+    from services.tuner.metaschedule.context import tune_context
+    from services.tuner.metaschedule.intrinsics import load_tensor_intrinsics
+    from services.tuner.metaschedule.sampling import sampled
+    from services.tuner.metaschedule.seeds import transfer
+
+    load_tensor_intrinsics("cuda")
+    cuda = family_target("cuda.sm_90")
+    image, audio = _cuda_conv((28, 28), 64, 3, cuda), _cuda_conv((800,), 64, 3, cuda)
+    src = tune_context(image.mod, cuda, image.name, True, 8, rand_state=3, num_threads=1)
+    src.pre_tuning(100, 8, src.generate_design_space(), ms.database.MemoryDatabase(), ms.cost_model.RandomModel())
+    traces = [c.sch.trace for c in src.generate_measure_candidates()]
+    dst = tune_context(audio.mod, cuda, audio.name, True, 8, rand_state=3, num_threads=1)
+    spaces = dst.generate_design_space()
+    assert all(transfer(t, dst, spaces) is None for t in traces)  # as they are, they fit no space
+    seeds = [transfer(t, dst, spaces, fold=1) for t in traces]
+    assert traces and all(s is not None for s in seeds)
+
+    def tiles(trace):
+        return [[int(x) for x in trace.decisions[i]] for i in sampled(trace) if i.kind.name == "SamplePerfectTile"]
+
+    for trace, seed in zip(traces, seeds):
+        again = tvm.s_tir.Schedule(audio.mod)  # a schedule of the new workload: its trace replays on it alone
+        seed.sch.trace.apply_to_schedule(again, remove_postproc=False)
+        src_tiles, own = tiles(trace), tiles(seed.sch.trace)
+        assert own[1] == src_tiles[1] and math.prod(own[2]) == 800  # channels as they were; positions re-fitted
+        assert own[2][2] >= max(1, src_tiles[2][2] * src_tiles[3][2] // 2)  # the merged thread level kept

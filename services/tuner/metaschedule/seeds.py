@@ -5,7 +5,9 @@ A stored trace's decisions (its tiles, unroll steps, compute locations, ...) are
 of the task whose sampling instructions are the same in kind and attributes, and that space's trace is replayed
 with them, each tile (SamplePerfectTile) re-fitted to the loop it splits: from the innermost factor outwards each
 keeps what of it divides the extent left (its gcd with it), and the outermost takes the rest, so the product is
-the new extent and no inner factor grows (the innermost stays within its max_innermost_factor). A seed is thus a
+the new extent and no inner factor grows (the innermost stays within its max_innermost_factor). A convolution of
+more spatial dimensions seeds one of fewer (services.tuner.similarity: a 2-D image model's records an audio model's
+1-D convolutions): its merged axes' tiles are multiplied level by level into one (folded_decisions). A seed is thus a
 draw of the task's own space (evolution breeds from it as from any), and where the space pads an awkward extent
 (padding.PadAwkwardEinsum) the source's tiles are re-fitted to the padded extent: a transformer's 128-token tiles
 keep their inner factors on ViT's 208 padded rows, where on 197 (prime) they keep none. A space the tiles fit
@@ -27,7 +29,7 @@ from services.tuner.metaschedule.ir_codec import load_ir
 from services.tuner.metaschedule.padding import is_padded
 from services.tuner.metaschedule.records import ranked, tuning_record
 from services.tuner.metaschedule.sampling import candidate, replay, sampled
-from services.tuner.similarity import nearest, op_kind
+from services.tuner.similarity import folded_dims, nearest, op_kind, source_kinds
 
 log = logging.getLogger("sharetune.tuner.seeds")
 
@@ -82,18 +84,87 @@ def refit_tile(factors: list[int], extent: int) -> list[int]:
     return out
 
 
-def transfer(trace, ctx: ms.TuneContext, spaces) -> ms.MeasureCandidate | None:
-    """A stored trace's decisions replayed in one of the task's design spaces `spaces` (the module's doc), the
-    postprocessors run; None when it fits no space or does not apply in any (an instruction raises: a compute
-    location the workload lacks; or a postprocessor rejects the schedule)."""
+def _shape(insts) -> list[tuple[str, str]]:
+    return [(inst.kind.name, str(inst.attrs)) for inst in insts]
+
+
+def _levelwise(tilings: list[list[int]], max_innermost: int) -> list[int]:
+    """Tilings of several loops merged into one of their combined extent: level by level, the product (a thread
+    level keeps its threads); an innermost factor over the space's limit gives its excess to the outermost."""
+    out = [math.prod(int(t[i]) for t in tilings) for i in range(len(tilings[0]))]
+    while max_innermost > 0 and out[-1] > max_innermost:
+        p = next(q for q in range(2, out[-1] + 1) if out[-1] % q == 0)
+        out[-1] //= p
+        out[0] *= p
+    return out
+
+
+def folded_decisions(source: list, decisions, own: list, k: int) -> tuple[dict, set] | None:
+    """A convolution's decisions (`source`, its sampled instructions; `decisions`, its trace's) onto the sampled
+    instructions `own` of a convolution with k fewer spatial dimensions, or None when they do not line up. Its
+    tilings are a spatial run (N, C, then the spatial axes) and a reduction run (input channels, then the kernel
+    axes), told apart by their levels: the first k + 1 spatial axes' tilings become one (_levelwise), and so do
+    the first k + 1 kernel axes'; every other instruction takes the source's decision in order, matched in kind
+    and attributes. Also the instructions of the merged tilings (re-fitted by nearest_fit)."""
+    def split(insts):
+        tiles = [i for i in insts if i.kind.name == "SamplePerfectTile"]
+        levels = [int(i.attrs[0]) for i in tiles]
+        s = next((n for n, lv in enumerate(levels) if lv != levels[0]), len(levels)) if levels else 0
+        rest = [i for i in insts if i.kind.name != "SamplePerfectTile"]
+        return tiles[:s], tiles[s:], rest, len(set(levels[s:])) == 1 and (not levels or levels[0] not in levels[s:])
+
+    src_s, src_r, src_rest, src_ok = split(source)
+    own_s, own_r, own_rest, own_ok = split(own)
+    if not (src_ok and own_ok and k > 0 and len(own_s) >= 3 and len(own_r) >= 2 and len(src_s) == len(own_s) + k
+            and len(src_r) == len(own_r) + k and _shape(src_rest) == _shape(own_rest)
+            and _shape(src_s[:1] + src_r[:1]) == _shape(own_s[:1] + own_r[:1])):
+        return None
+    tile = [[int(d) for d in decisions[i]] for i in src_s + src_r]
+    sp, rd = tile[:len(src_s)], tile[len(src_s):]
+    cap = int(own_s[0].attrs[1])
+    merged = sp[:2] + [_levelwise(sp[2:3 + k], cap)] + sp[3 + k:] + rd[:1] + [_levelwise(rd[1:2 + k], cap)] + rd[2 + k:]
+    out = dict(zip(own_s + own_r, merged))
+    out.update({o: decisions[i] for o, i in zip(own_rest, src_rest)})
+    return out, {own_s[2], own_r[1]}
+
+
+def _divisors(n: int) -> list[int]:
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return small + [n // d for d in reversed(small) if d * d != n]
+
+
+def nearest_fit(factors: list[int], extent: int) -> list[int]:
+    """Tile factors re-fitted to a new extent, each inner one to the divisor of what is left nearest it (by ratio;
+    the smaller on a tie), the outermost taking the rest: for merged tilings, whose products (7 x 7 = 49 threads)
+    share no factor with a padded extent (800) and would keep none by their gcd."""
+    out = [1] * len(factors)
+    rest = extent
+    for i in range(len(factors) - 1, 0, -1):
+        f = max(1, int(factors[i]))
+        out[i] = min(_divisors(rest), key=lambda d: (abs(math.log(d / f)), d))
+        rest //= out[i]
+    out[0] = rest
+    return out
+
+
+def transfer(trace, ctx: ms.TuneContext, spaces, fold: int = 0) -> ms.MeasureCandidate | None:
+    """A stored trace's decisions replayed in one of the task's design spaces `spaces` (the module's doc; `fold`:
+    the spatial dimensions the trace's convolution has more than the task's), the postprocessors run; None when it
+    fits no space or does not apply in any (an instruction raises: a compute location the workload lacks; or a
+    postprocessor rejects the schedule)."""
     source = sampled(trace)
-    shape = [(inst.kind.name, str(inst.attrs)) for inst in source]
+    shape = _shape(source)
     found = []
     for space in spaces:
         own = sampled(space.trace)
-        if [(inst.kind.name, str(inst.attrs)) for inst in own] != shape:
+        if fold:
+            decisions, merged = folded_decisions(source, trace.decisions, own, fold) or (None, set())
+        else:
+            decisions, merged = {o: trace.decisions[i] for o, i in zip(own, source)} if _shape(own) == shape else None, set()
+        if decisions is None:
             continue
-        cand, refitted = _replayed(space.trace, {o: trace.decisions[i] for o, i in zip(own, source)}, ctx)
+        cand, refitted = _replayed(space.trace, decisions, ctx, merged)
+        refitted |= fold > 0
         if cand is not None and not refitted:
             return cand
         if cand is not None:
@@ -101,9 +172,10 @@ def transfer(trace, ctx: ms.TuneContext, spaces) -> ms.MeasureCandidate | None:
     return min(found)[2] if found else None
 
 
-def _replayed(space_trace, decisions: dict, ctx: ms.TuneContext) -> tuple[ms.MeasureCandidate | None, bool]:
-    """(the space's trace replayed with `decisions`, tiles re-fitted, postprocessed, as a candidate or None;
-    whether a tile was re-fitted)."""
+def _replayed(space_trace, decisions: dict, ctx: ms.TuneContext,
+              merged: set = frozenset()) -> tuple[ms.MeasureCandidate | None, bool]:
+    """(the space's trace replayed with `decisions`, tiles re-fitted (those of `merged` by nearest_fit),
+    postprocessed, as a candidate or None; whether a tile was re-fitted)."""
     refitted = False
 
     def refit(sch, inst, inputs, attrs, decision):
@@ -114,7 +186,7 @@ def _replayed(space_trace, decisions: dict, ctx: ms.TuneContext) -> tuple[ms.Mea
         if not isinstance(extent, tirx.IntImm):
             return decision
         given = [int(d) for d in decision]
-        fitted = refit_tile(given, int(extent))
+        fitted = (nearest_fit if inst in merged else refit_tile)(given, int(extent))
         refitted |= fitted != given
         return fitted
 
@@ -161,8 +233,9 @@ class SeedSource:
         return bool(near) and near[0][0] <= NEAR_DISTANCE
 
     def stored(self, op: str) -> list[WorkloadShape]:
-        """The store's workloads of this operator kind with valid records that may seed this job."""
-        shapes = store.similar_workloads(self.redis, self.kind, op)
+        """The store's workloads of this operator kind (or one that folds to it: similarity.source_kinds) with valid
+        records that may seed this job."""
+        shapes = [s for kind in source_kinds(op) for s in store.similar_workloads(self.redis, self.kind, kind)]
         return shapes if self.within is None else [s for s in shapes if s.wkey in self.within]
 
     def candidates(self, ctx: ms.TuneContext, task: JobTask) -> Iterator[tuple[ms.MeasureCandidate, str]]:
@@ -177,20 +250,20 @@ class SeedSource:
         for _, src in near:
             recs = ranked(store.records(self.redis, src.wkey), full_only=True)[:self.per_workload]
             if recs:
-                sources.append((src.wkey, recs, None))
+                sources.append((src.wkey, recs, None, folded_dims(shape.op, src.op)))
         for rank in range(self.per_workload):
-            for i, (wkey, recs, wl) in enumerate(sources):
+            for i, (wkey, recs, wl, fold) in enumerate(sources):
                 if rank >= len(recs):
                     continue
                 if wl is None:
                     wl = ms.database.Workload(load_ir(store.workload(self.redis, wkey).mod))
-                    sources[i] = (wkey, recs, wl)
+                    sources[i] = (wkey, recs, wl, fold)
                 try:
                     trace = tuning_record(recs[rank].trace, wl).trace
                 except Exception:  # noqa: BLE001 - a record that no longer decodes is as good as absent
                     self.skipped += 1
                     continue
-                cand = transfer(trace, ctx, spaces)
+                cand = transfer(trace, ctx, spaces, fold)
                 if cand is None:
                     self.skipped += 1
                     continue
