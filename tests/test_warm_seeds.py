@@ -415,3 +415,39 @@ def test_an_image_convolutions_decisions_seed_a_1d_convolution():
         src_tiles, own = tiles(trace), tiles(seed.sch.trace)
         assert own[1] == src_tiles[1] and math.prod(own[2]) == 800  # channels as they were; positions re-fitted
         assert own[2][2] >= max(1, src_tiles[2][2] * src_tiles[3][2] // 2)  # the merged thread level kept
+
+
+def test_a_video_convolutions_decisions_seed_an_image_convolution_on_the_cpu():
+    """The fold is general: a 3-D convolution's depth and height tilings merge into a 2-D one's height (CPU spaces:
+    four spatial and two reduction levels), and every seed applies."""
+    import tvm
+    from tvm import relax
+    from tvm.s_tir import meta_schedule as ms
+
+    from services.tuner.metaschedule.context import tune_context
+    from services.tuner.metaschedule.extract import extract
+    from services.tuner.metaschedule.seeds import transfer
+
+    cpu = tvm.target.Target({"kind": "llvm", "num-cores": 1})
+
+    def conv(spatial):
+        op = relax.op.nn.conv3d if len(spatial) == 3 else relax.op.nn.conv2d
+        bb = relax.BlockBuilder()
+        x = relax.Var("x", relax.TensorType((1, 8, *spatial), "float32"))
+        w = relax.Var("w", relax.TensorType((8, 8) + (3,) * len(spatial), "float32"))
+        with bb.function("main", [x, w]):
+            with bb.dataflow():
+                out = bb.emit_output(op(x, w, padding=1))
+            bb.emit_func_output(out)
+        (task,) = extract(bb.get(), cpu)
+        return task
+
+    video, image = conv((4, 8, 8)), conv((32, 8))
+    src = tune_context(video.mod, cpu, video.name, True, 8, rand_state=1, num_threads=1)
+    src.pre_tuning(100, 8, src.generate_design_space(), ms.database.MemoryDatabase(), ms.cost_model.RandomModel())
+    traces = [c.sch.trace for c in src.generate_measure_candidates()]
+    dst = tune_context(image.mod, cpu, image.name, True, 8, rand_state=1, num_threads=1)
+    spaces = dst.generate_design_space()
+    assert all(transfer(t, dst, spaces) is None for t in traces)  # as they are, they fit no space
+    seeds = [transfer(t, dst, spaces, fold=1) for t in traces]
+    assert traces and all(s is not None for s in seeds)
