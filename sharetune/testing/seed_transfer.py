@@ -1,5 +1,6 @@
 """How many warm seeds a panel model's tasks would get from a zoo store, without a GPU: per task of each panel
-model, its nearest zoo workload of the same operator kind (services.tuner.similarity, as SeedSource chooses),
+model, its nearest zoo workload of its operator kind or, for a convolution, of one with more spatial dimensions
+(folded: services.tuner.similarity, as SeedSource chooses),
 --samples schedules drawn from that workload's design spaces (standing in for its stored records), and how many
 of them transfer to the task (services.tuner.metaschedule.seeds.transfer: their decisions replayed in the task's
 own design spaces, postprocessed) with the padded spaces off and with the matmuls padded, and how many of those
@@ -55,7 +56,7 @@ def measure(panel: list[str], zoo: list[str], samples: int) -> list[dict]:
     from services.tuner.metaschedule.intrinsics import load_tensor_intrinsics
     from services.tuner.metaschedule.padding import is_padded
     from services.tuner.metaschedule.seeds import transfer
-    from services.tuner.similarity import nearest
+    from services.tuner.similarity import folded_dims, nearest, source_kinds
 
     load_tensor_intrinsics("cuda")
     target = family_target("cuda.sm_90")
@@ -64,21 +65,22 @@ def measure(panel: list[str], zoo: list[str], samples: int) -> list[dict]:
     drawn: dict[str, list] = {}
     rows = []
     for model, task, shape in _tasks(panel, target):
-        near = nearest(shape, [s for _, _, s in stored if s.op == shape.op], 1)
+        near = nearest(shape, [s for _, _, s in stored if s.op in source_kinds(shape.op)], 1)
         if not near:
             continue
         dist, source = near[0]
         if source.wkey not in drawn:
             drawn[source.wkey] = _drawn(by_key[source.wkey], target, samples)
         traces = drawn[source.wkey]
-        row = {"model": model, "task": task.name, "op": shape.op, "source": source.wkey,
+        fold = folded_dims(shape.op, source.op)
+        row = {"model": model, "task": task.name, "op": shape.op, "source": source.wkey, "folded": fold,
                "distance": round(dist, 3), "drawn": len(traces), "applied": {}, "padded": {}, "cpu_s": {}}
         for mode in MODES:
             ctx = tune_context(task.mod, target, task.name, True, samples, rand_state=1, num_threads=1,
                                pad_awkward=mode)
             spaces = ctx.generate_design_space()
             t = time.process_time()
-            seeds = [s for s in (transfer(tr, ctx, spaces) for tr in traces) if s is not None]
+            seeds = [s for s in (transfer(tr, ctx, spaces, fold) for tr in traces) if s is not None]
             row["cpu_s"][mode] = round(time.process_time() - t, 2)
             row["applied"][mode] = len(seeds)
             row["padded"][mode] = sum(is_padded(s.sch.trace) for s in seeds)
