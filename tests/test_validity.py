@@ -445,3 +445,65 @@ def test_an_evolutionary_round_that_proposes_nothing_says_why(tasks, target, cap
     said = [r.getMessage() for r in caplog.records if "proposed nothing" in r.getMessage()]
     assert len(said) == 1 and "8 measured of them" in said[0] and strategy.verify_rejected > 0
     assert f"{strategy.verify_rejected} turned down by the verifiers" in said[0]
+
+
+@pytest.mark.parametrize("name", ["conv2d1", "fused_matmul_add"])
+def test_a_builds_gpu_limits_check_rejects_what_verify_gpu_code_rejects(tasks, target, name):
+    """Raw random samples (many over a limit): the builders' check on the module they lower says what MetaSchedule's
+    VerifyGPUCode says of the schedule, sample by sample."""
+    from sharetune.testing.gpu_limits import verdicts
+
+    row = verdicts(tasks[name], target, 24)
+    assert row["samples"] == 24 and row["disagree"] == [], row
+    if name == "conv2d1":
+        assert row["postproc_rejects"] > 0, row  # both sides exercised
+
+
+def test_a_build_over_the_gpus_limits_fails_with_an_error_that_names_them(tasks, target):
+    import random
+
+    from tvm.s_tir import meta_schedule as ms
+    from tvm.s_tir.schedule import Schedule, Trace
+
+    from services.measurer.metaschedule.build import build
+
+    task = tasks["conv2d1"]
+    ctx = ms.TuneContext(mod=task.mod, target=target, task_name=task.name, num_threads=1,
+                         space_generator=ms.space_generator.PostOrderApply(), search_strategy=ms.search_strategy.ReplayTrace())
+    space = ctx.generate_design_space()[0]
+    verify = ms.postproc.VerifyGPUCode()
+    verify._initialize_with_tune_context(ctx)  # noqa: SLF001
+    rng = random.Random(3)
+    for _ in range(200):  # a raw sample VerifyGPUCode turns down
+        sch = Schedule(task.mod, seed=rng.getrandbits(31) + 1, debug_mask=0, error_render_level="none")
+        Trace(space.trace.insts, {}).apply_to_schedule(sch, remove_postproc=True)
+        if not verify.apply(sch.copy()):
+            break
+    else:
+        pytest.fail("no sample over the limits in 200")
+    with pytest.raises(Exception, match="breaks the GPU's limits on sm_90"):
+        build(sch.mod, target)
+
+
+@pytest.mark.parametrize("mode", ["tile draws, verified in build", "ValidEvolution, verified in build"])
+def test_a_search_that_leaves_the_check_to_its_builders_never_lowers_a_proposal(tasks, target, mode, monkeypatch):
+    from services.tuner.metaschedule import sampling
+    from sharetune.testing import sampling_rounds as rounds
+
+    checked = []
+    real = sampling.deferred_check
+
+    def spy(postprocs, spaces, in_build=False):
+        chain, verifiers = real(postprocs, spaces, in_build)
+        checked.append((in_build, [type(p).__name__ for p in chain], verifiers))
+        return chain, verifiers
+
+    monkeypatch.setattr(sampling, "deferred_check", spy)
+    import services.tuner.metaschedule.evolution as evolution
+
+    monkeypatch.setattr(evolution, "deferred_check", spy)
+    one = rounds.cold_round if mode.startswith("tile") else rounds.evolution_round
+    row = one(tasks["conv2d1"], target, mode, 16)
+    assert row["valid"] == 16
+    last = checked[-1]  # the round measured (an evolutionary round's cold round before it runs as the tuner's)
+    assert last[0] and last[2] == [] and "VerifyGPUCode" not in last[1], checked

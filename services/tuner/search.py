@@ -135,7 +135,8 @@ def search_parts(send, redis, job: ShardJob, settings: TunerSettings, runner, st
                             num_threads=settings.search_threads, valid_sampling=settings.valid_sampling,
                             first_round_pool=settings.first_round_pool, ranking_model=cost_model,
                             pad_awkward=settings.pad_awkward, column_reductions=settings.column_reductions,
-                            evolution_screen=settings.evolution_screen)
+                            evolution_screen=settings.evolution_screen,
+                            verify_in_build=settings.verify_in_build)
 
     family = _target_family(target, spec.share)
     if spec.isolated:  # a central model of its own, trained on this job's rows only

@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import time
 
-MODES = ("off", "precheck", "tile draws")
+MODES = ("off", "precheck", "tile draws", "tile draws, verified in build")
 
 
 def counting(postprocs, skip: tuple = ()):
@@ -47,8 +47,10 @@ def cold_round(task, target, mode: str, candidates: int) -> dict:
 
     precheck = mode != "off"
     base = validity.cuda_postprocs(target) if precheck else ms.postproc.Postproc.create(validity.rule_kind(target))
-    wrapped = counting(base)
-    strategy = ValidReplay(seed=1, threads=1) if mode == "tile draws" else "replay-trace"
+    in_build = mode == "tile draws, verified in build"  # the search must see VerifyGPUCode as itself to leave it out
+    wrapped = counting(base, skip=("VerifyGPUCode",) if in_build else ())
+    strategy = ValidReplay(seed=1, threads=1, verify_in_build=in_build) if mode.startswith("tile draws") \
+        else "replay-trace"
     # the same space generator context.py builds, with every postprocessor counted
     ctx = ms.TuneContext(mod=task.mod, target=target,
                          space_generator=ms.space_generator.PostOrderApply(postprocs=wrapped),
@@ -59,9 +61,9 @@ def cold_round(task, target, mode: str, candidates: int) -> dict:
     cands = ctx.generate_measure_candidates() or []
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     drawn = wrapped[0].calls
-    rejected = {w.name: w.rejects for w in wrapped if w.rejects}
+    rejected = {w.name: w.rejects for w in wrapped if getattr(w, "rejects", 0)}
     return {"mode": mode, "precheck": precheck, "valid": len(cands), "drawn": drawn,
-            "tile_draws": strategy.draws.drawn if mode == "tile draws" else None, "search_cpu_s": round(cpu, 2),
+            "tile_draws": strategy.draws.drawn if mode.startswith("tile draws") else None, "search_cpu_s": round(cpu, 2),
             "search_wall_s": round(wall, 2), "cpu_s_per_valid": round(cpu / max(1, len(cands)), 3),
             "rejected": rejected,
             "frac_rejected_precheck": round(rejected.get("GPUPrecheck", 0) / max(1, drawn), 3),
@@ -69,7 +71,8 @@ def cold_round(task, target, mode: str, candidates: int) -> dict:
 
 
 # ValidEvolution as it runs (VerifyGPUCode on the proposals only), and with VerifyGPUCode on every mutant it scores
-EVOLUTION_MODES = ("EvolutionarySearch", "ValidEvolution, all verified", "ValidEvolution")
+EVOLUTION_MODES = ("EvolutionarySearch", "ValidEvolution, all verified", "ValidEvolution",
+                   "ValidEvolution, verified in build")
 
 
 @contextlib.contextmanager
@@ -115,10 +118,11 @@ def evolution_round(task, target, mode: str, candidates: int, population: int = 
         db.commit_tuning_record(ms.database.TuningRecord(c.sch.trace, workload, r.run_secs, target, c.args_info))
     model.update(ctx, first, results)
     # ValidEvolution must see VerifyGPUCode as itself (it checks only what it proposes): its rejections are its own
-    wrapped = counting(validity.cuda_postprocs(target), skip=("VerifyGPUCode",) if mode == "ValidEvolution" else ())
-    lazy = mode == "ValidEvolution"
+    lazy = mode in ("ValidEvolution", "ValidEvolution, verified in build")
+    wrapped = counting(validity.cuda_postprocs(target), skip=("VerifyGPUCode",) if lazy else ())
     strategy = (ms.search_strategy.EvolutionarySearch(population_size=population, init_min_unmeasured=16)
-                if mode == "EvolutionarySearch" else ValidEvolution(seed=1, threads=1, population=population // 2))
+                if mode == "EvolutionarySearch" else ValidEvolution(
+                    seed=1, threads=1, population=population // 2, verify_in_build=mode.endswith("in build")))
     with nothing_deferred(mode == "ValidEvolution, all verified"):
         ctx = context(strategy, wrapped)
         c0 = time.process_time()

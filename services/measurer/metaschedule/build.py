@@ -17,23 +17,25 @@ from shared.messages import Artifact, Candidate
 def build(mod, target):
     from tvm.s_tir.transform import RemoveWeightLayoutRewriteBlock
 
-    config = {}
+    config, instruments = {}, []
     if target.kind.name == "cuda":  # every CUDA build of the measurer compiles through cuda_compile
         from services.measurer.metaschedule import cuda_compile
+        from services.measurer.metaschedule.gpu_limits import CheckGPULimits
 
         cuda_compile.install()
-        config = cuda_compile.lowering_config()
+        config, instruments = cuda_compile.lowering_config(), [CheckGPULimits(target)]
     mod = RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True)(mod)
-    with target, _pass_context(config):  # CUDA codegen reads the current target when it compiles to a cubin
+    # CUDA codegen reads the current target when it compiles to a cubin
+    with target, _pass_context(config, instruments):
         return tvm.build(mod, target=target)
 
 
-def _pass_context(config: dict) -> tvm.transform.PassContext:
-    """The current PassContext with `config` added (a caller's instruments and passes kept)."""
+def _pass_context(config: dict, instruments: list = ()) -> tvm.transform.PassContext:
+    """The current PassContext with `config` and `instruments` added (a caller's instruments and passes kept)."""
     cur = tvm.transform.PassContext.current()
     return tvm.transform.PassContext(opt_level=cur.opt_level, required_pass=list(cur.required_pass),
-                                     disabled_pass=list(cur.disabled_pass), instruments=list(cur.instruments),
-                                     config={**dict(cur.config), **config})
+                                     disabled_pass=list(cur.disabled_pass),
+                                     instruments=[*cur.instruments, *instruments], config={**dict(cur.config), **config})
 
 
 def check_built(target, rt_mod) -> None:

@@ -11,22 +11,21 @@ from services.tuner.metaschedule.intrinsics import load_tensor_intrinsics
 def tune_context(mod, target, task_name: str, cold: bool, population: int, rand_state: int = -1,
                  num_threads: int = 0, valid_sampling: bool = True, first_round_pool: int = 1,
                  ranking_model=None, pad_awkward: str = "off", column_reductions: str = "off",
-                 evolution_screen: bool = False) -> ms.TuneContext:
-    """`valid_sampling`: on CUDA, a cold round draws tile decisions within the target's limits before it
-    replays them (sampling.ValidReplay), an evolutionary round mutates them within those limits
-    (evolution.ValidEvolution), and samples that break the limits are rejected before TVM lowers them
-    (validity.GPUPrecheck first among the postprocessors). `first_round_pool`: a cold CUDA round, once
-    `ranking_model` (the central cost model) is trained, draws that many times its candidates and proposes the
-    model's best (sampling.ValidReplay). `pad_awkward` (off, matmul, all): a CUDA design space also holds, for
-    a matmul (or also a convolution, where the graph left one awkward: conv_padding) with an awkward extent (ViT's
-    197 tokens), the block padded to tile (padding.PadAwkwardEinsum, FinishPadding). A CUDA design space leaves out the blocks whose output nothing reads
-    (dead_blocks.InlineDeadBlocks). `column_reductions`: a function whose reductions run over a non-innermost axis
-    (a channel-axis layer norm) also gets (`on`), or gets only (`wide`), a state that computes it as one coalesced
-    kernel (column_reduction.ColumnReduction). `evolution_screen`: an evolutionary CUDA round replays and scores
-    only the mutants a linear model of their decisions ranks best (evolution.ValidEvolution's `screen`)."""
+                 evolution_screen: bool = False, verify_in_build: bool = False) -> ms.TuneContext:
+    """`valid_sampling`: on CUDA, a cold round draws tile decisions within the target's limits before it replays
+    them (sampling.ValidReplay), an evolutionary round mutates them within those limits (evolution.ValidEvolution),
+    and samples that break the limits are rejected before TVM lowers them (validity.GPUPrecheck first among the
+    postprocessors). `first_round_pool`: a cold CUDA round, once `ranking_model` (the central cost model) is trained,
+    draws that many times its candidates and proposes the model's best. `pad_awkward` (off, matmul, all): a CUDA
+    design space also holds, for a matmul (or a convolution the graph left awkward: conv_padding) with an awkward
+    extent (ViT's 197 tokens), the block padded to tile (padding). A CUDA design space leaves out the blocks whose
+    output nothing reads (dead_blocks). `column_reductions`: a function whose reductions run over a non-innermost
+    axis (a channel-axis layer norm) also gets (`on`), or gets only (`wide`), a state that computes it as one
+    coalesced kernel (column_reduction). `evolution_screen`: an evolutionary CUDA round replays and scores only the
+    mutants a linear model of their decisions ranks best. `verify_in_build`: a CUDA round leaves TVM's
+    VerifyGPUCode on its proposals to the builders (sampling.deferred_check)."""
     load_tensor_intrinsics(target.kind.name)  # else TuneContext imports every backend's (idempotent)
     space = "post-order-apply"
-    threads = num_threads or "physical"
     cuda = valid_sampling and target.kind.name == "cuda"
     if cuda:
         from services.tuner.metaschedule.dead_blocks import InlineDeadBlocks
@@ -47,24 +46,18 @@ def tune_context(mod, target, task_name: str, cold: bool, population: int, rand_
         # every member it scores is within the limits, so half the population scores about as many valid
         # schedules as EvolutionarySearch's whole one (docs/time_to_quality.md has both measured)
         strategy = ValidEvolution(seed=rand_state, threads=num_threads or physical_cores(),
-                                  population=max(16, population // 2), screen=evolution_screen)
+                                  population=max(16, population // 2), screen=evolution_screen,
+                                  verify_in_build=verify_in_build)
     elif not cold:
         strategy = ms.search_strategy.EvolutionarySearch(population_size=population)
     elif cuda:
         from services.tuner.metaschedule.sampling import ValidReplay
 
         strategy = ValidReplay(seed=rand_state, threads=num_threads or physical_cores(), pool=first_round_pool,
-                               model=ranking_model)
+                               model=ranking_model, verify_in_build=verify_in_build)
     else:
         strategy = "replay-trace"
-    return ms.TuneContext(
-        mod=mod,
-        target=target,
-        space_generator=space,
-        search_strategy=strategy,
-        task_name=task_name,
-        rand_state=rand_state,
-        # the search runs on the tuner's host cores, as in stock tune_relax (a share of them when
-        # several clients run on one host)
-        num_threads=threads,
-    )
+    # the search runs on the tuner's host cores, as in stock tune_relax (a share of them when several clients run
+    # on one host)
+    return ms.TuneContext(mod=mod, target=target, space_generator=space, search_strategy=strategy,
+                          task_name=task_name, rand_state=rand_state, num_threads=num_threads or "physical")

@@ -14,7 +14,9 @@ Where no block is marked for tensor cores (RewriteTensorize, which TVM runs afte
 do), a schedule is scored with every postprocessor but TVM's VerifyGPUCode, which lowers it through ~20 passes (a
 third of a round's CPU when it checked every mutant) and only says yes or no: the cost model's features do not
 need it. It checks the schedules a round is about to propose, best first, until the round is full; one it
-rejects is dropped and never scored again. So every proposed candidate has passed TVM's whole chain.
+rejects is dropped and never scored again. So every proposed candidate has passed TVM's whole chain. With
+`verify_in_build` the builders run that check on the module they lower (services/measurer/metaschedule/gpu_limits.py)
+and the round proposes its best without it.
 
 A task's replays are kept across its rounds, so the measured parents are not replayed again.
 
@@ -91,10 +93,11 @@ def genome_of(trace) -> Genome:
 class ValidEvolution(PySearchStrategy):
     """Evolutionary search over decisions within the limits (see the module's doc)."""
 
-    def __init__(self, seed: int = -1, threads: int = 1, population: int = 128, screen: bool = False):
+    def __init__(self, seed: int = -1, threads: int = 1, population: int = 128, screen: bool = False,
+                 verify_in_build: bool = False):
         super().__init__()
         self.seed, self.threads, self.population = seed, max(1, threads), max(8, population)
-        self.screen = screen
+        self.screen, self.verify_in_build = screen, verify_in_build
         self.ctx = None
         self.replayed = 0  # what it cost: schedules replayed (self.proposed: candidates)
         self.verify_rejected = 0  # proposals the verifiers turned down
@@ -117,7 +120,8 @@ class ValidEvolution(PySearchStrategy):
         self.draws = SpaceDraws([space.limits for space in self.spaces])
         self.rng = random.Random(None if self.seed < 0 else self.seed)
         self.sent: set[tuple[int, Genome]] = set()  # what this search proposed
-        self.postprocs, self.verifiers = deferred_check(list(self.ctx.space_generator.postprocs), design_spaces)
+        self.postprocs, self.verifiers = deferred_check(list(self.ctx.space_generator.postprocs), design_spaces,
+                                                        self.verify_in_build)
         self.replays: dict[tuple[int, Genome], object] = {}  # key -> its candidate (None: TVM refused it)
         self.verified: set[tuple[int, Genome]] = set()  # keys whose schedule passed the verifiers
 
@@ -128,7 +132,7 @@ class ValidEvolution(PySearchStrategy):
         pass
 
     def clone(self) -> "ValidEvolution":
-        return ValidEvolution(self.seed, self.threads, self.population, self.screen)
+        return ValidEvolution(self.seed, self.threads, self.population, self.screen, self.verify_in_build)
 
     # -- a round ---------------------------------------------------------------------------------------------
     def generate_measure_candidates(self):

@@ -471,15 +471,16 @@ def tensorizes(trace) -> bool:
                for inst in trace.insts)
 
 
-def deferred_check(postprocs: list, design_spaces) -> tuple[list, list]:
+def deferred_check(postprocs: list, design_spaces, in_build: bool = False) -> tuple[list, list]:
     """(the chain a search replays the schedules it scores with, the checks it runs on those it proposes only):
     TVM's VerifyGPUCode lowers a schedule through ~20 passes to say yes or no, and the cost model's features do not
     need it. TVM runs RewriteTensorize after it, so only where no space marks tensor cores can the check move to
-    the end of the chain and give the same answer; elsewhere the whole chain stays and nothing is deferred."""
+    the end of the chain and give the same answer; elsewhere the whole chain stays and nothing is deferred. With
+    `in_build` a check so moved is left to the builders (services/measurer/metaschedule/gpu_limits.py): none runs."""
     at = next((i for i, p in enumerate(postprocs) if verifies(p)), None)
     if at is None or any(tensorizes(sp.trace) for sp in design_spaces):
         return list(postprocs), []
-    return list(postprocs[:at]) + list(postprocs[at + 1:]), [postprocs[at]]
+    return list(postprocs[:at]) + list(postprocs[at + 1:]), [] if in_build else [postprocs[at]]
 
 
 def candidate(sch) -> ms.MeasureCandidate:
@@ -520,11 +521,13 @@ class ValidReplay(PySearchStrategy):
     best, a quarter of them (RANKED_EXPLORE) drawn at random from the rest. Left one panel model out, a model
     trained on the other three's H200 records ranked a 3x pool so that the best of 16 was 1.07x the task's best
     against 1.26x for 16 random draws (docs/time_to_quality.md, "Ranked first rounds"). The pool is replayed
-    without the checks `deferred_check` defers (VerifyGPUCode), which run on the round's picks only."""
+    without the checks `deferred_check` defers (VerifyGPUCode), which run on the round's picks only; with
+    `verify_in_build`, on none of its draws: the builders check."""
 
-    def __init__(self, seed: int = -1, threads: int = 1, pool: int = 1, model=None):
+    def __init__(self, seed: int = -1, threads: int = 1, pool: int = 1, model=None, verify_in_build: bool = False):
         super().__init__()
         self.seed, self.threads, self.pool, self.model = seed, max(1, threads), max(1, pool), model
+        self.verify_in_build = verify_in_build
         self.ctx = None
         self.ranked_rounds = 0
         self.replayed = 0  # what it cost: replays (self.draws.drawn: decision draws; self.proposed: candidates)
@@ -543,7 +546,9 @@ class ValidReplay(PySearchStrategy):
         self.seen: set[int] = set()
         self.postprocs = list(self.ctx.space_generator.postprocs)
         # a ranked round scores its pool without the deferred checks and runs them on its picks only
-        self.scoring, self.verifiers = deferred_check(self.postprocs, design_spaces)
+        self.scoring, self.verifiers = deferred_check(self.postprocs, design_spaces, self.verify_in_build)
+        if self.verify_in_build:
+            self.postprocs = self.scoring
 
     def post_tuning(self) -> None:
         pass
@@ -612,4 +617,4 @@ class ValidReplay(PySearchStrategy):
         pass
 
     def clone(self) -> "ValidReplay":
-        return ValidReplay(self.seed, self.threads, self.pool, self.model)
+        return ValidReplay(self.seed, self.threads, self.pool, self.model, self.verify_in_build)
