@@ -155,6 +155,7 @@ def transfer(trace, ctx: ms.TuneContext, spaces, fold: int = 0) -> ms.MeasureCan
     source = sampled(trace)
     shape = _shape(source)
     found = []
+    padded = any(is_padded(space.trace) for space in spaces)
     for space in spaces:
         own = sampled(space.trace)
         if fold:
@@ -165,7 +166,7 @@ def transfer(trace, ctx: ms.TuneContext, spaces, fold: int = 0) -> ms.MeasureCan
             continue
         cand, refitted = _replayed(space.trace, decisions, ctx, merged)
         refitted |= fold > 0
-        if cand is not None and not refitted:
+        if cand is not None and (not refitted or (fold and not padded)):  # no better one to come
             return cand
         if cand is not None:
             found.append((not is_padded(space.trace), len(found), cand))
