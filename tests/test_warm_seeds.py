@@ -99,24 +99,32 @@ def test_a_trace_applies_to_a_nearby_shape_and_one_of_another_operator_is_skippe
     assert transfer(other.generate_design_space()[0].trace, dst, dst.generate_design_space()) is None  # fits no space
 
 
-def test_a_new_job_seeds_its_first_rounds_from_a_nearby_workload(client, lane_share, redis_conn, tuned_tiny):
-    """After the tiny model (a 3->8 conv on 16x16), a model whose conv is 3->16 on 20x20 starts from it."""
+def _conv_relu_job(client, lane_share, conv, example_shape: tuple):
+    """A job of one convolution and a ReLU on CPU lanes, 16 trials, run to its end."""
     import torch
     from torch import nn
 
-    class Wider(nn.Module):
+    class ConvReLU(nn.Module):
         def __init__(self):
             super().__init__()
-            self.conv = nn.Conv2d(3, 16, 3, 1, 1)
+            self.conv = conv
 
         def forward(self, x):
             return torch.relu(self.conv(x))
 
     torch.manual_seed(0)
-    job = client.submit(Wider().eval(), example_inputs=(torch.randn(1, 3, 20, 20),), target="llvm",
+    job = client.submit(ConvReLU().eval(), example_inputs=(torch.randn(*example_shape),), target="llvm",
                         share=lane_share, trials=16, trials_per_iter=16, seed=0)
     final = job.wait(timeout_s=900)
     assert final["state"] == "done", final
+    return job
+
+
+def test_a_new_job_seeds_its_first_rounds_from_a_nearby_workload(client, lane_share, redis_conn, tuned_tiny):
+    """After the tiny model (a 3->8 conv on 16x16), a model whose conv is 3->16 on 20x20 starts from it."""
+    from torch import nn
+
+    job = _conv_relu_job(client, lane_share, nn.Conv2d(3, 16, 3, 1, 1), (1, 3, 20, 20))
     own = {t.wkey for t in store.job_tasks(redis_conn, job.job_id)}
     recs = [r for t in store.job_tasks(redis_conn, job.job_id) for r in store.records(redis_conn, t.wkey)
             if r.job_id == job.job_id]
@@ -133,22 +141,9 @@ def test_a_new_job_seeds_its_first_rounds_from_a_nearby_workload(client, lane_sh
 def test_a_1d_convolution_seeds_its_first_round_from_an_image_convolution(client, lane_share, redis_conn, tuned_tiny):
     """After the tiny model (a 3->8 conv on 16x16), a model of a 3->8 1-D conv over 256 samples (the same positions
     once the image is folded) starts from the image convolution's records."""
-    import torch
     from torch import nn
 
-    class Audio(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.conv = nn.Conv1d(3, 8, 3, 1, 1)
-
-        def forward(self, x):
-            return torch.relu(self.conv(x))
-
-    torch.manual_seed(0)
-    job = client.submit(Audio().eval(), example_inputs=(torch.randn(1, 3, 256),), target="llvm",
-                        share=lane_share, trials=16, trials_per_iter=16, seed=0)
-    final = job.wait(timeout_s=900)
-    assert final["state"] == "done", final
+    job = _conv_relu_job(client, lane_share, nn.Conv1d(3, 8, 3, 1, 1), (1, 3, 256))
     tasks = store.job_tasks(redis_conn, job.job_id)
     conv = [t for t in tasks if "conv1d" in t.name]
     recs = [r for t in conv for r in store.records(redis_conn, t.wkey) if r.job_id == job.job_id]
@@ -363,13 +358,13 @@ def test_merged_tilings_keep_the_divisor_nearest_each_factor():
     assert math.prod(nearest_fit([3, 5, 7, 11], 1000)) == 1000
 
 
-def _cuda_conv(spatial: tuple, channels: int, kernel: int, target):
-    """A stride-1 convolution over `spatial` (one or two axes), `channels` in and out: one CUDA task."""
+def _conv_task(spatial: tuple, channels: int, kernel: int, target):
+    """A stride-1 convolution over `spatial` (one to three axes), `channels` in and out: one task."""
     from tvm import relax
 
     from services.tuner.metaschedule.extract import extract
 
-    conv = relax.op.nn.conv1d if len(spatial) == 1 else relax.op.nn.conv2d
+    conv = {1: relax.op.nn.conv1d, 2: relax.op.nn.conv2d, 3: relax.op.nn.conv3d}[len(spatial)]
     bb = relax.BlockBuilder()
     x = relax.Var("x", relax.TensorType((1, channels, *spatial), "float32"))
     w = relax.Var("w", relax.TensorType((channels, channels) + (kernel,) * len(spatial), "float32"))
@@ -381,30 +376,37 @@ def _cuda_conv(spatial: tuple, channels: int, kernel: int, target):
     return task
 
 
+def _folded_seeds(source, task, target, seed: int) -> tuple[list, list]:
+    """(8 sampled traces of `source`, each transferred to `task` folded by one spatial axis); as they are, none fits."""
+    from tvm.s_tir import meta_schedule as ms
+
+    from services.tuner.metaschedule.context import tune_context
+    from services.tuner.metaschedule.seeds import transfer
+
+    src = tune_context(source.mod, target, source.name, True, 8, rand_state=seed, num_threads=1)
+    src.pre_tuning(100, 8, src.generate_design_space(), ms.database.MemoryDatabase(), ms.cost_model.RandomModel())
+    traces = [c.sch.trace for c in src.generate_measure_candidates()]
+    dst = tune_context(task.mod, target, task.name, True, 8, rand_state=seed, num_threads=1)
+    spaces = dst.generate_design_space()
+    assert traces and all(transfer(t, dst, spaces) is None for t in traces)
+    return traces, [transfer(t, dst, spaces, fold=1) for t in traces]
+
+
 def test_an_image_convolutions_decisions_seed_a_1d_convolution():
     """A 2-D convolution's tilings on 28 x 28 (7 x 7 of it in threads) folded onto a 1-D one over 800 positions:
     every seed applies, passes TVM's whole chain (VerifyGPUCode included) and keeps its channel tiles and as many
     threads on the merged axis as the nearest divisor gives."""
     import tvm
-    from tvm.s_tir import meta_schedule as ms
 
     from services.measurer.metaschedule.targets import family_target
-    from services.tuner.metaschedule.context import tune_context
     from services.tuner.metaschedule.intrinsics import load_tensor_intrinsics
     from services.tuner.metaschedule.sampling import sampled
-    from services.tuner.metaschedule.seeds import transfer
 
     load_tensor_intrinsics("cuda")
     cuda = family_target("cuda.sm_90")
-    image, audio = _cuda_conv((28, 28), 64, 3, cuda), _cuda_conv((800,), 64, 3, cuda)
-    src = tune_context(image.mod, cuda, image.name, True, 8, rand_state=3, num_threads=1)
-    src.pre_tuning(100, 8, src.generate_design_space(), ms.database.MemoryDatabase(), ms.cost_model.RandomModel())
-    traces = [c.sch.trace for c in src.generate_measure_candidates()]
-    dst = tune_context(audio.mod, cuda, audio.name, True, 8, rand_state=3, num_threads=1)
-    spaces = dst.generate_design_space()
-    assert all(transfer(t, dst, spaces) is None for t in traces)  # as they are, they fit no space
-    seeds = [transfer(t, dst, spaces, fold=1) for t in traces]
-    assert traces and all(s is not None for s in seeds)
+    audio = _conv_task((800,), 64, 3, cuda)
+    traces, seeds = _folded_seeds(_conv_task((28, 28), 64, 3, cuda), audio, cuda, 3)
+    assert all(s is not None for s in seeds)
 
     def tiles(trace):
         return [[int(x) for x in trace.decisions[i]] for i in sampled(trace) if i.kind.name == "SamplePerfectTile"]
@@ -421,33 +423,7 @@ def test_a_video_convolutions_decisions_seed_an_image_convolution_on_the_cpu():
     """The fold is general: a 3-D convolution's depth and height tilings merge into a 2-D one's height (CPU spaces:
     four spatial and two reduction levels), and every seed applies."""
     import tvm
-    from tvm import relax
-    from tvm.s_tir import meta_schedule as ms
-
-    from services.tuner.metaschedule.context import tune_context
-    from services.tuner.metaschedule.extract import extract
-    from services.tuner.metaschedule.seeds import transfer
 
     cpu = tvm.target.Target({"kind": "llvm", "num-cores": 1})
-
-    def conv(spatial):
-        op = relax.op.nn.conv3d if len(spatial) == 3 else relax.op.nn.conv2d
-        bb = relax.BlockBuilder()
-        x = relax.Var("x", relax.TensorType((1, 8, *spatial), "float32"))
-        w = relax.Var("w", relax.TensorType((8, 8) + (3,) * len(spatial), "float32"))
-        with bb.function("main", [x, w]):
-            with bb.dataflow():
-                out = bb.emit_output(op(x, w, padding=1))
-            bb.emit_func_output(out)
-        (task,) = extract(bb.get(), cpu)
-        return task
-
-    video, image = conv((4, 8, 8)), conv((32, 8))
-    src = tune_context(video.mod, cpu, video.name, True, 8, rand_state=1, num_threads=1)
-    src.pre_tuning(100, 8, src.generate_design_space(), ms.database.MemoryDatabase(), ms.cost_model.RandomModel())
-    traces = [c.sch.trace for c in src.generate_measure_candidates()]
-    dst = tune_context(image.mod, cpu, image.name, True, 8, rand_state=1, num_threads=1)
-    spaces = dst.generate_design_space()
-    assert all(transfer(t, dst, spaces) is None for t in traces)  # as they are, they fit no space
-    seeds = [transfer(t, dst, spaces, fold=1) for t in traces]
-    assert traces and all(s is not None for s in seeds)
+    _, seeds = _folded_seeds(_conv_task((4, 8, 8), 8, 3, cpu), _conv_task((32, 8), 8, 3, cpu), cpu, 1)
+    assert all(s is not None for s in seeds)
