@@ -485,25 +485,63 @@ def test_a_build_over_the_gpus_limits_fails_with_an_error_that_names_them(tasks,
         build(sch.mod, target)
 
 
-@pytest.mark.parametrize("mode", ["tile draws, verified in build", "ValidEvolution, verified in build"])
-def test_a_search_that_leaves_the_check_to_its_builders_never_lowers_a_proposal(tasks, target, mode, monkeypatch):
-    from services.tuner.metaschedule import sampling
-    from sharetune.testing import sampling_rounds as rounds
+def test_a_search_whose_builders_check_stops_checking_after_a_clean_probe():
+    from services.tuner.metaschedule.sampling import ProposalCheck
 
-    checked = []
-    real = sampling.deferred_check
+    class Verifier:
+        def __init__(self, answers):
+            self.answers, self.calls = iter(answers), 0
 
-    def spy(postprocs, spaces, in_build=False):
-        chain, verifiers = real(postprocs, spaces, in_build)
-        checked.append((in_build, [type(p).__name__ for p in chain], verifiers))
-        return chain, verifiers
+        def apply(self, sch):
+            self.calls += 1
+            return next(self.answers)
 
-    monkeypatch.setattr(sampling, "deferred_check", spy)
-    import services.tuner.metaschedule.evolution as evolution
+    clean = Verifier([True] * 100)
+    check = ProposalCheck([clean], in_build=True)
+    assert all(check.passes(None) for _ in range(40)) and clean.calls == ProposalCheck.PROBE and not check.active
+    rejecting = Verifier([True, False] + [True] * 100)
+    check = ProposalCheck([rejecting], in_build=True)
+    [check.passes(None) for _ in range(40)]
+    assert rejecting.calls == 40 and check.active  # one turned down: it keeps checking
+    itself = Verifier([True] * 100)
+    check = ProposalCheck([itself], in_build=False)
+    [check.passes(None) for _ in range(40)]
+    assert itself.calls == 40
+    assert not ProposalCheck([], in_build=False).active  # nothing deferred (tensor-core spaces): nothing to run
 
-    monkeypatch.setattr(evolution, "deferred_check", spy)
-    one = rounds.cold_round if mode.startswith("tile") else rounds.evolution_round
-    row = one(tasks["conv2d1"], target, mode, 16)
-    assert row["valid"] == 16
-    last = checked[-1]  # the round measured (an evolutionary round's cold round before it runs as the tuner's)
-    assert last[0] and last[2] == [] and "VerifyGPUCode" not in last[1], checked
+
+def _bf16_matmul(target):
+    from tvm import relax
+
+    from services.tuner.metaschedule.extract import extract
+
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((256, 256), "bfloat16"))
+    w = relax.Var("w", relax.TensorType((256, 512), "bfloat16"))
+    with bb.function("main", [x, w]):
+        with bb.dataflow():
+            out = bb.emit_output(relax.op.matmul(x, w, out_dtype="bfloat16"))
+        bb.emit_func_output(out)
+    (task,) = extract(bb.get(), target)
+    return task
+
+
+@pytest.mark.parametrize("evolve", [False, True])
+def test_a_search_whose_builders_check_probes_its_proposals_first(tasks, target, evolve):
+    """A float32 conv's proposals pass the probe and the search stops lowering them; a bfloat16 matmul's do not
+    (a third over a limit), and its rounds stay full of proposals that pass."""
+    from services.tuner.metaschedule.evolution import ValidEvolution
+    from services.tuner.metaschedule.sampling import ProposalCheck, ValidReplay
+
+    def one_round(task):
+        db = _measured_round(task, target)[0] if evolve else ms.database.MemoryDatabase()  # evolution's parents
+        strategy = (ValidEvolution(seed=1, threads=1, population=32, verify_in_build=True) if evolve
+                    else ValidReplay(seed=1, threads=1, verify_in_build=True))
+        ctx = _search_context(task, target, strategy, 32, db)
+        return strategy, ctx.generate_measure_candidates() or []
+
+    strategy, cands = one_round(tasks["conv2d1"])
+    assert len(cands) == 32 and strategy.check.checked == ProposalCheck.PROBE and not strategy.check.active
+    strategy, cands = one_round(_bf16_matmul(target))
+    assert strategy.check.rejected > 0 and strategy.check.active
+    assert len(cands) == 32 and strategy.check.checked >= 32  # every proposal checked, the round full

@@ -16,7 +16,7 @@ third of a round's CPU when it checked every mutant) and only says yes or no: th
 need it. It checks the schedules a round is about to propose, best first, until the round is full; one it
 rejects is dropped and never scored again. So every proposed candidate has passed TVM's whole chain. With
 `verify_in_build` the builders run that check on the module they lower (services/measurer/metaschedule/gpu_limits.py)
-and the round proposes its best without it.
+and the search stops running it once it has turned none of its first proposals down (sampling.ProposalCheck).
 
 A task's replays are kept across its rounds, so the measured parents are not replayed again.
 
@@ -38,7 +38,7 @@ import numpy as np
 from tvm.ir.utils import derived_object
 from tvm.s_tir.meta_schedule.search_strategy import PySearchStrategy
 
-from services.tuner.metaschedule.sampling import (SpaceDraws, TileLimits, candidate, deferred_check, distinct,
+from services.tuner.metaschedule.sampling import (ProposalCheck, SpaceDraws, TileLimits, candidate, deferred_check, distinct,
                                                   prime_factors, replay, sampled)
 
 log = logging.getLogger("sharetune.tuner.evolution")
@@ -120,8 +120,8 @@ class ValidEvolution(PySearchStrategy):
         self.draws = SpaceDraws([space.limits for space in self.spaces])
         self.rng = random.Random(None if self.seed < 0 else self.seed)
         self.sent: set[tuple[int, Genome]] = set()  # what this search proposed
-        self.postprocs, self.verifiers = deferred_check(list(self.ctx.space_generator.postprocs), design_spaces,
-                                                        self.verify_in_build)
+        self.postprocs, verifiers = deferred_check(list(self.ctx.space_generator.postprocs), design_spaces)
+        self.check = ProposalCheck(verifiers, self.verify_in_build)
         self.replays: dict[tuple[int, Genome], object] = {}  # key -> its candidate (None: TVM refused it)
         self.verified: set[tuple[int, Genome]] = set()  # keys whose schedule passed the verifiers
 
@@ -231,7 +231,7 @@ class ValidEvolution(PySearchStrategy):
     def _verify(self, key: tuple[int, Genome]) -> bool:
         if key not in self.verified:
             sch = self.replays[key].sch
-            if not all(p.apply(sch) for p in self.verifiers):
+            if not self.check.passes(sch):
                 self.replays[key] = None
                 self.verify_rejected += 1
                 return False

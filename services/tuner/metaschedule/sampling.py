@@ -471,16 +471,45 @@ def tensorizes(trace) -> bool:
                for inst in trace.insts)
 
 
-def deferred_check(postprocs: list, design_spaces, in_build: bool = False) -> tuple[list, list]:
+def deferred_check(postprocs: list, design_spaces) -> tuple[list, list]:
     """(the chain a search replays the schedules it scores with, the checks it runs on those it proposes only):
     TVM's VerifyGPUCode lowers a schedule through ~20 passes to say yes or no, and the cost model's features do not
     need it. TVM runs RewriteTensorize after it, so only where no space marks tensor cores can the check move to
-    the end of the chain and give the same answer; elsewhere the whole chain stays and nothing is deferred. With
-    `in_build` a check so moved is left to the builders (services/measurer/metaschedule/gpu_limits.py): none runs."""
+    the end of the chain and give the same answer; elsewhere the whole chain stays and nothing is deferred."""
     at = next((i for i, p in enumerate(postprocs) if verifies(p)), None)
     if at is None or any(tensorizes(sp.trace) for sp in design_spaces):
         return list(postprocs), []
-    return list(postprocs[:at]) + list(postprocs[at + 1:]), [] if in_build else [postprocs[at]]
+    return list(postprocs[:at]) + list(postprocs[at + 1:]), [postprocs[at]]
+
+
+class ProposalCheck:
+    """The deferred checks (deferred_check) on a search's proposals. Where the builders run the same check on the
+    module they lower (`in_build`: services/measurer/metaschedule/gpu_limits.py), the search checks its first
+    PROBE proposals itself and, if it turned none down, leaves the rest to them: on float32 tasks within the tile
+    limits and the precheck the check turned down 1 draw in 830, on a bfloat16 matmul a third of the proposals
+    (its vectors; docs/time_to_quality.md), which would each cost a trial in a failed build."""
+
+    PROBE = 16
+
+    def __init__(self, verifiers: list, in_build: bool = False):
+        import threading
+
+        self.verifiers, self.in_build = verifiers, in_build
+        self.checked = self.rejected = 0
+        self.lock = threading.Lock()
+
+    @property
+    def active(self) -> bool:
+        return bool(self.verifiers) and not (self.in_build and self.checked >= self.PROBE and not self.rejected)
+
+    def passes(self, sch) -> bool:
+        if not self.active:
+            return True
+        ok = all(p.apply(sch) for p in self.verifiers)
+        with self.lock:
+            self.checked += 1
+            self.rejected += not ok
+        return ok
 
 
 def candidate(sch) -> ms.MeasureCandidate:
@@ -522,7 +551,7 @@ class ValidReplay(PySearchStrategy):
     trained on the other three's H200 records ranked a 3x pool so that the best of 16 was 1.07x the task's best
     against 1.26x for 16 random draws (docs/time_to_quality.md, "Ranked first rounds"). The pool is replayed
     without the checks `deferred_check` defers (VerifyGPUCode), which run on the round's picks only; with
-    `verify_in_build`, on none of its draws: the builders check."""
+    `verify_in_build` every round is, and the checks run while ProposalCheck says so."""
 
     def __init__(self, seed: int = -1, threads: int = 1, pool: int = 1, model=None, verify_in_build: bool = False):
         super().__init__()
@@ -546,9 +575,8 @@ class ValidReplay(PySearchStrategy):
         self.seen: set[int] = set()
         self.postprocs = list(self.ctx.space_generator.postprocs)
         # a ranked round scores its pool without the deferred checks and runs them on its picks only
-        self.scoring, self.verifiers = deferred_check(self.postprocs, design_spaces, self.verify_in_build)
-        if self.verify_in_build:
-            self.postprocs = self.scoring
+        self.scoring, verifiers = deferred_check(self.postprocs, design_spaces)
+        self.check = ProposalCheck(verifiers, self.verify_in_build)
 
     def post_tuning(self) -> None:
         pass
@@ -559,9 +587,11 @@ class ValidReplay(PySearchStrategy):
             return None
         ranked = self.pool > 1 and self._model_trained()
         seeds = [self.rng.getrandbits(31) for _ in range(want * self.pool if ranked else want)]
-        chain = self.scoring if ranked else self.postprocs
+        # with verify_in_build a slot's draw is checked as the ProposalCheck says, and drawn again if turned down
+        chain = self.scoring if ranked or self.verify_in_build else self.postprocs
+        checked = self.verify_in_build and not ranked
         with ThreadPoolExecutor(self.threads) as pool:
-            schs = list(pool.map(functools.partial(self._one, postprocs=chain), seeds))
+            schs = list(pool.map(functools.partial(self._one, postprocs=chain, checked=checked), seeds))
         out = distinct([candidate(sch) for sch in schs if sch is not None], set(self.seen))
         if ranked and len(out) > want:
             out = self._ranked(out, want)
@@ -592,14 +622,15 @@ class ValidReplay(PySearchStrategy):
         out: list = []
         while picks:
             with ThreadPoolExecutor(self.threads) as ex:
-                passed = list(ex.map(lambda c: all(p.apply(c.sch) for p in self.verifiers), picks))
+                passed = list(ex.map(lambda c: self.check.passes(c.sch), picks))
             self.verify_rejected += passed.count(False)
             out += [c for c, ok in zip(picks, passed) if ok]
             picks = [c for _, c in zip(range(want - len(out)), rest)]
         return out
 
-    def _one(self, seed: int, postprocs: list):
-        """One schedule that passes `postprocs`, a slot of the round, or None after MAX_REPLAYS replays."""
+    def _one(self, seed: int, postprocs: list, checked: bool = False):
+        """One schedule that passes `postprocs` (and, `checked`, the ProposalCheck), a slot of the round, or None
+        after MAX_REPLAYS replays."""
         rng = random.Random(seed)
         for _ in range(MAX_REPLAYS):
             drawn = self.draws.draw(rng)
@@ -609,7 +640,7 @@ class ValidReplay(PySearchStrategy):
             self.replayed += 1
             decisions = {t.inst: tiling[i] for i, t in enumerate(self.draws.limits[s].tiles)}
             sch = replay(self.ctx.mod, self.traces[s], decisions, postprocs, rng.getrandbits(31) + 1)
-            if sch is not None:
+            if sch is not None and (not checked or self.check.passes(sch)):
                 return sch
         return None
 
