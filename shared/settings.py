@@ -209,9 +209,10 @@ class TunerSettings(LaneWaitSettings):
     # 46.9 us where the default evolution found 20.1; bench/results/time_to_quality_evolution_screen_h100.json)
     evolution_screen: bool = False
     # the search leaves TVM's VerifyGPUCode to the builders, which run its analysis with its limits on the module
-    # they lower anyway (services/measurer/metaschedule/gpu_limits.py): a CUDA round's proposals are not lowered a
-    # second time in the tuner (8-22 ms each); one over a limit fails its build with an error saying so. 0: the
-    # search checks its proposals itself (a job whose builders predate the check should)
+    # they lower anyway (services/measurer/metaschedule/gpu_limits.py), once its first proposals passed it
+    # (sampling.ProposalCheck): a CUDA round's proposals are not lowered a second time in the tuner (8-22 ms
+    # each); one over a limit fails its build with an error saying so. 0: the search checks its proposals itself
+    # (a job whose builders predate the check should)
     verify_in_build: bool = True
     # while every task of a client's shard is being measured, search and send up to this many more rounds of a task
     # before its batch lands (from what the search knew when it was sent; none of its in-flight candidates again),
