@@ -237,9 +237,9 @@ def test_a_first_round_on_a_trained_model_measures_its_best_of_a_larger_pool(tas
         return
     assert strategy.ranked_rounds == model.ranked_rounds == 1
     # the pool is replayed without TVM's VerifyGPUCode, which runs on the round's picks only: each passes it
-    assert [type(p).__name__ for p in strategy.verifiers] == ["VerifyGPUCode"]
+    assert [type(p).__name__ for p in strategy.check.verifiers] == ["VerifyGPUCode"]
     assert "VerifyGPUCode" not in [type(p).__name__ for p in strategy.scoring]
-    assert all(strategy.verifiers[0].apply(c.sch) for c in cands)
+    assert all(strategy.check.verifiers[0].apply(c.sch) for c in cands)
     assert len(model.scored) > 16  # a pool of up to 24 distinct schedules
     pool = dict(model.scored)
     assert proposed <= set(pool)
@@ -282,7 +282,7 @@ def test_valid_evolution_breeds_within_the_limits_from_the_measured_best(tasks, 
             near += any(sum(a != b for a, b in zip(genome, s)) == 1 for s in stored)
     assert near >= 1, "no candidate is a mutant of a measured schedule"
     # no tensor-core block here: VerifyGPUCode leaves the replays' chain and checks only the proposals
-    assert [type(p).__name__ for p in strategy.verifiers] == ["VerifyGPUCode"]
+    assert [type(p).__name__ for p in strategy.check.verifiers] == ["VerifyGPUCode"]
     assert "VerifyGPUCode" not in [type(p).__name__ for p in strategy.postprocs]
 
 
@@ -414,14 +414,14 @@ def test_a_batch_of_draws_is_judged_as_one_by_one(tasks, target, name):
 def test_a_ranked_pick_that_fails_the_deferred_check_gives_its_slot_to_the_best_scored_one_left():
     from types import SimpleNamespace
 
-    from services.tuner.metaschedule.sampling import ValidReplay
+    from services.tuner.metaschedule.sampling import ProposalCheck, ValidReplay
 
     class RejectsBad:  # stands in for TVM's VerifyGPUCode
         def apply(self, sch):
             return sch != "bad"
 
     strategy = ValidReplay(seed=1, threads=2)
-    strategy.verifiers = [RejectsBad()]
+    strategy.check = ProposalCheck([RejectsBad()])
     picks = [SimpleNamespace(sch=s) for s in ("a", "bad", "b")]
     rest = iter(SimpleNamespace(sch=s) for s in ("bad", "d", "e"))  # the pool's others, best scored first
     assert [c.sch for c in strategy._checked(picks, rest, 3)] == ["a", "b", "d"]
@@ -434,12 +434,13 @@ def test_an_evolutionary_round_that_proposes_nothing_says_why(tasks, target, cap
     from types import SimpleNamespace
 
     from services.tuner.metaschedule.evolution import ValidEvolution
+    from services.tuner.metaschedule.sampling import ProposalCheck
 
     task = tasks["conv2d1"]
     db, _ = _measured_round(task, target)
     strategy = ValidEvolution(seed=3, threads=1, population=16)
     ctx = _search_context(task, target, strategy, 8, db)
-    strategy.verifiers = [SimpleNamespace(apply=lambda sch: False)]
+    strategy.check = ProposalCheck([SimpleNamespace(apply=lambda sch: False)])
     with caplog.at_level(logging.WARNING, logger="sharetune.tuner.evolution"):
         assert not ctx.generate_measure_candidates()
     said = [r.getMessage() for r in caplog.records if "proposed nothing" in r.getMessage()]
