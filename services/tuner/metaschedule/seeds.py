@@ -28,7 +28,7 @@ from shared.messages import JobTask, WorkloadShape
 from services.tuner.metaschedule.ir_codec import load_ir
 from services.tuner.metaschedule.padding import is_padded
 from services.tuner.metaschedule.records import ranked, tuning_record
-from services.tuner.metaschedule.sampling import candidate, replay, sampled
+from services.tuner.metaschedule.sampling import candidate, prime_factors, replay, sampled
 from services.tuner.similarity import folded_dims, nearest, op_kind, source_kinds
 
 log = logging.getLogger("sharetune.tuner.seeds")
@@ -72,16 +72,21 @@ def workload_shape(mod, wkey: str, task_name: str, target: str, share: int) -> W
     return WorkloadShape(wkey=wkey, op=op_kind(task_name), target=target, share=share, params=params, dtypes=dtypes)
 
 
-def refit_tile(factors: list[int], extent: int) -> list[int]:
-    """Tile factors re-fitted to a new extent: inner factors keep what divides, the outermost takes the rest."""
+def _refit(factors: list[int], extent: int, keep) -> list[int]:
+    """Tile factors re-fitted to a new extent: from the innermost out, each inner one becomes `keep(factor, what is
+    left of the extent)` (a divisor of it), and the outermost takes the rest."""
     out = [1] * len(factors)
     rest = extent
     for i in range(len(factors) - 1, 0, -1):
-        f = math.gcd(int(factors[i]), rest)
-        out[i] = f
-        rest //= f
+        out[i] = keep(max(1, int(factors[i])), rest)
+        rest //= out[i]
     out[0] = rest
     return out
+
+
+def refit_tile(factors: list[int], extent: int) -> list[int]:
+    """Inner factors keep what of them divides the extent left (their gcd with it)."""
+    return _refit(factors, extent, math.gcd)
 
 
 def _shape(insts) -> list[tuple[str, str]]:
@@ -93,7 +98,7 @@ def _levelwise(tilings: list[list[int]], max_innermost: int) -> list[int]:
     level keeps its threads); an innermost factor over the space's limit gives its excess to the outermost."""
     out = [math.prod(int(t[i]) for t in tilings) for i in range(len(tilings[0]))]
     while max_innermost > 0 and out[-1] > max_innermost:
-        p = next(q for q in range(2, out[-1] + 1) if out[-1] % q == 0)
+        p = prime_factors(out[-1])[0]
         out[-1] //= p
         out[0] *= p
     return out
@@ -134,17 +139,10 @@ def _divisors(n: int) -> list[int]:
 
 
 def nearest_fit(factors: list[int], extent: int) -> list[int]:
-    """Tile factors re-fitted to a new extent, each inner one to the divisor of what is left nearest it (by ratio;
-    the smaller on a tie), the outermost taking the rest: for merged tilings, whose products (7 x 7 = 49 threads)
-    share no factor with a padded extent (800) and would keep none by their gcd."""
-    out = [1] * len(factors)
-    rest = extent
-    for i in range(len(factors) - 1, 0, -1):
-        f = max(1, int(factors[i]))
-        out[i] = min(_divisors(rest), key=lambda d: (abs(math.log(d / f)), d))
-        rest //= out[i]
-    out[0] = rest
-    return out
+    """Inner factors become the divisor of the extent left nearest them (by ratio; the smaller on a tie): for merged
+    tilings, whose products (7 x 7 = 49 threads) share no factor with a padded extent (800) and would keep none by
+    their gcd."""
+    return _refit(factors, extent, lambda f, rest: min(_divisors(rest), key=lambda d: (abs(math.log(d / f)), d)))
 
 
 def transfer(trace, ctx: ms.TuneContext, spaces, fold: int = 0) -> ms.MeasureCandidate | None:
@@ -155,7 +153,7 @@ def transfer(trace, ctx: ms.TuneContext, spaces, fold: int = 0) -> ms.MeasureCan
     source = sampled(trace)
     shape = _shape(source)
     found = []
-    padded = any(is_padded(space.trace) for space in spaces)
+    padded = bool(fold) and any(is_padded(space.trace) for space in spaces)  # a folded seed's only question
     for space in spaces:
         own = sampled(space.trace)
         if fold:
