@@ -299,6 +299,9 @@ class TunerSettings(LaneWaitSettings):
     # a task's first round starts with the best records of the nearest stored workloads of its operator kind,
     # their decisions replayed in its own design spaces (services/tuner/metaschedule/seeds.py)
     warm_seeds: bool = True
+    # with warm seeds on, a task whose first round found no seed (drawn before a sibling of its kind had a record)
+    # looks again for its first round after that one landed (seeds.SeedSource.due); off until a GPU A/B
+    late_seeds: bool = False
     # while several jobs run, a job with more than an equal share of the candidates in flight sends its rounds
     # behind the others' (a broker priority, services/tuner/allocation.py round_priority); nothing is held back
     fair_rounds: bool = True

@@ -160,7 +160,10 @@ def test_the_settings_turn_both_off(monkeypatch):
     monkeypatch.setenv("SHARETUNE_WARM_SEEDS", "0")
     monkeypatch.setenv("SHARETUNE_VALID_SAMPLING", "false")
     s = TunerSettings()
-    assert s.warm_seeds is False and s.valid_sampling is False
+    assert s.warm_seeds is False and s.valid_sampling is False and s.late_seeds is False
+    monkeypatch.setenv("SHARETUNE_LATE_SEEDS", "1")
+    assert TunerSettings().late_seeds is True
+    monkeypatch.delenv("SHARETUNE_LATE_SEEDS")
     monkeypatch.delenv("SHARETUNE_WARM_SEEDS")
     monkeypatch.delenv("SHARETUNE_VALID_SAMPLING")
     s = TunerSettings()
@@ -200,6 +203,57 @@ def test_a_first_round_evolves_only_on_a_model_that_knows_the_workload(tmp_path)
         r.delete(names.similar_key("llvm", "conv2d"))
         new.launched(1, claimed=1)  # its own first round has been sent
         assert new.may_evolve()
+
+
+def test_late_seeds_are_due_once_after_a_first_round_without_any():
+    """With late seeds a task looks again in its first round after its first one landed, if no seed came before;
+    never a third time, never after a look that found some, never for a resumed task, and not without the setting."""
+    from services.tuner.metaschedule.seeds import SeedSource
+
+    first_only, late = SeedSource(None, "llvm", "t", 100), SeedSource(None, "llvm", "t", 100, late=True)
+    assert first_only.due(False, 0, []) and late.due(False, 0, [])  # every first round
+    assert not first_only.due(True, 1, [0])
+    assert late.due(True, 1, [0])
+    assert not late.due(True, 0, [0])  # a round ahead while its first is still measured
+    assert not late.due(True, 1, [3])  # its first round had seeds
+    assert not late.due(True, 2, [0, 0])  # it looked twice
+    assert not late.due(True, 4, [])  # a resumed task (its first rounds were another process's)
+
+
+def test_a_task_takes_late_seeds_in_its_second_round(tmp_path):
+    """The task's rounds put the seeds the source finds first: none in a first round drawn before a sibling had a
+    record, the sibling's in the round after it landed, then no further look."""
+    from services.broker.server import EmbeddedRedis
+    from services.tuner.metaschedule.rounds import SearchParts, Shard, ShardLoop
+    from services.tuner.metaschedule.seeds import SeedSource
+    from shared.messages import JobTask
+
+    class Sibling(SeedSource):
+        def __init__(self):
+            super().__init__(None, "llvm", "t", 100, late=True)
+            self.found, self.looked = 0, 0
+
+        def seeded_round(self, ctx, task, records, fresh, room):
+            self.looked += 1
+            return ["seed"] * self.found + fresh, self.found
+
+    class Trained:
+        def trained(self):
+            return True
+
+    with EmbeddedRedis(tmp_path / "redis") as srv:
+        task = JobTask(task_id="conv", name="conv1d2", weight=1, wkey="conv", flops=1.0)
+        seeds = Sibling()
+        loop = ShardLoop(Shard(store.connect(srv.url), "job", 0, [task], trials_per_iter=8, max_trials_per_task=64),
+                         SearchParts(None, None, None, None, Trained(), None, seeds=seeds))
+        t = loop.tasks[0]
+        assert t._with_seeds(["a", "b"], 8) == ["a", "b"] and t.seed_looks == [0]  # nothing stored yet
+        t.launched(2, claimed=2)
+        assert t._with_seeds(["c"], 8) == ["c"] and seeds.looked == 1  # its first round has not landed
+        t.landed, seeds.found = 1, 2
+        assert t._with_seeds(["d"], 8) == ["seed", "seed", "d"]
+        assert t.stats.seeds == t.stats.late_seeds == 2
+        assert t._with_seeds(["e"], 8) == ["e"] and seeds.looked == 2
 
 
 def test_an_isolated_job_is_seeded_only_from_its_own_workloads(tmp_path):

@@ -150,7 +150,7 @@ def search_parts(send, redis, job: ShardJob, settings: TunerSettings, runner, st
     records = StoreRecords(redis, job.job_id, spec.share, shard_tasks, runner, database, job.shard)
     within = {t.wkey for t in store.job_tasks(redis, job.job_id)} if spec.isolated else None
     seeds = (SeedSource(redis, job.kind, str(target), spec.share, shapes={t.task_id: shapes[t.name] for t in tasks},
-                        within=within) if settings.warm_seeds else None)
+                        within=within, late=settings.late_seeds) if settings.warm_seeds else None)
     return SearchParts(make_context, DeferredBuilder(stash, split), runner, database, cost_model, records,
                        defaults=lambda ts: measure_defaults(redis, runner, ts, mods, target, floor=settings.latency_floor),
                        seeds=seeds,
@@ -184,7 +184,8 @@ def shard_times(split, run, tune_s: float, population: int, seeds, ranked_rounds
     times["tune_total"] = round(tune_s, 3)
     times.update(rounds=run.rounds, ahead_rounds=run.ahead_rounds, trials=run.trials, reused=run.reused,
                  warm_switches=run.warm_switches,
-                 population=population, seeds_measured=run.seeds, seeds_applied=seeds.applied if seeds else 0,
+                 population=population, seeds_measured=run.seeds, seeds_late=run.late_seeds,
+                 seeds_applied=seeds.applied if seeds else 0,
                  seeds_skipped=seeds.skipped if seeds else 0, seeds_padded=seeds.padded if seeds else 0,
                  ranked_rounds=ranked_rounds, first_round=first_round, launch_floor_s=run.floor_s,
                  round_log=run.round_log)

@@ -42,6 +42,7 @@ class ShardRun:
     warm_switches: int = 0  # tasks that moved from sampling to evolutionary search
     ahead_rounds: int = 0  # rounds sent while an earlier batch of the same task was still measured
     seeds: int = 0  # warm seeds sent to be measured (first rounds' re-fitted records of nearby workloads)
+    late_seeds: int = 0  # of those, in a task's second round (seeds.SeedSource.due)
     floor_s: float | None = None  # the lanes' launch floor its gradients counted from (None: no floor asked)
     per_task: dict[str, int] = field(default_factory=dict)
     # each round sent: [s since the loop began, task, trials claimed, first round (0/1), its priority when picked,

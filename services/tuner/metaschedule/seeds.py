@@ -27,7 +27,7 @@ from shared import store
 from shared.messages import JobTask, WorkloadShape
 from services.tuner.metaschedule.ir_codec import load_ir
 from services.tuner.metaschedule.padding import is_padded
-from services.tuner.metaschedule.records import ranked, tuning_record
+from services.tuner.metaschedule.records import candidate_key, ranked, tuning_record
 from services.tuner.metaschedule.sampling import candidate, prime_factors, replay, sampled
 from services.tuner.similarity import folded_dims, nearest, op_kind, source_kinds
 
@@ -207,11 +207,12 @@ def _replayed(space_trace, decisions: dict, ctx: ms.TuneContext,
 class SeedSource:
     """Seeds for the first rounds of one shard's tasks, from the store's index of similar workloads."""
 
-    def __init__(self, redis, target_kind: str, target: str, share: int, nearest_k: int = NEAREST,
-                 per_workload: int = PER_WORKLOAD, shapes: dict[str, WorkloadShape | None] | None = None,
-                 within: set[str] | None = None):
+    def __init__(self, redis, target_kind: str, target: str, share: int,
+                 shapes: dict[str, WorkloadShape | None] | None = None, within: set[str] | None = None,
+                 late: bool = False):
         self.redis, self.kind, self.target, self.share = redis, target_kind, target, share
-        self.nearest_k, self.per_workload = nearest_k, per_workload
+        self.late = late  # a task whose first round found no seed looks again once that round has landed
+        self.nearest_k, self.per_workload = NEAREST, PER_WORKLOAD
         self.shapes = shapes or {}  # task_id -> its workload's shape (workload_shape), for `knows`
         self.within = within  # an isolated job's workload keys: seeds only from these (None: the whole store)
         self.applied = 0  # traces that applied to the new task's workload
@@ -230,6 +231,39 @@ class SeedSource:
             return False
         near = nearest(shape, self.stored(shape.op), 1)
         return bool(near) and near[0][0] <= NEAR_DISTANCE
+
+    def due(self, started: bool, landed: int, looks: list[int]) -> bool:
+        """Whether a task's next round starts with seeds: its first round does; with `late`, so does its first round
+        after that one landed if no round has found a seed yet (`looks`: the seeds each earlier look found). In a
+        cold job a task's first round is often drawn before a sibling of its kind has a record (wav2vec2-conv's
+        heavier 1-D convolution at 5 s, its sibling's first results at ~20 s): its next round can start from the
+        sibling's best. A resumed task (started, never looked in this process) gets none."""
+        if not started:
+            return True
+        return self.late and landed >= 1 and len(looks) == 1 and looks[0] == 0
+
+    def seeded_round(self, ctx: ms.TuneContext, task: JobTask, records, fresh: list, room: int) -> tuple[list, int]:
+        """(the round's candidates with the seeds first, how many seeds): the nearest stored workloads' best traces
+        re-fitted to this task (seed_cap of the round at most), none the store already holds. They are measured,
+        recorded and counted like the search's own; the search strategy is told their results as it is of every
+        round's (its trial counters have room to spare)."""
+        cap = seed_cap(room)
+        if cap == 0:
+            return fresh, 0
+        have = {candidate_key(task.wkey, c) for c in fresh}
+        picked = []
+        for cand, source in self.candidates(ctx, task):
+            key = candidate_key(task.wkey, cand)
+            if key not in have:
+                have.add(key)
+                picked.append((cand, key, source))
+            if len(picked) >= cap:
+                break
+        known = records.known(task.wkey, [k for _, k, _ in picked])
+        picked = [(c, k, src) for c, k, src in picked if k not in known]
+        for _, key, source in picked:
+            records.seeded[key] = source
+        return ([c for c, _, _ in picked] + fresh)[:room], len(picked)
 
     def stored(self, op: str) -> list[WorkloadShape]:
         """The store's workloads of this operator kind (or one that folds to it: similarity.source_kinds) with valid

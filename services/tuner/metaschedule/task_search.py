@@ -75,6 +75,7 @@ class TaskSearch:
         self.last_search: list = ["drawn", 0.0, 0]  # the last round's search: kind, CPU s, candidates proposed
         self._whole_space = False  # the last round's fresh candidates are every schedule of a fixed space
         self.pending: set[str] = set()  # keys of its candidates sent and not yet joined (rounds ahead)
+        self.seed_looks: list[int] = []  # the seeds each round that looked for them found
 
     @property
     def drawn(self) -> int:  # candidates the last round's search proposed
@@ -168,9 +169,8 @@ class TaskSearch:
     # -- one round -----------------------------------------------------------------------------------------
     def propose(self, room: int) -> list:
         """Search one round: the candidates to measure, at most `room`, none the store already holds (those go
-        straight back to the search: nothing is measured again); a first round's warm seeds first."""
-        fresh = self._search(room)
-        return fresh if self.started else self._with_seeds(fresh, room)
+        straight back to the search: nothing is measured again); warm seeds first where due."""
+        return self._with_seeds(self._search(room), room)
 
     def _search(self, room: int) -> list:
         """A round that finds nothing new is not proof that the space is spent: on CUDA most samples fail the
@@ -228,34 +228,17 @@ class TaskSearch:
                 self.restart(cold=not self.cold)
 
     def _with_seeds(self, fresh: list, room: int) -> list:
-        """A first round's candidates with the warm seeds first (seeds.seed_cap of the round at most): the
-        nearest stored workloads' best traces re-fitted to this task, none the store already holds. They are
-        measured, recorded and counted like the search's own; the search strategy is told their results as
-        it is of every round's (its trial counters have SEARCH_ROOM to spare)."""
-        from services.tuner.metaschedule.seeds import seed_cap
-
+        """The round's candidates with warm seeds first where they are due (seeds.SeedSource.due)."""
         seeds = self.parts.seeds
-        cap = seed_cap(room) if seeds is not None else 0
-        if cap == 0:
+        if seeds is None or not seeds.due(self.started, self.landed, self.seed_looks):
             return fresh
-        wkey = self.job_task.wkey
-        have = {candidate_key(wkey, c) for c in fresh}
-        picked = []
         t0 = time.perf_counter()
-        for cand, source in seeds.candidates(self.ctx, self.job_task):
-            key = candidate_key(wkey, cand)
-            if key not in have:
-                have.add(key)
-                picked.append((cand, key, source))
-            if len(picked) >= cap:
-                break
+        out, picked = seeds.seeded_round(self.ctx, self.job_task, self.parts.records, fresh, room)
         self.stats.clock("sample", t0)
-        known = self.parts.records.known(wkey, [k for _, k, _ in picked])
-        picked = [(c, k, src) for c, k, src in picked if k not in known]
-        for _, key, source in picked:
-            self.parts.records.seeded[key] = source
-        self.stats.seeds += len(picked)
-        return ([c for c, _, _ in picked] + fresh)[:room]
+        self.seed_looks.append(picked)
+        self.stats.seeds += picked
+        self.stats.late_seeds += picked if self.started else 0
+        return out
 
     def launched(self, sent: int, claimed: int) -> None:
         """The round's batch went out (`sent` candidates, `claimed` trials): the task has had its first round,
