@@ -302,13 +302,17 @@ class TunerSettings(LaneWaitSettings):
     # with warm seeds on, a task whose first round found no seed (drawn before a sibling of its kind had a record)
     # looks again for its first round after that one landed (seeds.SeedSource.due); off until a GPU A/B
     late_seeds: bool = False
-    # while several jobs run, a job with more than an equal share of the candidates in flight sends its rounds
-    # behind the others' (a broker priority, services/tuner/allocation.py round_priority); nothing is held back
+    # while several jobs run, a job with more than an equal share (fair_measure) sends its rounds behind the
+    # others' (a broker priority, services/tuner/allocation.py round_priority); nothing is held back
     fair_rounds: bool = True
-    # several jobs at once: a client whose job is over an equal share of the candidates in flight hands its shard,
-    # after its quantum, to a job under one that holds no more clients (services/tuner/allocation.py lagging);
-    # off until a four-job run on the GPU measures it
+    # several jobs at once: a client whose job is over an equal share (fair_measure) hands its shard, after its
+    # quantum, to a job under one that holds no more clients (services/tuner/allocation.py lagging); off: in its
+    # one four-job run on an H100 (then counted in flight) the shares spread further (docs/benchmarks.md)
     fair_clients: bool = False
+    # what the jobs' shares are counted in: "claimed", the trials each has claimed from its budget, recorded or in
+    # flight; "in_flight", those not yet recorded only, which a job's rounds waiting behind others' raise, so
+    # a job sent behind stayed behind (four jobs on an H100 with 8 clients: 13 % of the measurements for one)
+    fair_measure: Literal["claimed", "in_flight"] = "claimed"
 
     @field_validator("pad_awkward", mode="before")
     @classmethod

@@ -10,7 +10,7 @@ import time
 import pytest
 
 from shared import names, store, timeouts
-from shared.messages import JobTask, ShardPhase, ShardRef, ShardState
+from shared.messages import JobTask, ShardPhase, ShardRef, ShardState, TaskProgress
 from services.tuner.allocation import (Steering, behind, expected_cost, flops_shares, gradient, next_task, partition,
                                        priority)
 
@@ -357,6 +357,21 @@ def test_in_flight_counts_the_claims_not_yet_recorded_of_running_jobs_only(idle_
     assert "fly-c" not in got
 
 
+def test_claimed_counts_what_a_job_had_recorded_as_well_as_what_it_has_in_flight(idle_redis):
+    """The fair share's default count: a job whose round was recorded has still been served it, so it stays ahead
+    of one that has nothing; one whose rounds wait in the queues is not pushed further back by their waiting."""
+    r = idle_redis
+    for job in ("served-a", "served-b", "served-c"):
+        _job(r, job, [ShardState(shard=0, task_ids=["t0"]), ShardState(shard=1, task_ids=["t1"])], 500)
+    assert store.claim_trials(r, "served-a", 0, 64) == store.claim_trials(r, "served-a", 1, 64) == 64
+    store.record_round(r, "served-a", 1, [], TaskProgress(task_id="t1", name="t1", trials=64), 64)
+    assert store.claim_trials(r, "served-b", 0, 32) == 32
+    r.hset(names.job_key("served-c"), "state", "done")
+    claimed = store.claimed_by_job(r)
+    assert (claimed["served-a"], claimed["served-b"]) == (128, 32) and "served-c" not in claimed
+    assert store.fair_loads(r, "in_flight")["served-a"] == 64 and store.fair_loads(r, "claimed") == claimed
+
+
 def test_the_broker_serves_a_round_sent_behind_after_one_sent_first(stack):
     """The Redis transport honours the priorities allocation.message_priority gives: a message sent at 9 waits
     behind one sent after it at 0, and a head task's first round (0) goes ahead of the job's other rounds (1)."""
@@ -413,15 +428,15 @@ def test_with_fair_clients_a_job_far_ahead_in_flight_gives_a_client_to_one_behin
     each = {"a": 1, "b": 1, "c": 1}
     waiting = [("b", 1, 9.0), ("c", 1, 5.0), ("a", 1, 3.0)]
     ahead = {"a": 120, "b": 20, "c": 60}  # equal share 66.7: a is over it by more than the slack, b under it
-    assert turn_to_take("a", each, waiting, 29, 30, passed=True, blocked=False, in_flight=ahead) is None  # quantum
+    assert turn_to_take("a", each, waiting, 29, 30, passed=True, blocked=False, loads=ahead) is None  # quantum
     assert turn_to_take("a", each, waiting, 31, 30, passed=True, blocked=False) == ("a", 1)  # off: its own job
-    assert turn_to_take("a", each, waiting, 31, 30, passed=True, blocked=False, in_flight=ahead) == ("b", 1)
+    assert turn_to_take("a", each, waiting, 31, 30, passed=True, blocked=False, loads=ahead) == ("b", 1)
     even = {"a": 70, "b": 60, "c": 70}
-    assert turn_to_take("a", each, waiting, 31, 30, passed=True, blocked=False, in_flight=even) == ("a", 1)
+    assert turn_to_take("a", each, waiting, 31, 30, passed=True, blocked=False, loads=even) == ("a", 1)
     # a job behind that already holds more clients gets none of this one's
     assert turn_to_take("a", {"a": 1, "b": 2, "c": 1}, waiting, 31, 30, passed=True, blocked=False,
-                        in_flight=ahead) == ("a", 1)
-    assert turn_to_take("b", each, waiting, 31, 30, passed=True, blocked=False, in_flight=ahead) == ("b", 1)
+                        loads=ahead) == ("a", 1)
+    assert turn_to_take("b", each, waiting, 31, 30, passed=True, blocked=False, loads=ahead) == ("b", 1)
 
 
 def test_a_lease_with_fair_clients_reads_the_jobs_in_flight_from_the_store(redis_conn):
@@ -435,7 +450,7 @@ def test_a_lease_with_fair_clients_reads_the_jobs_in_flight_from_the_store(redis
                               ShardState(shard=1, task_ids=["t3"], queued_at=time.time() - 5)], 100)
     redis_conn.hset(names.job_claims_key(ahead), "0", 10000)  # far over any real job's in the session's store
     redis_conn.hset(names.job_claims_key(behind), "0", 0)
-    for fair, turn_to in ((False, (ahead, 1)), (True, (behind, 1))):
+    for fair, turn_to in ((None, (ahead, 1)), ("in_flight", (behind, 1)), ("claimed", (behind, 1))):
         lease = Lease(redis_conn, ahead, 0, "me", threading.Event(), quantum_s=1, fair_clients=fair)
         lease.started -= 10
         try:

@@ -251,7 +251,7 @@ MIN_HOLD_S = 5.0  # a client searches a shard it took at least this long before 
 
 def turn_to_take(own_job: str, running: dict[str, int], waiting: list[tuple[str, int, float]], held_s: float,
                  quantum_s: float, passed: bool, blocked: bool, owing: set[int] | None = None,
-                 in_flight: dict[str, int] | None = None) -> tuple[str, int] | None:
+                 loads: dict[str, int] | None = None) -> tuple[str, int] | None:
     """The waiting shard a client should hand its shard back for, or None to keep searching.
 
     `running`: how many of each job's shards clients hold; `waiting`: (job, shard, seconds waited) of the
@@ -262,17 +262,17 @@ def turn_to_take(own_job: str, running: dict[str, int], waiting: list[tuple[str,
     takes turns only once each task of its shard has had a round (`passed`): at once when its shard can
     measure nothing more (`blocked`) and the waiting shard is one of `owing` (its tasks still owe the first
     rounds that block it; None: any), else after the quantum. A blocked client never hands its shard to one
-    that would be as blocked: every such hand-over costs a resume and relieves nothing. With `in_flight` (each
-    running job's candidates in flight, SHARETUNE_FAIR_CLIENTS) a client whose job is over an equal share of
-    them also hands its shard, after the quantum, to a job under one that holds no more clients (lagging)."""
+    that would be as blocked: every such hand-over costs a resume and relieves nothing. With `loads` (each
+    running job's share as TunerSettings.fair_measure counts it, SHARETUNE_FAIR_CLIENTS) a client whose job is over
+    an equal share also hands its shard, after the quantum, to a job under one that holds no more clients (lagging)."""
     others = [w for w in waiting if w[0] != own_job]
     if others and held_s > MIN_HOLD_S:
         job, shard = neediest(running, others)
         mine, theirs = running.get(own_job, 1), running.get(job, 0)
         if mine > theirs + 1 or (held_s > quantum_s and mine > theirs):
             return job, shard
-    if others and in_flight and held_s > quantum_s:
-        behind = lagging(own_job, running, others, in_flight)
+    if others and loads and held_s > quantum_s:
+        behind = lagging(own_job, running, others, loads)
         if behind is not None:
             return behind
     own = sorted((w for w in waiting if w[0] == own_job), key=lambda w: -w[2])
@@ -292,18 +292,18 @@ def neediest(running: dict[str, int], waiting: list[tuple[str, int, float]]) -> 
 
 
 def lagging(own_job: str, running: dict[str, int], others: list[tuple[str, int, float]],
-            in_flight: dict[str, int]) -> tuple[str, int] | None:
+            loads: dict[str, int]) -> tuple[str, int] | None:
     """The waiting shard of another job a client should take so that the jobs' measurements even out, or None.
-    With one client a job, a job measures about as fast as its searches send rounds (the H100's four-job run:
-    each job's share of the measurements followed its clients' time, a job whose searches cost more got less),
-    and its candidates in flight are its rate times their time to be built and timed. So a job over an equal
-    share of them (with FAIR_SLACK) gives a client to one under it, if that job holds no more clients (the
-    neediest such); its own rounds in flight are still measured meanwhile."""
-    equal = sum(in_flight.values()) / max(1, len(in_flight))
-    if equal <= 0 or in_flight.get(own_job, 0) <= (1 + FAIR_SLACK) * equal:
+    With one client a job, a job measures about as fast as its client's rounds come back (the H100's four-job runs:
+    each job's share of the measurements followed its clients' time and its builds' cost). So a job over an equal
+    share of the `loads` (with FAIR_SLACK; the trials claimed or in flight, TunerSettings.fair_measure) gives a
+    client to one under it, if that job holds no more clients (the neediest such); its own rounds in flight are
+    still measured meanwhile."""
+    equal = sum(loads.values()) / max(1, len(loads))
+    if equal <= 0 or loads.get(own_job, 0) <= (1 + FAIR_SLACK) * equal:
         return None
     mine = running.get(own_job, 1)
-    under = [w for w in others if in_flight.get(w[0], 0) < (1 - FAIR_SLACK) * equal and running.get(w[0], 0) <= mine]
+    under = [w for w in others if loads.get(w[0], 0) < (1 - FAIR_SLACK) * equal and running.get(w[0], 0) <= mine]
     return neediest(running, under) if under else None
 
 
@@ -332,10 +332,12 @@ FAIR_SLACK = 0.25  # a job within this of an equal share of what is in flight is
 
 
 def round_priority(mine: int, others: list[int]) -> int:
-    """The broker priority of a job's next round while other jobs have candidates in flight (built or timed,
-    not yet recorded): `mine` is this job's count, `others` the other active jobs'. A job at or under an equal
-    share (with FAIR_SLACK) goes first (0); one over it, one step back per further share over (1.25x:
-    3, 1.5x: 6, more: 9), so the jobs behind catch up while nothing waits that could run (no round is held)."""
+    """The broker priority of a job's next round while other jobs run: `mine` is this job's count, `others` the
+    other active jobs' (TunerSettings.fair_measure: by default the trials each has claimed, recorded or in flight:
+    what the builders and lanes have done or been given for it). A job at or under an equal share (with
+    FAIR_SLACK) goes first (0); one over it, one step back per further share over (1.25x: 3, 1.5x: 6, more: 9),
+    so the jobs behind catch up while nothing waits that could run (no round is held). A count of what is in
+    flight only also rises while a job's rounds wait behind the others', and keeps a job sent back there."""
     total = mine + sum(others)
     if not others or total <= 0:
         return 0

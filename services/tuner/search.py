@@ -51,7 +51,7 @@ def tune_shard(send, redis, job_id: str, shard: int, settings: TunerSettings, ch
     split, stash = TimeSplit(), CandidateStash()
     runner = lane_runner(send, redis, job.spec, job.target, settings, stash, split)
     if settings.fair_rounds:
-        runner.priority = lambda: round_priority_of(redis, job_id)
+        runner.priority = lambda: round_priority_of(redis, job_id, settings.fair_measure)
     parts = search_parts(send, redis, job, settings, runner, stash, split, pop)
     t0 = time.time()
     spec = job.spec
@@ -85,13 +85,14 @@ def first_round_of(redis, job: ShardJob, settings: TunerSettings, cost_model) ->
     return ranked_first_round(job.first_round, share)
 
 
-def round_priority_of(redis, job_id: str) -> int:
-    """The broker priority of the job's next round among the running jobs (allocation.round_priority)."""
+def round_priority_of(redis, job_id: str, measure: str = "claimed") -> int:
+    """The broker priority of the job's next round among the running jobs (allocation.round_priority), their
+    shares counted as `measure` says (TunerSettings.fair_measure)."""
     from services.tuner.allocation import round_priority
 
-    in_flight = store.in_flight_by_job(redis)
-    mine = in_flight.pop(job_id, 0)
-    return round_priority(mine, list(in_flight.values()))
+    loads = store.fair_loads(redis, measure)
+    mine = loads.pop(job_id, 0)
+    return round_priority(mine, list(loads.values()))
 
 
 def load_shard(redis, job_id: str, shard: int, work_dir: Path) -> ShardJob:

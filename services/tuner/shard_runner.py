@@ -136,7 +136,8 @@ class ShardRunner:
             return {"job_id": ref.job_id, "shard": ref.shard, "skipped": "done, or the lease lapsed"}
         if state in (JobState.PLANNED, JobState.QUEUED):
             store.set_state(r, ref.job_id, JobState.TUNING)
-        lease = Lease(r, ref.job_id, ref.shard, me, self.stopping, s.shard_quantum_s, s.fair_clients)
+        lease = Lease(r, ref.job_id, ref.shard, me, self.stopping, s.shard_quantum_s,
+                      s.fair_measure if s.fair_clients else None)
         try:
             run = search.tune_shard(self.send, r, ref.job_id, ref.shard, s, check=lease.check)
         except Stopped as why:
@@ -251,7 +252,9 @@ class Lease:
     failed or was cancelled, or it is time to take turns with a shard no client has taken."""
 
     def __init__(self, redis, job_id: str, shard: int, worker: str, stopping: threading.Event, quantum_s: float,
-                 fair_clients: bool = False):
+                 fair_clients: str | None = None):
+        # fair_clients: what jobs' shares are counted in when it hands its shard to a job behind (TunerSettings
+        # fair_measure; None: it does not)
         self.redis, self.job_id, self.shard, self.worker = redis, job_id, shard, worker
         self.stopping, self.quantum_s, self.fair_clients = stopping, quantum_s, fair_clients
         self.started = time.time()
@@ -298,8 +301,9 @@ class Lease:
             running, waiting = clients_board(self.redis, WAITING_S, self.job_id)
             owing = owing_first_rounds(list(store.shards(self.redis, self.job_id).values()),
                                        set(store.history(self.redis, self.job_id))) if blocked else None
-            in_flight = store.in_flight_by_job(self.redis) if self.fair_clients and held > self.quantum_s else None
-            turn = turn_to_take(self.job_id, running, waiting, held, self.quantum_s, passed, blocked, owing, in_flight)
+            loads = (store.fair_loads(self.redis, self.fair_clients) if self.fair_clients and held > self.quantum_s
+                     else None)
+            turn = turn_to_take(self.job_id, running, waiting, held, self.quantum_s, passed, blocked, owing, loads)
             if turn is not None:
                 raise TurnTaken(*turn, f"taking turns with shard {turn[1]} of job {turn[0]}, which no client has")
 

@@ -282,14 +282,41 @@ def active_jobs(r: redis.Redis) -> list[str]:
 def in_flight_by_job(r: redis.Redis) -> dict[str, int]:
     """The trials each running job has claimed and not yet recorded (its candidates being built or timed), by
     job: the active jobs not yet in a final state, a job with nothing in flight at 0."""
+    return {job: flying for job, (flying, _) in _claims_by_job(r, recorded=False).items()}
+
+
+def claimed_by_job(r: redis.Redis) -> dict[str, int]:
+    """The trials each running job has claimed from its budget so far, recorded or still in flight (what the
+    lanes and builders have done or been given for it), by job, as in_flight_by_job."""
+    return {job: flying + done for job, (flying, done) in _claims_by_job(r, recorded=True).items()}
+
+
+def fair_loads(r: redis.Redis, measure: str) -> dict[str, int]:
+    """What the running jobs' fair shares are counted in (TunerSettings.fair_measure): "claimed" (claimed_by_job)
+    or "in_flight" (in_flight_by_job)."""
+    return claimed_by_job(r) if measure == "claimed" else in_flight_by_job(r)
+
+
+def _claims_by_job(r: redis.Redis, recorded: bool) -> dict[str, tuple[int, int]]:
+    """(in flight, recorded: the tasks' measured trials, 0 unless `recorded`) of each active job not yet final;
+    one round trip, and a round's records and its claim's settling are one transaction (records.record_round)."""
     jobs = active_jobs(r)
-    with r.pipeline(transaction=False) as p:
+    with r.pipeline(transaction=True) as p:
         for job_id in jobs:
             p.hget(names.job_key(job_id), "state")
             p.hvals(names.job_claims_key(job_id))
+            if recorded:
+                p.hvals(names.job_progress_key(job_id))
         replies = p.execute()
-    return {job_id: sum(max(0, int(v)) for v in claims) for job_id, state, claims
-            in zip(jobs, replies[::2], replies[1::2]) if state is not None and _s(state) not in FINAL_STATES}
+    step = 3 if recorded else 2
+    out = {}
+    for i, job_id in enumerate(jobs):
+        state, claims = replies[i * step], replies[i * step + 1]
+        if state is None or _s(state) in FINAL_STATES:
+            continue
+        done = sum(TaskProgress.parse(v).trials for v in replies[i * step + 2]) if recorded else 0
+        out[job_id] = (sum(max(0, int(v)) for v in claims), done)
+    return out
 
 
 def deactivate_job(r: redis.Redis, job_id: str) -> None:
