@@ -225,7 +225,8 @@ def _fake_jobs_retired():
 
 
 def _job(r, job_id, shards, budget):
-    r.delete(names.job_shards_key(job_id), names.job_budget_key(job_id), names.job_claims_key(job_id))
+    r.delete(names.job_shards_key(job_id), names.job_budget_key(job_id), names.job_claims_key(job_id),
+             names.job_claimed_recently_key(job_id))
     store.put_shards(r, job_id, shards, budget)
     r.hset(names.job_key(job_id), mapping={"state": "tuning"})
     _FAKE_JOBS.append((r, job_id))
@@ -357,9 +358,12 @@ def test_in_flight_counts_the_claims_not_yet_recorded_of_running_jobs_only(idle_
     assert "fly-c" not in got
 
 
-def test_claimed_counts_what_a_job_had_recorded_as_well_as_what_it_has_in_flight(idle_redis):
+def test_claimed_counts_a_jobs_recent_claims_recorded_or_in_flight(idle_redis):
     """The fair share's default count: a job whose round was recorded has still been served it, so it stays ahead
-    of one that has nothing; one whose rounds wait in the queues is not pushed further back by their waiting."""
+    of one that has nothing; its rounds waiting in the queues do not raise it; a claim counts half after a
+    half-life, so a job's share follows its recent rate."""
+    from shared.timeouts import CLAIMS_HALF_LIFE_S
+
     r = idle_redis
     for job in ("served-a", "served-b", "served-c"):
         _job(r, job, [ShardState(shard=0, task_ids=["t0"]), ShardState(shard=1, task_ids=["t1"])], 500)
@@ -368,8 +372,14 @@ def test_claimed_counts_what_a_job_had_recorded_as_well_as_what_it_has_in_flight
     assert store.claim_trials(r, "served-b", 0, 32) == 32
     r.hset(names.job_key("served-c"), "state", "done")
     claimed = store.claimed_by_job(r)
-    assert (claimed["served-a"], claimed["served-b"]) == (128, 32) and "served-c" not in claimed
-    assert store.fair_loads(r, "in_flight")["served-a"] == 64 and store.fair_loads(r, "claimed") == claimed
+    assert claimed["served-a"] == pytest.approx(128, rel=1e-3) and claimed["served-b"] == pytest.approx(32, rel=1e-3)
+    assert "served-c" not in claimed
+    assert store.fair_loads(r, "in_flight")["served-a"] == 64
+    key = names.job_claimed_recently_key("served-a")
+    r.hset(key, "t", float(r.hget(key, "t")) - CLAIMS_HALF_LIFE_S)  # as if its claims were a half-life old
+    assert store.fair_loads(r, "claimed")["served-a"] == pytest.approx(64, rel=1e-2)
+    assert store.claim_trials(r, "served-a", 0, 16) == 16  # the old claims decayed, the new one whole
+    assert store.claimed_by_job(r)["served-a"] == pytest.approx(80, rel=1e-2)
 
 
 def test_the_broker_serves_a_round_sent_behind_after_one_sent_first(stack):
@@ -450,6 +460,9 @@ def test_a_lease_with_fair_clients_reads_the_jobs_in_flight_from_the_store(redis
                               ShardState(shard=1, task_ids=["t3"], queued_at=time.time() - 5)], 100)
     redis_conn.hset(names.job_claims_key(ahead), "0", 10000)  # far over any real job's in the session's store
     redis_conn.hset(names.job_claims_key(behind), "0", 0)
+    now = redis_conn.time()[0]
+    redis_conn.hset(names.job_claimed_recently_key(ahead), mapping={"v": 10000, "t": now})
+    redis_conn.hset(names.job_claimed_recently_key(behind), mapping={"v": 0, "t": now})
     for fair, turn_to in ((None, (ahead, 1)), ("in_flight", (behind, 1)), ("claimed", (behind, 1))):
         lease = Lease(redis_conn, ahead, 0, "me", threading.Event(), quantum_s=1, fair_clients=fair)
         lease.started -= 10

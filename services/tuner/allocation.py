@@ -251,7 +251,7 @@ MIN_HOLD_S = 5.0  # a client searches a shard it took at least this long before 
 
 def turn_to_take(own_job: str, running: dict[str, int], waiting: list[tuple[str, int, float]], held_s: float,
                  quantum_s: float, passed: bool, blocked: bool, owing: set[int] | None = None,
-                 loads: dict[str, int] | None = None) -> tuple[str, int] | None:
+                 loads: dict[str, float] | None = None) -> tuple[str, int] | None:
     """The waiting shard a client should hand its shard back for, or None to keep searching.
 
     `running`: how many of each job's shards clients hold; `waiting`: (job, shard, seconds waited) of the
@@ -292,7 +292,7 @@ def neediest(running: dict[str, int], waiting: list[tuple[str, int, float]]) -> 
 
 
 def lagging(own_job: str, running: dict[str, int], others: list[tuple[str, int, float]],
-            loads: dict[str, int]) -> tuple[str, int] | None:
+            loads: dict[str, float]) -> tuple[str, int] | None:
     """The waiting shard of another job a client should take so that the jobs' measurements even out, or None.
     With one client a job, a job measures about as fast as its client's rounds come back (the H100's four-job runs:
     each job's share of the measurements followed its clients' time and its builds' cost). So a job over an equal
@@ -331,11 +331,11 @@ PRIORITY_STEPS = (0, 3, 6, 9)
 FAIR_SLACK = 0.25  # a job within this of an equal share of what is in flight is not held back
 
 
-def round_priority(mine: int, others: list[int]) -> int:
+def round_priority(mine: float, others: list[float]) -> int:
     """The broker priority of a job's next round while other jobs run: `mine` is this job's count, `others` the
-    other active jobs' (TunerSettings.fair_measure: by default the trials each has claimed, recorded or in flight:
-    what the builders and lanes have done or been given for it). A job at or under an equal share (with
-    FAIR_SLACK) goes first (0); one over it, one step back per further share over (1.25x: 3, 1.5x: 6, more: 9),
+    other active jobs' (TunerSettings.fair_measure: by default the trials each has claimed, recorded or in
+    flight, over the last minute or so: what the builders and lanes have done or been given for it lately). A
+    job at or under an equal share (with FAIR_SLACK) goes first (0); one over it, one step back per further share over (1.25x: 3, 1.5x: 6, more: 9),
     so the jobs behind catch up while nothing waits that could run (no round is held). A count of what is in
     flight only also rises while a job's rounds wait behind the others', and keeps a job sent back there."""
     total = mine + sum(others)

@@ -282,41 +282,44 @@ def active_jobs(r: redis.Redis) -> list[str]:
 def in_flight_by_job(r: redis.Redis) -> dict[str, int]:
     """The trials each running job has claimed and not yet recorded (its candidates being built or timed), by
     job: the active jobs not yet in a final state, a job with nothing in flight at 0."""
-    return {job: flying for job, (flying, _) in _claims_by_job(r, recorded=False).items()}
-
-
-def claimed_by_job(r: redis.Redis) -> dict[str, int]:
-    """The trials each running job has claimed from its budget so far, recorded or still in flight (what the
-    lanes and builders have done or been given for it), by job, as in_flight_by_job."""
-    return {job: flying + done for job, (flying, done) in _claims_by_job(r, recorded=True).items()}
-
-
-def fair_loads(r: redis.Redis, measure: str) -> dict[str, int]:
-    """What the running jobs' fair shares are counted in (TunerSettings.fair_measure): "claimed" (claimed_by_job)
-    or "in_flight" (in_flight_by_job)."""
-    return claimed_by_job(r) if measure == "claimed" else in_flight_by_job(r)
-
-
-def _claims_by_job(r: redis.Redis, recorded: bool) -> dict[str, tuple[int, int]]:
-    """(in flight, recorded: the tasks' measured trials, 0 unless `recorded`) of each active job not yet final;
-    one round trip, and a round's records and its claim's settling are one transaction (records.record_round)."""
     jobs = active_jobs(r)
-    with r.pipeline(transaction=True) as p:
+    with r.pipeline(transaction=False) as p:
         for job_id in jobs:
             p.hget(names.job_key(job_id), "state")
             p.hvals(names.job_claims_key(job_id))
-            if recorded:
-                p.hvals(names.job_progress_key(job_id))
         replies = p.execute()
-    step = 3 if recorded else 2
+    return {job_id: sum(max(0, int(v)) for v in claims) for job_id, state, claims
+            in zip(jobs, replies[::2], replies[1::2]) if state is not None and _s(state) not in FINAL_STATES}
+
+
+def claimed_by_job(r: redis.Redis) -> dict[str, float]:
+    """The trials each running job has claimed from its budget (recorded or still in flight: what the lanes and
+    builders have done or been given for it), each halved every timeouts.CLAIMS_HALF_LIFE_S, by job, as
+    in_flight_by_job: the jobs' recent rates. A job's rounds waiting in the queues do not raise it, and a job
+    submitted late is owed no more than the last minute or so (all-time counts would send a long job behind a new
+    one until the new one had caught up)."""
+    jobs = active_jobs(r)
+    with r.pipeline(transaction=False) as p:
+        for job_id in jobs:
+            p.hget(names.job_key(job_id), "state")
+            p.hmget(names.job_claimed_recently_key(job_id), "v", "t")
+        p.time()
+        replies = p.execute()
+    secs, micros = replies[-1]
+    now = secs + micros / 1e6
     out = {}
-    for i, job_id in enumerate(jobs):
-        state, claims = replies[i * step], replies[i * step + 1]
+    for job_id, state, (v, t) in zip(jobs, replies[:-1:2], replies[1:-1:2]):
         if state is None or _s(state) in FINAL_STATES:
             continue
-        done = sum(TaskProgress.parse(v).trials for v in replies[i * step + 2]) if recorded else 0
-        out[job_id] = (sum(max(0, int(v)) for v in claims), done)
+        out[job_id] = (float(v) * 0.5 ** (max(0.0, now - float(t)) / timeouts.CLAIMS_HALF_LIFE_S)
+                       if v is not None else 0.0)
     return out
+
+
+def fair_loads(r: redis.Redis, measure: str) -> dict[str, float]:
+    """What the running jobs' fair shares are counted in (TunerSettings.fair_measure): "claimed" (claimed_by_job)
+    or "in_flight" (in_flight_by_job)."""
+    return claimed_by_job(r) if measure == "claimed" else {j: float(n) for j, n in in_flight_by_job(r).items()}
 
 
 def deactivate_job(r: redis.Redis, job_id: str) -> None:
@@ -392,7 +395,8 @@ def put_progress(r: redis.Redis, job_id: str, prog: TaskProgress) -> None:
 
 # ---- the job-wide budget ---------------------------------------------------------------------------------
 
-# Claim up to ARGV[1] trials from the job's budget for shard ARGV[2]; returns how many were granted.
+# Claim up to ARGV[1] trials from the job's budget for shard ARGV[2]; returns how many were granted, also added to
+# the job's recent claims (KEYS[5]: v as of t, halved every ARGV[4] seconds).
 # Atomic, so concurrent clients never overspend; the claim stays on the shard until its records land. ARGV[3],
 # when not empty: the task whose first round this is, added to the job's first rounds claimed.
 _CLAIM = _script("""
@@ -404,6 +408,12 @@ if k > 0 then
   redis.call('DECRBY', KEYS[1], k)
   redis.call('HINCRBY', KEYS[2], ARGV[2], k)
   if ARGV[3] ~= '' then redis.call('SADD', KEYS[4], ARGV[3]) end
+  local now = redis.call('TIME')
+  local t = tonumber(now[1]) + tonumber(now[2]) / 1000000
+  local v = tonumber(redis.call('HGET', KEYS[5], 'v') or '0')
+  local t0 = tonumber(redis.call('HGET', KEYS[5], 't') or now[1])
+  v = v * math.pow(0.5, math.max(0, t - t0) / tonumber(ARGV[4])) + k
+  redis.call('HSET', KEYS[5], 'v', tostring(v), 't', tostring(t))
 end
 return k
 """)
@@ -458,10 +468,12 @@ def budget_left(r: redis.Redis, job_id: str) -> int:
 
 def claim_trials(r: redis.Redis, job_id: str, shard: int, want: int, first_round_of: str | None = None) -> int:
     """Up to `want` trials of the job's budget for the shard's next batch (0 once it is spent or the search
-    stopped); `first_round_of`: the task whose first round the batch is (first_rounds_claimed)."""
+    stopped); `first_round_of`: the task whose first round the batch is (first_rounds_claimed). What it gets is
+    counted in the job's recent claims (claimed_by_job)."""
     keys = [names.job_budget_key(job_id), names.job_claims_key(job_id), names.job_key(job_id),
-            names.job_first_rounds_key(job_id)]
-    return int(_CLAIM(keys=keys, args=[int(want), str(shard), first_round_of or ""], client=r))
+            names.job_first_rounds_key(job_id), names.job_claimed_recently_key(job_id)]
+    return int(_CLAIM(keys=keys, args=[int(want), str(shard), first_round_of or "",
+                                         timeouts.CLAIMS_HALF_LIFE_S], client=r))
 
 
 def first_rounds_claimed(r: redis.Redis, job_id: str) -> set[str]:
