@@ -335,9 +335,10 @@ def round_priority(mine: float, others: list[float]) -> int:
     """The broker priority of a job's next round while other jobs run: `mine` is this job's count, `others` the
     other active jobs' (TunerSettings.fair_measure: by default the trials each has claimed, recorded or in
     flight, over the last minute or so: what the builders and lanes have done or been given for it lately). A
-    job at or under an equal share (with FAIR_SLACK) goes first (0); one over it, one step back per further share over (1.25x: 3, 1.5x: 6, more: 9),
-    so the jobs behind catch up while nothing waits that could run (no round is held). A count of what is in
-    flight only also rises while a job's rounds wait behind the others', and keeps a job sent back there."""
+    job at or under an equal share (with FAIR_SLACK) goes first (0); one over it, one step back per further share
+    over (1.25x: 3, 1.5x: 6, more: 9), so the jobs behind catch up while nothing waits that could run (no round is
+    held). A count of what is in flight only also rises while a job's rounds wait behind the others', and keeps a
+    job sent back there."""
     total = mine + sum(others)
     if not others or total <= 0:
         return 0
