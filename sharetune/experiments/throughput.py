@@ -51,13 +51,17 @@ def idle_attribution(rows: list[dict], cores: int, start: float, end: float, tun
     """Where the idle core-seconds between `start` and `end` (seconds on the timeline: first candidate sent
     to last measured) went. Each second's idle cores (its cores less host busy) are put down to one cause:
 
+    - `drain`: after the last build (nothing queued to build and no builder busy from then on), the lanes timing
+      what was built last: a job's end, which one job on one lane always has and several jobs overlap;
     - `builds_waiting`: candidates waited in the build queue, yet cores idled (builders too few or stalled);
     - `search_bound`: nothing to build and the `tuners` clients busy, half a core each or more (the search
       could not feed the builders);
     - `waiting_on_lanes`: nothing to build, the tuners mostly idle and candidates queued for or on the lanes;
-    - `starved`: nothing queued anywhere and the tuners mostly idle (a client between steps, the job's end).
+    - `starved`: nothing queued anywhere and the tuners mostly idle (a client between steps).
     """
-    out = dict.fromkeys(("builds_waiting", "search_bound", "waiting_on_lanes", "starved"), 0.0)
+    out = dict.fromkeys(("drain", "builds_waiting", "search_bound", "waiting_on_lanes", "starved"), 0.0)
+    drain_from = max((row["t"] for row in rows if (row.get("queued") or {}).get("build", 0) > 0
+                      or row["cores_by_role"].get("builder", 0.0) >= 1.0), default=end)
     busy_s = span = 0.0
     prev = 0.0
     for row in rows:
@@ -70,7 +74,9 @@ def idle_attribution(rows: list[dict], cores: int, start: float, end: float, tun
         idle = max(0.0, cores - row["host_busy_cores"]) * dt
         q = row.get("queued") or {}
         searching = row["cores_by_role"].get("tuner", 0.0)
-        if q.get("build", 0) > 0:
+        if t > drain_from:
+            cause = "drain"
+        elif q.get("build", 0) > 0:
             cause = "builds_waiting"
         elif searching >= 0.5 * tuners:
             cause = "search_bound"
@@ -80,7 +86,10 @@ def idle_attribution(rows: list[dict], cores: int, start: float, end: float, tun
             cause = "starved"
         out[cause] += idle
     total = sum(out.values())
+    before = span - max(0.0, min(end, prev) - max(start, drain_from))  # the window up to the drain
     return {"window_s": round(span, 1), "host_busy_frac": round(busy_s / max(span * cores, 1e-9), 4),
+            "drain_from_s": round(drain_from, 1),
+            "host_busy_frac_before_drain": round(1 - (total - out["drain"]) / max(before * cores, 1e-9), 4),
             "idle_core_s": round(total, 1),
             "idle_core_s_by_cause": {k: round(v, 1) for k, v in out.items()},
             "idle_frac_by_cause": {k: round(v / total, 3) if total else 0.0 for k, v in out.items()}}
