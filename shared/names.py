@@ -236,8 +236,8 @@ def job_transient_keys(job_id: str) -> list[str]:
     searched bests), finish guard, time splits and cancel flag: the model above all is tens of MB. They expire shared.timeouts.ENDED_JOB_STATE_TTL_S
     after the job ends; its status, tasks, progress, shards, batches and result stay."""
     return [job_model_key(job_id), job_plan_key(job_id), plan_lease_key(job_id), job_budget_key(job_id),
-            job_claims_key(job_id), job_claimed_recently_key(job_id), job_history_key(job_id), job_searched_key(job_id), job_finish_key(job_id),
-            job_splits_key(job_id),
+            job_claims_key(job_id), job_claimed_recently_key(job_id), job_history_key(job_id),
+            job_searched_key(job_id), job_finish_key(job_id), job_splits_key(job_id),
             job_cancel_key(job_id), job_recorded_elsewhere_key(job_id), job_first_rounds_key(job_id)]
 
 

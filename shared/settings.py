@@ -310,8 +310,9 @@ class TunerSettings(LaneWaitSettings):
     # one four-job run on an H100 (then counted in flight) the shares spread further (docs/benchmarks.md)
     fair_clients: bool = False
     # what the jobs' shares are counted in: "claimed", the trials each has claimed from its budget, recorded or in
-    # flight, halved every 60 s (store.claimed_by_job: its recent rate); "in_flight", those not yet recorded only, which a job's rounds waiting behind others' raise, so
-    # a job sent behind stayed behind (four jobs on an H100 with 8 clients: 13 % of the measurements for one)
+    # flight, halved every 60 s (store.claimed_by_job: its recent rate); "in_flight", those not yet recorded only,
+    # which a job's rounds waiting behind others' raise, so a job sent behind stayed behind (four jobs on an H100
+    # with 8 clients: 13 % of the measurements for one)
     fair_measure: Literal["claimed", "in_flight"] = "claimed"
 
     @field_validator("pad_awkward", mode="before")
