@@ -192,9 +192,9 @@ def job_claims_key(job_id: str) -> str:
     return f"{PREFIX}:job:{job_id}:claims"
 
 
-def job_claimed_recently_key(job_id: str) -> str:
-    """Hash {v, t}: the trials the job has claimed, each counted for a half-life (store.claimed_by_job), as of t."""
-    return f"{PREFIX}:job:{job_id}:claimed-recently"
+def job_measured_recently_key(job_id: str) -> str:
+    """Hash {v, t}: the job's trials recorded, each halved every half-life (store.measured_by_job), as of t."""
+    return f"{PREFIX}:job:{job_id}:measured-recently"
 
 
 def job_history_key(job_id: str) -> str:
@@ -236,7 +236,7 @@ def job_transient_keys(job_id: str) -> list[str]:
     searched bests), finish guard, time splits and cancel flag: the model above all is tens of MB. They expire shared.timeouts.ENDED_JOB_STATE_TTL_S
     after the job ends; its status, tasks, progress, shards, batches and result stay."""
     return [job_model_key(job_id), job_plan_key(job_id), plan_lease_key(job_id), job_budget_key(job_id),
-            job_claims_key(job_id), job_claimed_recently_key(job_id), job_history_key(job_id),
+            job_claims_key(job_id), job_measured_recently_key(job_id), job_history_key(job_id),
             job_searched_key(job_id), job_finish_key(job_id), job_splits_key(job_id),
             job_cancel_key(job_id), job_recorded_elsewhere_key(job_id), job_first_rounds_key(job_id)]
 

@@ -309,11 +309,12 @@ class TunerSettings(LaneWaitSettings):
     # quantum, to a job under one that holds no more clients (services/tuner/allocation.py lagging); off: in its
     # one four-job run on an H100 (then counted in flight) the shares spread further (docs/benchmarks.md)
     fair_clients: bool = False
-    # what the jobs' shares are counted in: "claimed", the trials each has claimed from its budget, recorded or in
-    # flight, halved every 60 s (store.claimed_by_job: its recent rate); "in_flight", those not yet recorded only,
-    # which a job's rounds waiting behind others' raise, so a job sent behind stayed behind (four jobs on an H100
-    # with 8 clients: 13 % of the measurements for one)
-    fair_measure: Literal["claimed", "in_flight"] = "claimed"
+    # what the jobs' shares are counted in: "measured", the trials each has had measured and recorded, halved every
+    # 60 s (store.measured_by_job: its recent share of the measurements, which only being measured raises);
+    # "in_flight", its trials claimed and not yet recorded, which a job with more tasks out at once has more of and
+    # its rounds' waiting behind others' keeps up, so a job sent behind stayed behind (four jobs on an H100 with 8
+    # clients: 13 % of the measurements for one)
+    fair_measure: Literal["measured", "in_flight"] = "measured"
 
     @field_validator("pad_awkward", mode="before")
     @classmethod

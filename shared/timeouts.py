@@ -56,9 +56,9 @@ def gate_hold_s(timeout_s: float, builds_in_pool: bool, watchdog_margin_s: float
 # extra time a started batch gets before its unanswered candidates count as lost and are re-sent: past a lane
 # coming back (a GPU recovery: ~20 s on the H200) and a candidate's full timing
 BATCH_GRACE_S = 120.0
-# a job's claimed trials count toward its fair share for about this long: halved every CLAIMS_HALF_LIFE_S
-# (store.claimed_by_job), so the jobs' shares follow their recent rates
-CLAIMS_HALF_LIFE_S = 60.0
+# a job's measured trials count toward its fair share for about this long: halved every MEASURED_HALF_LIFE_S
+# (store.measured_by_job), so the jobs' shares follow their recent rates
+MEASURED_HALF_LIFE_S = 60.0
 
 # Redis's visibility timeout: an unacknowledged message (its worker died) returns to its queue after this long,
 # so it must outlast the longest batch a live lane can take (16 candidates x the run timeout x 2 crash retries

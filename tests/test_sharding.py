@@ -10,7 +10,7 @@ import time
 import pytest
 
 from shared import names, store, timeouts
-from shared.messages import JobTask, ShardPhase, ShardRef, ShardState, TaskProgress
+from shared.messages import JobTask, Record, ShardPhase, ShardRef, ShardState, TaskProgress
 from services.tuner.allocation import (Steering, behind, expected_cost, flops_shares, gradient, next_task, partition,
                                        priority)
 
@@ -226,7 +226,7 @@ def _fake_jobs_retired():
 
 def _job(r, job_id, shards, budget):
     r.delete(names.job_shards_key(job_id), names.job_budget_key(job_id), names.job_claims_key(job_id),
-             names.job_claimed_recently_key(job_id))
+             names.job_measured_recently_key(job_id))
     store.put_shards(r, job_id, shards, budget)
     r.hset(names.job_key(job_id), mapping={"state": "tuning"})
     _FAKE_JOBS.append((r, job_id))
@@ -358,28 +358,31 @@ def test_in_flight_counts_the_claims_not_yet_recorded_of_running_jobs_only(idle_
     assert "fly-c" not in got
 
 
-def test_claimed_counts_a_jobs_recent_claims_recorded_or_in_flight(idle_redis):
-    """The fair share's default count: a job whose round was recorded has still been served it, so it stays ahead
-    of one that has nothing; its rounds waiting in the queues do not raise it; a claim counts half after a
-    half-life, so a job's share follows its recent rate."""
-    from shared.timeouts import CLAIMS_HALF_LIFE_S
+def test_the_fair_count_is_a_jobs_recent_measurements(idle_redis):
+    """The fair share's default count: the trials a job has had recorded, in the round's own transaction; its claims
+    in flight do not count until they are measured; a round counts half after a half-life, so a job's share follows
+    its recent rate."""
+    from shared.timeouts import MEASURED_HALF_LIFE_S
 
     r = idle_redis
     for job in ("served-a", "served-b", "served-c"):
         _job(r, job, [ShardState(shard=0, task_ids=["t0"]), ShardState(shard=1, task_ids=["t1"])], 500)
     assert store.claim_trials(r, "served-a", 0, 64) == store.claim_trials(r, "served-a", 1, 64) == 64
-    store.record_round(r, "served-a", 1, [], TaskProgress(task_id="t1", name="t1", trials=64), 64)
-    assert store.claim_trials(r, "served-b", 0, 32) == 32
+    recs = [Record(candidate_key=f"served-a-{i}", wkey="served-a-w", trace="", run_secs=[1e-5], target="llvm",
+                   args_info=[], share=50, job_id="served-a") for i in range(64)]
+    store.record_round(r, "served-a", 1, recs, TaskProgress(task_id="t1", name="t1", trials=64), 64)
+    assert store.claim_trials(r, "served-b", 0, 32) == 32  # in flight, nothing measured yet
     r.hset(names.job_key("served-c"), "state", "done")
-    claimed = store.claimed_by_job(r)
-    assert claimed["served-a"] == pytest.approx(128, rel=1e-3) and claimed["served-b"] == pytest.approx(32, rel=1e-3)
-    assert "served-c" not in claimed
-    assert store.fair_loads(r, "in_flight")["served-a"] == 64
-    key = names.job_claimed_recently_key("served-a")
-    r.hset(key, "t", float(r.hget(key, "t")) - CLAIMS_HALF_LIFE_S)  # as if its claims were a half-life old
-    assert store.fair_loads(r, "claimed")["served-a"] == pytest.approx(64, rel=1e-2)
-    assert store.claim_trials(r, "served-a", 0, 16) == 16  # the old claims decayed, the new one whole
-    assert store.claimed_by_job(r)["served-a"] == pytest.approx(80, rel=1e-2)
+    measured = store.measured_by_job(r)
+    assert measured["served-a"] == pytest.approx(64, rel=1e-3) and measured["served-b"] == 0.0
+    assert "served-c" not in measured
+    flying = store.fair_loads(r, "in_flight")
+    assert (flying["served-a"], flying["served-b"]) == (64.0, 32.0)
+    key = names.job_measured_recently_key("served-a")
+    r.hset(key, "t", float(r.hget(key, "t")) - MEASURED_HALF_LIFE_S)  # as if its round were a half-life old
+    assert store.fair_loads(r, "measured")["served-a"] == pytest.approx(32, rel=1e-2)
+    store.count_measured(r, "served-a", 16)  # the old round decayed, the new one whole
+    assert store.measured_by_job(r)["served-a"] == pytest.approx(48, rel=1e-2)
 
 
 def test_the_broker_serves_a_round_sent_behind_after_one_sent_first(stack):
@@ -461,9 +464,9 @@ def test_a_lease_with_fair_clients_reads_the_jobs_in_flight_from_the_store(redis
     redis_conn.hset(names.job_claims_key(ahead), "0", 10000)  # far over any real job's in the session's store
     redis_conn.hset(names.job_claims_key(behind), "0", 0)
     now = redis_conn.time()[0]
-    redis_conn.hset(names.job_claimed_recently_key(ahead), mapping={"v": 10000, "t": now})
-    redis_conn.hset(names.job_claimed_recently_key(behind), mapping={"v": 0, "t": now})
-    for fair, turn_to in ((None, (ahead, 1)), ("in_flight", (behind, 1)), ("claimed", (behind, 1))):
+    redis_conn.hset(names.job_measured_recently_key(ahead), mapping={"v": 10000, "t": now})
+    redis_conn.hset(names.job_measured_recently_key(behind), mapping={"v": 0, "t": now})
+    for fair, turn_to in ((None, (ahead, 1)), ("in_flight", (behind, 1)), ("measured", (behind, 1))):
         lease = Lease(redis_conn, ahead, 0, "me", threading.Event(), quantum_s=1, fair_clients=fair)
         lease.started -= 10
         try:

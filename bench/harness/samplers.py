@@ -127,7 +127,7 @@ class Timeline:
                "cores_by_role": {k: round(max(0.0, roles[k] - self._roles.get(k, 0.0)) / dt, 2) for k in ROLES}}
         try:  # each job's candidates in flight, fair count and tuner clients: how several jobs shared the stack
             row["queued"] = {g: self._depth(pattern) for g, pattern in self.QUEUES.items()}
-            row["in_flight"], row["claimed"] = store.in_flight_by_job(self.redis), store.claimed_by_job(self.redis)
+            row["in_flight"], row["measured"] = store.in_flight_by_job(self.redis), store.measured_by_job(self.redis)
             row["clients"] = clients_board(self.redis, 0.0)[0]
         except Exception:  # noqa: BLE001 - a sample without the queues, not a failed benchmark
             row["queued"] = None

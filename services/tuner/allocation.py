@@ -296,7 +296,7 @@ def lagging(own_job: str, running: dict[str, int], others: list[tuple[str, int, 
     """The waiting shard of another job a client should take so that the jobs' measurements even out, or None.
     With one client a job, a job measures about as fast as its client's rounds come back (the H100's four-job runs:
     each job's share of the measurements followed its clients' time and its builds' cost). So a job over an equal
-    share of the `loads` (with FAIR_SLACK; the trials claimed or in flight, TunerSettings.fair_measure) gives a
+    share of the `loads` (with FAIR_SLACK; the trials measured lately or in flight, TunerSettings.fair_measure) gives a
     client to one under it, if that job holds no more clients (the neediest such); its own rounds in flight are
     still measured meanwhile."""
     equal = sum(loads.values()) / max(1, len(loads))
@@ -333,12 +333,11 @@ FAIR_SLACK = 0.25  # a job within this of an equal share of what is in flight is
 
 def round_priority(mine: float, others: list[float]) -> int:
     """The broker priority of a job's next round while other jobs run: `mine` is this job's count, `others` the
-    other active jobs' (TunerSettings.fair_measure: by default the trials each has claimed, recorded or in
-    flight, over the last minute or so: what the builders and lanes have done or been given for it lately). A
-    job at or under an equal share (with FAIR_SLACK) goes first (0); one over it, one step back per further share
-    over (1.25x: 3, 1.5x: 6, more: 9), so the jobs behind catch up while nothing waits that could run (no round is
-    held). A count of what is in flight only also rises while a job's rounds wait behind the others', and keeps a
-    job sent back there."""
+    other active jobs' (TunerSettings.fair_measure: by default the trials each has had measured over the last
+    minute or so). A job at or under an equal share (with FAIR_SLACK) goes first (0); one over it, one step back
+    per further share over (1.25x: 3, 1.5x: 6, more: 9), so the jobs behind catch up while nothing waits that could
+    run (no round is held). Counted in what it has in flight instead, a job with more tasks out at once looks
+    further over, and its rounds' waiting behind the others' keeps it there."""
     total = mine + sum(others)
     if not others or total <= 0:
         return 0

@@ -85,7 +85,7 @@ def first_round_of(redis, job: ShardJob, settings: TunerSettings, cost_model) ->
     return ranked_first_round(job.first_round, share)
 
 
-def round_priority_of(redis, job_id: str, measure: str = "claimed") -> int:
+def round_priority_of(redis, job_id: str, measure: str = "measured") -> int:
     """The broker priority of the job's next round among the running jobs (allocation.round_priority), their
     shares counted as `measure` says (TunerSettings.fair_measure)."""
     from services.tuner.allocation import round_priority

@@ -14,7 +14,7 @@ from shared.store._redis import (connect, connect_probe, masked_url, note_unreac
                                  REDIS_OUTAGE_S, unreachable)
 from shared.store.jobs import (  # noqa: F401
     active_jobs, budget_left, cancel_job, claim_finish, claim_trials, clear_job_fields, create_job, in_flight_by_job,
-    claimed_by_job, fair_loads,
+    count_measured, fair_loads, measured_by_job,
     deactivate_job, decide_ranked_first_rounds, expire_transient, first_rounds_claimed, history, hold_finish,
     job_cancelled, job_hash, job_model, job_progress,
     job_result, job_spec, job_state, job_status, job_tasks, jobs, mark_estimate, memory, parked_since, plan_current,

@@ -292,17 +292,16 @@ def in_flight_by_job(r: redis.Redis) -> dict[str, int]:
             in zip(jobs, replies[::2], replies[1::2]) if state is not None and _s(state) not in FINAL_STATES}
 
 
-def claimed_by_job(r: redis.Redis) -> dict[str, float]:
-    """The trials each running job has claimed from its budget (recorded or still in flight: what the lanes and
-    builders have done or been given for it), each halved every timeouts.CLAIMS_HALF_LIFE_S, by job, as
-    in_flight_by_job: the jobs' recent rates. A job's rounds waiting in the queues do not raise it, and a job
-    submitted late is owed no more than the last minute or so (all-time counts would send a long job behind a new
-    one until the new one had caught up)."""
+def measured_by_job(r: redis.Redis) -> dict[str, float]:
+    """The trials of each running job measured and recorded lately, each halved every
+    timeouts.MEASURED_HALF_LIFE_S (count_measured), by job, as in_flight_by_job: each job's recent share of the
+    measurements, which only being measured raises (a job's rounds waiting in the queues do not), and in which a
+    job submitted late is owed the last minute or so, not everything the others had."""
     jobs = active_jobs(r)
     with r.pipeline(transaction=False) as p:
         for job_id in jobs:
             p.hget(names.job_key(job_id), "state")
-            p.hmget(names.job_claimed_recently_key(job_id), "v", "t")
+            p.hmget(names.job_measured_recently_key(job_id), "v", "t")
         p.time()
         replies = p.execute()
     secs, micros = replies[-1]
@@ -311,15 +310,33 @@ def claimed_by_job(r: redis.Redis) -> dict[str, float]:
     for job_id, state, (v, t) in zip(jobs, replies[:-1:2], replies[1:-1:2]):
         if state is None or _s(state) in FINAL_STATES:
             continue
-        out[job_id] = (float(v) * 0.5 ** (max(0.0, now - float(t)) / timeouts.CLAIMS_HALF_LIFE_S)
+        out[job_id] = (float(v) * 0.5 ** (max(0.0, now - float(t)) / timeouts.MEASURED_HALF_LIFE_S)
                        if v is not None else 0.0)
     return out
 
 
+# Add ARGV[1] to a decayed count (KEYS[1]: v as of t, halved every ARGV[2] seconds), on the server's clock.
+_DECAYED_ADD = _script("""
+local now = redis.call('TIME')
+local t = tonumber(now[1]) + tonumber(now[2]) / 1000000
+local v = tonumber(redis.call('HGET', KEYS[1], 'v') or '0')
+local t0 = tonumber(redis.call('HGET', KEYS[1], 't') or tostring(t))
+v = v * math.pow(0.5, math.max(0, t - t0) / tonumber(ARGV[2])) + tonumber(ARGV[1])
+redis.call('HSET', KEYS[1], 'v', tostring(v), 't', tostring(t))
+return tostring(v)
+""")
+
+
+def count_measured(r: redis.Redis, job_id: str, trials: int) -> None:
+    """Add a round's recorded trials to the job's recent measurements (measured_by_job); r may be a pipeline."""
+    _DECAYED_ADD(keys=[names.job_measured_recently_key(job_id)], args=[int(trials), timeouts.MEASURED_HALF_LIFE_S],
+                 client=r)
+
+
 def fair_loads(r: redis.Redis, measure: str) -> dict[str, float]:
-    """What the running jobs' fair shares are counted in (TunerSettings.fair_measure): "claimed" (claimed_by_job)
-    or "in_flight" (in_flight_by_job)."""
-    return claimed_by_job(r) if measure == "claimed" else {j: float(n) for j, n in in_flight_by_job(r).items()}
+    """What the running jobs' fair shares are counted in (TunerSettings.fair_measure): "measured"
+    (measured_by_job) or "in_flight" (in_flight_by_job)."""
+    return measured_by_job(r) if measure == "measured" else {j: float(n) for j, n in in_flight_by_job(r).items()}
 
 
 def deactivate_job(r: redis.Redis, job_id: str) -> None:
@@ -395,8 +412,7 @@ def put_progress(r: redis.Redis, job_id: str, prog: TaskProgress) -> None:
 
 # ---- the job-wide budget ---------------------------------------------------------------------------------
 
-# Claim up to ARGV[1] trials from the job's budget for shard ARGV[2]; returns how many were granted, also added to
-# the job's recent claims (KEYS[5]: v as of t, halved every ARGV[4] seconds).
+# Claim up to ARGV[1] trials from the job's budget for shard ARGV[2]; returns how many were granted.
 # Atomic, so concurrent clients never overspend; the claim stays on the shard until its records land. ARGV[3],
 # when not empty: the task whose first round this is, added to the job's first rounds claimed.
 _CLAIM = _script("""
@@ -408,12 +424,6 @@ if k > 0 then
   redis.call('DECRBY', KEYS[1], k)
   redis.call('HINCRBY', KEYS[2], ARGV[2], k)
   if ARGV[3] ~= '' then redis.call('SADD', KEYS[4], ARGV[3]) end
-  local now = redis.call('TIME')
-  local t = tonumber(now[1]) + tonumber(now[2]) / 1000000
-  local v = tonumber(redis.call('HGET', KEYS[5], 'v') or '0')
-  local t0 = tonumber(redis.call('HGET', KEYS[5], 't') or now[1])
-  v = v * math.pow(0.5, math.max(0, t - t0) / tonumber(ARGV[4])) + k
-  redis.call('HSET', KEYS[5], 'v', tostring(v), 't', tostring(t))
 end
 return k
 """)
@@ -468,12 +478,10 @@ def budget_left(r: redis.Redis, job_id: str) -> int:
 
 def claim_trials(r: redis.Redis, job_id: str, shard: int, want: int, first_round_of: str | None = None) -> int:
     """Up to `want` trials of the job's budget for the shard's next batch (0 once it is spent or the search
-    stopped); `first_round_of`: the task whose first round the batch is (first_rounds_claimed). What it gets is
-    counted in the job's recent claims (claimed_by_job)."""
+    stopped); `first_round_of`: the task whose first round the batch is (first_rounds_claimed)."""
     keys = [names.job_budget_key(job_id), names.job_claims_key(job_id), names.job_key(job_id),
-            names.job_first_rounds_key(job_id), names.job_claimed_recently_key(job_id)]
-    return int(_CLAIM(keys=keys, args=[int(want), str(shard), first_round_of or "",
-                                         timeouts.CLAIMS_HALF_LIFE_S], client=r))
+            names.job_first_rounds_key(job_id)]
+    return int(_CLAIM(keys=keys, args=[int(want), str(shard), first_round_of or ""], client=r))
 
 
 def first_rounds_claimed(r: redis.Redis, job_id: str) -> set[str]:

@@ -8,7 +8,8 @@ from shared import names
 from shared.errors import JobError
 from shared.messages import DefaultTiming, Record, TaskProgress, Workload, WorkloadShape
 from shared.store._redis import _s, _script
-from shared.store.jobs import budget_left, job_progress, job_result, job_spec, job_tasks, put_progress, settle_claim
+from shared.store.jobs import (budget_left, count_measured, job_progress, job_result, job_spec, job_tasks,
+                               put_progress, settle_claim)
 from shared.store.results import resend_counts
 
 
@@ -63,8 +64,9 @@ def put_record(r: redis.Redis, rec: Record) -> bool:
 
 def record_round(r: redis.Redis, job_id: str, shard: int, recs: list[Record], prog: TaskProgress, claimed: int,
                  shape: tuple[str, WorkloadShape] | None = None) -> None:
-    """One round of a shard in one transaction: its records, its task's progress and the settling of the
-    shard's trial claim, so a client that dies mid-round leaves all of the round in the store or none.
+    """One round of a shard in one transaction: its records, its task's progress, the settling of the shard's trial
+    claim and the job's recent measurements (count_measured), so a client that dies mid-round leaves all of the
+    round in the store or none.
     `shape` (target kind, the workload's shape): a round with a valid record enters the workload in the index
     of similar workloads (idempotent: the same field, the same value)."""
     with r.pipeline(transaction=True) as p:
@@ -75,6 +77,8 @@ def record_round(r: redis.Redis, job_id: str, shard: int, recs: list[Record], pr
             p.hset(names.similar_key(kind, sh.op), sh.wkey, sh.model_dump_json())
         put_progress(p, job_id, prog)
         settle_claim(p, job_id, shard, claimed)
+        if recs:
+            count_measured(p, job_id, len(recs))
         written = p.execute()[:len(recs)]
     _count_recorded_elsewhere(r, job_id, [rec for rec, w in zip(recs, written) if not w])
 
