@@ -33,3 +33,15 @@ def test_a_run_that_builds_to_its_end_has_no_drain():
     got = idle_attribution(rows, cores=16, start=0.0, end=4.0, tuners=4)
     assert got["idle_core_s_by_cause"]["drain"] == 0.0
     assert got["idle_core_s_by_cause"]["builds_waiting"] == 16.0 and got["host_busy_frac_before_drain"] == 0.75
+
+
+def test_the_summary_names_the_worst_rows_busy_share_with_and_without_the_drain():
+    from sharetune.experiments.throughput import pipeline_summary
+
+    def row(model, busy, before):
+        return {"config": "1gpu-1x100", "model": model, "state": "done", "trials_per_min": 600.0, "cpu_s_per_trial": 1.0,
+                "pipeline": {"host_busy_frac": busy, "host_busy_frac_before_drain": before}}
+
+    got = pipeline_summary({"rows": [row("a", 0.71, 0.90), row("b", 0.78, 0.82)], "stocks": {}})
+    assert (got["host_cpu_busy_min"], got["host_cpu_busy_min_at"]) == (0.71, "1gpu-1x100/a")
+    assert (got["host_cpu_busy_before_drain_min"], got["host_cpu_busy_before_drain_min_at"]) == (0.82, "1gpu-1x100/b")

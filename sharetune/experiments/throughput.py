@@ -326,10 +326,12 @@ def pipeline_summary(result: dict) -> dict:
           for row in rows if row["model"] in stocks and stocks[row["model"]].get("trials_per_min")]
     busy = [(row["pipeline"]["host_busy_frac"], f"{row['config']}/{row['model']}") for row in rows
             if (row.get("pipeline") or {}).get("host_busy_frac") is not None]
+    before_drain = [(row["pipeline"]["host_busy_frac_before_drain"], f"{row['config']}/{row['model']}") for row in rows
+                    if (row.get("pipeline") or {}).get("host_busy_frac_before_drain") is not None]
     cpu = [(row["cpu_s_per_trial"], f"{row['config']}/{row['model']}") for row in rows if row.get("cpu_s_per_trial")]
     out: dict = {}
     for key, pairs, pick in (("throughput_vs_stock_min", vs, min), ("host_cpu_busy_min", busy, min),
-                             ("cpu_s_per_trial_max", cpu, max)):
+                             ("host_cpu_busy_before_drain_min", before_drain, min), ("cpu_s_per_trial_max", cpu, max)):
         if pairs:
             value, where = pick(pairs)
             out[key], out[key + "_at"] = round(value, 3), where
