@@ -279,17 +279,26 @@ def active_jobs(r: redis.Redis) -> list[str]:
     return [_s(j) for j in r.smembers(names.ACTIVE_JOBS_KEY)]
 
 
-def in_flight_by_job(r: redis.Redis) -> dict[str, int]:
-    """The trials each running job has claimed and not yet recorded (its candidates being built or timed), by
-    job: the active jobs not yet in a final state, a job with nothing in flight at 0."""
+def _per_running_job(r: redis.Redis, read) -> tuple[dict, float]:
+    """({job: its reply to `read(pipeline, job_id)`} of the active jobs not yet in a final state, Redis's clock), in
+    one round trip."""
     jobs = active_jobs(r)
     with r.pipeline(transaction=False) as p:
         for job_id in jobs:
             p.hget(names.job_key(job_id), "state")
-            p.hvals(names.job_claims_key(job_id))
+            read(p, job_id)
+        p.time()
         replies = p.execute()
-    return {job_id: sum(max(0, int(v)) for v in claims) for job_id, state, claims
-            in zip(jobs, replies[::2], replies[1::2]) if state is not None and _s(state) not in FINAL_STATES}
+    secs, micros = replies[-1]
+    return {job_id: reply for job_id, state, reply in zip(jobs, replies[0:-1:2], replies[1:-1:2])
+            if state is not None and _s(state) not in FINAL_STATES}, secs + micros / 1e6
+
+
+def in_flight_by_job(r: redis.Redis) -> dict[str, int]:
+    """The trials each running job has claimed and not yet recorded (its candidates being built or timed), by
+    job: the active jobs not yet in a final state, a job with nothing in flight at 0."""
+    claims, _ = _per_running_job(r, lambda p, job_id: p.hvals(names.job_claims_key(job_id)))
+    return {job_id: sum(max(0, int(v)) for v in vals) for job_id, vals in claims.items()}
 
 
 def measured_by_job(r: redis.Redis) -> dict[str, float]:
@@ -297,22 +306,9 @@ def measured_by_job(r: redis.Redis) -> dict[str, float]:
     timeouts.MEASURED_HALF_LIFE_S (count_measured), by job, as in_flight_by_job: each job's recent share of the
     measurements, which only being measured raises (a job's rounds waiting in the queues do not), and in which a
     job submitted late is owed the last minute or so, not everything the others had."""
-    jobs = active_jobs(r)
-    with r.pipeline(transaction=False) as p:
-        for job_id in jobs:
-            p.hget(names.job_key(job_id), "state")
-            p.hmget(names.job_measured_recently_key(job_id), "v", "t")
-        p.time()
-        replies = p.execute()
-    secs, micros = replies[-1]
-    now = secs + micros / 1e6
-    out = {}
-    for job_id, state, (v, t) in zip(jobs, replies[:-1:2], replies[1:-1:2]):
-        if state is None or _s(state) in FINAL_STATES:
-            continue
-        out[job_id] = (float(v) * 0.5 ** (max(0.0, now - float(t)) / timeouts.MEASURED_HALF_LIFE_S)
-                       if v is not None else 0.0)
-    return out
+    counts, now = _per_running_job(r, lambda p, job_id: p.hmget(names.job_measured_recently_key(job_id), "v", "t"))
+    return {job_id: float(v) * 0.5 ** (max(0.0, now - float(t)) / timeouts.MEASURED_HALF_LIFE_S) if v is not None
+            else 0.0 for job_id, (v, t) in counts.items()}
 
 
 # Add ARGV[1] to a decayed count (KEYS[1]: v as of t, halved every ARGV[2] seconds), on the server's clock.

@@ -63,7 +63,8 @@ def cold_round(task, target, mode: str, candidates: int) -> dict:
     drawn = wrapped[0].calls
     rejected = {w.name: w.rejects for w in wrapped if getattr(w, "rejects", 0)}
     return {"mode": mode, "precheck": precheck, "valid": len(cands), "drawn": drawn,
-            "tile_draws": strategy.draws.drawn if mode.startswith("tile draws") else None, "search_cpu_s": round(cpu, 2),
+            "tile_draws": strategy.draws.drawn if mode.startswith("tile draws") else None,
+            "search_cpu_s": round(cpu, 2),
             "search_wall_s": round(wall, 2), "cpu_s_per_valid": round(cpu / max(1, len(cands)), 3),
             "rejected": rejected,
             "frac_rejected_precheck": round(rejected.get("GPUPrecheck", 0) / max(1, drawn), 3),

@@ -34,8 +34,8 @@ def _pass_context(config: dict, instruments: list = ()) -> tvm.transform.PassCon
     """The current PassContext with `config` and `instruments` added (a caller's instruments and passes kept)."""
     cur = tvm.transform.PassContext.current()
     return tvm.transform.PassContext(opt_level=cur.opt_level, required_pass=list(cur.required_pass),
-                                     disabled_pass=list(cur.disabled_pass),
-                                     instruments=[*cur.instruments, *instruments], config={**dict(cur.config), **config})
+                                     disabled_pass=list(cur.disabled_pass), instruments=[*cur.instruments, *instruments],
+                                     config={**dict(cur.config), **config})
 
 
 def check_built(target, rt_mod) -> None:

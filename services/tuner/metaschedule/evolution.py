@@ -38,8 +38,8 @@ import numpy as np
 from tvm.ir.utils import derived_object
 from tvm.s_tir.meta_schedule.search_strategy import PySearchStrategy
 
-from services.tuner.metaschedule.sampling import (ProposalCheck, SpaceDraws, TileLimits, candidate, deferred_check, distinct,
-                                                  prime_factors, replay, sampled)
+from services.tuner.metaschedule.sampling import (ProposalCheck, SpaceDraws, TileLimits, candidate, deferred_check,
+                                                  distinct, prime_factors, replay, sampled)
 
 log = logging.getLogger("sharetune.tuner.evolution")
 

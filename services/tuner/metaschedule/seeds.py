@@ -159,7 +159,8 @@ def transfer(trace, ctx: ms.TuneContext, spaces, fold: int = 0) -> ms.MeasureCan
         if fold:
             decisions, merged = folded_decisions(source, trace.decisions, own, fold) or (None, set())
         else:
-            decisions, merged = {o: trace.decisions[i] for o, i in zip(own, source)} if _shape(own) == shape else None, set()
+            same = _shape(own) == shape
+            decisions, merged = {o: trace.decisions[i] for o, i in zip(own, source)} if same else None, set()
         if decisions is None:
             continue
         cand, refitted = _replayed(space.trace, decisions, ctx, merged)
@@ -212,7 +213,6 @@ class SeedSource:
                  late: bool = False):
         self.redis, self.kind, self.target, self.share = redis, target_kind, target, share
         self.late = late  # a task whose first round found no seed looks again once that round has landed
-        self.nearest_k, self.per_workload = NEAREST, PER_WORKLOAD
         self.shapes = shapes or {}  # task_id -> its workload's shape (workload_shape), for `knows`
         self.within = within  # an isolated job's workload keys: seeds only from these (None: the whole store)
         self.applied = 0  # traces that applied to the new task's workload
@@ -277,14 +277,14 @@ class SeedSource:
         shape = workload_shape(ctx.mod, task.wkey, task.name, self.target, self.share)
         if shape is None:
             return
-        near = nearest(shape, self.stored(shape.op), self.nearest_k)
+        near = nearest(shape, self.stored(shape.op), NEAREST)
         spaces = _Lazy(ctx.generate_design_space)
         sources = []
         for _, src in near:
-            recs = ranked(store.records(self.redis, src.wkey), full_only=True)[:self.per_workload]
+            recs = ranked(store.records(self.redis, src.wkey), full_only=True)[:PER_WORKLOAD]
             if recs:
                 sources.append((src.wkey, recs, None, folded_dims(shape.op, src.op)))
-        for rank in range(self.per_workload):
+        for rank in range(PER_WORKLOAD):
             for i, (wkey, recs, wl, fold) in enumerate(sources):
                 if rank >= len(recs):
                     continue
