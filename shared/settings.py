@@ -214,6 +214,11 @@ class TunerSettings(LaneWaitSettings):
     # each); one over a limit fails its build with an error saying so. 0: the search checks its proposals itself
     # (a job whose builders predate the check should)
     verify_in_build: bool = True
+    # a CUDA design space also holds, for a block that reduces a product over >= 256 elements into <= 512 K
+    # outputs, states that split its reduction in 2, 4 or 8 parts across thread blocks, the partial sums added by a
+    # second kernel (services/tuner/metaschedule/split_k.py): the panel's heaviest matmuls and convolutions run their
+    # best schedules on 76-544 blocks of 47-156 threads at 6-9 fp32 TFLOPS. Off until a GPU A/B
+    split_k: bool = False
     # while every task of a client's shard is being measured, search and send up to this many more rounds of a task
     # before its batch lands (from what the search knew when it was sent; none of its in-flight candidates again),
     # so the builders and lanes are not left waiting for the slowest batch; 0: a task waits for its batch

@@ -137,7 +137,7 @@ def search_parts(send, redis, job: ShardJob, settings: TunerSettings, runner, st
                             first_round_pool=settings.first_round_pool, ranking_model=cost_model,
                             pad_awkward=settings.pad_awkward, column_reductions=settings.column_reductions,
                             evolution_screen=settings.evolution_screen,
-                            verify_in_build=settings.verify_in_build)
+                            verify_in_build=settings.verify_in_build, split_k=settings.split_k)
 
     family = _target_family(target, spec.share)
     if spec.isolated:  # a central model of its own, trained on this job's rows only

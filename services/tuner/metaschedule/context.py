@@ -11,7 +11,8 @@ from services.tuner.metaschedule.intrinsics import load_tensor_intrinsics
 def tune_context(mod, target, task_name: str, cold: bool, population: int, rand_state: int = -1,
                  num_threads: int = 0, valid_sampling: bool = True, first_round_pool: int = 1,
                  ranking_model=None, pad_awkward: str = "off", column_reductions: str = "off",
-                 evolution_screen: bool = False, verify_in_build: bool = False) -> ms.TuneContext:
+                 evolution_screen: bool = False, verify_in_build: bool = False,
+                 split_k: bool = False) -> ms.TuneContext:
     """`valid_sampling`: on CUDA, a cold round draws tile decisions within the target's limits before it replays
     them (sampling.ValidReplay), an evolutionary round mutates them within those limits (evolution.ValidEvolution),
     and samples that break the limits are rejected before TVM lowers them (validity.GPUPrecheck first among the
@@ -23,7 +24,8 @@ def tune_context(mod, target, task_name: str, cold: bool, population: int, rand_
     axis (a channel-axis layer norm) also gets (`on`), or gets only (`wide`), a state that computes it as one
     coalesced kernel (column_reduction). `evolution_screen`: an evolutionary CUDA round replays and scores only the
     mutants a linear model of their decisions ranks best. `verify_in_build`: a CUDA round leaves TVM's
-    VerifyGPUCode on its proposals to the builders (sampling.deferred_check)."""
+    VerifyGPUCode on its proposals to the builders (sampling.deferred_check). `split_k`: a CUDA design space also
+    holds, for a long reduction into few outputs, states that split it across thread blocks (split_k)."""
     load_tensor_intrinsics(target.kind.name)  # else TuneContext imports every backend's (idempotent)
     space = "post-order-apply"
     cuda = valid_sampling and target.kind.name == "cuda"
@@ -33,6 +35,10 @@ def tune_context(mod, target, task_name: str, cold: bool, population: int, rand_
         from services.tuner.metaschedule.validity import cuda_postprocs, rule_kind
 
         rules = [InlineDeadBlocks(), *ms.schedule_rule.ScheduleRule.create(rule_kind(target))]
+        if split_k:
+            from services.tuner.metaschedule.split_k import with_split_k
+
+            rules = with_split_k(rules)
         if pad_awkward != "off":
             rules = [PadAwkwardEinsum(convolutions=pad_awkward == "all"), *rules, FinishPadding()]
         if column_reductions != "off":

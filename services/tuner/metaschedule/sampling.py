@@ -215,6 +215,10 @@ class _Dataflow:
         kind, ins = inst.kind.name, list(inst.inputs)
         if kind == "GetSBlock":
             self.block_name[inst.outputs[0]] = str(inst.attrs[0])
+        elif kind == "RFactor":  # the partial-sum block TVM names after the block it splits (split_k)
+            name = self.block_name.get(self.loop_block.get(ins[0]))
+            if name is not None:
+                self.block_name[inst.outputs[0]] = name + "_rf"
         elif kind == "SamplePerfectTile":
             if inst not in trace.decisions:
                 return
