@@ -109,3 +109,24 @@ def test_the_setting_off_leaves_the_design_space_as_it_was(target):
 def test_rules_without_multi_level_tiling_are_left_alone():
     rules = [object(), object()]
     assert split_k.with_split_k(rules) is rules
+
+
+def test_an_ab_run_says_which_bests_split(target, tmp_path):
+    from sharetune.testing.occupancy import split_bests_us
+    from sharetune.testing.settings_ab import with_split_bests
+
+    task = _task(target, CONV1D)
+    _, _, cands = _round(task, target, split=True)
+    split = next(c for c in cands if _split(c.sch.trace))
+    plain = next(c for c in cands if not _split(c.sch.trace))
+    db = ms.database.JSONDatabase(work_dir=str(tmp_path))
+    workload = db.commit_workload(task.mod)
+    args = ms.arg_info.ArgInfo.from_prim_func(task.mod["main"])
+    db.commit_tuning_record(ms.database.TuningRecord(plain.sch.trace, workload, [3e-5], target, args))
+    db.commit_tuning_record(ms.database.TuningRecord(split.sch.trace, workload, [2e-5], target, args))
+    assert split_bests_us(str(tmp_path)) == [20.0]  # the workload's best is the split schedule
+    db.commit_tuning_record(ms.database.TuningRecord(plain.sch.trace, workload, [1e-5], target, args))
+    assert split_bests_us(str(tmp_path)) == []
+    assert split_bests_us(str(tmp_path / "missing")) is None
+    result = {"models": {"m": {"cold": {"database_dir": str(tmp_path)}}}}
+    assert with_split_bests(result, "m")["models"]["m"]["cold"]["split_bests_us"] == []

@@ -537,6 +537,7 @@ def settings_ab(runs: list[tuple[str, dict]], model: str) -> dict:
             "output_checked_trials": cold.get("output_checked_trials"),  # candidates whose output matched
             "search_cpu_s_per_valid_candidate": cold.get("search_cpu_s_per_valid_candidate"),
             "launch_floor_us": cold.get("launch_floor_us"),
+            "split_bests_us": cold.get("split_bests_us"),  # the tasks' bests that split their reduction (split_k)
             "tasks": {name: {"untuned_us": round(1e6 * d, 2),
                              "best_us": round(1e6 * best[name], 2) if name in best else None,
                              "trials": trials.get(name, 0)}

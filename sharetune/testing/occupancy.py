@@ -28,6 +28,23 @@ def bests(db) -> list:
     return sorted(best.values(), key=lambda b: -b[0])
 
 
+def split_bests_us(database_dir: str | None) -> list[float] | None:
+    """The microseconds of each workload's best record that splits its reduction across thread blocks (an RFactor
+    in its trace: services/tuner/metaschedule/split_k.py), fastest first; None where the database cannot be read."""
+    import os
+
+    if not database_dir or not os.path.isdir(database_dir):
+        return None
+    try:
+        from tvm.s_tir import meta_schedule as ms
+
+        db = ms.database.JSONDatabase(work_dir=database_dir, allow_missing=False)
+        found = [secs for secs, rec in bests(db) if any(i.kind.name == "RFactor" for i in rec.trace.insts)]
+    except Exception:  # noqa: BLE001 -- a database this cannot read says nothing either way
+        return None
+    return sorted(round(secs * 1e6, 2) for secs in found)
+
+
 def launch(rec) -> dict:
     """The record's schedule's thread blocks (product of the blockIdx extents of its first kernel) and threads a
     block, and how many kernels it binds."""

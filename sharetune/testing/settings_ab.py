@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 from sharetune.experiments.time_to_quality import settings_ab
+from sharetune.testing.occupancy import split_bests_us
 
 
 def merge(model: str, dest: Path, runs: list[str]) -> dict:
@@ -27,6 +28,15 @@ def merge(model: str, dest: Path, runs: list[str]) -> dict:
     merged = settings_ab(pairs, model)
     dest.write_text(json.dumps(merged, indent=1))
     return merged
+
+
+def with_split_bests(result: dict, model: str) -> dict:
+    """The run's result with its cold run's `split_bests_us` (sharetune.testing.occupancy.split_bests_us, read from
+    the run's exported database while it is still on this machine)."""
+    cold = (result.get("models", {}).get(model) or {}).get("cold")
+    if cold is not None:
+        cold["split_bests_us"] = split_bests_us(cold.get("database_dir"))
+    return result
 
 
 def main(argv=None) -> int:
@@ -59,7 +69,7 @@ def main(argv=None) -> int:
                 print(f"run {value}-{i} failed (exit {rc}); the others go on", flush=True)
                 continue
             kept = out / f"ab_{value}-{i}.json"
-            kept.write_text(found[0].read_text())
+            kept.write_text(json.dumps(with_split_bests(json.loads(found[0].read_text()), args.model)))
             done.append(f"{value}={kept}")
             print(json.dumps(merge(args.model, out / "time_to_quality_ab.json", done)["summary"]), flush=True)
     return 0
