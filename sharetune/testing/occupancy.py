@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import re
 
 _BINDING = re.compile(r'T\.thread_binding\((?:T\.int64\()?(\d+)\)?, thread="([a-zA-Z.]+)"')
@@ -46,25 +47,24 @@ def split_bests_us(database_dir: str | None) -> list[float] | None:
 
 
 def launch(rec) -> dict:
-    """The record's schedule's thread blocks (product of the blockIdx extents of its first kernel) and threads a
-    block, and how many kernels it binds."""
+    """The record's schedule as launched: how many kernels (a blockIdx binding after a threadIdx one opens the
+    next), and the first kernel's thread blocks (its blockIdx extents' product) and threads a block (the first extent
+    bound to each threadIdx axis)."""
     from tvm.s_tir import Schedule
 
     sch = Schedule(rec.workload.mod)
     rec.trace.apply_to_schedule(sch, remove_postproc=False)
-    bindings = [(tag, int(ext)) for ext, tag in _BINDING.findall(sch.mod.script())]
-    kernels = sum(1 for i, (tag, _) in enumerate(bindings)
-                  if tag.startswith("blockIdx") and (i == 0 or not bindings[i - 1][0].startswith("blockIdx")))
-    blocks = threads = 1
-    for i, (tag, ext) in enumerate(bindings):
-        if tag.startswith("blockIdx") and (i == 0 or bindings[i - 1][0].startswith("blockIdx")):
-            blocks *= ext
-        elif tag.startswith("threadIdx") and ext and all(not t.startswith("threadIdx") or t != tag
-                                                         for t, _ in bindings[:i]):
-            threads *= ext
-        if kernels > 1 and tag.startswith("blockIdx") and i > 0 and not bindings[i - 1][0].startswith("blockIdx"):
-            break
-    return {"blocks": blocks, "threads_per_block": threads, "kernels": kernels}
+    kernels: list[dict] = []
+    for ext, tag in _BINDING.findall(sch.mod.script()):
+        if tag.startswith("blockIdx"):
+            if not kernels or kernels[-1]["threads"]:
+                kernels.append({"blocks": 1, "threads": {}})
+            kernels[-1]["blocks"] *= int(ext)
+        elif tag.startswith("threadIdx") and kernels:
+            kernels[-1]["threads"].setdefault(tag, int(ext))
+    first = kernels[0] if kernels else {"blocks": 1, "threads": {}}
+    return {"blocks": first["blocks"], "threads_per_block": math.prod(first["threads"].values()),
+            "kernels": len(kernels)}
 
 
 def main(argv=None) -> int:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 
+from tvm import tirx
 from tvm.ir.utils import derived_object
 from tvm.s_tir.meta_schedule.schedule_rule import PyScheduleRule
 
@@ -27,7 +28,7 @@ SPLITS = (2, 4, 8)
 # the write-back kernel's threads a block, one sampled
 WRITE_BACK_THREADS = (64, 128, 256, 512)
 
-_SPATIAL, _REDUCE = 0, 2  # IterVar kinds
+_SPATIAL, _REDUCE = tirx.IterVar.DataPar, tirx.IterVar.CommReduce
 
 
 def qualifies(block) -> bool:
